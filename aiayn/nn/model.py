@@ -1,0 +1,295 @@
+"""Encoder, Decoder, and the encoder-decoder and encoder-only models; `build_model(cfg)` wires them.
+
+Data flow (DESIGN.md): ids (B, L) -> embedding x sqrt(d_model) + positions -> N encoder layers
+-> memory (B, S, d_model); shifted target ids (B, T) -> embedding + positions -> N decoder
+layers -> (B, T, d_model) -> vocabulary head -> logits (B, T, V).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from aiayn.config import ModelConfig
+from aiayn.nn.attention import KVCache, MultiHeadAttention
+from aiayn.nn.embedding import (
+    LearnedPositionalEmbedding,
+    SinusoidalPositionalEncoding,
+    TokenEmbedding,
+)
+from aiayn.nn.feedforward import PositionwiseFeedForward
+from aiayn.nn.heads import (
+    MaskedLMHead,
+    SequenceClassificationHead,
+    TokenClassificationHead,
+    VocabularyHead,
+)
+from aiayn.nn.layers import DecoderLayer, EncoderLayer
+from aiayn.nn.masks import check_mask, key_padding_from_attention_mask, padding_mask
+
+
+class Embeddings(nn.Module):
+    """Token embedding (x sqrt(d_model)) + positional encoding (+ token types) -> [LayerNorm] -> dropout.
+
+    Positions are added, not concatenated (section 3.5).
+    """
+
+    def __init__(self, *, tokens: TokenEmbedding, positions: nn.Module | None,
+                 token_types: nn.Embedding | None = None, norm: nn.LayerNorm | None = None,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.tokens = tokens
+        self.positions = positions
+        self.token_types = token_types
+        self.norm = norm
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: torch.Tensor, *, offset: int = 0,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, L) ids -> (B, L, d_model); `offset` is the position of the first id."""
+        x = self.tokens(ids)  # (B, L, d_model), already x sqrt(d_model) when configured
+        if self.positions is not None:
+            x = x + self.positions(ids.shape[1], offset=offset).to(x.dtype)  # (L, d_model) broadcast over B
+        if self.token_types is not None:
+            if token_type_ids is None:
+                token_type_ids = torch.zeros_like(ids)
+            elif token_type_ids.shape != ids.shape:
+                raise ValueError(
+                    f"token_type_ids of shape {tuple(token_type_ids.shape)} must match ids {tuple(ids.shape)}"
+                )
+            x = x + self.token_types(token_type_ids)
+        if self.norm is not None:
+            x = self.norm(x)
+        return self.dropout(x)
+
+
+class Encoder(nn.Module):
+    """N encoder layers, each with its own weights (+ a final LayerNorm for pre-LN stacks)."""
+
+    def __init__(self, layers: list[EncoderLayer], *, final_norm: nn.LayerNorm | None = None):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
+                return_hidden_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """(B, S, d_model) -> (B, S, d_model); with `return_hidden_states`, also the input and each layer's output."""
+        states = [x]
+        for layer in self.layers:
+            x = layer(x, mask)
+            states.append(x)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            states[-1] = x
+        return (x, states) if return_hidden_states else x
+
+
+class Decoder(nn.Module):
+    """N decoder layers (+ a final LayerNorm for pre-LN stacks)."""
+
+    def __init__(self, layers: list[DecoderLayer], *, final_norm: nn.LayerNorm | None = None):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, *, tgt_mask: torch.Tensor | None = None,
+                memory_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """(B, T, d_model) target states attending to memory (B, S, d_model) -> (B, T, d_model)."""
+        for i, layer in enumerate(self.layers):
+            x = layer(
+                x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
+                self_cache=None if cache is None else cache.self_attn[i],
+                cross_cache=None if cache is None else cache.cross_attn[i],
+            )
+        return x if self.final_norm is None else self.final_norm(x)
+
+
+def _source_mask(ids: torch.Tensor, pad_id: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(B, 1, 1, S) bool mask of real source tokens, or None when nothing is padded (fast path)."""
+    if attention_mask is not None:
+        mask = (key_padding_from_attention_mask(attention_mask, ids) if attention_mask.dim() == 2
+                else check_mask(attention_mask, ids.shape[0], ids.shape[1], ids.shape[1]))
+    else:
+        mask = padding_mask(ids, pad_id)
+    return None if bool(mask.all()) else mask
+
+
+class EncoderDecoderModel(nn.Module):
+    """The Transformer of the paper (Figure 1): `encode` the source once, `decode` the shifted target."""
+
+    def __init__(self, cfg: ModelConfig, *, src_embed: Embeddings, tgt_embed: Embeddings,
+                 encoder: Encoder, decoder: Decoder, generator: VocabularyHead):
+        super().__init__()
+        self.config = cfg
+        self.src_embed = src_embed
+        self.tgt_embed = tgt_embed
+        self.encoder = encoder
+        self.decoder = decoder
+        self.generator = generator
+
+    def source_mask(self, src: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """(B, 1, 1, S) bool mask of real source tokens, or None when the batch has no padding."""
+        return _source_mask(src, self.config.pad_id, attention_mask)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Source ids (B, S) -> memory (B, S, d_model). `src_mask` defaults to `source_mask(src)`."""
+        if src_mask is None:
+            src_mask = self.source_mask(src)
+        return self.encoder(self.src_embed(src), src_mask)
+
+    def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None = None,
+               cache: KVCache | None = None, tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Shifted target ids (B, T) and memory (B, S, d_model) -> decoder states (B, T, d_model).
+
+        The look-ahead mask is always applied. Target padding is not masked by default: with
+        right padding (the only kind aiayn makes) it cannot reach real positions through the
+        look-ahead mask, and the loss ignores padded positions. With a `cache`, `tgt` holds only
+        the new positions and the cache supplies the earlier ones.
+        """
+        if tgt.dim() != 2:
+            raise ValueError(f"target ids must have shape (batch, length), got {tuple(tgt.shape)}")
+        if memory.dim() != 3 or memory.shape[0] != tgt.shape[0]:
+            raise ValueError(
+                f"memory of shape {tuple(memory.shape)} does not fit a target batch of {tgt.shape[0]}"
+            )
+        offset = 0 if cache is None else cache.length
+        x = self.tgt_embed(tgt, offset=offset)  # (B, T, d_model)
+        return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache)
+
+    def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Teacher forcing: source ids (B, S), shifted target ids (B, T) -> logits (B, T, V)."""
+        if src_mask is None:
+            src_mask = self.source_mask(src)
+        memory = self.encode(src, src_mask)
+        return self.generator(self.decode(tgt, memory, memory_mask=src_mask))
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for incremental decoding."""
+        return KVCache.empty(len(self.decoder.layers))
+
+
+class EncoderModel(nn.Module):
+    """Encoder-only model (BERT-style): embeddings, N encoder layers, and an optional task head."""
+
+    def __init__(self, cfg: ModelConfig, *, embed: Embeddings, encoder: Encoder, head: nn.Module | None):
+        super().__init__()
+        self.config = cfg
+        self.embed = embed
+        self.encoder = encoder
+        self.head = head
+
+    def source_mask(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
+        """(B, 1, 1, L) bool mask of real tokens, or None when nothing is padded."""
+        return _source_mask(ids, self.config.pad_id, attention_mask)
+
+    def encode(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+               token_type_ids: torch.Tensor | None = None,
+               return_hidden_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """Ids (B, L) -> hidden states (B, L, d_model) (and every layer's states on request).
+
+        `attention_mask` is (B, L), 1/True for real tokens; by default tokens equal to `pad_id` are masked.
+        """
+        mask = self.source_mask(ids, attention_mask)
+        return self.encoder(self.embed(ids, token_type_ids=token_type_ids), mask,
+                            return_hidden_states=return_hidden_states)
+
+    def forward(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Ids (B, L) -> the head's logits, or hidden states (B, L, d_model) when there is no head."""
+        hidden = self.encode(ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+        if self.head is None:
+            return hidden
+        mask = self.source_mask(ids, attention_mask)
+        return self.head(hidden, None if mask is None else mask[:, 0, 0, :])
+
+
+# -- builders ------------------------------------------------------------------------------------
+
+def _attention(cfg: ModelConfig) -> MultiHeadAttention:
+    return MultiHeadAttention(cfg.d_model, cfg.n_heads, dropout=cfg.attention_dropout, bias=cfg.bias)
+
+
+def _feed_forward(cfg: ModelConfig) -> PositionwiseFeedForward:
+    return PositionwiseFeedForward(cfg.d_model, cfg.d_ff, activation=cfg.activation,
+                                   dropout=cfg.activation_dropout, bias=cfg.bias)
+
+
+def _final_norm(cfg: ModelConfig) -> nn.LayerNorm | None:
+    # Pre-LN stacks leave the last residual sum un-normalised, so they end with a LayerNorm.
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else None
+
+
+def _embeddings(cfg: ModelConfig, vocab_size: int, tokens: TokenEmbedding | None = None) -> Embeddings:
+    if tokens is None:
+        tokens = TokenEmbedding(vocab_size, cfg.d_model, scale=cfg.scale_embeddings, pad_id=cfg.pad_id)
+    positions: nn.Module | None
+    if cfg.positional == "sinusoidal":
+        positions = SinusoidalPositionalEncoding(cfg.d_model, max_len=cfg.max_len, layout=cfg.pe_layout)
+    elif cfg.positional == "learned":
+        positions = LearnedPositionalEmbedding(cfg.d_model, max_len=cfg.max_len)
+    else:
+        positions = None
+    token_types = nn.Embedding(cfg.type_vocab_size, cfg.d_model) if cfg.type_vocab_size else None
+    norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.embedding_norm else None
+    return Embeddings(tokens=tokens, positions=positions, token_types=token_types, norm=norm,
+                      dropout=cfg.dropout)
+
+
+def build_encoder(cfg: ModelConfig) -> Encoder:
+    """N encoder layers with independent weights."""
+    layers = [
+        EncoderLayer(self_attn=_attention(cfg), feed_forward=_feed_forward(cfg), d_model=cfg.d_model,
+                     dropout=cfg.dropout, norm_first=cfg.norm_first, eps=cfg.layer_norm_eps)
+        for _ in range(cfg.n_encoder_layers)
+    ]
+    return Encoder(layers, final_norm=_final_norm(cfg))
+
+
+def build_decoder(cfg: ModelConfig) -> Decoder:
+    """N decoder layers with independent weights."""
+    layers = [
+        DecoderLayer(self_attn=_attention(cfg), cross_attn=_attention(cfg), feed_forward=_feed_forward(cfg),
+                     d_model=cfg.d_model, dropout=cfg.dropout, norm_first=cfg.norm_first,
+                     eps=cfg.layer_norm_eps)
+        for _ in range(cfg.n_decoder_layers)
+    ]
+    return Decoder(layers, final_norm=_final_norm(cfg))
+
+
+def _init_weights(model: nn.Module) -> None:
+    # Xavier-uniform for every projection matrix (as the Annotated Transformer and fairseq do);
+    # embeddings keep their N(0, d_model^-0.5) init, LayerNorms their (1, 0).
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+
+def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
+    """Build the model a config describes: encoder-decoder when `n_decoder_layers > 0`, else encoder-only."""
+    if cfg.is_encoder_decoder:
+        src_embed = _embeddings(cfg, cfg.vocab_size)
+        shared = src_embed.tokens if cfg.share_embeddings else None
+        tgt_embed = _embeddings(cfg, cfg.target_vocab_size, tokens=shared)
+        generator = VocabularyHead(cfg.d_model, cfg.target_vocab_size)
+        model = EncoderDecoderModel(cfg, src_embed=src_embed, tgt_embed=tgt_embed, encoder=build_encoder(cfg),
+                                    decoder=build_decoder(cfg), generator=generator)
+        _init_weights(model)
+        if cfg.tie_embeddings:
+            generator.proj.weight = tgt_embed.tokens.weight  # section 3.4: one matrix, three uses
+        return model
+
+    head: nn.Module | None = None
+    if cfg.head == "sequence_classification":
+        head = SequenceClassificationHead(cfg.d_model, cfg.num_labels, pooling=cfg.pooling, dropout=cfg.dropout)
+    elif cfg.head == "token_classification":
+        head = TokenClassificationHead(cfg.d_model, cfg.num_labels, dropout=cfg.dropout)
+    elif cfg.head == "masked_lm":
+        head = MaskedLMHead(cfg.d_model, cfg.vocab_size, activation=cfg.activation, eps=cfg.layer_norm_eps)
+    embed = _embeddings(cfg, cfg.vocab_size)
+    model = EncoderModel(cfg, embed=embed, encoder=build_encoder(cfg), head=head)
+    _init_weights(model)
+    if isinstance(head, MaskedLMHead) and cfg.tie_embeddings:
+        head.decoder.weight = embed.tokens.weight
+    return model
