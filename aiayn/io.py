@@ -85,3 +85,20 @@ def load_model(directory: str | Path, *, strict: bool = True) -> nn.Module:
             f"{weights} does not match its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
         )
     return model.eval()
+
+
+def load_tokenizers(directory: str | Path) -> tuple[Tokenizer, Tokenizer]:
+    """(source, target) tokenizers of a model directory.
+
+    One shared `tokenizer.json` at the top serves both; separate vocabularies live in
+    `source/tokenizer.json` and `target/tokenizer.json`.
+    """
+    from aiayn.tokenization import TOKENIZER_NAME, Tokenizer
+
+    directory = Path(directory)
+    if (directory / TOKENIZER_NAME).is_file():
+        shared = Tokenizer.load(directory)
+        return shared, shared
+    if (directory / "source" / TOKENIZER_NAME).is_file() and (directory / "target" / TOKENIZER_NAME).is_file():
+        return Tokenizer.load(directory / "source"), Tokenizer.load(directory / "target")
+    raise FileNotFoundError(f"{directory}: no {TOKENIZER_NAME} (nor source/ and target/ tokenizers)")

@@ -1,0 +1,1 @@
+"""Moving models between aiayn and the ecosystem: Hugging Face formats and ONNX."""
