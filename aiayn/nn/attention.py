@@ -59,7 +59,10 @@ class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     The h heads' projections are stored side by side in one (d_model, d_model) Linear each for
-    Q, K and V; head i owns rows [i*d_k, (i+1)*d_k).
+    Q, K and V; head i owns rows [i*d_k, (i+1)*d_k). On the fused path, self-attention computes
+    Q, K and V with one matmul on the three weights concatenated (and cross-attention K and V with
+    one), which is faster than three; the explicit path calls `q_proj`, `k_proj` and `v_proj` one by
+    one, so forward hooks on them see every projection.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True):
@@ -80,6 +83,21 @@ class MultiHeadAttention(nn.Module):
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, length, _ = x.shape
         return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+
+    def _can_fuse(self, *projections: nn.Module) -> bool:
+        """Plain Linears without hooks can share one matmul; anything else is called module by module."""
+        return all(type(p) is nn.Linear and not (p._forward_hooks or p._forward_pre_hooks) for p in projections)
+
+    def _project(self, x: torch.Tensor, *projections: nn.Linear, fuse: bool) -> tuple[torch.Tensor, ...]:
+        """x (B, L, d_model) through each projection, split into heads: one (B, h, L, d_k) per projection."""
+        if not fuse or len(projections) == 1 or not self._can_fuse(*projections):
+            return tuple(self._split_heads(p(x)) for p in projections)
+        weight = torch.cat([p.weight for p in projections])  # (n * d_model, d_model)
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        y = F.linear(x, weight, bias)  # (B, L, n * d_model)
+        b, length, _ = y.shape
+        y = y.view(b, length, len(projections), self.n_heads, self.d_k)  # (B, L, n, h, d_k)
+        return y.permute(2, 0, 3, 1, 4).unbind(0)  # n x (B, h, L, d_k)
 
     def forward(
         self,
@@ -107,20 +125,24 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None).
         """
-        source = query if key_value is None else key_value
-        q = self._split_heads(self.q_proj(query))  # (B, h, L_q, d_k)
-        offset = 0
-        if cache is not None and static_kv and cache.key is not None:
-            k, v = cache.key, cache.value  # (B, h, L_k, d_k), computed on the first step
+        explicit = need_weights or self.explicit
+        reuse_kv = cache is not None and static_kv and cache.key is not None
+        if key_value is None and not reuse_kv:
+            # Self-attention: Q, K and V of the same input (one matmul on the fused path).
+            q, k, v = self._project(query, self.q_proj, self.k_proj, self.v_proj, fuse=not explicit)
         else:
-            k = self._split_heads(self.k_proj(source))  # (B, h, L_new, d_k)
-            v = self._split_heads(self.v_proj(source))  # (B, h, L_new, d_k)
-            if cache is not None:
-                if not static_kv and cache.key is not None:
-                    offset = cache.key.shape[2]
-                    k = torch.cat([cache.key, k], dim=2)  # (B, h, offset + L_new, d_k)
-                    v = torch.cat([cache.value, v], dim=2)
-                cache.key, cache.value = k, v
+            (q,) = self._project(query, self.q_proj, fuse=False)  # (B, h, L_q, d_k)
+            if reuse_kv:
+                k, v = cache.key, cache.value  # (B, h, L_k, d_k), computed on the first step
+            else:
+                k, v = self._project(key_value, self.k_proj, self.v_proj, fuse=not explicit)  # (B, h, L_k, d_k)
+        offset = 0
+        if cache is not None and not reuse_kv:
+            if not static_kv and cache.key is not None:
+                offset = cache.key.shape[2]
+                k = torch.cat([cache.key, k], dim=2)  # (B, h, offset + L_new, d_k)
+                v = torch.cat([cache.value, v], dim=2)
+            cache.key, cache.value = k, v
 
         if is_causal:
             causal = _causal(q.shape[2], k.shape[2], offset, q.device)  # (1, 1, L_q, L_k)
@@ -137,7 +159,7 @@ class MultiHeadAttention(nn.Module):
                 mask = mask | empty_rows
 
         dropout_p = self.dropout if self.training else 0.0
-        if need_weights or self.explicit:
+        if explicit:
             out, weights = _explicit_attention(q, k, v, mask, dropout_p)
         else:
             weights = None

@@ -6,16 +6,16 @@ import torch
 from torch import nn
 
 _ACTIVATIONS = {
-    "relu": lambda: nn.ReLU(),
-    "gelu": lambda: nn.GELU(),
-    "gelu_tanh": lambda: nn.GELU(approximate="tanh"),
+    "relu": lambda inplace: nn.ReLU(inplace=inplace),
+    "gelu": lambda inplace: nn.GELU(),
+    "gelu_tanh": lambda inplace: nn.GELU(approximate="tanh"),
 }
 
 
-def make_activation(name: str) -> nn.Module:
-    """The activation module for a config name ("relu", "gelu", "gelu_tanh")."""
+def make_activation(name: str, *, inplace: bool = False) -> nn.Module:
+    """The activation module for a config name ("relu", "gelu", "gelu_tanh"); ReLU may work in place."""
     try:
-        return _ACTIVATIONS[name]()
+        return _ACTIVATIONS[name](inplace)
     except KeyError:
         raise ValueError(f"unknown activation {name!r}; choose one of {', '.join(_ACTIVATIONS)}") from None
 
@@ -27,7 +27,9 @@ class PositionwiseFeedForward(nn.Module):
                  bias: bool = True):
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.activation = make_activation(activation)
+        # In place: the hidden layer is a fresh (B, L, d_ff) tensor, and not allocating a second one
+        # saves time (ReLU's backward needs only its output, so autograd is unaffected).
+        self.activation = make_activation(activation, inplace=True)
         self.dropout = nn.Dropout(dropout)  # on the hidden layer, as tensor2tensor and torch do
         self.linear2 = nn.Linear(d_ff, d_model, bias=bias)
 
