@@ -84,6 +84,12 @@ class MultiHeadAttention(nn.Module):
         b, length, _ = x.shape
         return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
 
+    def _check_input(self, name: str, x: torch.Tensor, batch: int | None = None) -> None:
+        """Reject inputs that are not (B, L, d_model) with a message naming the shape."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model or (batch is not None and x.shape[0] != batch):
+            expected = f"({'batch' if batch is None else batch}, length, {self.d_model})"
+            raise ValueError(f"attention {name} must have shape {expected}, got {tuple(x.shape)}")
+
     def _can_fuse(self, *projections: nn.Module) -> bool:
         """Plain Linears without hooks can share one matmul; anything else is called module by module."""
         return all(type(p) is nn.Linear and not (p._forward_hooks or p._forward_pre_hooks) for p in projections)
@@ -125,6 +131,9 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (output (B, L_q, d_model), weights (B, h, L_q, L_k) or None).
         """
+        self._check_input("query", query)
+        if key_value is not None:
+            self._check_input("key_value", key_value, batch=query.shape[0])
         explicit = need_weights or self.explicit
         reuse_kv = cache is not None and static_kv and cache.key is not None
         if key_value is None and not reuse_kv:

@@ -34,9 +34,11 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Ten
         how: "first" or "mean".
     """
     if how == "first":
+        if hidden.shape[1] == 0:
+            raise ValueError("cannot pool the first token of empty sequences (length 0)")
         return hidden[:, 0]
     if mask is None:
-        return hidden.mean(dim=1)
+        return hidden.sum(dim=1) / max(hidden.shape[1], 1)  # an empty sequence pools to zeros
     weights = mask.to(hidden.dtype).unsqueeze(-1)  # (B, L, 1)
     return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
 

@@ -133,9 +133,12 @@ class EncoderDecoderModel(nn.Module):
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Source ids (B, S) -> memory (B, S, d_model). `src_mask` defaults to `source_mask(src)`."""
+        x = self.src_embed(src)  # (B, S, d_model); checks the ids
         if src_mask is None:
             src_mask = self.source_mask(src)
-        return self.encoder(self.src_embed(src), src_mask)
+        else:
+            src_mask = check_mask(src_mask, src.shape[0], src.shape[1], src.shape[1])
+        return self.encoder(x, src_mask)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None = None,
                cache: KVCache | None = None, tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -148,11 +151,17 @@ class EncoderDecoderModel(nn.Module):
         """
         if tgt.dim() != 2:
             raise ValueError(f"target ids must have shape (batch, length), got {tuple(tgt.shape)}")
-        if memory.dim() != 3 or memory.shape[0] != tgt.shape[0]:
+        if memory.dim() != 3 or memory.shape[0] != tgt.shape[0] or memory.shape[2] != self.config.d_model:
             raise ValueError(
-                f"memory of shape {tuple(memory.shape)} does not fit a target batch of {tgt.shape[0]}"
+                f"memory of shape {tuple(memory.shape)} does not fit a target batch of {tgt.shape[0]} "
+                f"with d_model {self.config.d_model}"
             )
         offset = 0 if cache is None else cache.length
+        batch, length, source_length = tgt.shape[0], tgt.shape[1], memory.shape[1]
+        if memory_mask is not None:
+            memory_mask = check_mask(memory_mask, batch, length, source_length)
+        if tgt_mask is not None:
+            tgt_mask = check_mask(tgt_mask, batch, length, offset + length)
         x = self.tgt_embed(tgt, offset=offset)  # (B, T, d_model)
         return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache)
 
