@@ -3,6 +3,10 @@
 import pytest
 import torch
 
+# Tiny test models spend more time waking a second OpenMP thread than computing, and on a busy
+# two-core machine each parallel op then waits milliseconds: one thread is ~100x faster here.
+torch.set_num_threads(1)
+
 
 @pytest.fixture(autouse=True)
 def _seed():

@@ -1,0 +1,185 @@
+"""Properties every Transformer must have, checked on tiny seeded models."""
+
+import pytest
+import torch
+from torch import nn
+
+from aiayn.config import ModelConfig
+from aiayn.nn.attention import MultiHeadAttention
+from aiayn.nn.model import build_decoder, build_encoder, build_model
+
+ATOL = 1e-5
+TINY = dict(vocab_size=40, d_model=16, n_heads=4, d_ff=32, n_encoder_layers=2, n_decoder_layers=2, max_len=32)
+PAD = 0
+
+
+def seq2seq(**options) -> nn.Module:
+    return build_model(ModelConfig(**{**TINY, **options})).eval()
+
+
+def set_explicit(model: nn.Module, explicit: bool) -> None:
+    for m in model.modules():
+        if isinstance(m, MultiHeadAttention):
+            m.explicit = explicit
+
+
+@pytest.mark.parametrize("options", [{}, dict(norm_first=True, activation="gelu", bias=False)],
+                         ids=["post-LN", "pre-LN"])
+def test_fused_path_equals_explicit_path(options):
+    model = seq2seq(**options)
+    src = torch.randint(1, 40, (3, 7))
+    src[1, 3:] = PAD
+    src[2, :] = PAD  # a fully padded row: both paths must agree on it too
+    tgt = torch.randint(1, 40, (3, 6))
+    fused = model(src, tgt)
+    set_explicit(model, True)
+    explicit = model(src, tgt)
+    torch.testing.assert_close(fused, explicit, atol=ATOL, rtol=0)
+
+
+def test_attention_weights_from_the_explicit_path_are_a_distribution_over_allowed_keys():
+    attn = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    mask = torch.tensor([[True] * 5, [True, True, False, False, False]])[:, None, None, :]
+    out, weights = attn(x, mask=mask, need_weights=True)
+    assert weights.shape == (2, 4, 5, 5)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
+    assert torch.all(weights[1, :, :, 2:] == 0)
+    fused, _ = attn(x, mask=mask)
+    torch.testing.assert_close(out, fused, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
+def test_a_sequence_alone_equals_the_same_sequence_in_a_padded_batch(positional):
+    model = seq2seq(positional=positional)
+    src_alone, tgt_alone = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[1, 9, 10]])
+    src = torch.tensor([[5, 6, 7, 8, PAD, PAD, PAD], [11, 12, 13, 14, 15, 16, 17]])
+    tgt = torch.tensor([[1, 9, 10, PAD, PAD], [1, 18, 19, 20, 21]])
+    torch.testing.assert_close(model.encode(src)[:1, :4], model.encode(src_alone), atol=ATOL, rtol=0)
+    torch.testing.assert_close(model(src, tgt)[:1, :3], model(src_alone, tgt_alone), atol=ATOL, rtol=0)
+
+
+def test_encoder_only_sequence_alone_equals_padded_batch_with_attention_mask():
+    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "positional": "learned"})).eval()
+    alone = torch.tensor([[5, 6, 7]])
+    ids = torch.tensor([[5, 6, 7, 3, 3], [8, 9, 10, 11, 12]])  # padded with a non-pad id, masked out
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    torch.testing.assert_close(model(ids, attention_mask=mask)[:1, :3], model(alone), atol=ATOL, rtol=0)
+
+
+def test_changing_later_target_tokens_never_changes_earlier_outputs():
+    model = seq2seq()
+    src = torch.randint(1, 40, (2, 6))
+    tgt = torch.randint(1, 40, (2, 8))
+    before = model(src, tgt)
+    for t in range(1, 8):
+        changed = tgt.clone()
+        changed[:, t:] = torch.randint(1, 40, (2, 8 - t))
+        torch.testing.assert_close(model(src, changed)[:, :t], before[:, :t], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["fused", "explicit"])
+def test_fully_padded_rows_give_finite_outputs_and_gradients(explicit):
+    model = seq2seq(dropout=0.0).train()
+    set_explicit(model, explicit)
+    src = torch.randint(1, 40, (2, 5))
+    src[1] = PAD  # nothing to attend to in the source
+    tgt = torch.randint(1, 40, (2, 4))
+    logits = model(src, tgt)
+    assert torch.isfinite(logits).all()
+    logits.logsumexp(-1).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+    encoder_only = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "head": "sequence_classification",
+                                              "num_labels": 3, "pooling": "mean"}))
+    ids = torch.tensor([[4, 5, 6], [PAD, PAD, PAD]])
+    out = encoder_only(ids)
+    out.sum().backward()
+    assert torch.isfinite(out).all()
+    assert all(torch.isfinite(p.grad).all() for p in encoder_only.parameters() if p.grad is not None)
+
+
+def test_without_positions_permuting_the_input_permutes_the_output():
+    # Seed 002: self-attention alone does not know word order.
+    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "positional": "none"})).eval()
+    ids = torch.tensor([[4, 9, 17, 23, 5, 31]])
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    torch.testing.assert_close(model(ids[:, perm]), model(ids)[:, perm], atol=ATOL, rtol=0)
+    with_positions = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0})).eval()
+    assert not torch.allclose(with_positions(ids[:, perm]), with_positions(ids)[:, perm], atol=1e-3)
+
+
+@pytest.mark.parametrize("norm_first", [False, True], ids=["post-LN", "pre-LN"])
+def test_float64_gradcheck_on_tiny_layers(norm_first):
+    cfg = ModelConfig(vocab_size=10, d_model=4, n_heads=2, d_ff=8, n_encoder_layers=1, n_decoder_layers=1,
+                      dropout=0.0, activation="gelu", norm_first=norm_first)
+    enc_layer = build_encoder(cfg).layers[0].double()
+    dec_layer = build_decoder(cfg).layers[0].double()
+    x = torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True)
+    memory = torch.randn(2, 4, 4, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True] * 3, [True, True, False]])[:, None, None, :]
+    memory_mask = torch.tensor([[True] * 4, [True, False, False, False]])[:, None, None, :]
+    assert torch.autograd.gradcheck(lambda x: enc_layer(x, mask), (x,))
+    assert torch.autograd.gradcheck(lambda x, m: dec_layer(x, m, memory_mask=memory_mask), (x, memory))
+    weight = enc_layer.self_attn.q_proj.weight
+    assert torch.autograd.gradcheck(
+        lambda w: torch.func.functional_call(enc_layer, {"self_attn.q_proj.weight": w}, (x.detach(), mask)),
+        (weight.detach().clone().requires_grad_(True),))
+
+
+def test_layers_do_not_share_parameters():
+    model = seq2seq()
+    for stack in (model.encoder.layers, model.decoder.layers):
+        storages = [{p.data_ptr() for p in layer.parameters()} for layer in stack]
+        for i in range(len(storages)):
+            for j in range(i + 1, len(storages)):
+                assert not storages[i] & storages[j], f"layers {i} and {j} share parameters"
+        before = stack[1].feed_forward.linear1.weight.clone()
+        with torch.no_grad():
+            stack[0].feed_forward.linear1.weight.add_(1.0)
+        assert torch.equal(stack[1].feed_forward.linear1.weight, before)
+    layer = model.decoder.layers[0]
+    assert layer.self_attn.q_proj.weight.data_ptr() != layer.cross_attn.q_proj.weight.data_ptr()
+
+
+def test_tied_embeddings_are_one_matrix():
+    # Section 3.4: the two embedding layers and the pre-softmax projection share one matrix.
+    model = seq2seq()
+    assert model.generator.proj.weight is model.tgt_embed.tokens.weight is model.src_embed.tokens.weight
+
+
+@pytest.mark.parametrize("options", [{}, dict(positional="learned", norm_first=True)], ids=["sinusoidal", "learned"])
+def test_kv_cached_decoding_equals_uncached(options):
+    model = seq2seq(**options)
+    src = torch.randint(1, 40, (3, 6))
+    src[1, 4:] = PAD
+    tgt = torch.randint(1, 40, (3, 7))
+    src_mask = model.source_mask(src)
+    memory = model.encode(src, src_mask)
+    full = model.generator(model.decode(tgt, memory, memory_mask=src_mask))
+    cache = model.new_cache()
+    steps = []
+    with torch.inference_mode():
+        for t in range(tgt.shape[1]):
+            hidden = model.decode(tgt[:, t:t + 1], memory, memory_mask=src_mask, cache=cache)
+            steps.append(model.generator(hidden))
+    assert cache.length == tgt.shape[1]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
+    # Two positions at once after a cached prefix also agree.
+    cache = model.new_cache()
+    with torch.inference_mode():
+        first = model.decode(tgt[:, :3], memory, memory_mask=src_mask, cache=cache)
+        rest = model.decode(tgt[:, 3:], memory, memory_mask=src_mask, cache=cache)
+    torch.testing.assert_close(model.generator(torch.cat([first, rest], 1)), full, atol=ATOL, rtol=0)
+
+
+def test_kv_cache_reorder_keeps_the_chosen_rows():
+    model = seq2seq()
+    src = torch.randint(1, 40, (3, 5))
+    memory = model.encode(src)
+    cache = model.new_cache()
+    model.decode(torch.ones(3, 1, dtype=torch.long), memory, cache=cache)
+    keys = cache.self_attn[0].key.clone()
+    cache.reorder(torch.tensor([2, 2, 0]))
+    torch.testing.assert_close(cache.self_attn[0].key, keys[[2, 2, 0]])
