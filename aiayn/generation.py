@@ -1,20 +1,48 @@
-"""Autoregressive generation for encoder-decoder models.
+"""Autoregressive generation for encoder-decoder models: greedy, beam search and sampling on the KV cache.
 
-Stable API (the decoding strategies grow behind it): `generate(model, src, bos_id=..., eos_id=..., config=...)`.
+Stable API: `generate(model, src, bos_id=..., eos_id=..., config=GenerationConfig(...)) -> GenerationOutput`.
+
+The source is encoded once; each step feeds only the newest target token to `model.decode` with a
+`KVCache`, so a step costs work proportional to the prefix (self-attention over the cached keys)
+and the cross-attention keys/values are computed once per source. Beam search follows Hugging Face
+`generate()` (score = sum of log-probabilities / length ** length_penalty, the length counting `</s>`;
+the 2 x beam best candidates each step; finished hypotheses only from the top `beam` candidates), so
+the same weights give the same sequences there (tests/test_interop_marian.py).
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
+from aiayn.nn.attention import KVCache
 from aiayn.nn.model import EncoderDecoderModel
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
-    """Decoding settings; the paper used beam 4, alpha 0.6, max length = source length + 50 (section 6.1)."""
+    """Decoding settings; the paper used beam 4, alpha 0.6, max length = source length + 50 (section 6.1).
+
+    Attributes:
+        max_len: most new tokens per sentence, `</s>` included; None means the sentence's real
+            (unpadded) source length + `extra_len`. Never more than the model's `max_len` positions.
+        extra_len: added to the source length when `max_len` is None (50 in the paper).
+        min_len: fewest tokens before `</s>` may be chosen (its log-probability is set to -inf before).
+        beam_size: 1 is greedy (or sampling); more runs beam search.
+        length_penalty: alpha in score = sum(log p) / length ** alpha (beam search only).
+        early_stopping: True stops a sentence once `beam_size` hypotheses are finished; False
+            keeps searching while a running beam could still beat the worst finished one
+            (Hugging Face's heuristic).
+        do_sample: sample instead of taking the best token (beam_size must be 1).
+        temperature, top_k, top_p: sampling warpers, applied in that order (0 / 1.0 disable top-k / top-p).
+        seed: seeds the sampling generator; None draws from torch's global generator.
+        return_attention: also return the cross-attention weights of the chosen outputs.
+    """
 
     max_len: int | None = None
     extra_len: int = 50
@@ -27,42 +55,311 @@ class GenerationConfig:
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    return_attention: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 1):
+            raise ValueError(f"max_len must be a positive integer or None, got {self.max_len!r}")
+        for name in ("extra_len", "min_len", "top_k"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if not isinstance(self.beam_size, int) or self.beam_size < 1:
+            raise ValueError(f"beam_size must be a positive integer, got {self.beam_size!r}")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature must be positive, got {self.temperature!r}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.do_sample and self.beam_size > 1:
+            raise ValueError("sampling decodes one hypothesis per sentence: use beam_size=1 with do_sample")
 
 
 @dataclass
 class GenerationOutput:
-    """Generated ids per sentence (no `<s>`, no `</s>`) and their log-probability scores (B,)."""
+    """Generated ids per sentence (no `<s>`, no `</s>`), their scores (B,) and, on request, attention.
+
+    `scores` is the sum of the model's log-probabilities of the output tokens (`</s>` included when
+    emitted) for greedy decoding and sampling; for beam search it is that sum / length ** length_penalty.
+    `attention[i]` is a (n_layers, n_heads, len(tokens[i]), S_i) tensor of cross-attention weights:
+    row t is where the decoder looked when it produced token t; columns are the real source tokens.
+    """
 
     tokens: list[list[int]]
     scores: torch.Tensor
-    attention: list | None = None
+    attention: list[torch.Tensor] | None = None
 
 
 @torch.no_grad()
 def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_id: int,
              config: GenerationConfig | None = None) -> GenerationOutput:
-    """Decode source ids (B, S) greedily with the key/value cache."""
+    """Translate source ids (B, S), right-padded with the model's `pad_id`, into target ids.
+
+    Args:
+        model: an encoder-decoder model (put in eval mode here).
+        src: (B, S) int64 source ids; rows may end in padding.
+        bos_id: the token the decoder starts from (`<s>`; Marian starts from `<pad>`).
+        eos_id: the token that ends a sentence.
+        config: the decoding settings.
+
+    Returns:
+        `GenerationOutput`; an empty source (no real tokens) gives an empty output with score 0.
+
+    Raises:
+        ValueError: a source longer than the model's `max_len`, ids outside the vocabulary, bad settings.
+    """
     config = config or GenerationConfig()
+    if not isinstance(src, torch.Tensor) or src.dim() != 2:
+        raise ValueError(f"source ids must be a (batch, length) tensor, got {getattr(src, 'shape', type(src))}")
     model.eval()
+    cfg = model.config
+    vocab = cfg.target_vocab_size
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if not 0 <= value < vocab:
+            raise ValueError(f"{name} {value} is outside the target vocabulary (size {vocab})")
+    if src.shape[1] > cfg.max_len:
+        raise ValueError(
+            f"source of {src.shape[1]} tokens is longer than the model's max_len ({cfg.max_len}); "
+            f"truncate it to {cfg.max_len} tokens"
+        )
     batch = src.shape[0]
+    real = src != cfg.pad_id  # (B, S)
+    lengths = real.sum(dim=1)  # (B,)
+    rows = lengths.nonzero()[:, 0]
+    tokens: list[list[int]] = [[] for _ in range(batch)]
+    scores = torch.zeros(batch)
+    attention: list[torch.Tensor] | None = None
+    if config.return_attention:
+        n_layers, n_heads = len(model.decoder.layers), cfg.n_heads
+        attention = [torch.zeros(n_layers, n_heads, 0, int(n)) for n in lengths]
+    if rows.numel() == 0:
+        return GenerationOutput(tokens, scores, attention)
+
+    # Decode only the non-empty sources, trimmed to their longest real length.
+    sub = src[rows][:, : int(lengths.max())]
+    if config.max_len is not None:
+        limits = torch.full((len(rows),), config.max_len, dtype=torch.long)
+    else:
+        limits = lengths[rows].cpu() + config.extra_len
+    limits = limits.clamp(max=cfg.max_len)
+    search = _beam_search if config.beam_size > 1 else _greedy_or_sample
+    out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
+    for j, i in enumerate(rows.tolist()):
+        tokens[i] = out_tokens[j]
+        scores[i] = out_scores[j]
+        if attention is not None:
+            attention[i] = out_attn[j][:, :, : len(out_tokens[j]), real[i, : sub.shape[1]]]
+    return GenerationOutput(tokens, scores, attention)
+
+
+# -- shared steps ---------------------------------------------------------------------------------
+
+class _CrossAttentionRecorder:
+    """Collects each decoder layer's cross-attention weights of one step (only when asked for)."""
+
+    def __init__(self, model: EncoderDecoderModel, enabled: bool):
+        self.layers = [layer.cross_attn for layer in model.decoder.layers] if enabled else []
+        self.step: list[torch.Tensor] = []
+        self.handles = [m.register_forward_hook(self._hook) for m in self.layers]
+        self.saved = [m.explicit for m in self.layers]
+        for m in self.layers:
+            m.explicit = True  # the explicit path returns the weights
+
+    def _hook(self, module, args, output) -> None:
+        self.step.append(output[1][:, :, -1])  # (B, h, S): the newest query position
+
+    def pop(self) -> torch.Tensor | None:
+        """(B, n_layers, h, S) weights of the step just run, or None when not recording."""
+        if not self.layers:
+            return None
+        weights, self.step = torch.stack(self.step, dim=1), []
+        return weights
+
+    def close(self) -> None:
+        """Remove the hooks and restore each layer's path."""
+        for handle in self.handles:
+            handle.remove()
+        for m, explicit in zip(self.layers, self.saved):
+            m.explicit = explicit
+
+
+def _step_log_probs(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
+                    memory_mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
+    """Feed (N, 1) newest tokens; return next-token log-probabilities (N, V) in float32."""
+    hidden = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
+    return F.log_softmax(model.generator(hidden[:, -1]).float(), dim=-1)  # (N, V)
+
+
+def _warp(log_probs: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (nucleus) filtering, as Hugging Face orders them; (N, V) -> (N, V)."""
+    logits = log_probs / config.temperature
+    if config.top_k and config.top_k < logits.shape[-1]:
+        kth = logits.topk(config.top_k, dim=-1).values[:, -1:]  # (N, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if config.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1)  # ascending
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cumulative <= 1.0 - config.top_p
+        drop_sorted[:, -1] = False  # keep at least the most likely token
+        drop = drop_sorted.scatter(1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+# -- greedy and sampling --------------------------------------------------------------------------
+
+def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
+                      eos_id: int, config: GenerationConfig):
+    """One hypothesis per sentence: the most likely token each step, or a sampled one."""
+    batch, device = src.shape[0], src.device
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, d_model)
-    max_len = config.max_len if config.max_len is not None else src.shape[1] + config.extra_len
     cache = model.new_cache()
-    next_input = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    scores = torch.zeros(batch, device=src.device)
-    out: list[list[int]] = [[] for _ in range(batch)]
-    for _ in range(max_len):
-        hidden = model.decode(next_input, memory, memory_mask=src_mask, cache=cache)  # (B, 1, d_model)
-        log_probs = model.generator.log_probs(hidden[:, -1])  # (B, V)
-        best = log_probs.argmax(dim=-1)  # (B,)
-        scores += torch.where(finished, 0.0, log_probs.gather(1, best[:, None])[:, 0])
-        for i in range(batch):
-            if not finished[i] and int(best[i]) != eos_id:
-                out[i].append(int(best[i]))
-        finished |= best == eos_id
-        if bool(finished.all()):
-            break
-        next_input = best[:, None]
-    return GenerationOutput(tokens=out, scores=scores)
+    limits = limits.to(device)
+    steps = int(limits.max())
+    generator = None
+    if config.do_sample and config.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(config.seed)
+    out = torch.full((batch, steps), eos_id, dtype=torch.long, device=device)
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    scores = torch.zeros(batch, device=device)
+    recorder = _CrossAttentionRecorder(model, config.return_attention)
+    weights: list[torch.Tensor] = []
+    next_input = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
+    try:
+        for step in range(steps):
+            log_probs = _step_log_probs(model, next_input, memory, src_mask, cache)  # (B, V)
+            if step < config.min_len:
+                log_probs[:, eos_id] = float("-inf")
+            if config.do_sample:
+                probs = _warp(log_probs, config).softmax(dim=-1)
+                best = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
+            else:
+                best = log_probs.argmax(dim=-1)  # (B,)
+            best = best.masked_fill(finished, eos_id)
+            scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(finished, 0.0)
+            out[:, step] = best
+            step_weights = recorder.pop()
+            if step_weights is not None:
+                weights.append(step_weights)
+            finished |= (best == eos_id) | (step + 1 >= limits)
+            if bool(finished.all()):
+                break
+            next_input = best[:, None]
+    finally:
+        recorder.close()
+    tokens = [_until_eos(row, eos_id) for row in out.tolist()]
+    attn = None
+    if weights:
+        attn = torch.stack(weights, dim=3).cpu()  # (B, n_layers, h, T, S)
+    return tokens, scores.cpu(), attn
+
+
+def _until_eos(row: list[int], eos_id: int) -> list[int]:
+    return row[: row.index(eos_id)] if eos_id in row else row
+
+
+# -- beam search ----------------------------------------------------------------------------------
+
+def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
+                 eos_id: int, config: GenerationConfig):
+    """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone."""
+    batch, device, k = src.shape[0], src.device, config.beam_size
+    alpha = config.length_penalty
+    src_mask = model.source_mask(src)
+    memory = model.encode(src, src_mask)  # (B, S, d_model)
+    memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, d_model): beams of a sentence are adjacent
+    mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
+    cache = model.new_cache()
+    limits = limits.to(device)
+    steps = int(limits.max())
+    vocab = model.config.target_vocab_size
+    neg_inf = float("-inf")
+
+    running = torch.full((batch, k, steps), eos_id, dtype=torch.long, device=device)
+    running_scores = torch.zeros(batch, k, device=device)
+    running_scores[:, 1:] = neg_inf  # all beams start identical: expand only the first
+    done_tokens = running.clone()
+    done_scores = torch.full((batch, k), neg_inf, device=device)
+    done_flags = torch.zeros(batch, k, dtype=torch.bool, device=device)
+    done_steps = torch.zeros(batch, k, dtype=torch.long, device=device)
+    sentence_done = torch.zeros(batch, dtype=torch.bool, device=device)
+    in_top_k = torch.arange(2 * k, device=device) < k  # (2k,)
+    base = torch.arange(batch, device=device)[:, None] * k  # (B, 1) first flat row of each sentence
+
+    recorder = _CrossAttentionRecorder(model, config.return_attention)
+    history: torch.Tensor | None = None  # (B*k, T, n_layers, h, S) attention of the running beams
+    done_history: torch.Tensor | None = None
+    next_input = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
+    try:
+        for step in range(steps):
+            log_probs = _step_log_probs(model, next_input, memory, mask, cache)  # (B*k, V)
+            if step < config.min_len:
+                log_probs[:, eos_id] = neg_inf
+            totals = (log_probs.view(batch, k, vocab) + running_scores[:, :, None]).view(batch, k * vocab)
+            cand_scores, cand_index = totals.topk(2 * k, dim=1)  # (B, 2k), best first
+            cand_beam = cand_index // vocab  # (B, 2k)
+            cand_token = cand_index % vocab
+            cand_tokens = running.gather(1, cand_beam[:, :, None].expand(-1, -1, steps)).clone()  # (B, 2k, T)
+            cand_tokens[:, :, step] = cand_token
+            hits = (cand_token == eos_id) | (step + 1 >= limits)[:, None]  # (B, 2k)
+
+            # Finished hypotheses: candidates among the top k that end here, ranked with the length penalty.
+            step_weights = recorder.pop()
+            if step_weights is not None:
+                step_weights = step_weights[:, None]  # (B*k, 1, n_layers, h, S)
+                history = step_weights if history is None else torch.cat([history, step_weights], dim=1)
+                cand_history = history.index_select(0, (base + cand_beam).view(-1))  # (B*2k, t, ...)
+            new_done = hits & in_top_k & ~sentence_done[:, None]
+            normalised = (cand_scores / (step + 1) ** alpha).masked_fill(~new_done, neg_inf)
+            merged_scores, keep = torch.cat([done_scores, normalised], dim=1).topk(k, dim=1)  # (B, k)
+            done_tokens = torch.cat([done_tokens, cand_tokens], dim=1).gather(
+                1, keep[:, :, None].expand(-1, -1, steps))
+            done_flags = torch.cat([done_flags, new_done], dim=1).gather(1, keep)
+            done_steps = torch.cat([done_steps, torch.full_like(cand_token, step + 1)], dim=1).gather(1, keep)
+            done_scores = merged_scores
+            if step_weights is not None:
+                done_history = _merge_history(done_history, cand_history, keep, batch, k)
+
+            # Running beams: the best k candidates that did not end.
+            run_scores, pick = cand_scores.masked_fill(hits, neg_inf).topk(k, dim=1)  # (B, k)
+            running_scores = run_scores
+            running = cand_tokens.gather(1, pick[:, :, None].expand(-1, -1, steps))
+            parents = (base + cand_beam.gather(1, pick)).view(-1)  # (B*k,) flat rows the beams continue
+            if history is not None:
+                history = history.index_select(0, parents)
+
+            best_running = running_scores[:, 0] / (step + 1) ** alpha
+            can_improve = torch.tensor(not config.early_stopping, device=device) & (
+                best_running > done_scores.min(dim=1).values)
+            sentence_done |= (done_flags.all(dim=1) & ~can_improve) | (step + 1 >= limits)
+            if bool(sentence_done.all()):
+                break
+            # Cross-attention keys/values are the same for every beam of a sentence: reorder only self-attention.
+            for layer_cache in cache.self_attn:
+                layer_cache.reorder(parents)
+            next_input = running[:, :, step].reshape(batch * k, 1)
+    finally:
+        recorder.close()
+
+    tokens, attn = [], []
+    for b in range(batch):
+        row = done_tokens[b, 0, : int(done_steps[b, 0])].tolist()
+        tokens.append(_until_eos(row, eos_id))
+        if done_history is not None:
+            attn.append(done_history[b * k].permute(1, 2, 0, 3).cpu())  # (T, n_layers, h, S) -> (n_layers, h, T, S)
+    return tokens, done_scores[:, 0].cpu(), attn or None
+
+
+def _merge_history(done_history: torch.Tensor | None, cand_history: torch.Tensor, keep: torch.Tensor,
+                   batch: int, k: int) -> torch.Tensor:
+    """Attention of the finished hypotheses after a merge: (B*k, T, ...) old + (B*2k, t, ...) new -> (B*k, t, ...)."""
+    t = cand_history.shape[1]
+    if done_history is None:
+        done_history = cand_history.new_zeros((batch * k, t, *cand_history.shape[2:]))
+    elif done_history.shape[1] < t:
+        pad = done_history.new_zeros((batch * k, t - done_history.shape[1], *done_history.shape[2:]))
+        done_history = torch.cat([done_history, pad], dim=1)
+    merged = torch.cat([done_history.view(batch, k, *done_history.shape[1:]),
+                        cand_history.view(batch, 2 * k, *cand_history.shape[1:])], dim=1)  # (B, 3k, t, ...)
+    index = keep.view(batch, k, *([1] * (merged.dim() - 2))).expand(-1, -1, *merged.shape[2:])
+    return merged.gather(1, index).reshape(batch * k, *merged.shape[2:])

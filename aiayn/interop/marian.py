@@ -1,0 +1,161 @@
+"""Hugging Face `MarianMTModel` <-> aiayn `EncoderDecoderModel`: the same Transformer under other names.
+
+Marian (and Hugging Face's port of it) is the paper's model: post-LN layers, static sinusoidal
+positions (stored as a sin half then a cos half: aiayn's `pe_layout="split"`), embeddings x sqrt(d_model)
+(`scale_embedding=True`), LayerNorm eps 1e-5, attention scaled by d_k ** -0.5. The only parameters
+aiayn lacks are Marian's `final_logits_bias` (zeros unless trained; `from_marian` refuses non-zero ones).
+
+Generation settings: a `MarianConfig` defaults to `eos_token_id=0`, `forced_eos_token_id=0` and
+published checkpoints add `bad_words_ids=[[pad]]`; `to_marian` sets eos to aiayn's `</s>`, and turns
+forced EOS, bad words and n-gram blocking off, so `generate()` searches exactly as `aiayn.generation` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.nn.model import EncoderDecoderModel, build_model
+
+_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+_ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")
+
+
+def _check_mappable(cfg: ModelConfig) -> None:
+    problems = []
+    if not cfg.is_encoder_decoder:
+        problems.append("it has no decoder (n_decoder_layers=0)")
+    if cfg.norm_first:
+        problems.append("Marian is post-LN (set norm_first=false)")
+    if cfg.positional != "sinusoidal" or cfg.pe_layout != "split":
+        problems.append("Marian uses sinusoidal positions in the split layout (positional=sinusoidal, pe_layout=split)")
+    if not cfg.bias:
+        problems.append("Marian's projections have biases (bias=true)")
+    if cfg.embedding_norm or cfg.type_vocab_size:
+        problems.append("Marian has no embedding LayerNorm or token types")
+    if cfg.layer_norm_eps != 1e-5:
+        problems.append(f"Marian's LayerNorm eps is 1e-5, not {cfg.layer_norm_eps}")
+    if problems:
+        raise ValueError("model cannot be mapped to Marian: " + "; ".join(problems))
+
+
+def marian_config(cfg: ModelConfig, *, decoder_start_token_id: int | None = None, eos_token_id: int = 2):
+    """The `MarianConfig` of an aiayn config; the decoder starts from `<pad>` unless told otherwise."""
+    from transformers import MarianConfig
+
+    _check_mappable(cfg)
+    start = cfg.pad_id if decoder_start_token_id is None else decoder_start_token_id
+    return MarianConfig(
+        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.target_vocab_size, d_model=cfg.d_model,
+        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
+        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=_ACTIVATIONS[cfg.activation],
+        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+        max_position_embeddings=cfg.max_len, scale_embedding=cfg.scale_embeddings,
+        share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.tie_embeddings,
+        pad_token_id=cfg.pad_id, eos_token_id=eos_token_id, decoder_start_token_id=start,
+        forced_eos_token_id=None, bos_token_id=None,
+    )
+
+
+def _name_pairs(cfg: ModelConfig) -> Iterator[tuple[str, str]]:
+    """(aiayn name, Marian name) of every parameter except the embeddings and the output projection."""
+    for i in range(cfg.n_encoder_layers):
+        ours, theirs = f"encoder.layers.{i}.", f"model.encoder.layers.{i}."
+        for proj in _ATTENTION:
+            yield f"{ours}self_attn.{proj}", f"{theirs}self_attn.{proj}"
+        yield f"{ours}attn_sublayer.norm", f"{theirs}self_attn_layer_norm"
+        yield f"{ours}feed_forward.linear1", f"{theirs}fc1"
+        yield f"{ours}feed_forward.linear2", f"{theirs}fc2"
+        yield f"{ours}ffn_sublayer.norm", f"{theirs}final_layer_norm"
+    for i in range(cfg.n_decoder_layers):
+        ours, theirs = f"decoder.layers.{i}.", f"model.decoder.layers.{i}."
+        for proj in _ATTENTION:
+            yield f"{ours}self_attn.{proj}", f"{theirs}self_attn.{proj}"
+            yield f"{ours}cross_attn.{proj}", f"{theirs}encoder_attn.{proj}"
+        yield f"{ours}self_attn_sublayer.norm", f"{theirs}self_attn_layer_norm"
+        yield f"{ours}cross_attn_sublayer.norm", f"{theirs}encoder_attn_layer_norm"
+        yield f"{ours}feed_forward.linear1", f"{theirs}fc1"
+        yield f"{ours}feed_forward.linear2", f"{theirs}fc2"
+        yield f"{ours}ffn_sublayer.norm", f"{theirs}final_layer_norm"
+
+
+def _copy_pairs(cfg: ModelConfig) -> Iterator[tuple[str, str]]:
+    for ours, theirs in _name_pairs(cfg):
+        for suffix in (".weight", ".bias"):
+            yield ours + suffix, theirs + suffix
+    if cfg.share_embeddings:
+        yield "src_embed.tokens.weight", "model.shared.weight"
+    else:
+        yield "src_embed.tokens.weight", "model.encoder.embed_tokens.weight"
+        yield "tgt_embed.tokens.weight", "model.decoder.embed_tokens.weight"
+    if not cfg.tie_embeddings:
+        yield "generator.proj.weight", "lm_head.weight"
+
+
+@torch.no_grad()
+def to_marian(model: EncoderDecoderModel, *, decoder_start_token_id: int | None = None, eos_token_id: int = 2):
+    """A `transformers.MarianMTModel` (eval mode) with `model`'s weights and plain generation settings.
+
+    Args:
+        model: an aiayn encoder-decoder configured like Marian (post-LN, split sinusoidal positions).
+        decoder_start_token_id: the first decoder input; None means `<pad>`, as Marian does. Pass
+            `<s>` for a model trained by `aiayn train`, whose targets start with `<s>`.
+        eos_token_id: the end-of-sentence id (aiayn's `</s>` is 2).
+    """
+    from transformers import MarianMTModel
+
+    cfg: ModelConfig = model.config
+    hf = MarianMTModel(marian_config(cfg, decoder_start_token_id=decoder_start_token_id,
+                                     eos_token_id=eos_token_id)).eval()
+    ours, theirs = model.state_dict(), hf.state_dict()
+    for src_name, dst_name in _copy_pairs(cfg):
+        theirs[dst_name].copy_(ours[src_name])
+    for embed in (hf.model.encoder.embed_tokens, hf.model.decoder.embed_tokens):
+        if cfg.share_embeddings and embed.weight.data_ptr() != hf.model.shared.weight.data_ptr():
+            embed.weight.copy_(ours["src_embed.tokens.weight"])  # transformers did not tie them: copy
+    if cfg.tie_embeddings and hf.lm_head.weight.data_ptr() != hf.model.decoder.embed_tokens.weight.data_ptr():
+        hf.lm_head.weight.copy_(ours["tgt_embed.tokens.weight"])
+    hf.final_logits_bias.zero_()
+    gen = hf.generation_config
+    gen.decoder_start_token_id = hf.config.decoder_start_token_id
+    gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = eos_token_id, cfg.pad_id, None
+    gen.forced_eos_token_id, gen.bad_words_ids, gen.no_repeat_ngram_size = None, None, 0
+    gen.num_beams, gen.max_length, gen.length_penalty = 1, cfg.max_len, 1.0
+    return hf
+
+
+@torch.no_grad()
+def from_marian(hf_model) -> EncoderDecoderModel:
+    """An aiayn `EncoderDecoderModel` (eval mode) with a `MarianMTModel`'s weights.
+
+    Raises:
+        ValueError: the Marian model uses something aiayn lacks (a non-zero `final_logits_bias`,
+            unequal encoder and decoder sizes, an unknown activation).
+    """
+    c = hf_model.config
+    if c.encoder_attention_heads != c.decoder_attention_heads or c.encoder_ffn_dim != c.decoder_ffn_dim:
+        raise ValueError("aiayn needs equal encoder and decoder head counts and d_ff")
+    activation = {v: k for k, v in _ACTIVATIONS.items()}.get(c.activation_function)
+    if activation is None:
+        raise ValueError(f"activation {c.activation_function!r} has no aiayn equivalent "
+                         f"(choose one of {', '.join(_ACTIVATIONS.values())})")
+    if bool(hf_model.final_logits_bias.ne(0).any()):
+        raise ValueError("this Marian model has a non-zero final_logits_bias, which aiayn's output layer lacks")
+    shared = bool(c.share_encoder_decoder_embeddings)
+    tied = bool(getattr(c, "tie_word_embeddings", True))
+    cfg = ModelConfig(
+        vocab_size=c.vocab_size, tgt_vocab_size=None if shared else c.decoder_vocab_size, d_model=c.d_model,
+        n_heads=c.encoder_attention_heads, d_ff=c.encoder_ffn_dim, n_encoder_layers=c.encoder_layers,
+        n_decoder_layers=c.decoder_layers, dropout=c.dropout, attention_dropout=c.attention_dropout,
+        activation_dropout=c.activation_dropout, activation=activation, norm_first=False, layer_norm_eps=1e-5,
+        positional="sinusoidal", pe_layout="split", max_len=c.max_position_embeddings,
+        scale_embeddings=bool(c.scale_embedding), tie_embeddings=tied, share_embeddings=shared, pad_id=c.pad_token_id,
+    )
+    model = build_model(cfg)
+    ours, theirs = model.state_dict(), hf_model.state_dict()
+    for dst_name, src_name in _copy_pairs(cfg):
+        ours[dst_name].copy_(theirs[src_name])
+    return model.eval()
