@@ -23,6 +23,8 @@ def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     Returns:
         Bool mask (B, 1, 1, L), True where `ids != pad_id`.
     """
+    if ids.dim() != 2:
+        raise ValueError(f"token ids must have shape (batch, length), got {tuple(ids.shape)}")
     return (ids != pad_id)[:, None, None, :]
 
 
