@@ -113,7 +113,8 @@ class ModelConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if self.tgt_vocab_size is not None and (
-            not isinstance(self.tgt_vocab_size, int) or self.tgt_vocab_size <= 0
+            not isinstance(self.tgt_vocab_size, int) or isinstance(self.tgt_vocab_size, bool)
+            or self.tgt_vocab_size <= 0
         ):
             raise ValueError(f"tgt_vocab_size must be a positive integer or null, got {self.tgt_vocab_size!r}")
         if self.d_model % self.n_heads:
@@ -122,9 +123,9 @@ class ModelConfig:
             )
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            if not _is_number(value) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {value!r}")
-        if not isinstance(self.layer_norm_eps, (int, float)) or self.layer_norm_eps <= 0:
+        if not _is_number(self.layer_norm_eps) or self.layer_norm_eps <= 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}")
         _check_choice("activation", self.activation, ACTIVATIONS)
         _check_choice("positional", self.positional, POSITIONALS)
@@ -187,6 +188,10 @@ class ModelConfig:
     def with_overrides(self, overrides: list[str] | tuple[str, ...]) -> ModelConfig:
         """Apply CLI-style `key=value` overrides, parsing each value to the field's type."""
         return self.replace(**parse_overrides(overrides, type(self)))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
