@@ -138,11 +138,13 @@ def _hook_output(module: nn.Module, store: dict, key: str, hooks: list) -> None:
 
 
 @torch.no_grad()
-def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5) -> list[Stage | str]:
+def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
+          target_tokenizer: Tokenizer | None = None) -> list[Stage | str]:
     """Run `model` on `text` and return each stage of the data flow in order (shapes, first values).
 
     Works for encoder-decoder models (the decoder takes one step from `<s>` and shows the
-    next-token distribution) and encoder-only models (the head's output).
+    next-token distribution, in `target_tokenizer`'s vocabulary when the model has two) and
+    encoder-only models (the head's output).
     """
     model.eval()
     cfg: ModelConfig = model.config
@@ -186,7 +188,8 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5) 
             out.append(_stage("encoder output" if model.head is None else f"head output ({cfg.head})", result[0]))
             return out
         out.append(_stage("encoder output (memory)", memory[0]))
-        start = torch.tensor([[tokenizer.bos_id]])
+        target = target_tokenizer or tokenizer
+        start = torch.tensor([[target.bos_id]])
         dec_stores = []
         for layer in model.decoder.layers:
             s = {"self": {}, "cross": {}}
@@ -199,7 +202,7 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5) 
             dec_stores.append(s)
         hidden = model.decode(start, memory)
         logits = model.generator(hidden)
-        out.append(f"-- decoder, first step from <s> (id {tokenizer.bos_id}) --")
+        out.append(f"-- decoder, first step from <s> (id {target.bos_id}) --")
         for i, s in enumerate(dec_stores, start=1):
             out.append(f"-- decoder layer {i} --")
             out += _attention_stages(f"dec{i} masked self-attn", s["self"], cfg.n_heads)[4:5]
@@ -211,7 +214,7 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5) 
         out.append(_stage("logits = Linear(decoder output)", logits[0]))
         probs = logits[0, -1].softmax(-1)
         top = probs.topk(min(top_k, probs.numel()))
-        pairs = ", ".join(f"{tokenizer.id_to_token(int(i))!r} {float(p):.3f}" for p, i in zip(top.values, top.indices))
+        pairs = ", ".join(f"{target.id_to_token(int(i))!r} {float(p):.3f}" for p, i in zip(top.values, top.indices))
         out.append(_stage("softmax: next-token probabilities", probs[None], f"top: {pairs}"))
         return out
     finally:

@@ -49,15 +49,16 @@ def cmd_trace(args: argparse.Namespace) -> int:
     from aiayn.inspect import demo_model, format_trace, trace
 
     if args.run:
-        from aiayn.io import load_model
-        from aiayn.tokenization import Tokenizer
+        from aiayn.io import load_model, load_tokenizers
 
-        model, tokenizer = load_model(args.run), Tokenizer.load(args.run)
+        model = load_model(args.run)
+        tokenizer, target_tokenizer = load_tokenizers(args.run)
     else:
         model, tokenizer = demo_model(args.seed)
+        target_tokenizer = tokenizer
         print("(a tiny untrained model: the numbers show shapes and normalisation, not meaning)")
     with torch.inference_mode():
-        print(format_trace(trace(model, tokenizer, args.text)))
+        print(format_trace(trace(model, tokenizer, args.text, target_tokenizer=target_tokenizer)))
     return 0
 
 

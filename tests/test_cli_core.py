@@ -1,0 +1,119 @@
+"""`aiayn params` and `aiayn trace`, run through the CLI entry point as a user would (docs/core.md)."""
+
+import re
+
+import pytest
+import torch
+
+from aiayn.cli.main import main
+from aiayn.config import preset
+from aiayn.inspect import demo_model
+from aiayn.io import save_model
+from aiayn.nn.model import build_model
+
+SEED_004 = {
+    "encoder layer: multi-head attention": "1,050,624",
+    "encoder layer: feed-forward network": "2,099,712",
+    "encoder layer: two layer norms": "2,048",
+    "one encoder layer": "3,152,384",
+    "six encoder layers": "18,914,304",
+}
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def row(out: str, name: str) -> str:
+    match = re.search(rf"^{re.escape(name)}\s+([\d,]+)$", out, re.MULTILINE)
+    assert match, f"no row {name!r} in:\n{out}"
+    return match.group(1)
+
+
+def test_params_base_prints_seed_004_figures_and_the_total(capsys):
+    code, out, _ = run(capsys, "params", "--preset", "base")
+    assert code == 0
+    for name, value in SEED_004.items():
+        assert row(out, name) == value
+    assert row(out, "total") == "63,082,496"
+    assert row(out, "embeddings (shared, 37,000 x 512)") == "18,944,000"
+
+
+def test_params_big_total(capsys):
+    code, out, _ = run(capsys, "params", "--preset", "big")
+    assert code == 0 and row(out, "total") == "214,245,376"
+
+
+def test_params_counts_match_the_built_model(capsys):
+    code, out, _ = run(capsys, "params", "--preset", "tiny", "n_heads=8", "norm_first=true")
+    assert code == 0
+    model = build_model(preset("tiny").replace(n_heads=8, norm_first=True))
+    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert row(out, "total") == f"{total:,}"
+    assert "final layer norms (pre-LN)" in out
+
+
+def test_params_from_a_config_file(capsys, tmp_path):
+    path = tmp_path / "config.json"
+    preset("tiny").replace(n_decoder_layers=0, head="masked_lm").to_json(path)
+    code, out, _ = run(capsys, "params", "--config", str(path))
+    assert code == 0 and out.startswith("encoder-only:") and "head (masked_lm)" in out
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["params", "--preset", "tiny", "n_heads=3"], r"d_model \(64\) must be divisible by n_heads \(3\)"),
+    (["params", "d_modle=5"], "unknown config key 'd_modle'"),
+    (["params", "d_model=wide"], "d_model expects an integer, got 'wide'"),
+    (["params", "--preset", "huge"], "unknown preset 'huge'"),
+    (["params", "--config", "/nonexistent/config.json"], "No such file"),
+])
+def test_params_bad_input_is_one_line_and_exit_code_2(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err.startswith("aiayn params: error:") and err.count("\n") == 1
+    assert re.search(message, err)
+
+
+STAGES = [
+    r"^tokens \(3\): \['How", r"^token ids \(3,\): \[", r"^token embedding x sqrt\(d_model\) +\(3, 64\)",
+    r"^\+ positional encoding \(sinusoidal\) +\(3, 64\)", r"^-- encoder layer 1 --",
+    r"^enc1 Q = x W_Q, split into heads +\(4, 3, 16\)", r"^enc1 K = x W_K +\(4, 3, 16\)",
+    r"^enc1 V = x W_V +\(4, 3, 16\)", r"^enc1 scores Q K\^T / sqrt\(d_k\) +\(4, 3, 3\)",
+    r"^enc1 softmax weights +\(4, 3, 3\)", r"^enc1 heads concatenated +\(3, 64\)",
+    r"^enc1 after Add & Norm 1 +\(3, 64\)", r"^enc1 FFN hidden \(relu\) +\(3, 256\)",
+    r"^enc1 after Add & Norm 2 +\(3, 64\)", r"^-- encoder layer 2 --", r"^encoder output \(memory\) +\(3, 64\)",
+    r"^-- decoder layer 1 --", r"^logits = Linear\(decoder output\)", r"^softmax: next-token probabilities",
+]
+
+
+def assert_stages_in_order(out: str) -> None:
+    position = 0
+    for pattern in STAGES:
+        match = re.compile(pattern, re.MULTILINE).search(out, position)
+        assert match, f"stage {pattern!r} missing or out of order in:\n{out}"
+        position = match.end()
+
+
+def test_trace_prints_every_stage_in_order(capsys):
+    code, out, _ = run(capsys, "trace", "How are you")
+    assert code == 0
+    assert_stages_in_order(out)
+
+
+def test_trace_works_on_a_saved_model(capsys, tmp_path):
+    model, tokenizer = demo_model(seed=3)
+    save_model(model, tmp_path / "run", tokenizer=tokenizer)
+    code, out, _ = run(capsys, "trace", "--run", str(tmp_path / "run"), "How are you")
+    assert code == 0
+    assert_stages_in_order(out)
+    assert "untrained" not in out
+    with torch.no_grad():
+        first_value = float(model.src_embed.tokens(torch.tensor([tokenizer.encode("How are you")]))[0, 0, 0])
+    assert f"[{first_value:.3f}," in out  # the saved weights, not a fresh model
+
+
+def test_trace_on_a_missing_run_is_an_error(capsys, tmp_path):
+    code, _, err = run(capsys, "trace", "--run", str(tmp_path / "nothing"))
+    assert code == 2 and "config.json is missing" in err
