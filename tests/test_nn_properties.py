@@ -183,3 +183,27 @@ def test_kv_cache_reorder_keeps_the_chosen_rows():
     keys = cache.self_attn[0].key.clone()
     cache.reorder(torch.tensor([2, 2, 0]))
     torch.testing.assert_close(cache.self_attn[0].key, keys[[2, 2, 0]])
+
+
+def test_fused_projection_follows_weight_changes_without_autograd():
+    # The fast path keeps a stacked copy of W_Q, W_K, W_V when autograd is off; it must never go stale.
+    attn = MultiHeadAttention(16, 4).eval()
+    x = torch.randn(2, 5, 16)
+    with torch.inference_mode():
+        attn(x)
+    with torch.no_grad():
+        attn.v_proj.weight.mul_(2.0)  # in place
+        changed = attn(x)[0]
+    attn.k_proj.weight = nn.Parameter(torch.randn(16, 16))  # replaced
+    with torch.no_grad():
+        replaced = attn(x)[0]
+    attn.explicit = True
+    with torch.no_grad():
+        torch.testing.assert_close(replaced, attn(x)[0], atol=ATOL, rtol=0)
+        assert not torch.allclose(changed, replaced)
+    double = attn.double()
+    x64 = x.double()
+    expected = double(x64)[0]
+    double.explicit = False
+    with torch.inference_mode():
+        torch.testing.assert_close(double(x64)[0], expected)

@@ -79,6 +79,8 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
         # Set True to make every call take the explicit path (tracing, attention maps, tests).
         self.explicit = False
+        # Stacked Q/K/V (or K/V) weights for the fused path when autograd is off; see _fused_weights.
+        self._fused_cache: dict[int, tuple] = {}
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, length, _ = x.shape
@@ -94,12 +96,33 @@ class MultiHeadAttention(nn.Module):
         """Plain Linears without hooks can share one matmul; anything else is called module by module."""
         return all(type(p) is nn.Linear and not (p._forward_hooks or p._forward_pre_hooks) for p in projections)
 
+    def _fused_weights(self, projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The projections' weights (n * d_model, d_model) and biases stacked; kept between calls without autograd.
+
+        With autograd on they are concatenated afresh (gradients flow back through `torch.cat`); without it
+        the stacked copy is reused until a weight changes (in place, replaced, moved or cast).
+        """
+        params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
+        key = None
+        if not torch.is_grad_enabled():
+            try:
+                key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
+            except RuntimeError:  # inference tensors have no version counter: do not keep a copy
+                key = None
+            cached = self._fused_cache.get(len(projections))
+            if key is not None and cached is not None and cached[0] == key:
+                return cached[1], cached[2]
+        weight = torch.cat([p.weight for p in projections])  # (n * d_model, d_model)
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        if key is not None:
+            self._fused_cache[len(projections)] = (key, weight, bias)
+        return weight, bias
+
     def _project(self, x: torch.Tensor, *projections: nn.Linear, fuse: bool) -> tuple[torch.Tensor, ...]:
         """x (B, L, d_model) through each projection, split into heads: one (B, h, L, d_k) per projection."""
         if not fuse or len(projections) == 1 or not self._can_fuse(*projections):
             return tuple(self._split_heads(p(x)) for p in projections)
-        weight = torch.cat([p.weight for p in projections])  # (n * d_model, d_model)
-        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        weight, bias = self._fused_weights(projections)
         y = F.linear(x, weight, bias)  # (B, L, n * d_model)
         b, length, _ = y.shape
         y = y.view(b, length, len(projections), self.n_heads, self.d_k)  # (B, L, n, h, d_k)
