@@ -117,3 +117,20 @@ def test_trace_works_on_a_saved_model(capsys, tmp_path):
 def test_trace_on_a_missing_run_is_an_error(capsys, tmp_path):
     code, _, err = run(capsys, "trace", "--run", str(tmp_path / "nothing"))
     assert code == 2 and "config.json is missing" in err
+
+
+def test_bench_encoder_runs_on_a_tiny_configuration(capsys):
+    # The real measurement (`aiayn bench encoder`, base sizes) is for a quiet machine, not a test;
+    # this checks that the script runs end to end, agrees with torch's output and prints its ratios.
+    code, out, _ = run(capsys, "bench", "encoder", "--preset", "tiny", "--batch", "2", "--length", "8",
+                       "--repeats", "2", "--warmup", "1", "--matmul-size", "64")
+    assert code == 0
+    diff = float(re.search(r"max \|aiayn - torch\| = ([\d.e+-]+)", out).group(1))
+    assert diff < 1e-5
+    assert re.search(r"aiayn / torch fast path throughput: [\d.]+x", out)
+    assert re.search(r"aiayn model FLOP/s / matmul peak: +[\d.]+%", out)
+
+
+def test_bench_encoder_rejects_bad_sizes(capsys):
+    code, _, err = run(capsys, "bench", "encoder", "--batch", "0")
+    assert code == 2 and "--batch must be at least 1" in err
