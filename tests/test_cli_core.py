@@ -134,3 +134,17 @@ def test_bench_encoder_runs_on_a_tiny_configuration(capsys):
 def test_bench_encoder_rejects_bad_sizes(capsys):
     code, _, err = run(capsys, "bench", "encoder", "--batch", "0")
     assert code == 2 and "--batch must be at least 1" in err
+
+
+def test_docs_python_examples():
+    # docs/core.md: build a tiny model, run it, and check it against the NumPy reference.
+    from aiayn import build_model, preset, reference
+
+    model = build_model(preset("tiny")).eval()
+    src = torch.tensor([[5, 6, 7, 0]])  # 0 is <pad>
+    tgt = torch.tensor([[1, 9, 10]])
+    logits = model(src, tgt)
+    assert logits.shape == (1, 3, 1000)
+    weights = reference.export_weights(model)
+    expected = reference.forward(weights, model.config, src.numpy(), tgt.numpy())
+    torch.testing.assert_close(logits, torch.from_numpy(expected).float(), atol=1e-5, rtol=0)
