@@ -216,16 +216,15 @@ class SearchIndex:
 
     Args:
         texts: the corpus, one text per row.
-        vectors: (N, d) float32, L2-normalised here.
+        vectors: (N, d) float32 unit vectors (`build` normalises them).
         digest: `corpus_digest(texts)` and the embedder's settings, to tell when to rebuild.
     """
 
     def __init__(self, texts: list[str], vectors: np.ndarray, *, digest: str):
         if vectors.ndim != 2 or vectors.shape[0] != len(texts):
             raise ValueError(f"{len(texts)} texts but vectors of shape {vectors.shape}")
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         self.texts = texts
-        self.vectors = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)
+        self.vectors = vectors.astype(np.float32, copy=False)
         self.digest = digest
 
     @staticmethod
@@ -240,6 +239,7 @@ class SearchIndex:
         """Embed `texts` into a new index."""
         texts = list(texts)
         vectors = embedder.embed(texts, batch_size=batch_size, progress=progress)
+        vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)  # cosine = dot product
         return cls(texts, vectors, digest=cls.key(texts, embedder))
 
     def search(self, query: np.ndarray, k: int = 5) -> list[tuple[int, float]]:
