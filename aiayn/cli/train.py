@@ -1,9 +1,149 @@
-"""Sub-commands of this module are registered here as they are built."""
+"""`aiayn train` and `aiayn eval` (and the training behind `aiayn demo`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import time
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add this module's sub-commands (none yet)."""
+    """Add `aiayn train` and `aiayn eval`."""
+    t = subparsers.add_parser("train", help="train a Transformer on files or a built-in task",
+                              description="Train with the paper's recipe. CONFIG is a .toml or .json file; "
+                                          "KEY=VALUE overrides training keys, model.KEY=VALUE model keys.")
+    t.add_argument("items", nargs="*", metavar="[CONFIG] KEY=VALUE",
+                   help="an optional config file, then overrides such as task=numbers epochs=5 model.d_model=128")
+    t.add_argument("--run", required=True, help="run directory (checkpoints, logs, plots, final model)")
+    t.add_argument("--resume", action="store_true", help="continue the run in --run from its latest checkpoint")
+    t.add_argument("--init-from", dest="init_from", help="pretrained encoder directory (aiayn or BERT checkpoint)")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_train)
+
+    e = subparsers.add_parser("eval", help="evaluate a trained run on its test (or valid) split or a file")
+    e.add_argument("--run", required=True, help="a run directory written by `aiayn train`")
+    e.add_argument("--split", choices=("test", "valid"), default="test")
+    e.add_argument("--data", help="evaluate on this file instead (same format as the training data)")
+    e.add_argument("--checkpoint", help="a checkpoint directory (or name under RUN/checkpoints) instead of "
+                                        "the final model")
+    e.add_argument("--beam", type=int, help="beam size for decoding (default: the run's)")
+    e.add_argument("--examples", type=int, default=5, help="example predictions to print")
+    e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    e.set_defaults(func=cmd_eval)
+
+
+def _split_items(items: list[str]) -> tuple[str | None, list[str]]:
+    if items and "=" not in items[0]:
+        return items[0], items[1:]
+    for item in items:
+        if "=" not in item:
+            raise ValueError(f"{item!r} is neither KEY=VALUE nor the first argument (the config file)")
+    return None, items
+
+
+def _format_metrics(result: dict, bleu_tokenize: str = "13a") -> str:
+    names = ("loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf", "accuracy", "macro_f1",
+             "entity_f1", "entity_precision", "entity_recall")
+    text = "  ".join(f"{name} {result[name]:.4g}" if name in ("loss", "perplexity") else f"{name} {result[name]:.2f}"
+                     for name in names if name in result)
+    return text + (f"  (BLEU on {bleu_tokenize} tokens)" if "bleu" in result and bleu_tokenize != "13a" else "")
+
+
+def _print_examples(result: dict) -> None:
+    for source, predicted, reference in result.get("examples", []):
+        mark = "ok" if predicted.strip() == reference.strip() else "XX"
+        print(f"  [{mark}] {source}\n       -> {predicted}" + ("" if mark == "ok" else f"   (expected {reference})"))
+
+
+def _train(run, run_dir: str, *, resume: bool, progress: bool) -> int:
+    from tqdm.auto import tqdm
+
+    from aiayn.training import Trainer, TrainingError
+
+    start = time.perf_counter()
+    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write)
+    try:
+        result = trainer.fit()
+    except TrainingError as err:
+        print(f"aiayn train: error: {err}")
+        return 3
+    minutes = (time.perf_counter() - start) / 60
+    if result.interrupted:
+        print(f"interrupted at step {result.step}; resume with: aiayn train --run {run_dir} --resume")
+        return 130
+    print(f"trained {result.step} steps in {minutes:.1f} min; run directory: {run_dir}")
+    if result.test:
+        print("test: " + _format_metrics(result.test, run.train.bleu_tokenize))
+        _print_examples(result.test)
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train (or resume) a run."""
+    from aiayn.training.config import load_run_config
+    from aiayn.training.loop import read_run_config
+
+    config, overrides = _split_items(args.items)
+    if args.init_from:
+        overrides = [*overrides, f"init_from={args.init_from}"]
+    if args.resume:
+        if config:
+            raise ValueError("--resume continues with the run's saved config; give only KEY=VALUE overrides")
+        run = read_run_config(args.run, overrides)
+    else:
+        run = load_run_config(config, overrides)
+    return _train(run, args.run, resume=args.resume, progress=not args.no_progress)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Evaluate a finished run."""
+    from aiayn.data.prepare import encode_split, load_labels, prepare_data, read_examples
+    from aiayn.io import load_model, load_tokenizers
+    from aiayn.training.checkpoint import load_checkpoint
+    from aiayn.training.evaluate import evaluate
+    from aiayn.training.loop import read_run_config
+
+    cfg = read_run_config(args.run).train
+    data = prepare_data(cfg, tokenizers=load_tokenizers(args.run), labels=load_labels(args.run))
+    if args.data:
+        raw, stats = read_examples(cfg, args.data)
+        data.test = encode_split(cfg, raw, data.source_tokenizer, data.target_tokenizer, data.labels, "data", stats)
+        print("data " + stats.summary())
+    model = load_model(args.run)
+    if args.checkpoint:
+        path = Path(args.checkpoint)
+        if not path.is_dir():
+            path = Path(args.run) / "checkpoints" / args.checkpoint
+        if not path.is_dir():
+            raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
+        load_checkpoint(path, model)
+    split = data.valid if args.split == "valid" and not args.data else data.test
+    result = evaluate(model, data, split, max_tokens=cfg.max_tokens, decode=True,
+                      beam_size=args.beam or cfg.beam_size, length_penalty=cfg.length_penalty, seed=cfg.seed,
+                      mlm_probability=cfg.mlm_probability, examples=args.examples, bleu_tokenize=cfg.bleu_tokenize)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    print(f"{args.data or args.split}: {len(split.items)} examples  " + _format_metrics(result, cfg.bleu_tokenize))
+    _print_examples(result)
+    return 0
+
+
+def run_demo(run_dir: str | None = None) -> int:
+    """Train the built-in number translation task and print test exact match, BLEU and examples."""
+    from aiayn.training.config import load_run_config
+    from aiayn.training.demo import DEMO_CONFIG
+
+    if run_dir is None:
+        run_dir, n = "runs/demo", 1
+        while Path(run_dir).exists():
+            n += 1
+            run_dir = f"runs/demo-{n}"
+    run = load_run_config(None, (), base=DEMO_CONFIG)
+    cfg = run.train
+    print(f"aiayn demo: English -> German number words (num2words), {cfg.task_train} training / "
+          f"{cfg.task_test} held-out test numbers below {cfg.task_max_number}, disjoint splits")
+    print(f"model: d_model={run.model_overrides['d_model']}, {run.model_overrides['n_encoder_layers']}+"
+          f"{run.model_overrides['n_decoder_layers']} layers; {cfg.epochs} epochs; run directory {run_dir}")
+    return _train(run, run_dir, resume=False, progress=True)

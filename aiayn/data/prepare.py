@@ -1,0 +1,238 @@
+"""From a training config to encoded train/valid/test splits: read or generate, tokenize, drop and count.
+
+Encoding conventions (the generation and evaluation code rely on them):
+- seq2seq: source = tokenizer ids + `</s>`; target = tokenizer ids (collation adds `<s>` / `</s>`).
+- encoder objectives: `<s>` (BERT's [CLS]) + ids + `</s>` (BERT's [SEP]); classification pools the first token.
+- token classification: a word's tag sits on its first subword; other subwords and specials are ignored (-100).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiayn.data.readers import (
+    ReadStats,
+    read_classification,
+    read_conll,
+    read_parallel,
+    read_text,
+)
+from aiayn.data.tasks import builtin_task
+from aiayn.tokenization import MASK, Tokenizer, train_tokenizer
+
+logger = logging.getLogger(__name__)
+
+IGNORE = -100
+LABELS_NAME = "labels.json"
+
+
+@dataclass
+class EncodedSplit:
+    """One split: raw examples (for references), encoded examples, and the padded length of each."""
+
+    raw: list
+    items: list
+    lengths: list[int]
+
+
+@dataclass
+class PreparedData:
+    """Everything the training loop reads from the data side."""
+
+    objective: str
+    source_tokenizer: Tokenizer
+    target_tokenizer: Tokenizer
+    labels: list[str]
+    train: EncodedSplit
+    valid: EncodedSplit
+    test: EncodedSplit
+    stats: list[ReadStats] = field(default_factory=list)
+
+    @property
+    def shared_tokenizer(self) -> bool:
+        """True when source and target use one tokenizer."""
+        return self.source_tokenizer is self.target_tokenizer
+
+
+def read_examples(cfg: Any, path: str) -> tuple[list, ReadStats]:
+    """Read one data file with the reader of the config's objective."""
+    if cfg.objective == "seq2seq":
+        return read_parallel(path, fmt=cfg.data_format, source_field=cfg.source_field, target_field=cfg.target_field)
+    if cfg.objective == "sequence_classification":
+        return read_classification(path, fmt=cfg.data_format, text_field=cfg.text_field, label_field=cfg.label_field)
+    if cfg.objective == "token_classification":
+        return read_conll(path)
+    return read_text(path)
+
+
+def raw_splits(cfg: Any) -> tuple[list, list, list, list[ReadStats]]:
+    """Train/valid/test raw examples from a built-in task or files (a seeded split when valid/test are missing)."""
+    if cfg.task:
+        splits = builtin_task(cfg.task, seed=cfg.seed, n_train=cfg.task_train, n_valid=cfg.task_valid,
+                              n_test=cfg.task_test, max_number=cfg.task_max_number, max_len=cfg.task_max_len)
+        expected = "sequence_classification" if cfg.task == "compare" else "seq2seq"
+        if cfg.objective != expected:
+            raise ValueError(f"built-in task {cfg.task!r} is for objective {expected!r}, not {cfg.objective!r}")
+        stats = [ReadStats(path=f"task {cfg.task} {name}", kept=len(items))
+                 for name, items in (("train", splits.train), ("valid", splits.valid), ("test", splits.test))]
+        return splits.train, splits.valid, splits.test, stats
+    train, train_stats = read_examples(cfg, cfg.train)
+    stats = [train_stats]
+    if not train:
+        raise ValueError(f"{cfg.train}: no training examples")
+    valid: list = []
+    test: list = []
+    if cfg.valid:
+        valid, s = read_examples(cfg, cfg.valid)
+        stats.append(s)
+    if cfg.test:
+        test, s = read_examples(cfg, cfg.test)
+        stats.append(s)
+    if not cfg.valid or not cfg.test:
+        order = list(range(len(train)))
+        random.Random(cfg.seed).shuffle(order)
+        n_valid = 0 if cfg.valid else max(1, round(len(train) * cfg.valid_fraction))
+        n_test = 0 if cfg.test else max(1, round(len(train) * cfg.test_fraction))
+        if n_valid + n_test >= len(train):
+            raise ValueError(f"{cfg.train}: {len(train)} examples are too few to split off valid and test sets")
+        if not cfg.valid:
+            valid = [train[i] for i in order[:n_valid]]
+        if not cfg.test:
+            test = [train[i] for i in order[n_valid:n_valid + n_test]]
+        train = [train[i] for i in sorted(order[n_valid + n_test:])]
+        logger.info("split %s seeded: %d train, %d valid, %d test", cfg.train, len(train), len(valid), len(test))
+    return train, valid, test, stats
+
+
+def _texts(objective: str, examples: list, side: str) -> list[str]:
+    if objective == "seq2seq":
+        return [e.source if side == "source" else e.target for e in examples]
+    if objective == "sequence_classification":
+        return [e.text for e in examples]
+    if objective == "token_classification":
+        return [" ".join(e.tokens) for e in examples]
+    return list(examples)
+
+
+def train_tokenizers(cfg: Any, train: list) -> tuple[Tokenizer, Tokenizer]:
+    """Train the source and target tokenizers on the training split (one shared unless `shared_vocab=false`)."""
+    extra = (MASK,) if cfg.objective == "masked_lm" else ()
+    kind = cfg.tokenizer
+    if cfg.objective != "seq2seq" or cfg.shared_vocab:
+        texts = _texts(cfg.objective, train, "source")
+        if cfg.objective == "seq2seq":
+            texts += _texts(cfg.objective, train, "target")
+        shared = train_tokenizer(texts, vocab_size=cfg.vocab_size, kind=kind, extra_special=extra,
+                                 lowercase=cfg.lowercase)
+        return shared, shared
+    source = train_tokenizer(_texts(cfg.objective, train, "source"), vocab_size=cfg.vocab_size, kind=kind,
+                             lowercase=cfg.lowercase)
+    target = train_tokenizer(_texts(cfg.objective, train, "target"),
+                             vocab_size=cfg.target_vocab_size or cfg.vocab_size,
+                             kind=cfg.target_tokenizer or kind, lowercase=cfg.lowercase)
+    return source, target
+
+
+def label_names(objective: str, train: list) -> list[str]:
+    """Sorted label (or tag) names seen in the training split."""
+    if objective == "sequence_classification":
+        return sorted({e.label for e in train})
+    if objective == "token_classification":
+        return sorted({tag for e in train for tag in e.tags})
+    return []
+
+
+def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str],
+                 name: str, stats: ReadStats | None = None) -> EncodedSplit:
+    """Encode one split; rows over the length limits are dropped and counted in `stats`."""
+    label_index = {label: i for i, label in enumerate(labels)}
+    kept_raw, items, lengths = [], [], []
+
+    def label_id(label: str) -> int:
+        if label not in label_index:
+            raise ValueError(f"{name} split: label {label!r} does not occur in the training data "
+                             f"(known: {', '.join(labels)})")
+        return label_index[label]
+
+    if cfg.objective == "seq2seq":
+        src_ids = source.encode_batch([e.source for e in raw], add_eos=True)
+        tgt_ids = target.encode_batch([e.target for e in raw])
+        encoded = list(zip(src_ids, tgt_ids))
+        sizes = [(len(s), len(t) + 1) for s, t in encoded]
+    elif cfg.objective == "token_classification":
+        encoded = []
+        for example in raw:
+            enc = source.backend.encode(list(example.tokens), is_pretokenized=True, add_special_tokens=False)
+            tags = [IGNORE]
+            previous = None
+            for word in enc.word_ids:
+                tags.append(label_id(example.tags[word]) if word is not None and word != previous else IGNORE)
+                previous = word
+            encoded.append(([source.bos_id, *enc.ids, source.eos_id], [*tags, IGNORE]))
+        sizes = [(len(ids), 0) for ids, _ in encoded]
+    else:
+        texts = [e.text for e in raw] if cfg.objective == "sequence_classification" else list(raw)
+        ids = source.encode_batch(texts, add_bos=True, add_eos=True)
+        if cfg.objective == "sequence_classification":
+            encoded = [(i, label_id(e.label)) for i, e in zip(ids, raw)]
+        else:
+            encoded = ids
+        sizes = [(len(i), 0) for i in ids]
+    dropped = 0
+    for example, item, (src_len, tgt_len) in zip(raw, encoded, sizes):
+        if src_len > cfg.max_source_len or tgt_len > cfg.max_target_len:
+            dropped += 1
+            continue
+        kept_raw.append(example)
+        items.append(item)
+        lengths.append(max(src_len, tgt_len))
+    if stats is not None:
+        stats.too_long += dropped
+        stats.kept -= dropped
+    if dropped:
+        logger.warning("%s split: dropped %d of %d examples over the length limits (source %d, target %d tokens)",
+                       name, dropped, len(raw), cfg.max_source_len, cfg.max_target_len)
+    return EncodedSplit(kept_raw, items, lengths)
+
+
+def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
+                 labels: list[str] | None = None) -> PreparedData:
+    """Read (or generate) the splits, train tokenizers unless given, and encode everything."""
+    train, valid, test, stats = raw_splits(cfg)
+    source, target = tokenizers if tokenizers is not None else train_tokenizers(cfg, train)
+    if labels is None:
+        labels = label_names(cfg.objective, train)
+    if cfg.objective == "masked_lm" and source.mask_id is None:
+        raise ValueError("masked-LM training needs a tokenizer with a mask token")
+    train_stats = stats[0] if not cfg.task else None
+    splits = {}
+    for name, raw in (("train", train), ("valid", valid), ("test", test)):
+        splits[name] = encode_split(cfg, raw, source, target, labels, name,
+                                    train_stats if name == "train" else None)
+    if not splits["train"].items:
+        raise ValueError("every training example is over the length limits (max_source_len / max_target_len)")
+    return PreparedData(cfg.objective, source, target, labels, splits["train"], splits["valid"], splits["test"],
+                        stats)
+
+
+def save_data_artifacts(directory: str | Path, data: PreparedData) -> None:
+    """Write the tokenizer(s) (shared at the top, else `source/` and `target/`) and `labels.json`."""
+    directory = Path(directory)
+    if data.shared_tokenizer:
+        data.source_tokenizer.save(directory)
+    else:
+        data.source_tokenizer.save(directory / "source")
+        data.target_tokenizer.save(directory / "target")
+    if data.labels:
+        (directory / LABELS_NAME).write_text(json.dumps(data.labels, indent=2) + "\n", encoding="utf-8")
+
+
+def load_labels(directory: str | Path) -> list[str]:
+    """The label names a run saved (empty for seq2seq and masked-LM)."""
+    path = Path(directory) / LABELS_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []

@@ -1,0 +1,71 @@
+"""The run's metrics log (`metrics.jsonl`, copied to `metrics.csv`) and the loss / learning-rate plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Append-only JSONL log of metric rows; each row has `split` ("train", "valid", "test") and `step`."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Add one row (flushed at once, so a killed run keeps its log)."""
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(clean) + "\n")
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Every row logged so far."""
+        if not self.path.is_file():
+            return []
+        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+    def truncate_after(self, step: int) -> None:
+        """Drop rows logged after `step` (a resumed run logs them again)."""
+        rows = [r for r in self.rows() if r.get("step", 0) <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+    def write_csv(self, path: str | Path) -> None:
+        """The same rows as CSV, one column per key seen."""
+        rows = self.rows()
+        keys: list[str] = []
+        for row in rows:
+            keys += [k for k in row if k not in keys]
+        with open(path, "w", encoding="utf-8", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=keys)
+            writer.writeheader()
+            writer.writerows(rows)
+
+
+def plot_curves(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Save a PNG with train/valid loss and the learning rate against the step (matplotlib, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train = [r for r in rows if r.get("split") == "train" and r.get("loss") is not None]
+    valid = [r for r in rows if r.get("split") == "valid" and r.get("loss") is not None]
+    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(10, 4))
+    ax_loss.plot([r["step"] for r in train], [r["loss"] for r in train], label="train (label-smoothed)")
+    if valid:
+        ax_loss.plot([r["step"] for r in valid], [r["loss"] for r in valid], "o-", label="valid (NLL)")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("loss per token")
+    ax_loss.set_title("loss")
+    ax_loss.legend()
+    ax_lr.plot([r["step"] for r in train], [r.get("lr", 0.0) for r in train])
+    ax_lr.set_xlabel("step")
+    ax_lr.set_ylabel("learning rate")
+    ax_lr.set_title("learning rate")
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return Path(path)

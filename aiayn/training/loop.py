@@ -1,0 +1,382 @@
+"""The training loop: the paper's recipe, exact resume, checkpoints, validation, logs and the final evaluation.
+
+`Trainer(run, run_dir).fit()` trains and returns a `TrainResult`. Everything a run writes lives in
+`run_dir` (see docs/training.md for the layout).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.data.batching import token_batches
+from aiayn.data.prepare import PreparedData, load_labels, prepare_data, save_data_artifacts
+from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
+from aiayn.nn.model import build_model
+from aiayn.training.checkpoint import (
+    average_checkpoints,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    mark_best,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from aiayn.training.config import RunConfig, load_run_config
+from aiayn.training.evaluate import evaluate
+from aiayn.training.logbook import MetricsLog, plot_curves
+from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.objectives import batch_tokens, forward, loss_units, make_batch, masking_generator
+from aiayn.training.schedule import learning_rate
+
+logger = logging.getLogger(__name__)
+
+RUN_CONFIG_NAME = "train_config.json"
+EVAL_NAME = "eval.json"
+
+
+class TrainingError(RuntimeError):
+    """Training had to stop (for example a non-finite loss); the message names the step and the last checkpoint."""
+
+
+@dataclass
+class TrainResult:
+    """How a run ended."""
+
+    run_dir: Path
+    step: int
+    interrupted: bool = False
+    checkpoint: Path | None = None
+    test: dict[str, Any] = field(default_factory=dict)
+
+
+def read_run_config(run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """The config a run was started with (`RUN/train_config.json`), plus overrides."""
+    path = Path(run_dir) / RUN_CONFIG_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} is not a training run: {RUN_CONFIG_NAME} is missing")
+    return load_run_config(None, overrides, base=json.loads(path.read_text(encoding="utf-8")))
+
+
+def model_config_for(run: RunConfig, data: PreparedData):
+    """The model config: the run's preset and overrides plus sizes that follow from the data."""
+    cfg = run.train
+    src, tgt = data.source_tokenizer, data.target_tokenizer
+    derived: dict[str, Any] = {"vocab_size": src.vocab_size, "pad_id": src.pad_id}
+    if cfg.objective == "seq2seq":
+        if not data.shared_tokenizer:
+            derived.update(tgt_vocab_size=tgt.vocab_size, share_embeddings=False)
+        if run.model_overrides.get("n_decoder_layers", 1) == 0:
+            raise ValueError("seq2seq needs n_decoder_layers > 0")
+        return run.model_config(**derived)
+    head = cfg.objective
+    derived.update(n_decoder_layers=0, head=head, num_labels=len(data.labels) if head != "masked_lm" else 0)
+    return run.model_config(**derived)
+
+
+def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
+    """(encoder model, tokenizer) from an aiayn model directory or, through `aiayn.interop.bert`, a BERT checkpoint."""
+    path = Path(path)
+    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+        try:
+            model = load_model(path, strict=False)
+        except ValueError:
+            model = None
+        if model is not None and not model.config.is_encoder_decoder:
+            return model, load_tokenizers(path)[0]
+    try:
+        from aiayn.interop.bert import load_pretrained
+    except ImportError:
+        raise ValueError(f"{path} is not an aiayn encoder directory, and BERT import (aiayn.interop.bert) "
+                         "is not available") from None
+    return load_pretrained(str(path))
+
+
+class Trainer:
+    """Trains one run.
+
+    Args:
+        run: the training and model config.
+        run_dir: where checkpoints, logs, plots and the final model go.
+        resume: continue from the newest checkpoint in `run_dir` (exactly, on CPU).
+        progress: show a tqdm progress bar on stderr.
+        report: receives human-readable lines (data counts, evaluation); defaults to the logger.
+    """
+
+    def __init__(self, run: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = False,
+                 report: Callable[[str], None] | None = None):
+        self.run = run
+        self.cfg = run.train
+        self.run_dir = Path(run_dir)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.resume = resume
+        self.progress = progress
+        self.report = report or logger.info
+        self.log = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.step = 0
+        self.epoch = 0
+        self.batch_index = 0
+        self.best_valid = math.inf
+        self.last_valid: float | None = None
+        self.last_saved_step = -1
+        self._stop_requested = False
+
+    # -- hooks -------------------------------------------------------------------------------
+    def after_step(self) -> None:
+        """Called after every optimizer step (a hook for subclasses and tests)."""
+
+    # -- setup -------------------------------------------------------------------------------
+    def _setup(self) -> None:
+        cfg = self.cfg
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        has_run = (self.run_dir / RUN_CONFIG_NAME).is_file() or bool(list_checkpoints(self.ckpt_dir))
+        if self.resume and not has_run:
+            raise FileNotFoundError(f"{self.run_dir} holds no run to resume ({RUN_CONFIG_NAME} is missing)")
+        if not self.resume and has_run:
+            raise ValueError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose a new "
+                             "--run directory")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        pretrained = None
+        if self.resume:
+            data = prepare_data(cfg, tokenizers=load_tokenizers(self.run_dir), labels=load_labels(self.run_dir))
+        elif cfg.init_from:
+            if cfg.objective not in ("sequence_classification", "token_classification", "masked_lm"):
+                raise ValueError("init_from puts a new head on a pretrained encoder: use an encoder objective")
+            pretrained, tokenizer = load_pretrained_encoder(cfg.init_from)
+            data = prepare_data(cfg, tokenizers=(tokenizer, tokenizer))
+        else:
+            data = prepare_data(cfg)
+        self.data = data
+        for stats in data.stats:
+            self.report("data " + stats.summary())
+        self.report(f"data splits: {len(data.train.items)} train, {len(data.valid.items)} valid, "
+                    f"{len(data.test.items)} test examples")
+        torch.manual_seed(cfg.seed)
+        if pretrained is not None:
+            model_cfg = pretrained.config.replace(head=cfg.objective, num_labels=len(data.labels)
+                                                  if cfg.objective != "masked_lm" else 0,
+                                                  **self.run.model_overrides)
+            self.model = build_model(model_cfg)
+            own = {k for k in self.model.state_dict() if not k.startswith("head.")}
+            source = {k: v for k, v in pretrained.state_dict().items() if k in own}
+            missing = sorted(own - set(source))
+            if missing:
+                raise ValueError(f"{cfg.init_from}: the pretrained encoder lacks {', '.join(missing[:5])}")
+            self.model.load_state_dict(source, strict=False)
+        else:
+            self.model = build_model(model_config_for(self.run, data))
+        self.model.train()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                          eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        if self.resume:
+            self._restore()
+        else:
+            text = json.dumps(self.run.to_dict(), indent=2) + "\n"
+            atomic_write_bytes(self.run_dir / RUN_CONFIG_NAME, text.encode())
+            save_data_artifacts(self.run_dir, data)
+
+    def _restore(self) -> None:
+        checkpoint = latest_checkpoint(self.ckpt_dir)
+        if checkpoint is None:
+            self.report(f"no checkpoint in {self.ckpt_dir} yet: starting from step 0")
+            self.log.truncate_after(0)
+            return
+        state = load_checkpoint(checkpoint, self.model)
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.set_rng_state(state["rng_torch"])
+        self.step, self.epoch, self.batch_index = int(state["step"]), int(state["epoch"]), int(state["batch_index"])
+        self.best_valid = float(state["best_valid"])
+        self.last_saved_step = self.step
+        self.log.truncate_after(self.step)
+        self.report(f"resumed from {checkpoint} (step {self.step}, epoch {self.epoch + 1}, batch {self.batch_index})")
+
+    # -- one optimizer step --------------------------------------------------------------------
+    def _train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+        cfg = self.cfg
+        units = max(sum(loss_units(b) for b in micro_batches), 1)
+        lr = learning_rate(self.step + 1, schedule=cfg.schedule, d_model=self.model.config.d_model,
+                           warmup=cfg.warmup, lr_scale=cfg.lr_scale, lr=cfg.lr)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = nll_sum = 0.0
+        for batch in micro_batches:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits, labels = forward(self.model, batch, cfg.objective)
+            loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
+            if not torch.isfinite(loss):
+                raise TrainingError(self._stop_message(f"non-finite loss ({float(loss)})"))
+            (loss / units).backward()
+            loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm if cfg.clip_norm > 0 else math.inf)
+        if not torch.isfinite(norm):
+            raise TrainingError(self._stop_message(f"non-finite gradient norm ({float(norm)})"))
+        self.optimizer.step()
+        self.step += 1
+        return {"loss": loss_sum / units, "nll": nll_sum / units, "lr": lr, "grad_norm": float(norm)}
+
+    def _stop_message(self, what: str) -> str:
+        last = latest_checkpoint(self.ckpt_dir)
+        kept = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
+        return f"{what} at step {self.step + 1}: training stopped; {kept}"
+
+    # -- checkpoints and validation ----------------------------------------------------------
+    def _state(self) -> dict[str, Any]:
+        return {"step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
+                "optimizer": self.optimizer.state_dict(), "rng_torch": torch.get_rng_state(),
+                "best_valid": self.best_valid}
+
+    def save(self) -> Path:
+        """Write a checkpoint of the current step (once per step), marking it best when validation improved."""
+        if self.last_saved_step == self.step:
+            return latest_checkpoint(self.ckpt_dir)
+        improved = self.last_valid is not None and self.last_valid < self.best_valid
+        if improved:
+            self.best_valid = self.last_valid
+        path = save_checkpoint(self.ckpt_dir, self.model, self._state(), step=self.step,
+                               meta={"epoch": self.epoch, "batch_index": self.batch_index,
+                                     "valid_loss": self.last_valid})
+        if improved:
+            mark_best(self.ckpt_dir, path)
+        self.last_valid = None
+        self.last_saved_step = self.step
+        prune_checkpoints(self.ckpt_dir, max(self.cfg.keep_last, self.cfg.average_last, 1))
+        return path
+
+    def validate(self) -> dict[str, Any]:
+        """Validation loss and token accuracy (no decoding), logged as a `valid` row."""
+        cfg = self.cfg
+        result = evaluate(self.model, self.data, self.data.valid, max_tokens=cfg.max_tokens, decode=False,
+                          seed=cfg.seed, mlm_probability=cfg.mlm_probability, bf16=cfg.bf16)
+        result.pop("examples", None)
+        if result:
+            self.last_valid = result["loss"]
+            self.log.append({"split": "valid", "step": self.step, "epoch": self.epoch, **result})
+        return result
+
+    # -- the loop ------------------------------------------------------------------------------
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._stop_requested:
+            raise KeyboardInterrupt
+        self._stop_requested = True
+        self.report("interrupt: finishing this step, saving a checkpoint and exiting (Ctrl-C again to abort)")
+
+    def fit(self) -> TrainResult:
+        """Train until `epochs` or `max_steps`; save, evaluate on the test split and plot."""
+        self._setup()
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            finished = self._loop()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if not finished:
+            checkpoint = self.save()
+            self.report(f"interrupted at step {self.step}: saved {checkpoint}; continue with --resume")
+            return TrainResult(self.run_dir, self.step, interrupted=True, checkpoint=checkpoint)
+        return self._finish()
+
+    def _done(self) -> bool:
+        cfg = self.cfg
+        return bool((cfg.max_steps and self.step >= cfg.max_steps) or (cfg.epochs and self.epoch >= cfg.epochs
+                                                                           and not cfg.max_steps))
+
+    def _loop(self) -> bool:
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        pad_id = self.data.source_tokenizer.pad_id
+        first = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=0,
+                              max_sentences=cfg.max_sentences)
+        steps_per_epoch = math.ceil(len(first) / cfg.accum_steps)
+        total = cfg.max_steps or steps_per_epoch * cfg.epochs
+        bar = tqdm(total=total, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True,
+                   desc="train")
+        tokens, clock, window = 0, time.perf_counter(), []
+        try:
+            while not self._done():
+                batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=self.epoch,
+                                        max_sentences=cfg.max_sentences)
+                while self.batch_index < len(batches):
+                    group = range(self.batch_index, min(self.batch_index + cfg.accum_steps, len(batches)))
+                    micro = [make_batch(self.data, self.data.train, batches[i], mlm_probability=cfg.mlm_probability,
+                                        generator=masking_generator(cfg.seed, self.epoch, i)) for i in group]
+                    stats = self._train_step(micro)
+                    self.batch_index = group.stop
+                    tokens += sum(batch_tokens(b, pad_id) for b in micro)
+                    window.append(stats["loss"])
+                    bar.update(1)
+                    if self.step % cfg.log_every == 0 or self.step == 1:
+                        elapsed = max(time.perf_counter() - clock, 1e-9)
+                        row = {"split": "train", "step": self.step, "epoch": self.epoch,
+                               "loss": sum(window) / len(window), "nll": stats["nll"], "lr": stats["lr"],
+                               "grad_norm": stats["grad_norm"], "tokens_per_s": tokens / elapsed}
+                        self.log.append(row)
+                        bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
+                                        tok_s=f"{row['tokens_per_s']:.0f}")
+                        tokens, clock, window = 0, time.perf_counter(), []
+                    if cfg.eval_every and self.step % cfg.eval_every == 0:
+                        self.validate()
+                    if cfg.save_every and self.step % cfg.save_every == 0:
+                        self.save()
+                    self.after_step()
+                    if self._stop_requested:
+                        return False
+                    if cfg.max_steps and self.step >= cfg.max_steps:
+                        return True
+                self.epoch += 1
+                self.batch_index = 0
+                if not cfg.eval_every:
+                    self.validate()
+                if not cfg.save_every:
+                    self.save()
+        finally:
+            bar.close()
+        return True
+
+    def _finish(self) -> TrainResult:
+        cfg = self.cfg
+        if self.last_saved_step != self.step:
+            if self.last_valid is None:
+                self.validate()
+            self.save()
+        checkpoint = latest_checkpoint(self.ckpt_dir)
+        if cfg.average_last > 1:
+            chosen = list_checkpoints(self.ckpt_dir)[-cfg.average_last:]
+            average_checkpoints(self.model, chosen)
+            self.report(f"final model: the average of {len(chosen)} checkpoints "
+                        f"({chosen[0].name} .. {chosen[-1].name})")
+        save_model(self.model, self.run_dir)
+        save_data_artifacts(self.run_dir, self.data)
+        test = self.evaluate_test()
+        self.log.write_csv(self.run_dir / "metrics.csv")
+        plot_curves(self.log.rows(), self.run_dir / "curves.png")
+        return TrainResult(self.run_dir, self.step, checkpoint=checkpoint, test=test)
+
+    def evaluate_test(self) -> dict[str, Any]:
+        """Evaluate the final model on the test split; writes `eval.json` and a `test` log row."""
+        cfg = self.cfg
+        result = evaluate(self.model, self.data, self.data.test, max_tokens=cfg.max_tokens, decode=True,
+                          beam_size=cfg.beam_size, length_penalty=cfg.length_penalty, seed=cfg.seed,
+                          mlm_probability=cfg.mlm_probability, bf16=cfg.bf16, examples=cfg.show_examples,
+                          bleu_tokenize=cfg.bleu_tokenize)
+        if result:
+            row = {k: v for k, v in result.items() if k != "examples"}
+            self.log.append({"split": "test", "step": self.step, "epoch": self.epoch, **row})
+            atomic_write_bytes(self.run_dir / EVAL_NAME, (json.dumps({"split": "test", "step": self.step, **result},
+                                                                     indent=2) + "\n").encode())
+        return result

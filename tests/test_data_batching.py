@@ -1,0 +1,56 @@
+"""Batching, collation and the built-in tasks."""
+
+import torch
+
+from aiayn.data.batching import token_batches
+from aiayn.data.collate import collate_masked_lm, collate_seq2seq
+from aiayn.data.tasks import compare_task, copy_task, number_words, numbers_task
+
+
+def test_token_batches_respect_the_budget_and_cover_every_example():
+    lengths = [((i * 7) % 23) + 1 for i in range(200)]
+    batches = token_batches(lengths, 64, seed=3, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(200))
+    for batch in batches:
+        assert len(batch) * max(lengths[i] for i in batch) <= 64
+
+
+def test_token_batches_are_seeded_per_epoch():
+    lengths = [((i * 5) % 17) + 1 for i in range(100)]
+    assert token_batches(lengths, 50, seed=1, epoch=2) == token_batches(lengths, 50, seed=1, epoch=2)
+    assert token_batches(lengths, 50, seed=1, epoch=2) != token_batches(lengths, 50, seed=1, epoch=3)
+    assert token_batches(lengths, 50, shuffle=False) == token_batches(lengths, 50, shuffle=False, seed=9)
+
+
+def test_teacher_forcing_shifts_the_target_right_behind_bos():
+    batch = collate_seq2seq([([5, 6, 2], [7, 8, 9]), ([5, 2], [7])], pad_id=0, bos_id=1, eos_id=2)
+    assert batch["tgt_in"].tolist() == [[1, 7, 8, 9], [1, 7, 0, 0]]
+    assert batch["labels"].tolist() == [[7, 8, 9, 2], [7, 2, -100, -100]]
+    assert batch["src"].tolist() == [[5, 6, 2], [5, 2, 0]]
+    # the decoder input at position t+1 is the label at position t
+    assert torch.equal(batch["tgt_in"][0, 1:], batch["labels"][0, :-1])
+
+
+def test_masked_lm_masks_about_15_percent_of_real_tokens_only():
+    gen = torch.Generator().manual_seed(0)
+    rows = [[1, *range(10, 60), 2] for _ in range(40)]
+    batch = collate_masked_lm(rows, pad_id=0, mask_id=4, vocab_size=100, special_ids=[1, 2, 3], generator=gen)
+    picked = batch["labels"] != -100
+    rate = picked.float().mean().item()
+    assert 0.12 < rate < 0.18
+    assert not picked[:, 0].any() and not picked[:, -1].any()  # specials never masked
+    assert (batch["ids"][picked] == 4).float().mean().item() > 0.7
+    assert torch.equal(batch["ids"][~picked], torch.tensor(rows)[~picked])
+
+
+def test_builtin_tasks_have_disjoint_splits():
+    numbers = numbers_task(n_train=300, n_valid=50, n_test=50, max_number=1000)
+    train = {e.source for e in numbers.train}
+    assert not train & {e.source for e in numbers.test} and not train & {e.source for e in numbers.valid}
+    assert number_words(21, "en") == "twenty-one" and number_words(21, "de") == "einundzwanzig"
+    compare = compare_task(n_train=200, n_valid=20, n_test=20, max_number=100)
+    assert not {e.text for e in compare.train} & {e.text for e in compare.test}
+    labels = [e.label for e in compare.train]
+    assert 0.3 < labels.count("first") / len(labels) < 0.7  # majority baseline near 50%
+    copy = copy_task(n_train=50, n_valid=5, n_test=5)
+    assert all(e.source == e.target for e in copy.train)

@@ -1,0 +1,109 @@
+"""Schedule, loss, metrics, config files and crash-safe checkpoints."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn.config import preset
+from aiayn.nn.model import build_model
+from aiayn.training import checkpoint as ckpt
+from aiayn.training.config import load_run_config
+from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.metrics import accuracy_and_macro_f1, entity_f1, entity_spans, translation_scores
+from aiayn.training.schedule import noam_lr
+
+
+def test_noam_schedule_is_the_papers_formula():
+    d_model, warmup = 512, 4000
+    for step in (1, 100, 3999, 4000, 4001, 100_000):
+        expected = d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert noam_lr(step, d_model=d_model, warmup=warmup) == pytest.approx(expected)
+    peak = noam_lr(warmup, d_model=d_model, warmup=warmup)
+    assert noam_lr(warmup - 1, d_model=d_model, warmup=warmup) < peak > noam_lr(warmup + 1, d_model=d_model,
+                                                                                warmup=warmup)
+
+
+def test_label_smoothed_loss_matches_torch_cross_entropy():
+    logits = torch.randn(3, 5, 11)
+    labels = torch.randint(0, 11, (3, 5))
+    labels[0, 3:] = -100
+    loss, nll = label_smoothed_loss(logits, labels, smoothing=0.1)
+    keep = labels != -100
+    expected = F.cross_entropy(logits[keep], labels[keep], label_smoothing=0.1, reduction="sum")
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(nll, F.cross_entropy(logits[keep], labels[keep], reduction="sum"))
+
+
+def test_metrics():
+    assert translation_scores(["ein haus", "zwei"], ["ein haus", "drei"])["exact_match"] == 50.0
+    scores = accuracy_and_macro_f1([0, 0, 1, 1], [0, 1, 1, 1], 2)
+    assert scores["accuracy"] == 75.0
+    assert scores["macro_f1"] == pytest.approx(100 * (2 / 3 + 0.8) / 2)
+    assert entity_spans(["B-PER", "I-PER", "O", "B-LOC", "I-PER"]) == {(0, 2, "PER"), (3, 4, "LOC"), (4, 5, "PER")}
+    f1 = entity_f1([["B-PER", "I-PER", "O"]], [["B-PER", "O", "O"]])
+    assert f1["entity_f1"] == 0.0
+    assert entity_f1([["B-PER", "O", "B-LOC"]], [["B-PER", "O", "B-LOC"]])["entity_f1"] == 100.0
+
+
+def test_config_from_toml_and_json_with_overrides(tmp_path):
+    toml = tmp_path / "run.toml"
+    toml.write_text('task = "copy"\nepochs = 2\nwarmup = 50\n[model]\npreset = "tiny"\nd_model = 32\n',
+                    encoding="utf-8")
+    run = load_run_config(toml, ["epochs=3", "model.n_heads=2"])
+    assert run.train.epochs == 3 and run.train.warmup == 50 and run.train.adam_beta2 == 0.98
+    assert run.model_config(vocab_size=50).d_model == 32 and run.model_config(vocab_size=50).n_heads == 2
+    js = tmp_path / "run.json"
+    js.write_text(json.dumps(run.to_dict()), encoding="utf-8")
+    assert load_run_config(js) == run
+    with pytest.raises(ValueError, match="unknown config key 'epoch'"):
+        load_run_config(toml, ["epoch=3"])
+    with pytest.raises(ValueError, match="unknown training key"):
+        js.write_text(json.dumps({"task": "copy", "lr_sclae": 2}), encoding="utf-8")
+        load_run_config(js)
+    with pytest.raises(ValueError, match="epochs expects an integer"):
+        load_run_config(toml, ["epochs=many"])
+
+
+def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    model = build_model(preset("tiny").replace(vocab_size=50, d_model=16, n_heads=2, d_ff=32))
+    first = ckpt.save_checkpoint(tmp_path, model, {"step": 1}, step=1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+
+    def broken_save(obj, handle):
+        handle.write(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        ckpt.save_checkpoint(tmp_path, model, {"step": 2}, step=2)
+    monkeypatch.undo()
+    assert ckpt.latest_checkpoint(tmp_path) == first
+    assert not (tmp_path / ckpt.checkpoint_name(2)).exists()
+    assert not list(tmp_path.glob(".*.tmp"))
+    fresh = build_model(model.config)
+    assert ckpt.load_checkpoint(first, fresh) == {"step": 1}
+    for name, value in fresh.state_dict().items():
+        torch.testing.assert_close(value, before[name])
+
+
+def test_keep_last_best_and_averaging(tmp_path):
+    model = build_model(preset("tiny").replace(vocab_size=50, d_model=16, n_heads=2, d_ff=32))
+    values = []
+    for step in range(1, 6):
+        with torch.no_grad():
+            model.encoder.layers[0].self_attn.q_proj.weight.fill_(float(step))
+        path = ckpt.save_checkpoint(tmp_path, model, {"step": step}, step=step)
+        values.append(step)
+        if step == 2:
+            ckpt.mark_best(tmp_path, path)
+        ckpt.prune_checkpoints(tmp_path, keep_last=2)
+    names = [p.name for p in ckpt.list_checkpoints(tmp_path)]
+    assert names == ["step-00000002", "step-00000004", "step-00000005"]
+    assert ckpt.best_checkpoint(tmp_path).name == "step-00000002"
+    ckpt.average_checkpoints(model, ckpt.list_checkpoints(tmp_path)[-2:])
+    assert float(model.encoder.layers[0].self_attn.q_proj.weight.detach()[0, 0]) == pytest.approx(4.5)
