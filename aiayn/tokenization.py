@@ -160,4 +160,21 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
     backend.normalizer = normalizers.Sequence(norm)
     backend.train_from_iterator(texts, trainer=trainer)
     mask = "<mask>" if "<mask>" in special else None
-    return Tokenizer(backend, mask=mask)
+    return Tokenizer(_canonical_ids(backend, len(special)), mask=mask)
+
+
+def _canonical_ids(backend: HFTokenizer, n_special: int) -> HFTokenizer:
+    """Renumber the learned (non-special) tokens in sorted order.
+
+    The Hugging Face trainers number some tokens in hash-map order (BPE's end-of-word alphabet),
+    which differs between processes; sorted ids make the same vocabulary get the same ids, so
+    seeded training runs repeat exactly.
+    """
+    data = json.loads(backend.to_str())
+    vocab = data["model"].get("vocab")
+    if not isinstance(vocab, dict):
+        return backend
+    specials = sorted((i, t) for t, i in vocab.items() if i < n_special)
+    learned = sorted(t for t, i in vocab.items() if i >= n_special)
+    data["model"]["vocab"] = {t: i for i, t in specials} | {t: n_special + k for k, t in enumerate(learned)}
+    return HFTokenizer.from_str(json.dumps(data))

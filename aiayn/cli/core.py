@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.set_defaults(func=cmd_trace)
 
     d = subparsers.add_parser("demo", help="the main job on its built-in default")
+    d.add_argument("--run", help="run directory (default: a new runs/demo[-N])")
     d.set_defaults(func=cmd_demo)
 
 
@@ -63,5 +64,7 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The built-in demonstration."""
-    return cmd_trace(argparse.Namespace(text="How are you", run=None, seed=0))
+    """The built-in demonstration: train English -> German number words, then evaluate on held-out numbers."""
+    from aiayn.cli.train import run_demo
+
+    return run_demo(getattr(args, "run", None))
