@@ -109,7 +109,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.data:
         raw, stats = read_examples(cfg, args.data)
         data.test = encode_split(cfg, raw, data.source_tokenizer, data.target_tokenizer, data.labels, "data", stats)
-        print("data " + stats.summary())
+        if not args.json:
+            print("data " + stats.summary())
     model = load_model(args.run)
     if args.checkpoint:
         path = Path(args.checkpoint)

@@ -1,0 +1,114 @@
+"""`aiayn train` and `aiayn eval` end to end for every objective, on tiny files and tiny models."""
+
+import json
+
+import pytest
+
+from aiayn.cli.main import main
+from aiayn.io import load_model, load_tokenizers
+
+TINY_MODEL = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1",
+              "model.n_decoder_layers=1", "threads=1", "max_steps=3", "warmup=10", "max_tokens=200",
+              "vocab_size=60", "show_examples=2"]
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+GERMAN = ["eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn"]
+
+
+def _train(run, *items):
+    return main(["train", *items, *TINY_MODEL, "--run", str(run), "--no-progress"])
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_seq2seq_from_tsv_then_eval(tmp_path, capsys):
+    data = _write(tmp_path / "train.tsv", [f"{WORDS[i % 10]} {WORDS[i // 10]}\t{GERMAN[i % 10]} {GERMAN[i // 10]}"
+                                           for i in range(60)])
+    assert _train(tmp_path / "run", f"train={data}") == 0
+    out = capsys.readouterr().out
+    assert "trained 3 steps" in out and "exact_match" in out and "bleu" in out
+    result = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert {"loss", "perplexity", "token_accuracy", "bleu", "chrf", "exact_match"} <= set(result)
+    # the run directory is a model directory the generation code can load
+    assert load_model(tmp_path / "run").config.is_encoder_decoder
+    assert load_tokenizers(tmp_path / "run")[0].vocab_size > 4
+    assert main(["eval", "--run", str(tmp_path / "run"), "--split", "valid"]) == 0
+    assert "valid:" in capsys.readouterr().out
+    assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(data), "--json"]) == 0
+    assert "exact_match" in json.loads(capsys.readouterr().out)
+
+
+def test_seq2seq_separate_vocabularies_from_jsonl(tmp_path):
+    rows = [json.dumps({"source": WORDS[i % 10], "target": GERMAN[i % 10]}) for i in range(40)]
+    data = _write(tmp_path / "train.jsonl", rows)
+    assert _train(tmp_path / "run", f"train={data}", "shared_vocab=false", "target_tokenizer=char") == 0
+    source, target = load_tokenizers(tmp_path / "run")
+    assert source is not target and (tmp_path / "run" / "target" / "tokenizer.json").is_file()
+    assert load_model(tmp_path / "run").config.share_embeddings is False
+
+
+def test_sequence_classification_from_csv_and_builtin_compare(tmp_path, capsys):
+    rows = ["text,label"] + [f"{WORDS[i % 10]} is {'good' if i % 2 else 'bad'},{'pos' if i % 2 else 'neg'}"
+                             for i in range(60)]
+    data = _write(tmp_path / "train.csv", rows)
+    assert _train(tmp_path / "run", f"train={data}", "objective=sequence_classification") == 0
+    result = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert {"accuracy", "macro_f1"} <= set(result)
+    assert json.loads((tmp_path / "run" / "labels.json").read_text()) == ["neg", "pos"]
+    assert main(["eval", "--run", str(tmp_path / "run")]) == 0
+    assert "accuracy" in capsys.readouterr().out
+    assert _train(tmp_path / "compare", "task=compare", "objective=sequence_classification", "task_train=50",
+                  "task_valid=10", "task_test=10", "task_max_number=100") == 0
+
+
+def test_token_classification_from_conll(tmp_path):
+    lines = []
+    for i in range(30):
+        lines += [f"{WORDS[i % 10].title()} B-PER", "visits O", f"{GERMAN[i % 10].title()} B-LOC", ""]
+    data = _write(tmp_path / "train.conll", lines)
+    assert _train(tmp_path / "run", f"train={data}", "objective=token_classification") == 0
+    result = json.loads((tmp_path / "run" / "eval.json").read_text())
+    assert {"entity_f1", "entity_precision", "entity_recall", "token_accuracy"} <= set(result)
+
+
+def test_masked_lm_then_fine_tune_with_init_from(tmp_path):
+    text = _write(tmp_path / "corpus.txt", [" ".join(WORDS[(i + k) % 10] for k in range(8)) for i in range(60)])
+    assert _train(tmp_path / "mlm", f"train={text}", "objective=masked_lm") == 0
+    result = json.loads((tmp_path / "mlm" / "eval.json").read_text())
+    assert result["perplexity"] > 1.0 and "token_accuracy" in result
+    assert load_tokenizers(tmp_path / "mlm")[0].mask_id is not None
+    rows = [f"{WORDS[i % 10]} {WORDS[(i + 3) % 10]},{'a' if i % 3 else 'b'}" for i in range(40)]
+    data = _write(tmp_path / "cls.csv", rows)
+    assert main(["train", f"train={data}", "objective=sequence_classification", "threads=1", "max_steps=2",
+                 "warmup=10", "max_tokens=200", "--init-from", str(tmp_path / "mlm"), "--run", str(tmp_path / "ft"),
+                 "--no-progress"]) == 0
+    tuned = load_model(tmp_path / "ft")
+    assert tuned.config.head == "sequence_classification" and tuned.config.d_model == 16
+    assert load_tokenizers(tmp_path / "ft")[0].vocab_size == load_tokenizers(tmp_path / "mlm")[0].vocab_size
+
+
+def test_toml_config_file_and_overrides(tmp_path):
+    config = _write(tmp_path / "run.toml", ['task = "copy"', "task_train = 60", "task_valid = 5", "task_test = 5",
+                                            "epochs = 1", "[model]", 'preset = "tiny"', "d_model = 16"])
+    assert main(["train", str(config), "threads=1", "model.n_heads=2", "model.d_ff=32", "--run",
+                 str(tmp_path / "run"), "--no-progress"]) == 0
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
+    assert saved["task"] == "copy" and saved["model"] == {"preset": "tiny", "d_model": 16, "n_heads": 2, "d_ff": 32}
+    assert (tmp_path / "run" / "curves.png").is_file() and (tmp_path / "run" / "metrics.csv").is_file()
+
+
+@pytest.mark.parametrize("items, message", [
+    (["train={tsv}"], "bad.tsv:2: expected 2 tab-separated columns"),
+    (["train={missing}"], "does not exist"),
+    (["task=copy", "epochs=x"], "epochs expects an integer"),
+    (["task=copy", "objective=translation"], "objective must be one of"),
+    ([], "give a built-in task"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, items, message):
+    tsv = _write(tmp_path / "bad.tsv", ["one\teins", "two zwei"])
+    items = [i.format(tsv=tsv, missing=tmp_path / "nope.tsv") for i in items]
+    assert main(["train", *items, "--run", str(tmp_path / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1
