@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per sentence (32; quick 8)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--batches", default="1,32", help="comma-separated batch sizes")
+    parser.add_argument("--preset", default="base", help="model size (base; tiny for a smoke run)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -91,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     new_tokens = args.new_tokens or (8 if args.quick else 32)
     repeats = 1 if args.quick else 2
     torch.manual_seed(0)
-    cfg = preset("base").replace(pe_layout="split", dropout=0.0)
+    cfg = preset(args.preset).replace(pe_layout="split", dropout=0.0)
     model = build_model(cfg).eval()
     hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=EOS)
-    print(f"base model (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
+    print(f"{args.preset} model (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
           f"vocab {cfg.vocab_size}), source 16 tokens, {new_tokens} new tokens forced, "
           f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
     print(f"{'search':<8} {'batch':>5} {'aiayn tok/s':>12} {'HF tok/s':>10} {'speed-up':>9}")

@@ -169,3 +169,11 @@ def test_attention_weights_on_request(beam):
         handle.remove()
         layer.cross_attn.explicit = False
     torch.testing.assert_close(out.attention[i][-1], captured[0][0], atol=1e-5, rtol=0)
+
+
+def test_benchmark_runs(capsys):
+    from benchmarks.generate import main
+
+    assert main(["--quick", "--preset", "tiny", "--batches", "1", "--new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy" in out and "beam-4" in out and "step time" in out

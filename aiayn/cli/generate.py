@@ -132,7 +132,8 @@ def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[s
     fig, axes = plt.subplots(1, len(panels), figsize=(max(4, 0.5 * len(source)) * len(panels) + 1,
                                                        max(3, 0.4 * len(target)) + 1), squeeze=False)
     for ax, (title, grid) in zip(axes[0], panels):
-        ax.imshow(grid.numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        image = ax.imshow(grid.numpy(), cmap="viridis", vmin=0.0, aspect="auto")
+        fig.colorbar(image, ax=ax, fraction=0.05)
         ax.set_xticks(range(len(source)), source, rotation=90)
         ax.set_yticks(range(len(target)), target)
         ax.set_xlabel("source")
