@@ -309,7 +309,7 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
                 step_weights = step_weights[:, None]  # (B*k, 1, n_layers, h, S)
                 history = step_weights if history is None else torch.cat([history, step_weights], dim=1)
                 cand_history = history.index_select(0, (base + cand_beam).view(-1))  # (B*2k, t, ...)
-            new_done = hits & in_top_k & ~sentence_done[:, None]
+            new_done = hits & in_top_k & ~sentence_done[:, None] & (cand_scores > neg_inf)
             normalised = (cand_scores / (step + 1) ** alpha).masked_fill(~new_done, neg_inf)
             merged_scores, keep = torch.cat([done_scores, normalised], dim=1).topk(k, dim=1)  # (B, k)
             done_tokens = torch.cat([done_tokens, cand_tokens], dim=1).gather(

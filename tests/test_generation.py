@@ -177,3 +177,16 @@ def test_benchmark_runs(capsys):
     assert main(["--quick", "--preset", "tiny", "--batches", "1", "--new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "greedy" in out and "beam-4" in out and "step time" in out
+
+
+def test_model_generate_method_and_tiny_vocabulary_beam():
+    model = make_model(4)
+    src = padded_sources()
+    config = GenerationConfig(max_len=6, beam_size=3)
+    assert model.generate(src, bos_id=BOS, eos_id=EOS, config=config).tokens == generate(
+        model, src, bos_id=BOS, eos_id=EOS, config=config).tokens
+    # More candidates (2 x beam) than the vocabulary offers on the first step: still a full-length answer.
+    small = make_model(0, vocab=5)
+    out = generate(small, torch.tensor([[4, 3, 4]]), bos_id=BOS, eos_id=4,
+                   config=GenerationConfig(max_len=4, min_len=4, beam_size=4))
+    assert len(out.tokens[0]) == 4 and torch.isfinite(out.scores).all()
