@@ -95,7 +95,7 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     """Translate source ids (B, S), right-padded with the model's `pad_id`, into target ids.
 
     Args:
-        model: an encoder-decoder model (put in eval mode here).
+        model: an encoder-decoder model (decoded in eval mode; its mode is restored afterwards).
         src: (B, S) int64 source ids; rows may end in padding.
         bos_id: the token the decoder starts from (`<s>`; Marian starts from `<pad>`).
         eos_id: the token that ends a sentence.
@@ -110,7 +110,6 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     config = config or GenerationConfig()
     if not isinstance(src, torch.Tensor) or src.dim() != 2:
         raise ValueError(f"source ids must be a (batch, length) tensor, got {getattr(src, 'shape', type(src))}")
-    model.eval()
     cfg = model.config
     vocab = cfg.target_vocab_size
     for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
@@ -134,15 +133,20 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     if rows.numel() == 0:
         return GenerationOutput(tokens, scores, attention)
 
-    # Decode only the non-empty sources, trimmed to their longest real length.
-    sub = src[rows][:, : int(lengths.max())]
+    # Decode only the non-empty sources, without the columns that are padding in every row.
+    sub = src[rows][:, : int(real.any(dim=0).nonzero().max()) + 1]
     if config.max_len is not None:
         limits = torch.full((len(rows),), config.max_len, dtype=torch.long)
     else:
         limits = lengths[rows].cpu() + config.extra_len
     limits = limits.clamp(max=cfg.max_len)
     search = _beam_search if config.beam_size > 1 else _greedy_or_sample
-    out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
+    was_training = model.training
+    model.eval()
+    try:
+        out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
+    finally:
+        model.train(was_training)  # generating during training (validation) leaves the mode as it was
     for j, i in enumerate(rows.tolist()):
         tokens[i] = out_tokens[j]
         scores[i] = out_scores[j]

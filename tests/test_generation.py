@@ -190,3 +190,17 @@ def test_model_generate_method_and_tiny_vocabulary_beam():
     out = generate(small, torch.tensor([[4, 3, 4]]), bos_id=BOS, eos_id=4,
                    config=GenerationConfig(max_len=4, min_len=4, beam_size=4))
     assert len(out.tokens[0]) == 4 and torch.isfinite(out.scores).all()
+
+
+def test_training_mode_is_restored_and_left_padding_is_kept():
+    model = make_model(1)
+    src = padded_sources()
+    expected = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=6)).tokens
+    model.train()
+    assert generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=6)).tokens == expected
+    assert model.training
+    # Padding on the left is masked too; no real token is cut off.
+    left = torch.full((1, 9), PAD)
+    left[0, 4:] = src[1, :5]
+    out = generate(model, left, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=6, return_attention=True))
+    assert out.attention[0].shape[-1] == 5
