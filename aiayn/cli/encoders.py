@@ -21,7 +21,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pooling", choices=["mean", "cls"], help="sentence pooling (default: the checkpoint's)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors (no L2 normalisation)")
     p.add_argument("--max-length", type=int, help="most tokens per text, [CLS] and [SEP] included")
-    p.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64)")
+    p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
     p.add_argument("--int8", action="store_true", help="int8 dynamic quantisation (faster, less exact)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
