@@ -38,6 +38,7 @@ from aiayn.training.evaluate import evaluate
 from aiayn.training.logbook import MetricsLog, plot_curves
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import batch_tokens, forward, loss_units, make_batch, masking_generator
+from aiayn.training.optim import make_adam
 from aiayn.training.schedule import learning_rate
 
 logger = logging.getLogger(__name__)
@@ -169,6 +170,11 @@ class Trainer:
                     f"{len(data.test.items)} test examples")
         torch.manual_seed(cfg.seed)
         if pretrained is not None:
+            tunable = {"dropout", "attention_dropout", "activation_dropout", "pooling"}
+            fixed = sorted(set(self.run.model_overrides) - tunable)
+            if fixed:
+                raise ValueError(f"init_from keeps the pretrained sizes; only {', '.join(sorted(tunable))} may be "
+                                 f"overridden, not {', '.join(fixed)}")
             model_cfg = pretrained.config.replace(head=cfg.objective, num_labels=len(data.labels)
                                                   if cfg.objective != "masked_lm" else 0,
                                                   **self.run.model_overrides)
@@ -182,8 +188,8 @@ class Trainer:
         else:
             self.model = build_model(model_config_for(self.run, data))
         self.model.train()
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=0.0, betas=(cfg.adam_beta1, cfg.adam_beta2),
-                                          eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        self.optimizer = make_adam(self.model.parameters(), betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                                   weight_decay=cfg.weight_decay)
         if self.resume:
             self._restore()
         else:
@@ -221,7 +227,7 @@ class Trainer:
                 logits, labels = forward(self.model, batch, cfg.objective)
             loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
             if not torch.isfinite(loss):
-                raise TrainingError(self._stop_message(f"non-finite loss ({float(loss)})"))
+                raise TrainingError(self._stop_message(f"non-finite loss ({float(loss.detach())})"))
             (loss / units).backward()
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm if cfg.clip_norm > 0 else math.inf)

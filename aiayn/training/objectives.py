@@ -42,10 +42,24 @@ def make_batch(data: PreparedData, split: EncodedSplit, indices: list[int], *, m
 
 
 def forward(model: nn.Module, batch: dict[str, torch.Tensor], objective: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, labels) of one batch; seq2seq uses teacher forcing on the shifted target."""
+    """(logits, labels) of one batch; seq2seq uses teacher forcing on the shifted target.
+
+    Seq2seq and masked-LM project to the vocabulary only the positions the loss counts
+    (N = real target tokens or masked tokens), returning logits (N, V) and labels (N,): the
+    vocabulary projection is the largest matrix, and padding or unmasked positions would waste it.
+    """
+    labels = batch["labels"]
     if objective == "seq2seq":
-        return model(batch["src"], batch["tgt_in"]), batch["labels"]  # (B, T, V), (B, T)
-    return model(batch["ids"]), batch["labels"]
+        src_mask = model.source_mask(batch["src"])
+        memory = model.encode(batch["src"], src_mask)  # (B, S, d_model)
+        hidden = model.decode(batch["tgt_in"], memory, memory_mask=src_mask)  # (B, T, d_model)
+        keep = labels != -100
+        return model.generator(hidden[keep]), labels[keep]  # (N, V), (N,)
+    if objective == "masked_lm":
+        hidden = model.encode(batch["ids"])  # (B, L, d_model)
+        keep = labels != -100
+        return model.head(hidden[keep]), labels[keep]  # (N, V), (N,)
+    return model(batch["ids"]), labels
 
 
 def batch_tokens(batch: dict[str, torch.Tensor], pad_id: int) -> int:
