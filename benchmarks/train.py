@@ -3,7 +3,7 @@
 Run: `aiayn bench train` or `python -m benchmarks.train [--preset base --batch 8 --src-len 32 --tgt-len 32]`.
 
 In one run it measures, on the same machine and threads, a full training step (forward, label-smoothed
-cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's multi-tensor Adam for both) of:
+cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Adam for both) of:
 - aiayn's model of the chosen preset (base: d_model 512, 6+6 layers, h 8, d_ff 2048, 37,000 shared vocabulary,
   tied embeddings, dropout 0.1), through `aiayn.training`'s loss;
 - the same sizes built on `torch.nn.Transformer` (batch_first, post-LN, ReLU, dropout 0.1) with a shared,
@@ -88,7 +88,7 @@ def make_batches(cfg: ModelConfig, n: int, batch: int, src_len: int, tgt_len: in
 
 
 def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
-    return make_adam(model.parameters(), lr=1e-4)  # the trainer's Adam (multi-tensor), for both
+    return make_adam(model.parameters(), lr=1e-4)  # the trainer's Adam (fused kernel), for both
 
 
 def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--src-len", type=int, default=32)
     parser.add_argument("--tgt-len", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps of each model")
+    parser.add_argument("--repeats", type=int, default=20, help="timed steps of each model")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each model first")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     args = parser.parse_args(argv)

@@ -9,10 +9,22 @@ import torch
 
 def make_adam(params: Iterable[torch.nn.Parameter], *, betas: tuple[float, float] = (0.9, 0.98),
               eps: float = 1e-9, weight_decay: float = 0.0, lr: float = 0.0) -> torch.optim.Adam:
-    """Adam with the multi-tensor (`foreach`) implementation.
+    """Adam with PyTorch's fused kernel where this build has one (the same update, one kernel per tensor).
 
-    Not `fused=True`: PyTorch's fused CPU kernel updates parameters without bumping their version
-    counters, and `MultiHeadAttention` keys its cached stacked Q/K/V weights on those counters,
-    so evaluation between steps would see stale weights.
+    The fused CPU kernel writes the parameters without bumping their version counters, and
+    `MultiHeadAttention` keys its cached stacked Q/K/V weights on those counters; a post-step hook
+    bumps them, so evaluation between steps always sees the new weights.
     """
-    return torch.optim.Adam(list(params), lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
+    params = list(params)
+    try:
+        optimizer = torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
+
+    def mark_updated(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                torch.autograd.graph.increment_version(p)
+
+    optimizer.register_step_post_hook(mark_updated)
+    return optimizer
