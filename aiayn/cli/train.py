@@ -15,7 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                           "KEY=VALUE overrides training keys, model.KEY=VALUE model keys.")
     t.add_argument("items", nargs="*", metavar="[CONFIG] KEY=VALUE",
                    help="an optional config file, then overrides such as task=numbers epochs=5 model.d_model=128")
-    t.add_argument("--run", required=True, help="run directory (checkpoints, logs, plots, final model)")
+    t.add_argument("--run", "--run-dir", dest="run", required=True,
+                   help="run directory (checkpoints, logs, plots, final model); spell it --run-dir under torchrun, "
+                        "whose own --run-path would swallow --run")
     t.add_argument("--resume", action="store_true", help="continue the run in --run from its latest checkpoint")
     t.add_argument("--init-from", dest="init_from", help="pretrained encoder directory (aiayn or BERT checkpoint)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")

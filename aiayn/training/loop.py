@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
@@ -108,6 +109,31 @@ def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
     return load_pretrained(None if str(path) == "minilm" else str(path))
 
 
+def distributed_context() -> tuple[int, int]:
+    """(rank, world size): under `torchrun` (WORLD_SIZE > 1) this joins the gloo process group."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+class ObjectiveForward(nn.Module):
+    """The objective's forward as a module, for DistributedDataParallel: batch -> (logits, labels)."""
+
+    def __init__(self, model: nn.Module, objective: str):
+        super().__init__()
+        self.model = model
+        self.objective = objective
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """See `aiayn.training.objectives.forward`."""
+        return forward(self.model, batch, self.objective)
+
+
 class Trainer:
     """Trains one run.
 
@@ -136,6 +162,8 @@ class Trainer:
         self.last_valid: float | None = None
         self.last_saved_step = -1
         self._stop_requested = False
+        self.rank, self.world = 0, 1
+        self.ddp: nn.Module | None = None
 
     # -- hooks -------------------------------------------------------------------------------
     def after_step(self) -> None:
@@ -146,28 +174,35 @@ class Trainer:
         cfg = self.cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
+        self.rank, self.world = distributed_context()
+        main = self.rank == 0
+        if not main:
+            torch.distributed.barrier()  # rank 0 checks the run directory and writes the tokenizers first
         has_run = (self.run_dir / RUN_CONFIG_NAME).is_file() or bool(list_checkpoints(self.ckpt_dir))
-        if self.resume and not has_run:
+        if main and self.resume and not has_run:
             raise FileNotFoundError(f"{self.run_dir} holds no run to resume ({RUN_CONFIG_NAME} is missing)")
-        if not self.resume and has_run:
+        if main and not self.resume and has_run:
             raise ValueError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose a new "
                              "--run directory")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         pretrained = None
-        if self.resume:
-            data = prepare_data(cfg, tokenizers=load_tokenizers(self.run_dir), labels=load_labels(self.run_dir))
-        elif cfg.init_from:
+        if cfg.init_from and not self.resume:
             if cfg.objective not in ("sequence_classification", "token_classification", "masked_lm"):
                 raise ValueError("init_from puts a new head on a pretrained encoder: use an encoder objective")
             pretrained, tokenizer = load_pretrained_encoder(cfg.init_from)
+        if self.resume or not main:
+            data = prepare_data(cfg, tokenizers=load_tokenizers(self.run_dir), labels=load_labels(self.run_dir))
+        elif pretrained is not None:
             data = prepare_data(cfg, tokenizers=(tokenizer, tokenizer))
         else:
             data = prepare_data(cfg)
         self.data = data
-        for stats in data.stats:
-            self.report("data " + stats.summary())
-        self.report(f"data splits: {len(data.train.items)} train, {len(data.valid.items)} valid, "
-                    f"{len(data.test.items)} test examples")
+        if main:
+            for stats in data.stats:
+                self.report("data " + stats.summary())
+            self.report(f"data splits: {len(data.train.items)} train, {len(data.valid.items)} valid, "
+                        f"{len(data.test.items)} test examples" + (f"; {self.world} processes" if self.world > 1
+                                                                    else ""))
         torch.manual_seed(cfg.seed)
         if pretrained is not None:
             tunable = {"dropout", "attention_dropout", "activation_dropout", "pooling"}
@@ -192,16 +227,24 @@ class Trainer:
                                    weight_decay=cfg.weight_decay)
         if self.resume:
             self._restore()
-        else:
+        elif main:
             text = json.dumps(self.run.to_dict(), indent=2) + "\n"
             atomic_write_bytes(self.run_dir / RUN_CONFIG_NAME, text.encode())
             save_data_artifacts(self.run_dir, data)
+        if self.world > 1:
+            if main:
+                torch.distributed.barrier()
+            from torch.nn.parallel import DistributedDataParallel
+
+            # DDP wraps the objective's forward, so gradients are averaged across processes in backward.
+            self.ddp = DistributedDataParallel(ObjectiveForward(self.model, cfg.objective))
 
     def _restore(self) -> None:
         checkpoint = latest_checkpoint(self.ckpt_dir)
         if checkpoint is None:
             self.report(f"no checkpoint in {self.ckpt_dir} yet: starting from step 0")
-            self.log.truncate_after(0)
+            if self.rank == 0:
+                self.log.truncate_after(0)
             return
         state = load_checkpoint(checkpoint, self.model)
         self.optimizer.load_state_dict(state["optimizer"])
@@ -209,7 +252,8 @@ class Trainer:
         self.step, self.epoch, self.batch_index = int(state["step"]), int(state["epoch"]), int(state["batch_index"])
         self.best_valid = float(state["best_valid"])
         self.last_saved_step = self.step
-        self.log.truncate_after(self.step)
+        if self.rank == 0:
+            self.log.truncate_after(self.step)
         self.report(f"resumed from {checkpoint} (step {self.step}, epoch {self.epoch + 1}, batch {self.batch_index})")
 
     # -- one optimizer step --------------------------------------------------------------------
@@ -224,7 +268,7 @@ class Trainer:
         loss_sum = nll_sum = 0.0
         for batch in micro_batches:
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                logits, labels = forward(self.model, batch, cfg.objective)
+                logits, labels = self.ddp(batch) if self.ddp is not None else forward(self.model, batch, cfg.objective)
             loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
             if not torch.isfinite(loss):
                 raise TrainingError(self._stop_message(f"non-finite loss ({float(loss.detach())})"))
@@ -287,13 +331,17 @@ class Trainer:
         """Train until `epochs` or `max_steps`; save, evaluate on the test split and plot."""
         self._setup()
         previous = None
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and self.world == 1:
             previous = signal.signal(signal.SIGINT, self._on_sigint)
         try:
             finished = self._loop()
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+        if self.world > 1:
+            torch.distributed.destroy_process_group()
+        if self.rank != 0:
+            return TrainResult(self.run_dir, self.step)
         if not finished:
             checkpoint = self.save()
             self.report(f"interrupted at step {self.step}: saved {checkpoint}; continue with --resume")
@@ -312,25 +360,31 @@ class Trainer:
         pad_id = self.data.source_tokenizer.pad_id
         first = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=0,
                               max_sentences=cfg.max_sentences)
-        steps_per_epoch = math.ceil(len(first) / cfg.accum_steps)
+        steps_per_epoch = math.ceil(len(first) / (cfg.accum_steps * self.world))
         total = cfg.max_steps or steps_per_epoch * cfg.epochs
-        bar = tqdm(total=total, initial=self.step, disable=not self.progress, unit="step", dynamic_ncols=True,
+        bar = tqdm(total=total, initial=self.step, disable=not self.progress or self.rank != 0, unit="step",
+                   dynamic_ncols=True,
                    desc="train")
         tokens, clock, window = 0, time.perf_counter(), []
         try:
             while not self._done():
                 batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=self.epoch,
                                         max_sentences=cfg.max_sentences)
-                while self.batch_index < len(batches):
-                    group = range(self.batch_index, min(self.batch_index + cfg.accum_steps, len(batches)))
+                # With N processes a step takes N x accum_steps batches, process r every N-th of them;
+                # the last batches of an epoch that cannot fill a step for every process are skipped.
+                per_step = cfg.accum_steps * self.world
+                usable = len(batches) if self.world == 1 else len(batches) - len(batches) % per_step
+                while self.batch_index < usable:
+                    group = range(self.batch_index, min(self.batch_index + per_step, usable))
+                    mine = group[self.rank::self.world]
                     micro = [make_batch(self.data, self.data.train, batches[i], mlm_probability=cfg.mlm_probability,
-                                        generator=masking_generator(cfg.seed, self.epoch, i)) for i in group]
+                                        generator=masking_generator(cfg.seed, self.epoch, i)) for i in mine]
                     stats = self._train_step(micro)
                     self.batch_index = group.stop
                     tokens += sum(batch_tokens(b, pad_id) for b in micro)
                     window.append(stats["loss"])
                     bar.update(1)
-                    if self.step % cfg.log_every == 0 or self.step == 1:
+                    if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == 1):
                         elapsed = max(time.perf_counter() - clock, 1e-9)
                         row = {"split": "train", "step": self.step, "epoch": self.epoch,
                                "loss": sum(window) / len(window), "nll": stats["nll"], "lr": stats["lr"],
@@ -339,9 +393,9 @@ class Trainer:
                         bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
                                         tok_s=f"{row['tokens_per_s']:.0f}")
                         tokens, clock, window = 0, time.perf_counter(), []
-                    if cfg.eval_every and self.step % cfg.eval_every == 0:
+                    if self.rank == 0 and cfg.eval_every and self.step % cfg.eval_every == 0:
                         self.validate()
-                    if cfg.save_every and self.step % cfg.save_every == 0:
+                    if self.rank == 0 and cfg.save_every and self.step % cfg.save_every == 0:
                         self.save()
                     self.after_step()
                     if self._stop_requested:
@@ -350,9 +404,9 @@ class Trainer:
                         return True
                 self.epoch += 1
                 self.batch_index = 0
-                if not cfg.eval_every:
+                if self.rank == 0 and not cfg.eval_every:
                     self.validate()
-                if not cfg.save_every:
+                if self.rank == 0 and not cfg.save_every:
                     self.save()
         finally:
             bar.close()
