@@ -27,6 +27,7 @@ from aiayn.tokenization import Tokenizer
 log = logging.getLogger(__name__)
 
 POOLINGS = ("mean", "cls")
+PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
@@ -128,6 +129,29 @@ class Embedder:
         """Width of each vector."""
         return self.model.config.d_model
 
+    def bfloat16(self) -> Embedder:
+        """This embedder with bfloat16 weights and activations (vectors still float32).
+
+        Fast on CPUs with native bf16 dot products (AVX512-BF16, AMX); elsewhere it is emulated and slow.
+        """
+        import copy
+
+        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            log.warning("this CPU has no native bfloat16 support; bf16 will be slower than fp32")
+        model = copy.deepcopy(self.model).to(torch.bfloat16)
+        return Embedder(model, self.tokenizer, pooling=self.pooling, normalize=self.normalize,
+                        max_length=self.max_length, name=f"{self.name} (bf16)")
+
+    def with_precision(self, precision: str) -> Embedder:
+        """This embedder in "fp32" (itself, exact), "bf16" or "int8" (faster, approximate)."""
+        if precision == "fp32":
+            return self
+        if precision == "bf16":
+            return self.bfloat16()
+        if precision == "int8":
+            return self.quantize()
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+
     def quantize(self) -> Embedder:
         """This embedder with int8 dynamically quantised Linear layers (faster on CPU, slightly less exact)."""
         import copy
@@ -157,7 +181,7 @@ class Embedder:
 
     def embed_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Padded ids (B, L) and their (B, L) 0/1 mask -> sentence vectors (B, d_model)."""
-        hidden = self.model.encode(ids, attention_mask=attention_mask)  # (B, L, d_model)
+        hidden = self.model.encode(ids, attention_mask=attention_mask).float()  # (B, L, d_model), pooled in fp32
         mask = None if attention_mask is None else attention_mask.bool()
         vectors = pool(hidden, mask, "first" if self.pooling == "cls" else "mean")  # (B, d_model)
         return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors

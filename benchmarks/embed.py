@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the corpus per pipeline")
     parser.add_argument("--latency-calls", type=int, default=50, help="calls timed for batch-1 latency")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    parser.add_argument("--no-int8", action="store_true", help="skip the int8 dynamic-quantisation variant")
+    parser.add_argument("--precisions", default="fp32,bf16,int8",
+                        help="aiayn variants to run: fp32 (always), bf16, int8 (default: all three)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -112,9 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         "HF BertModel (sdpa)": hf_embed,
         "aiayn": lambda t: ours.embed(t, batch_size=args.batch_size),
     }
-    if not args.no_int8:
-        int8 = ours.quantize()
-        runs["aiayn int8"] = lambda t: int8.embed(t, batch_size=args.batch_size)
+    for precision in args.precisions.split(","):
+        if precision.strip() in ("bf16", "int8"):
+            variant = ours.with_precision(precision.strip())
+            runs[f"aiayn {precision.strip()}"] = lambda t, v=variant: v.embed(t, batch_size=args.batch_size)
 
     reference = runs["sentence-transformers"](corpus)
     tokens = sum(len(ids) for ids in ours.tokenize(corpus))
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = len(corpus) / min(throughput[name])
         ms = statistics.median(latency[name]) * 1e3
         print(f"{name:<24}{rate:>10.1f}{ms:>12.2f}{diff:>12.2e}{cos:>10.6f}")
-        if name != "aiayn int8":  # int8 is an approximation: its cosine is reported, not required
+        if name in ("sentence-transformers", "HF BertModel (sdpa)", "aiayn"):  # bf16/int8: reported only
             ok &= diff <= 1e-5 and cos >= 0.99999
 
     def ratio(name: str, base: str, table: dict[str, list[float]]) -> float:
@@ -143,10 +145,12 @@ def main(argv: list[str] | None = None) -> int:
           "(target >= 1.1x)")
     print(f"aiayn batch-1 latency vs HF BertModel: {1 / ratio('aiayn', 'HF BertModel (sdpa)', latency):.2f}x "
           "(target <= 0.5x)")
-    if "aiayn int8" in runs:
-        print(f"int8 throughput vs aiayn fp32: {ratio('aiayn int8', 'aiayn', throughput):.2f}x; "
-              f"int8 batch-1 latency vs HF: {1 / ratio('aiayn int8', 'HF BertModel (sdpa)', latency):.2f}x "
-              f"(welcome if >= 1.5x faster with min cos >= 0.99; min cos {agreement['aiayn int8'][1]:.4f})")
+    for name in ("aiayn bf16", "aiayn int8"):
+        if name in runs:
+            print(f"{name[6:]}: throughput vs aiayn fp32 {ratio(name, 'aiayn', throughput):.2f}x, vs "
+                  f"sentence-transformers {ratio(name, 'sentence-transformers', throughput):.2f}x; batch-1 latency "
+                  f"vs HF {1 / ratio(name, 'HF BertModel (sdpa)', latency):.2f}x; min cos to fp32 "
+                  f"{agreement[name][1]:.5f} (welcome if >= 1.5x faster with min cos >= 0.99)")
     if not ok:
         print("fp32 outputs disagree beyond tolerance (max diff 1e-5, cos 0.99999)")
     return 0 if ok else 1

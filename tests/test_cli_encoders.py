@@ -130,3 +130,23 @@ def test_export_onnx_of_an_aiayn_encoder(capsys, tmp_path):
     assert hidden.shape == (2, 5, 16)
     code, stdout, _ = run(capsys, "embed", "--model", str(tmp_path / "enc"), "the cat ran")
     assert code == 0 and len(json.loads(stdout)["embedding"]) == 16
+
+
+def test_large_inputs_show_a_progress_bar(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("aiayn.cli.encoders.PROGRESS_FROM", 3)
+    sentences = tmp_path / "many.txt"
+    sentences.write_text("".join(f"sentence number {i}\n" for i in range(5)), encoding="utf-8")
+    code, _, err = run(capsys, "embed", "--input", str(sentences), "-o", str(tmp_path / "v.npy"))
+    assert code == 0 and "embedding: 100%" in err and "5/5" in err
+    code, _, err = run(capsys, "embed", "--quiet", "--input", str(sentences), "-o", str(tmp_path / "v.npy"))
+    assert code == 0 and "embedding:" not in err
+
+
+def test_embed_in_bf16_stays_close_to_fp32(capsys, tmp_path):
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("A man is eating food.\nThe weather is lovely today.\n", encoding="utf-8")
+    code, _, _ = run(capsys, "embed", "--precision", "bf16", "--input", str(sentences), "-o", str(tmp_path / "b.npy"))
+    assert code == 0
+    run(capsys, "embed", "--input", str(sentences), "-o", str(tmp_path / "f.npy"))
+    cos = (np.load(tmp_path / "b.npy") * np.load(tmp_path / "f.npy")).sum(1)
+    assert cos.shape == (2,) and cos.min() >= 0.999

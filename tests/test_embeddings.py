@@ -89,6 +89,15 @@ def test_length_sorted_batches_cover_everything_longest_first():
         length_sorted_batches(lengths, 0)
 
 
+def test_bf16_embedder_stays_close(embedder):
+    bf16 = embedder.with_precision("bf16")
+    vectors, ref = bf16.embed(SENTENCES, batch_size=5), embedder.embed(SENTENCES)
+    assert vectors.dtype == np.float32 and (vectors * ref).sum(1).min() >= 0.999
+    assert embedder.with_precision("fp32") is embedder
+    with pytest.raises(ValueError, match="precision must be one of"):
+        embedder.with_precision("fp8")
+
+
 def test_int8_embedder_stays_close(embedder):
     int8 = embedder.quantize()
     vectors = int8.embed(SENTENCES)
@@ -125,9 +134,10 @@ def test_embed_benchmark_runs_end_to_end(capsys):
 
     corpus = make_corpus(50)
     assert len(set(corpus)) == 50 and make_corpus(50) == corpus
-    assert main(["--sentences", "16", "--repeats", "1", "--latency-calls", "2", "--no-int8"]) == 0
+    assert main(["--sentences", "16", "--repeats", "1", "--latency-calls", "2", "--precisions", "fp32,bf16"]) == 0
     out = capsys.readouterr().out
     assert "sentence-transformers" in out and "aiayn throughput vs sentence-transformers" in out
+    assert "bf16: throughput vs aiayn fp32" in out
 
 
 def test_the_docs_python_example_runs(tmp_path, monkeypatch):

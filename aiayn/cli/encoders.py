@@ -22,7 +22,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors (no L2 normalisation)")
     p.add_argument("--max-length", type=int, help="most tokens per text, [CLS] and [SEP] included")
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
-    p.add_argument("--int8", action="store_true", help="int8 dynamic quantisation (faster, less exact)")
+    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                   help="fp32 (exact, default); bf16 or int8 dynamic quantisation (faster, approximate)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -64,7 +65,7 @@ def _embedder(args: argparse.Namespace):
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     embedder = Embedder.from_pretrained(args.model, pooling=args.pooling,
                                         normalize=False if args.no_normalize else None, max_length=args.max_length)
-    return embedder.quantize() if args.int8 else embedder
+    return embedder.with_precision(args.precision)
 
 
 def _read_lines(path: str) -> list[str]:
