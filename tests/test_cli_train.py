@@ -38,6 +38,16 @@ def test_seq2seq_from_tsv_then_eval(tmp_path, capsys):
     assert "valid:" in capsys.readouterr().out
     assert main(["eval", "--run", str(tmp_path / "run"), "--data", str(data), "--json"]) == 0
     assert "exact_match" in json.loads(capsys.readouterr().out)
+    assert main(["eval", "--run", str(tmp_path / "run"), "--checkpoint", "step-00000003"]) == 0
+    assert main(["eval", "--run", str(tmp_path / "run"), "--checkpoint", "step-9"]) == 2
+
+
+def test_bf16_accumulation_and_clipping_run(tmp_path):
+    assert _train(tmp_path / "run", "task=copy", "task_train=60", "task_valid=5", "task_test=5", "bf16=true",
+                  "accum_steps=2", "clip_norm=0.5", "log_every=1") == 0
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3] and all(r["loss"] > 0 for r in train)
 
 
 def test_seq2seq_separate_vocabularies_from_jsonl(tmp_path):

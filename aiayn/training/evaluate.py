@@ -72,7 +72,10 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, *, max_t
         result.update(entity_f1(pred_tags, gold_tags))
         shown = [(" ".join(split.raw[i].tokens), " ".join(p), " ".join(g))
                  for i, p, g in zip(order, pred_tags, gold_tags)]
-    result["examples"] = shown[:examples]
+    # Show mistakes first (up to half of the examples), then correct predictions.
+    wrong = [e for e in shown if e[1].strip() != e[2].strip()][: examples // 2]
+    right = [e for e in shown if e[1].strip() == e[2].strip()]
+    result["examples"] = (wrong + right)[:examples] if examples else []
     model.train(was_training)
     return result
 
