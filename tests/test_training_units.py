@@ -36,6 +36,22 @@ def test_label_smoothed_loss_matches_torch_cross_entropy():
     torch.testing.assert_close(nll, F.cross_entropy(logits[keep], labels[keep], reduction="sum"))
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_label_smoothed_loss_gradient_matches_torch(smoothing):
+    logits = torch.randn(7, 13, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 13, (7,))
+    labels[2] = -100
+    scale = torch.linspace(0.5, 2.0, 7, dtype=torch.float64)
+    loss, _ = label_smoothed_loss(logits * scale[:, None], labels, smoothing=smoothing)
+    (ours,) = torch.autograd.grad(loss, logits)
+    keep = labels != -100
+    expected_loss = F.cross_entropy((logits * scale[:, None])[keep], labels[keep], label_smoothing=smoothing,
+                                    reduction="sum")
+    (expected,) = torch.autograd.grad(expected_loss, logits)
+    torch.testing.assert_close(loss, expected_loss)
+    torch.testing.assert_close(ours, expected)
+
+
 def test_metrics():
     assert translation_scores(["ein haus", "zwei"], ["ein haus", "drei"])["exact_match"] == 50.0
     scores = accuracy_and_macro_f1([0, 0, 1, 1], [0, 1, 1, 1], 2)

@@ -3,9 +3,38 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 IGNORE = -100
+
+
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Per-row (1 - eps) * NLL + eps * uniform cross-entropy, with a one-pass backward.
+
+    With lse = logsumexp(x): NLL = lse - x[y], uniform = lse - mean(x); the gradient of the
+    smoothed loss is softmax(x) - (1 - eps) onehot(y) - eps / C, computed without
+    materialising the log-softmax or a one-hot matrix.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> tuple[torch.Tensor,
+                                                                                              torch.Tensor]:
+        lse = torch.logsumexp(logits, dim=-1)  # (N,)
+        nll = lse - logits.gather(1, labels[:, None])[:, 0]  # (N,)
+        loss = (1.0 - smoothing) * nll + smoothing * (lse - logits.mean(dim=-1)) if smoothing > 0 else nll.clone()
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.smoothing = smoothing
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
+        logits, labels, lse = ctx.saved_tensors
+        eps = ctx.smoothing
+        grad = torch.exp(logits - lse[:, None])  # softmax (N, C)
+        if eps > 0:
+            grad.sub_(eps / logits.shape[-1])
+        grad.scatter_add_(1, labels[:, None], torch.full_like(lse[:, None], -(1.0 - eps)))
+        return grad.mul_(grad_loss[:, None]), None, None
 
 
 def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, *, smoothing: float) -> tuple[torch.Tensor,
@@ -21,19 +50,16 @@ def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, *, smoothing
         smoothing: epsilon_ls.
 
     Returns:
-        (smoothed loss sum, NLL sum), both scalars in float32.
+        (smoothed loss sum, NLL sum), scalars in float32 (float64 for float64 logits).
     """
-    flat_logits = logits.reshape(-1, logits.shape[-1]).float()  # (N, C)
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # (N, C)
+    if flat_logits.dtype in (torch.float16, torch.bfloat16):
+        flat_logits = flat_logits.float()  # the softmax in full precision
     flat_labels = labels.reshape(-1)  # (N,)
     keep = flat_labels != IGNORE
-    flat_logits, flat_labels = flat_logits[keep], flat_labels[keep]
-    log_probs = F.log_softmax(flat_logits, dim=-1)  # (N, C)
-    nll = -log_probs.gather(1, flat_labels[:, None])[:, 0]  # (N,)
-    if smoothing > 0:
-        uniform = -log_probs.mean(dim=-1)  # (N,)
-        loss = (1.0 - smoothing) * nll + smoothing * uniform
-    else:
-        loss = nll
+    if not bool(keep.all()):  # callers that already dropped ignored positions skip this copy
+        flat_logits, flat_labels = flat_logits[keep], flat_labels[keep]
+    loss, nll = _SmoothedCrossEntropy.apply(flat_logits, flat_labels, float(smoothing))
     return loss.sum(), nll.sum()
 
 
