@@ -134,3 +134,15 @@ def test_fine_tune_pretrained_minilm(tmp_path):
     tuned = load_model(tmp_path / "ft")
     assert tuned.config.d_model == 384 and tuned.config.positional == "learned"
     assert load_tokenizers(tmp_path / "ft")[0].bos_id != 1  # BERT's [CLS], not <s>
+
+
+def test_non_finite_loss_exits_3_naming_the_step(tmp_path, capsys, monkeypatch):
+    from aiayn.training import loop
+
+    real = loop.label_smoothed_loss
+    monkeypatch.setattr(loop, "label_smoothed_loss",
+                        lambda logits, labels, *, smoothing: tuple(x * float("inf") for x in real(
+                            logits, labels, smoothing=smoothing)))
+    assert _train(tmp_path / "run", "task=copy", "task_train=40", "task_valid=5", "task_test=5") == 3
+    err = capsys.readouterr().err
+    assert "non-finite loss (inf) at step 1" in err and "no checkpoint was written yet" in err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool) -> int:
     try:
         result = trainer.fit()
     except TrainingError as err:
-        print(f"aiayn train: error: {err}")
+        print(f"aiayn train: error: {err}", file=sys.stderr)
         return 3
     minutes = (time.perf_counter() - start) / 60
     if result.interrupted:
