@@ -284,8 +284,9 @@ class SearchIndex:
         from aiayn.io import atomic_write_bytes
 
         buffer = io.BytesIO()
-        np.savez(buffer, vectors=self.vectors, texts=np.array(self.texts, dtype=object).astype(str),
-                 digest=np.array(self.digest))
+        # Texts as UTF-8 JSON bytes: a fixed-width string array would pad every row to the longest.
+        texts = np.frombuffer(json.dumps(self.texts, ensure_ascii=False).encode("utf-8"), dtype=np.uint8)
+        np.savez(buffer, vectors=self.vectors, texts=texts, digest=np.array(self.digest))
         path = Path(path)
         atomic_write_bytes(path, buffer.getvalue())
         return path
@@ -295,8 +296,9 @@ class SearchIndex:
         """Read what `save` wrote."""
         try:
             with np.load(Path(path), allow_pickle=False) as data:
-                return cls([str(t) for t in data["texts"]], data["vectors"], digest=str(data["digest"]))
-        except (OSError, KeyError, ValueError) as err:
+                texts = json.loads(data["texts"].tobytes().decode("utf-8"))
+                return cls(texts, data["vectors"], digest=str(data["digest"]))
+        except (OSError, KeyError, ValueError, UnicodeDecodeError) as err:
             raise ValueError(f"{path}: not an aiayn search index ({err})") from None
 
     @classmethod
