@@ -82,6 +82,15 @@ class MultiHeadAttention(nn.Module):
         # Stacked Q/K/V (or K/V) weights for the fused path when autograd is off; see _fused_weights.
         self._fused_cache: dict[int, tuple] = {}
 
+    def train(self, mode: bool = True) -> MultiHeadAttention:
+        """Set the mode and drop the stacked-weight cache.
+
+        Some optimisers (PyTorch's fused CPU Adam) update weights in place without bumping their
+        version counters; every train/eval switch therefore starts from fresh weights.
+        """
+        self._fused_cache.clear()
+        return super().train(mode)
+
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         b, length, _ = x.shape
         return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
