@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in runs:
             print(f"{name[6:]}: throughput vs aiayn fp32 {ratio(name, 'aiayn', throughput):.2f}x, vs "
                   f"sentence-transformers {ratio(name, 'sentence-transformers', throughput):.2f}x; batch-1 latency "
-                  f"vs HF {1 / ratio(name, 'HF BertModel (sdpa)', latency):.2f}x; min cos to fp32 "
+                  f"vs HF {1 / ratio(name, 'HF BertModel (sdpa)', latency):.2f}x; min cos to sentence-transformers "
                   f"{agreement[name][1]:.5f} (welcome if >= 1.5x faster with min cos >= 0.99)")
     if not ok:
         print("fp32 outputs disagree beyond tolerance (max diff 1e-5, cos 0.99999)")
