@@ -148,3 +148,18 @@ def test_docs_python_examples():
     weights = reference.export_weights(model)
     expected = reference.forward(weights, model.config, src.numpy(), tgt.numpy())
     torch.testing.assert_close(logits, torch.from_numpy(expected).float(), atol=1e-5, rtol=0)
+
+
+def test_key_values_after_an_option_are_accepted(capsys):
+    assert main(["params", "--preset", "tiny", "n_heads=2"]) == 0
+    assert "h=2" in capsys.readouterr().out
+    assert main(["params", "d_model=128", "--preset", "tiny", "n_heads=2"]) == 0
+    out = capsys.readouterr().out
+    assert "d_model=128" in out and "h=2" in out
+
+
+def test_unknown_options_are_still_rejected(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["params", "--preset", "tiny", "--bogus"])
+    assert err.value.code == 2
+    assert "--bogus" in capsys.readouterr().err

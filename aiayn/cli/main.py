@@ -14,6 +14,8 @@ from aiayn import __version__
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
 COMMAND_MODULES = ("core", "train", "generate", "encoders", "bench")
+# The `nargs="*"` positional of each command that has one (config items, overrides, texts).
+POSITIONAL_LISTS = ("items", "overrides", "texts", "text")
 
 
 class UserError(Exception):
@@ -36,7 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # Positional words after an option (`aiayn train --run DIR epochs=3`) belong to the
+        # command's free list; argparse alone only takes them before the first option.
+        target = next((name for name in POSITIONAL_LISTS if isinstance(getattr(args, name, None), list)), None)
+        if target is None or any(item.startswith("-") for item in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        getattr(args, target).extend(extra)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
