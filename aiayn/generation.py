@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.nn.attention import KVCache
+from aiayn.nn.fast_linear import onednn_linear
 from aiayn.nn.model import EncoderDecoderModel
 
 logger = logging.getLogger(__name__)
@@ -144,7 +145,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     was_training = model.training
     model.eval()
     try:
-        out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
+        with onednn_linear():  # decoding is mostly matrix-vector products: see aiayn.nn.fast_linear
+            out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
     finally:
         model.train(was_training)  # generating during training (validation) leaves the mode as it was
     for j, i in enumerate(rows.tolist()):

@@ -15,19 +15,68 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.nn.fast_linear import linear, matmul
+
 
 @dataclass
 class AttentionCache:
-    """Keys and values of one attention sub-layer, each (B, h, S, d_k), kept across decoding steps."""
+    """Keys and values of one attention sub-layer, each (B, h, S, d_k), kept across decoding steps.
+
+    `append` writes new positions into buffers with room to spare (twice the length when they fill
+    up), so a decoding step copies only its own key and value rather than the whole prefix;
+    `key` and `value` are views of the buffers' filled part.
+    """
 
     key: torch.Tensor | None = None
     value: torch.Tensor | None = None
+    _buffers: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    _spare: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # reorder's target
+    _views: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # the last key, value
+
+    def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add (B, h, L_new, d_k) keys and values after the cached ones; returns all of them (B, h, L, d_k)."""
+        if self.key is None or (torch.is_grad_enabled() and (key.requires_grad or self.key.requires_grad)):
+            # The first step keeps its tensors; under autograd, writing into buffers that earlier
+            # steps' views still hold would break backward, so the prefix is concatenated.
+            if self.key is not None:
+                key, value = torch.cat([self.key, key], dim=2), torch.cat([self.value, value], dim=2)
+            self.key, self.value, self._buffers = key, value, None
+            return key, value
+        length, new = self.key.shape[2], key.shape[2]
+        if not self._owns_views() or self._buffers[0].shape[2] < length + new:
+            shape = (*self.key.shape[:2], 2 * (length + new), self.key.shape[3])  # (B, h, capacity, d_k)
+            buffers = (self.key.new_empty(shape), self.value.new_empty(shape))
+            buffers[0].narrow(2, 0, length).copy_(self.key)
+            buffers[1].narrow(2, 0, length).copy_(self.value)
+            self._buffers, self._spare = buffers, None
+        key_buffer, value_buffer = self._buffers
+        key_buffer.narrow(2, length, new).copy_(key)
+        value_buffer.narrow(2, length, new).copy_(value)
+        self.key, self.value = key_buffer.narrow(2, 0, length + new), value_buffer.narrow(2, 0, length + new)
+        self._views = (self.key, self.value)
+        return self.key, self.value
+
+    def _owns_views(self) -> bool:
+        """True while `key`/`value` are still this cache's views (not replaced from outside)."""
+        return self._buffers is not None and self._views[0] is self.key and self._views[1] is self.value
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows `index` (beam search reorders hypotheses each step)."""
-        if self.key is not None:
-            self.key = self.key.index_select(0, index)
-            self.value = self.value.index_select(0, index)
+        """Keep batch rows `index` (beam search reorders hypotheses each step).
+
+        Rows are gathered into a second pair of buffers, which then swaps with the first: views of
+        `key`/`value` taken before the previous reorder see the rows written by this one.
+        """
+        if self.key is None:
+            return
+        if not self._owns_views() or index.numel() != self.key.shape[0] or self.key.requires_grad:
+            self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
+            self._buffers = self._spare = None
+            return
+        length = self.key.shape[2]
+        spare = self._spare or (torch.empty_like(self._buffers[0]), torch.empty_like(self._buffers[1]))
+        self.key = torch.index_select(self.key, 0, index, out=spare[0].narrow(2, 0, length))
+        self.value = torch.index_select(self.value, 0, index, out=spare[1].narrow(2, 0, length))
+        self._buffers, self._spare, self._views = spare, self._buffers, (self.key, self.value)
 
 
 @dataclass
@@ -130,9 +179,9 @@ class MultiHeadAttention(nn.Module):
     def _project(self, x: torch.Tensor, *projections: nn.Linear, fuse: bool) -> tuple[torch.Tensor, ...]:
         """x (B, L, d_model) through each projection, split into heads: one (B, h, L, d_k) per projection."""
         if not fuse or len(projections) == 1 or not self._can_fuse(*projections):
-            return tuple(self._split_heads(p(x)) for p in projections)
+            return tuple(self._split_heads(linear(p, x)) for p in projections)
         weight, bias = self._fused_weights(projections)
-        y = F.linear(x, weight, bias)  # (B, L, n * d_model)
+        y = matmul(x, weight, bias)  # (B, L, n * d_model)
         b, length, _ = y.shape
         y = y.view(b, length, len(projections), self.n_heads, self.d_k)  # (B, L, n, h, d_k)
         return y.permute(2, 0, 3, 1, 4).unbind(0)  # n x (B, h, L, d_k)
@@ -179,13 +228,15 @@ class MultiHeadAttention(nn.Module):
                 k, v = self._project(key_value, self.k_proj, self.v_proj, fuse=not explicit)  # (B, h, L_k, d_k)
         offset = 0
         if cache is not None and not reuse_kv:
-            if not static_kv and cache.key is not None:
-                offset = cache.key.shape[2]
-                k = torch.cat([cache.key, k], dim=2)  # (B, h, offset + L_new, d_k)
-                v = torch.cat([cache.value, v], dim=2)
-            cache.key, cache.value = k, v
+            if static_kv:
+                cache.key, cache.value = k, v
+            else:
+                offset = 0 if cache.key is None else cache.key.shape[2]
+                k, v = cache.append(k, v)  # (B, h, offset + L_new, d_k)
 
-        if is_causal:
+        causal = None
+        # One new query after its whole prefix (a cached decoding step) sees every key: no mask to build.
+        if is_causal and not (q.shape[2] == 1 and offset + 1 >= k.shape[2]):
             causal = _causal(q.shape[2], k.shape[2], offset, q.device)  # (1, 1, L_q, L_k)
             mask = causal if mask is None else mask & causal
 
@@ -204,7 +255,7 @@ class MultiHeadAttention(nn.Module):
             out, weights = _explicit_attention(q, k, v, mask, dropout_p)
         else:
             weights = None
-            if is_causal and mask is causal and offset == 0 and q.shape[2] == k.shape[2]:
+            if causal is not None and mask is causal and offset == 0 and q.shape[2] == k.shape[2]:
                 out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
             else:
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
@@ -214,7 +265,7 @@ class MultiHeadAttention(nn.Module):
                 weights = weights.masked_fill(empty_rows, 0.0)
         b, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(b, length, self.d_model)  # (B, L_q, d_model): heads concatenated
-        return self.out_proj(out), weights
+        return linear(self.out_proj, out), weights
 
 
 def _causal(q_len: int, k_len: int, offset: int, device: torch.device) -> torch.Tensor:
