@@ -5,11 +5,12 @@ Run: `aiayn bench train` or `python -m benchmarks.train [--preset base --batch 8
 In one run it measures, on the same machine and threads, a full training step (forward, label-smoothed
 cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Adam for both) of:
 - aiayn's model of the chosen preset (base: d_model 512, 6+6 layers, h 8, d_ff 2048, 37,000 shared vocabulary,
-  tied embeddings, dropout 0.1), through `aiayn.training`'s loss;
+  tied embeddings, dropout 0.1), through `aiayn.training`'s loss, with the trainer's oneDNN linear layers
+  (`aiayn.training.onednn`), and once more with every product on PyTorch's default (MKL) for comparison;
 - the same sizes built on `torch.nn.Transformer` (batch_first, post-LN, ReLU, dropout 0.1) with a shared,
   tied embedding x sqrt(d_model), sinusoidal positions, a causal mask from `generate_square_subsequent_mask`,
   and `F.cross_entropy(label_smoothing=0.1)`;
-- the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP).
+- the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP), by PyTorch's default and by oneDNN.
 Batches hold random tokens, source and target lengths drawn per sentence (right-padded), identical for both.
 Model FLOPs count the forward pass (projections, attention, FFN, vocabulary projection) x 3 for training.
 All three are timed in every repeat, in rotating order; times are medians, and the per-batch ratios
@@ -32,6 +33,7 @@ from aiayn.nn.embedding import sinusoidal_table
 from aiayn.nn.model import build_model
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import forward
+from aiayn.training.onednn import onednn_training
 from aiayn.training.optim import make_adam
 
 
@@ -92,14 +94,20 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return make_adam(model.parameters(), lr=1e-4)  # the trainer's Adam (fused kernel), for both
 
 
-def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch, *, onednn: bool = True) -> None:
     """One aiayn training step, as `aiayn.training` runs it (vocabulary logits only where the loss counts)."""
     src, tgt_in, labels = batch
     opt.zero_grad(set_to_none=True)
-    logits, kept = forward(model, {"src": src, "tgt_in": tgt_in, "labels": labels}, "seq2seq")
-    loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
-    (loss / int((labels != -100).sum())).backward()
+    with onednn_training(onednn):
+        logits, kept = forward(model, {"src": src, "tgt_in": tgt_in, "labels": labels}, "seq2seq")
+        loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
+        (loss / int((labels != -100).sum())).backward()
     opt.step()
+
+
+def aiayn_step_mkl(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+    """The same step with every product on PyTorch's default CPU path (MKL), as before the oneDNN layers."""
+    aiayn_step(model, opt, batch, onednn=False)
 
 
 def torch_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
@@ -113,14 +121,15 @@ def torch_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
     opt.step()
 
 
-def matmul_peak(n: int = 1024, repeats: int = 5) -> float:
-    """fp32 FLOP/s of an n x n x n matmul (best of `repeats`)."""
+def matmul_peak(n: int = 1024, repeats: int = 5, *, onednn: bool = False) -> float:
+    """fp32 FLOP/s of an n x n x n matmul (best of `repeats`), by PyTorch's default or by oneDNN."""
     a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b
+    product = (lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], "")) if onednn else (lambda: a @ b)
+    product()
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
-        a @ b
+        product()
         best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best
 
@@ -141,18 +150,21 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     cfg = preset(args.preset)
     ours, theirs = build_model(cfg).train(), TorchTransformerMT(cfg).train()
-    opt_ours, opt_theirs = _optimizer(ours), _optimizer(theirs)
+    ours_mkl = build_model(cfg).train()
+    ours_mkl.load_state_dict(ours.state_dict())
+    opt_ours, opt_theirs, opt_mkl = _optimizer(ours), _optimizer(theirs), _optimizer(ours_mkl)
     batches = make_batches(cfg, args.repeats + args.warmup, args.batch, args.src_len, args.tgt_len)
     real_tokens = [int((s != cfg.pad_id).sum() + (lab != -100).sum()) for s, _, lab in batches]
     params = sum(p.numel() for p in ours.parameters())
     print(f"train step, preset {args.preset} ({params / 1e6:.1f}M parameters), batch {args.batch}, "
           f"source <= {args.src_len}, target <= {args.tgt_len} tokens, {torch.get_num_threads()} threads")
-    times: dict[str, list[float]] = {"aiayn": [], "torch.nn.Transformer": []}
-    seconds: dict[str, list[float]] = {"aiayn": [], "torch.nn.Transformer": []}
-    peaks = []
-    steps = {"aiayn": (aiayn_step, ours, opt_ours), "torch.nn.Transformer": (torch_step, theirs, opt_theirs)}
+    steps = {"aiayn": (aiayn_step, ours, opt_ours), "torch.nn.Transformer": (torch_step, theirs, opt_theirs),
+             "aiayn, MKL products": (aiayn_step_mkl, ours_mkl, opt_mkl)}
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    peaks, peaks_onednn = [], []
     for i, batch in enumerate(batches):
-        order = list(steps) if i % 2 == 0 else list(reversed(steps))
+        order = list(steps)[i % len(steps):] + list(steps)[:i % len(steps)]  # rotate who goes first
         for name in order:
             step, model, opt = steps[name]
             start = time.perf_counter()
@@ -162,17 +174,21 @@ def main(argv: list[str] | None = None) -> int:
                 times[name].append(seconds[name][-1] / real_tokens[i])
         if i >= args.warmup:
             peaks.append(matmul_peak())
-    peak = statistics.median(peaks)
+            peaks_onednn.append(matmul_peak(onednn=True))
+    peak = max(statistics.median(peaks), statistics.median(peaks_onednn))
     flops = step_flops(cfg, args.batch, args.src_len, args.tgt_len)  # on the padded shapes, as computed
     rates = {name: 1.0 / statistics.median(t) for name, t in times.items()}
     for name, rate in rates.items():
         achieved = flops / statistics.median(seconds[name])
         print(f"  {name:22s} {rate:10.0f} tokens/s (real source + target tokens)   {achieved / 1e9:7.1f} "
               f"model GFLOP/s ({100 * achieved / peak:.0f}% of peak)")
-    print(f"  fp32 matmul peak       {peak / 1e9:10.1f} GFLOP/s")
-    ratios = [t / o for o, t in zip(seconds["aiayn"], seconds["torch.nn.Transformer"])]
-    print(f"  aiayn / torch.nn.Transformer: {rates['aiayn'] / rates['torch.nn.Transformer']:.2f}x "
-          f"(median of per-batch ratios {statistics.median(ratios):.2f}x, range {min(ratios):.2f}-{max(ratios):.2f})")
+    print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default), "
+          f"{statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN); peak = the higher")
+    for name in ("aiayn", "aiayn, MKL products"):
+        ratios = [t / o for o, t in zip(seconds[name], seconds["torch.nn.Transformer"])]
+        print(f"  {name} / torch.nn.Transformer: {rates[name] / rates['torch.nn.Transformer']:.2f}x "
+              f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "
+              f"range {min(ratios):.2f}-{max(ratios):.2f})")
     return 0
 
 

@@ -39,6 +39,7 @@ from aiayn.training.evaluate import evaluate
 from aiayn.training.logbook import MetricsLog, plot_curves
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import batch_tokens, forward, loss_units, make_batch, masking_generator
+from aiayn.training.onednn import onednn_training
 from aiayn.training.optim import make_adam
 from aiayn.training.schedule import learning_rate
 
@@ -267,12 +268,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = nll_sum = 0.0
         for batch in micro_batches:
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                logits, labels = self.ddp(batch) if self.ddp is not None else forward(self.model, batch, cfg.objective)
-            loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
-            if not torch.isfinite(loss):
-                raise TrainingError(self._stop_message(f"non-finite loss ({float(loss.detach())})"))
-            (loss / units).backward()
+            with onednn_training():  # linear layers forward and backward on oneDNN (see aiayn.training.onednn)
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                    logits, labels = (self.ddp(batch) if self.ddp is not None
+                                      else forward(self.model, batch, cfg.objective))
+                loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
+                if not torch.isfinite(loss):
+                    raise TrainingError(self._stop_message(f"non-finite loss ({float(loss.detach())})"))
+                (loss / units).backward()
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm if cfg.clip_norm > 0 else math.inf)
         if not torch.isfinite(norm):
