@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.heads import pool
 from aiayn.tokenization import Tokenizer
 
@@ -47,6 +48,51 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+class PackedLinear(nn.Module):
+    """An inference-only `nn.Linear` (float32, CPU) whose weight is reordered once into oneDNN's blocked layout.
+
+    PyTorch sends a float32 `F.linear` on CPU to MKL, which is slow on AMD processors (see
+    `aiayn.nn.fast_linear`). oneDNN (`torch.ops.mkldnn`, what inductor uses for the same job) with
+    the weight's layout done once instead of on every call measured 2.6x MKL's speed on the matrix
+    products of all-MiniLM-L6-v2 at 7 rows and 2.3x at 640 (1 thread), and 1.6x oneDNN's own speed
+    on the unpacked weight at 7 rows. The sums run in another order: results equal `F.linear`'s up
+    to float32 rounding. No autograd: the packed weight is a copy, not a parameter.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # opaque (out, in)
+        self.bias = None if bias is None else bias.detach()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., out_features)."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def prepacked_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` for float32 CPU inference whose Linear layers are `PackedLinear`s.
+
+    The copy shares every parameter with `model` (only the packed weights are new memory). In
+    each attention layer Q, K and V get one packed matrix (`MultiHeadAttention.qkv_proj`), and
+    `q_proj`, `k_proj`, `v_proj` stay for the explicit path and cross-attention.
+    """
+    import copy
+
+    packed = copy.deepcopy(model, memo={id(p): p for p in model.parameters()})  # new modules, same weights
+    for module in list(packed.modules()):
+        if isinstance(module, MultiHeadAttention) and all(
+            type(p) is nn.Linear for p in (module.q_proj, module.k_proj, module.v_proj)
+        ):
+            projections = (module.q_proj, module.k_proj, module.v_proj)
+            bias = None if module.q_proj.bias is None else torch.cat([p.bias for p in projections])
+            module.qkv_proj = PackedLinear(torch.cat([p.weight for p in projections]), bias)  # (3 * d_model, d_model)
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and not (isinstance(module, MultiHeadAttention) and name[0] in "qkv"):
+                setattr(module, name, PackedLinear(child.weight, child.bias))
+    return packed.eval()
 
 
 def _read_json(path: Path) -> dict:
@@ -85,10 +131,12 @@ class Embedder:
         normalize: L2-normalise each vector (cosine similarity becomes a dot product).
         max_length: most ids per text, special tokens included; longer texts are truncated.
         name: what the vectors come from (recorded in search indexes).
+        prepack: run float32 CPU inference on a `prepacked_copy` of the model (about twice as fast,
+            equal up to float32 rounding); False runs the model's own Linear layers.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, *, pooling: str = "mean", normalize: bool = True,
-                 max_length: int | None = None, name: str = "model"):
+                 max_length: int | None = None, name: str = "model", prepack: bool = True):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         self.model = model.eval()
@@ -98,6 +146,8 @@ class Embedder:
         limit = model.config.max_len if model.config.positional == "learned" else 1 << 30
         self.max_length = min(max_length or limit, limit)
         self.name = name
+        self.prepack = prepack
+        self._packed: tuple[tuple, nn.Module] | None = None  # (weights' identity, prepacked copy)
 
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str | Path | None = None, *, pooling: str | None = None,
@@ -179,9 +229,41 @@ class Embedder:
         """Ids of each text, `[CLS] ... [SEP]`, truncated to `max_length`."""
         return encode_texts(self.tokenizer, texts, self.max_length)
 
+    def _inference_model(self) -> nn.Module:
+        """What `embed_ids` runs: a float32 CPU model's `prepacked_copy` (built on first use, again
+        whenever a weight changes), or the model itself where packing does not apply (autograd included)."""
+        params = list(self.model.parameters())
+        if not self.prepack or torch.is_grad_enabled() or not (torch.backends.mkldnn.is_available() and params
+                and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params)
+                and any(type(m) is nn.Linear for m in self.model.modules())):  # int8 models have none
+            return self.model
+        try:
+            key = tuple((p.data_ptr(), p._version) for p in params)
+        except RuntimeError:  # inference tensors have no version counter: no way to tell a change
+            return self.model
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, self._checked_packed_copy())
+        return self._packed[1]
+
+    def _checked_packed_copy(self) -> nn.Module:
+        """`prepacked_copy(self.model)` if it gives the model's outputs on a short input, else the model."""
+        ids = torch.tensor([[self.tokenizer.bos_id, self.tokenizer.unk_id, self.tokenizer.eos_id]])  # (1, 3)
+        try:
+            packed = prepacked_copy(self.model)
+            with torch.inference_mode():
+                ok = torch.allclose(packed.encode(ids), self.model.encode(ids), rtol=1e-4, atol=1e-5)
+        except (RuntimeError, NotImplementedError) as err:
+            log.info("prepacked oneDNN weights unavailable (%s); using the model as it is", err)
+            return self.model
+        if not ok:
+            log.warning("prepacked oneDNN weights disagree with the model; using the model as it is")
+            return self.model
+        return packed
+
     def embed_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Padded ids (B, L) and their (B, L) 0/1 mask -> sentence vectors (B, d_model)."""
-        hidden = self.model.encode(ids, attention_mask=attention_mask).float()  # (B, L, d_model), pooled in fp32
+        model = self._inference_model()
+        hidden = model.encode(ids, attention_mask=attention_mask).float()  # (B, L, d_model), pooled in fp32
         mask = None if attention_mask is None else attention_mask.bool()
         vectors = pool(hidden, mask, "first" if self.pooling == "cls" else "mean")  # (B, d_model)
         return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors

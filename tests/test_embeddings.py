@@ -151,3 +151,23 @@ def test_the_docs_python_example_runs(tmp_path, monkeypatch):
     assert scope["vectors"].shape == (2, 384)
     assert {row for row, _ in scope["hits"]} == {0, 2}
     assert (tmp_path / "corpus.index.npz").is_file() and scope["model"].config.d_model == 384
+
+
+def test_prepacked_fast_path_equals_the_model_and_follows_weight_changes(embedder):
+    plain = Embedder(embedder.model, embedder.tokenizer, max_length=256, prepack=False)
+    packed = Embedder(embedder.model, embedder.tokenizer, max_length=256)
+    np.testing.assert_allclose(packed.embed(SENTENCES, batch_size=5), plain.embed(SENTENCES, batch_size=5), atol=1e-6)
+    with torch.inference_mode():
+        runner = packed._inference_model()
+    if runner is embedder.model:
+        pytest.skip("oneDNN prepacking is not available here")
+    assert runner.encoder.layers[0].self_attn.qkv_proj is not None
+    bias = embedder.model.encoder.layers[0].feed_forward.linear2.bias
+    saved = bias.detach().clone()
+    try:
+        with torch.no_grad():
+            bias.add_(0.5)  # a weight changed in place: the packed copy must be rebuilt
+        np.testing.assert_allclose(packed.embed(SENTENCES[:3]), plain.embed(SENTENCES[:3]), atol=1e-6)
+    finally:
+        with torch.no_grad():
+            bias.copy_(saved)

@@ -130,6 +130,9 @@ class MultiHeadAttention(nn.Module):
         self.explicit = False
         # Stacked Q/K/V (or K/V) weights for the fused path when autograd is off; see _fused_weights.
         self._fused_cache: dict[int, tuple] = {}
+        # Optional module giving Q, K and V side by side (B, L, 3 * d_model) for self-attention on the
+        # fused path, e.g. prepacked weights in an inference copy (`aiayn.embeddings`); None: stacked as above.
+        self.qkv_proj: nn.Module | None = None
 
     def train(self, mode: bool = True) -> MultiHeadAttention:
         """Set the mode and drop the stacked-weight cache.
@@ -178,10 +181,13 @@ class MultiHeadAttention(nn.Module):
 
     def _project(self, x: torch.Tensor, *projections: nn.Linear, fuse: bool) -> tuple[torch.Tensor, ...]:
         """x (B, L, d_model) through each projection, split into heads: one (B, h, L, d_k) per projection."""
-        if not fuse or len(projections) == 1 or not self._can_fuse(*projections):
+        if fuse and len(projections) == 3 and self.qkv_proj is not None:  # self-attention's Q, K, V
+            y = self.qkv_proj(x)  # (B, L, 3 * d_model)
+        elif not fuse or len(projections) == 1 or not self._can_fuse(*projections):
             return tuple(self._split_heads(linear(p, x)) for p in projections)
-        weight, bias = self._fused_weights(projections)
-        y = matmul(x, weight, bias)  # (B, L, n * d_model)
+        else:
+            weight, bias = self._fused_weights(projections)
+            y = matmul(x, weight, bias)  # (B, L, n * d_model)
         b, length, _ = y.shape
         y = y.view(b, length, len(projections), self.n_heads, self.d_k)  # (B, L, n, h, d_k)
         return y.permute(2, 0, 3, 1, 4).unbind(0)  # n x (B, h, L, d_k)
