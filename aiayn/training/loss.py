@@ -10,30 +10,30 @@ IGNORE = -100
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Per-row (1 - eps) * NLL + eps * uniform cross-entropy, with a one-pass backward.
 
-    With lse = logsumexp(x): NLL = lse - x[y], uniform = lse - mean(x); the gradient of the
-    smoothed loss is softmax(x) - (1 - eps) onehot(y) - eps / C, computed without
-    materialising the log-softmax or a one-hot matrix.
+    With log p = log_softmax(x) (one fused kernel): NLL = -log p[y], uniform = -mean(log p); the
+    gradient of the smoothed loss is softmax(x) - (1 - eps) onehot(y) - eps / C = exp(log p) - ...,
+    computed without a one-hot matrix.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> tuple[torch.Tensor,
                                                                                               torch.Tensor]:
-        lse = torch.logsumexp(logits, dim=-1)  # (N,)
-        nll = lse - logits.gather(1, labels[:, None])[:, 0]  # (N,)
-        loss = (1.0 - smoothing) * nll + smoothing * (lse - logits.mean(dim=-1)) if smoothing > 0 else nll.clone()
-        ctx.save_for_backward(logits, labels, lse)
+        log_probs = torch.log_softmax(logits, dim=-1)  # (N, C)
+        nll = -log_probs.gather(1, labels[:, None])[:, 0]  # (N,)
+        loss = (1.0 - smoothing) * nll - smoothing * log_probs.mean(dim=-1) if smoothing > 0 else nll.clone()
+        ctx.save_for_backward(log_probs, labels)
         ctx.smoothing = smoothing
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
-        logits, labels, lse = ctx.saved_tensors
+        log_probs, labels = ctx.saved_tensors
         eps = ctx.smoothing
-        grad = torch.exp(logits - lse[:, None])  # softmax (N, C)
+        grad = torch.exp(log_probs)  # softmax (N, C)
         if eps > 0:
-            grad.sub_(eps / logits.shape[-1])
-        grad.scatter_add_(1, labels[:, None], torch.full_like(lse[:, None], -(1.0 - eps)))
+            grad.sub_(eps / log_probs.shape[-1])
+        grad.scatter_add_(1, labels[:, None], torch.full_like(grad_loss[:, None], -(1.0 - eps)))
         return grad.mul_(grad_loss[:, None]), None, None
 
 
