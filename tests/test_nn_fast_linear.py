@@ -10,16 +10,16 @@ from aiayn.nn.fast_linear import linear, matmul, onednn_linear
 
 
 @pytest.mark.parametrize("shape", [(1, 64), (4, 64), (2, 5, 64), (0, 64)])
-def test_onednn_linear_equals_f_linear_and_is_off_by_default(shape):
+def test_onednn_linear_equals_f_linear_and_can_be_switched_off(shape):
     torch.manual_seed(0)
     layer = nn.Linear(64, 300)
     x = torch.randn(*shape)
     with torch.no_grad():
         expected = F.linear(x, layer.weight, layer.bias)  # (..., 300)
-        assert torch.equal(linear(layer, x), expected)  # outside the context: F.linear itself
-        with onednn_linear():
-            fast = linear(layer, x)
-            no_bias = matmul(x, layer.weight)
+        with onednn_linear(False):
+            assert torch.equal(linear(layer, x), expected)  # switched off: F.linear itself
+        fast = linear(layer, x)  # on by default at inference
+        no_bias = matmul(x, layer.weight)
     assert fast.shape == expected.shape
     torch.testing.assert_close(fast, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(no_bias, F.linear(x, layer.weight), atol=1e-5, rtol=1e-5)

@@ -1,14 +1,15 @@
-"""Linear layers through oneDNN's matmul while decoding: `with onednn_linear(): ...` and `linear(module, x)`.
+"""Linear layers through oneDNN's matmul at inference: `linear(module, x)`, switched by `onednn_linear()`.
 
 PyTorch sends a float32 `F.linear` on CPU to MKL. On AMD processors MKL does not take its AVX-512
 kernels: a matrix-vector product (one decoding step at batch 1) streams the weight at about a third
-of the memory bandwidth, and small matrix products run at half the speed oneDNN (PyTorch's other CPU
-library, `torch.ops.mkldnn`) reaches with the same weights in their usual (out, in) layout. Decoding
-a sentence is mostly such products, so `aiayn.generation` runs inside `onednn_linear()`.
+of the memory bandwidth, and matrix products run at half the speed oneDNN (PyTorch's other CPU
+library, `torch.ops.mkldnn`) reaches with the same weights in their usual (out, in) layout.
 
-The results equal `F.linear`'s up to float32 rounding (the sums run in another order); outside the
-context, and whenever autograd, tracing, another dtype or device, or a module hook is involved, every
-call is plain `F.linear` / `module(x)`, bit for bit as before.
+So, by default, the model's linear layers run on oneDNN whenever autograd is off (inference,
+`torch.no_grad()`, `torch.inference_mode()`) for float32 CPU tensors. `with onednn_linear(False):`
+(or `set_onednn_default(False)`) gives plain `F.linear` back. The results equal `F.linear`'s up to
+float32 rounding (the sums run in another order, about 1e-6); with autograd on, tracing, another
+dtype or device, or a module hook, every call is plain `F.linear` / `module(x)`, bit for bit.
 """
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_ENABLED: ContextVar[bool] = ContextVar("onednn_linear", default=False)
+_ENABLED: ContextVar[bool] = ContextVar("onednn_linear", default=True)
+
+
+def set_onednn_default(enabled: bool) -> None:
+    """Switch the inference oneDNN path on or off in the current context (this thread; new threads start on)."""
+    _ENABLED.set(bool(enabled))
 
 
 @contextmanager
@@ -35,7 +41,9 @@ def onednn_linear(enabled: bool = True) -> Iterator[None]:
 
 
 def _use_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    if not _ENABLED.get() or torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
+    if not (_ENABLED.get() and torch.backends.mkldnn.is_available()):
+        return False
+    if torch.is_grad_enabled() or torch.jit.is_tracing() or torch.compiler.is_compiling():
         return False
     return (x.device.type == "cpu" and weight.device.type == "cpu" and x.dtype == weight.dtype == torch.float32
             and (bias is None or bias.dtype == torch.float32))
