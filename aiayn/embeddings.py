@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.nn.attention import MultiHeadAttention
+from aiayn.nn.fast_linear import onednn_product
 from aiayn.nn.heads import pool
 from aiayn.tokenization import Tokenizer
 
@@ -69,7 +70,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in_features) -> (..., out_features)."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return onednn_product(x, self.packed, self.bias)
 
 
 def prepacked_copy(model: nn.Module) -> nn.Module:

@@ -56,9 +56,8 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
         rows.append((f"embeddings ({cfg.vocab_size:,} x {cfg.d_model})", count(model.embed)))
         if model.head is not None:
             rows.append((f"head ({cfg.head})", count(model) - count(model.embed) - count(model.encoder)))
-    final_norms = sum(count(m) for m in (getattr(model, "encoder", None), getattr(model, "decoder", None))
-                      if m is not None and m.final_norm is not None
-                      for m in [m.final_norm])
+    stacks = [getattr(model, name) for name in ("encoder", "decoder") if hasattr(model, name)]
+    final_norms = sum(count(stack.final_norm) for stack in stacks if stack.final_norm is not None)
     if final_norms:
         rows.append(("final layer norms (pre-LN)", final_norms))
     rows.append(("total", count(model)))

@@ -159,8 +159,9 @@ def test_prepacked_fast_path_equals_the_model_and_follows_weight_changes(embedde
     np.testing.assert_allclose(packed.embed(SENTENCES, batch_size=5), plain.embed(SENTENCES, batch_size=5), atol=1e-6)
     with torch.inference_mode():
         runner = packed._inference_model()
-    if runner is embedder.model:
-        pytest.skip("oneDNN prepacking is not available here")
+    if not torch.backends.mkldnn.is_available():  # the fallback is the model itself
+        assert runner is embedder.model
+        return
     assert runner.encoder.layers[0].self_attn.qkv_proj is not None
     bias = embedder.model.encoder.layers[0].feed_forward.linear2.bias
     saved = bias.detach().clone()

@@ -49,10 +49,19 @@ def _use_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
             and (bias is None or bias.dtype == torch.float32))
 
 
+def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out) by oneDNN, unconditionally.
+
+    `weight` may be a plain (strided, even transposed) tensor or one pre-packed by
+    `torch.ops.mkldnn._reorder_linear_weight`. Callers decide when oneDNN applies.
+    """
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 def matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """`F.linear(x, weight, bias)`: x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out)."""
     if _use_onednn(x, weight, bias):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return onednn_product(x, weight, bias)
     return F.linear(x, weight, bias)
 
 

@@ -20,10 +20,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.overrides import TorchFunctionMode
 
-
-def _product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """a (..., K) @ b (N, K)^T (+ bias (N,)) -> (..., N) by oneDNN; strided (transposed) operands are fine."""
-    return torch.ops.mkldnn._linear_pointwise(a, b, bias, "none", [], "")
+from aiayn.nn.fast_linear import onednn_product
 
 
 class _OneDnnLinear(torch.autograd.Function):
@@ -34,7 +31,7 @@ class _OneDnnLinear(torch.autograd.Function):
         """x (N, in), weight (out, in), bias (out,) or None -> (N, out)."""
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _product(x, weight, bias)
+        return onednn_product(x, weight, bias)
 
     @staticmethod
     @once_differentiable
@@ -43,9 +40,9 @@ class _OneDnnLinear(torch.autograd.Function):
         grad = grad.contiguous()  # (N, out)
         grad_x = grad_weight = grad_bias = None
         if ctx.needs_input_grad[0]:
-            grad_x = _product(grad, weight.t())  # dy W: (N, in)
+            grad_x = onednn_product(grad, weight.t())  # dy W: (N, in)
         if ctx.needs_input_grad[1]:
-            grad_weight = _product(grad.t(), x.t())  # dy^T x: (out, in)
+            grad_weight = onednn_product(grad.t(), x.t())  # dy^T x: (out, in)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = grad.sum(0)  # (out,)
         return grad_x, grad_weight, grad_bias
