@@ -147,7 +147,7 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
     """
     model.eval()
     cfg: ModelConfig = model.config
-    tokens = tokenizer.tokenize(text)
+    tokens = tokenizer.pieces(text)
     ids = torch.tensor([tokenizer.encode(text)], dtype=torch.long)
     if ids.shape[1] == 0:
         raise ValueError("the text has no tokens to trace")

@@ -2,20 +2,33 @@
 
 aiayn's own tokenizers reserve four special tokens at fixed ids: `<pad>`=0, `<s>`=1, `</s>`=2,
 `<unk>`=3 (then `<mask>` and `<cls>` where a task uses them).
+
+The default kinds are lossless: `decode(encode(text)) == text` for any text. They work the way
+SentencePiece does: a space is kept as the symbol "▁" inside the pieces, nothing is normalised
+away, and a character the training text never showed falls back to its UTF-8 bytes (`<0xE2>`
+...) instead of `<unk>`. Special-token strings inside user text (a literal "<s>") are plain text.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+logger = logging.getLogger(__name__)
+
 PAD, BOS, EOS, UNK, MASK, CLS = "<pad>", "<s>", "</s>", "<unk>", "<mask>", "<cls>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
-KINDS = ("bpe", "wordpiece", "char")
+# Lossless kinds first; "subword-nmt" (BPE on whitespace-split words with `</w>`, Sennrich et al.)
+# and "wordpiece" (BERT's) split punctuation off words and do not give the text back exactly.
+KINDS = ("bpe", "unigram", "char", "subword-nmt", "wordpiece")
+LOSSLESS_KINDS = ("bpe", "unigram", "char")
+SPACE = "▁"  # U+2581, SentencePiece's symbol for a space
+BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
 TOKENIZER_NAME = "tokenizer.json"
 META_NAME = "tokenizer_meta.json"
 
@@ -27,12 +40,18 @@ class Tokenizer:
         backend: the Hugging Face tokenizer.
         pad, bos, eos, unk: special-token strings (BERT's are "[PAD]", "[CLS]", "[SEP]", "[UNK]").
         mask: the mask token, if any.
+        literal_specials: special-token strings in the text are ordinary text (aiayn's own
+            tokenizers); False keeps Hugging Face's matching of them (BERT checkpoints).
     """
 
     def __init__(self, backend: HFTokenizer, *, pad: str = PAD, bos: str = BOS, eos: str = EOS,
-                 unk: str = UNK, mask: str | None = None):
+                 unk: str = UNK, mask: str | None = None, literal_specials: bool = False):
         self.backend = backend
         self.special = {"pad": pad, "bos": bos, "eos": eos, "unk": unk, "mask": mask}
+        self.literal_specials = literal_specials
+        backend.encode_special_tokens = literal_specials
+        # Whether the normaliser puts a "▁" before the text (the lossless subword kinds do).
+        self._prepends = "Prepend" in json.dumps(json.loads(backend.to_str()).get("normalizer"))
         for role, token in self.special.items():
             if token is not None and backend.token_to_id(token) is None:
                 raise ValueError(f"tokenizer has no {role} token {token!r}")
@@ -74,8 +93,20 @@ class Tokenizer:
 
     # -- text <-> ids -----------------------------------------------------------------------
     def tokenize(self, text: str) -> list[str]:
-        """The subword strings of `text`, without special tokens."""
+        """The subword strings of `text` as the vocabulary stores them, without special tokens."""
         return self.backend.encode(text, add_special_tokens=False).tokens
+
+    def pieces(self, text: str) -> list[str]:
+        """The tokens of `text` as a person reads them: one string per token, joining back to `text`.
+
+        The space symbol "▁" shows as a space, a byte-fallback sequence shows as its character
+        (on its first byte; the others show ""), BPE's `</w>` and WordPiece's `##` are dropped.
+        """
+        return display_pieces(self.tokenize(text), prepended=self._prepends)
+
+    def id_pieces(self, ids: Iterable[int]) -> list[str]:
+        """`pieces` for ids (special tokens show their names): labels for attention maps."""
+        return display_pieces([self.backend.id_to_token(int(i)) for i in ids], prepended=self._prepends)
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Ids of `text`, optionally wrapped in `<s>` ... `</s>`."""
@@ -92,8 +123,12 @@ class Tokenizer:
         """Text of `ids`; special tokens are dropped unless `skip_special=False`."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special)
 
+    def decode_batch(self, rows: Iterable[Iterable[int]], *, skip_special: bool = True) -> list[str]:
+        """`decode` for many id lists at once."""
+        return self.backend.decode_batch([list(r) for r in rows], skip_special_tokens=skip_special)
+
     def id_to_token(self, index: int) -> str:
-        """The string of one id."""
+        """The string of one id, as the vocabulary stores it."""
         return self.backend.id_to_token(index)
 
     # -- persistence ------------------------------------------------------------------------
@@ -102,7 +137,8 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.backend.save(str(directory / TOKENIZER_NAME))
-        (directory / META_NAME).write_text(json.dumps(self.special, indent=2) + "\n", encoding="utf-8")
+        meta = {**self.special, "literal_specials": self.literal_specials}
+        (directory / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
@@ -112,63 +148,158 @@ class Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"{directory}: {TOKENIZER_NAME} is missing")
         meta_path = directory / META_NAME
-        special = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-        return cls(HFTokenizer.from_file(str(path)), **special)
+        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+        return cls(HFTokenizer.from_file(str(path)), **meta)
+
+
+def display_pieces(tokens: list[str], *, prepended: bool = False) -> list[str]:
+    """Vocabulary strings -> the text each token stands for (see `Tokenizer.pieces`).
+
+    `prepended`: the tokenizer put one "▁" before the text, which the first piece then drops.
+    """
+    out: list[str] = []
+    pending: list[int] = []  # byte values of an unfinished UTF-8 character
+    start = 0
+    for token in tokens:
+        if token in _BYTE_VALUE:
+            if not pending:
+                start = len(out)
+            pending.append(_BYTE_VALUE[token])
+            out.append("")
+            text = bytes(pending).decode("utf-8", errors="ignore")
+            if text:
+                out[start], pending = text, []
+            continue
+        out.append(token.replace(SPACE, " ").removesuffix("</w>").removeprefix("##"))
+    if prepended and out and tokens[0].startswith(SPACE):
+        out[0] = out[0][1:]  # the space the tokenizer put before the text (it is not in the text)
+    return out
+
+
+_BYTE_VALUE = {token: value for value, token in enumerate(BYTE_TOKENS)}
 
 
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str = "bpe",
                     extra_special: tuple[str, ...] = (), lowercase: bool = False,
-                    min_frequency: int = 1) -> Tokenizer:
+                    min_frequency: int = 2) -> Tokenizer:
     """Train a subword tokenizer on `texts`.
 
     Args:
         texts: training text, one string per sentence or line.
-        vocab_size: the most ids (special tokens included); a small corpus may give fewer.
-        kind: "bpe" (byte-level-free BPE on whitespace-split words), "wordpiece", or "char".
+        vocab_size: the most learned tokens plus special tokens; the lossless kinds add 256
+            byte-fallback tokens on top. A small corpus may support fewer: BPE stops merging when
+            no pair occurs `min_frequency` times, and the note says so.
+        kind: "bpe" (lossless, SentencePiece-style, the default), "unigram" (lossless,
+            SentencePiece's unigram model), "char" (lossless, one token per character),
+            "subword-nmt" (BPE on whitespace-split words with `</w>`) or "wordpiece" (BERT's).
         extra_special: more special tokens after the four fixed ones (e.g. `<mask>`, `<cls>`).
-        lowercase: lowercase (and strip accents from) the text first.
-        min_frequency: least count for a merge / piece.
+        lowercase: lowercase the text first (then nothing is lossless; "subword-nmt" and
+            "wordpiece" also strip accents).
+        min_frequency: least count of a pair for a BPE merge (2: no merge learned from one word).
     """
     if kind not in KINDS:
         raise ValueError(f"tokenizer kind must be one of {', '.join(KINDS)}, got {kind!r}")
     special = list(SPECIAL_TOKENS) + [tok for tok in extra_special if tok not in SPECIAL_TOKENS]
+    texts = list(texts)
+    if kind in LOSSLESS_KINDS:
+        backend = _train_lossless(texts, kind, vocab_size, special, lowercase, min_frequency)
+    else:
+        backend = _train_word_split(texts, kind, vocab_size, special, lowercase, min_frequency)
+    mask = MASK if MASK in special else None
+    tokenizer = Tokenizer(backend, mask=mask, literal_specials=True)
+    learned = tokenizer.vocab_size - len(special) - (len(BYTE_TOKENS) if kind in LOSSLESS_KINDS else 0)
+    if kind != "char" and learned + len(special) < vocab_size:
+        logger.info("vocabulary: %d tokens learned of the %d asked (the corpus supports no more at min_frequency %d)",
+                    learned, vocab_size - len(special), min_frequency)
+    return tokenizer
+
+
+def _train_lossless(texts: list[str], kind: str, vocab_size: int, special: list[str], lowercase: bool,
+                    min_frequency: int) -> HFTokenizer:
+    """SentencePiece-style: spaces kept as "▁", byte fallback, no normaliser that rewrites text."""
+    norm = [normalizers.Lowercase()] if lowercase else []
+    if kind == "char":
+        alphabet = sorted({ch for text in texts for ch in (text.lower() if lowercase else text)} - {" "})
+        vocab = {tok: i for i, tok in enumerate([*special, SPACE, *alphabet])}
+        backend = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, byte_fallback=True))
+        backend.normalizer = normalizers.Sequence([*norm, normalizers.Replace(" ", SPACE)])
+        backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+        backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+        return _with_byte_tokens(backend, len(special))
+    # One "▁" before the text and one for each space; the pre-tokenizer cuts before every "▁", so
+    # pieces never span two words; the decoder maps "▁" back and strips the one it added.
+    norm += [normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)]
+    if kind == "bpe":
+        backend = HFTokenizer(models.BPE(unk_token=UNK, byte_fallback=True))
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, min_frequency=min_frequency,
+                                      show_progress=False)
+    else:
+        backend = HFTokenizer(models.Unigram())
+        trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=special, unk_token=UNK,
+                                          show_progress=False)
+    backend.normalizer = normalizers.Sequence(norm)
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="never", split=True)
+    backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    backend.train_from_iterator(texts, trainer=trainer)
+    return _with_byte_tokens(backend, len(special))
+
+
+def _train_word_split(texts: list[str], kind: str, vocab_size: int, special: list[str], lowercase: bool,
+                      min_frequency: int) -> HFTokenizer:
+    """The word-splitting kinds: NFKC, punctuation split off words; not lossless."""
     norm = [normalizers.NFKC()]
     if lowercase:
         norm += [normalizers.NFD(), normalizers.StripAccents(), normalizers.Lowercase()]
-    if kind == "bpe":
+    if kind == "subword-nmt":
         backend = HFTokenizer(models.BPE(unk_token=UNK, end_of_word_suffix="</w>"))
-        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special,
-                                      min_frequency=min_frequency, end_of_word_suffix="</w>",
-                                      show_progress=False)
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, min_frequency=min_frequency,
+                                      end_of_word_suffix="</w>", show_progress=False)
         backend.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=False)]
         )
         backend.decoder = decoders.BPEDecoder(suffix="</w>")
-    elif kind == "wordpiece":
+    else:
         backend = HFTokenizer(models.WordPiece(unk_token=UNK))
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special,
                                             min_frequency=min_frequency, show_progress=False)
         backend.pre_tokenizer = pre_tokenizers.Whitespace()
         backend.decoder = decoders.WordPiece()
-    else:  # character level: every character a token, spaces kept as "▁"
-        backend = HFTokenizer(models.WordLevel(unk_token=UNK))
-        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=special, min_frequency=1,
-                                               show_progress=False)
-        norm.append(normalizers.Replace(" ", "▁"))
-        backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-        backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.Fuse()])
     backend.normalizer = normalizers.Sequence(norm)
     backend.train_from_iterator(texts, trainer=trainer)
-    mask = "<mask>" if "<mask>" in special else None
-    return Tokenizer(_canonical_ids(backend, len(special)), mask=mask)
+    return _canonical_ids(backend, len(special))
+
+
+def _with_byte_tokens(backend: HFTokenizer, n_special: int) -> HFTokenizer:
+    """Sorted ids for the learned tokens, then the 256 byte-fallback tokens `<0x00>`..`<0xFF>` at the end."""
+    backend = _canonical_ids(backend, n_special)
+    data = json.loads(backend.to_str())
+    model = data["model"]
+    if model["type"] == "Unigram":
+        # A literal "<s>" in the text must not match the special piece of that name: the special
+        # pieces get a score no path beats, and every printable ASCII character a piece of its own
+        # (scored below any learned piece), so such strings are always spelled out.
+        floor = min((score for _, score in model["vocab"][n_special:]), default=0.0) - 10.0
+        known = {piece for piece, _ in model["vocab"]}
+        ascii_chars = [chr(c) for c in range(0x21, 0x7F)]
+        model["vocab"] += [[piece, floor] for piece in ascii_chars if piece not in known]
+        model["vocab"] += [[token, floor] for token in BYTE_TOKENS if token not in known]
+        for entry in model["vocab"][:n_special]:
+            entry[1] = -1e9
+        model["byte_fallback"] = True
+    else:
+        vocab = model["vocab"]
+        for token in BYTE_TOKENS:
+            vocab.setdefault(token, len(vocab))
+    return HFTokenizer.from_str(json.dumps(data))
 
 
 def _canonical_ids(backend: HFTokenizer, n_special: int) -> HFTokenizer:
     """Renumber the learned (non-special) tokens in sorted order.
 
-    The Hugging Face trainers number some tokens in hash-map order (BPE's end-of-word alphabet),
-    which differs between processes; sorted ids make the same vocabulary get the same ids, so
-    seeded training runs repeat exactly.
+    The Hugging Face trainers number some tokens in hash-map order (BPE's alphabet), which
+    differs between processes; sorted ids make the same vocabulary get the same ids, so seeded
+    training runs repeat exactly. (Unigram's list is already in a fixed order.)
     """
     data = json.loads(backend.to_str())
     vocab = data["model"].get("vocab")

@@ -62,4 +62,4 @@ def test_trace_of_an_encoder_only_model(demo):
 def test_trace_rejects_text_without_tokens(demo):
     model, tokenizer = demo
     with pytest.raises(ValueError, match="the text has no tokens to trace"):
-        trace(model, tokenizer, "   ")
+        trace(model, tokenizer, "")

@@ -97,8 +97,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             text = tgt_tok.decode(tokens)
             print(f"{score:.4f}\t{text}" if args.scores else text, flush=True)
         if start == 0 and out.attention is not None:
-            first = (out.attention[0], [src_tok.id_to_token(t) for t in ids[0]],
-                     [tgt_tok.id_to_token(t) for t in out.tokens[0]])
+            first = (out.attention[0], src_tok.id_pieces(ids[0]), tgt_tok.id_pieces(out.tokens[0]))
     if args.show_attention and first is not None:
         save_attention_plot(*first, args.show_attention, layer=args.attention_layer)
         print(f"attention map saved to {args.show_attention}", file=sys.stderr)
