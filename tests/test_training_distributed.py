@@ -27,6 +27,7 @@ def test_torchrun_two_processes_train_one_model(tmp_path):
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]  # one log row per step: only rank 0 writes
     assert all(r["loss"] is not None for r in train)
     weights = load_file(run / "model.safetensors")
-    checkpoint = load_file(run / "checkpoints" / "step-00000006" / "model.safetensors")
+    best = (run / "checkpoints" / "best").read_text().strip()  # the final model is the best validated one
+    checkpoint = load_file(run / "checkpoints" / best / "model.safetensors")
     assert all(torch.equal(weights[k], checkpoint[k]) for k in weights)
     assert json.loads((run / "eval.json").read_text())["step"] == 6

@@ -34,7 +34,7 @@ def test_loss_falls(tmp_path):
 
 def test_copy_task_is_learned_to_100_percent(tmp_path):
     run = load_run_config(None, [
-        "task=copy", "task_train=1000", "task_valid=50", "task_test=100", "task_max_len=4", "vocab_size=20",
+        "task=copy", "task_train=1000", "task_valid=50", "task_test=100", "task_max_len=4", "vocab_size=24",
         "max_tokens=300", "threads=1", "model.d_model=64", "model.d_ff=128", "model.n_heads=4",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.dropout=0.0", "label_smoothing=0",
         "warmup=300", "lr_scale=1", "epochs=40", "log_every=20", "show_examples=0"])

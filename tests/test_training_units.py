@@ -9,10 +9,11 @@ import torch.nn.functional as F
 from aiayn.config import preset
 from aiayn.nn.model import build_model
 from aiayn.training import checkpoint as ckpt
-from aiayn.training.config import load_run_config
+from aiayn.training.config import TrainConfig, load_run_config
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.metrics import accuracy_and_macro_f1, entity_f1, entity_spans, translation_scores
-from aiayn.training.schedule import noam_lr
+from aiayn.training.optim import make_optimizer
+from aiayn.training.schedule import noam_lr, resolve_recipe
 
 
 def test_noam_schedule_is_the_papers_formula():
@@ -23,6 +24,43 @@ def test_noam_schedule_is_the_papers_formula():
     peak = noam_lr(warmup, d_model=d_model, warmup=warmup)
     assert noam_lr(warmup - 1, d_model=d_model, warmup=warmup) < peak > noam_lr(warmup + 1, d_model=d_model,
                                                                                 warmup=warmup)
+
+
+def test_recipe_with_the_full_warmup_is_equation_3():
+    recipe, notes = resolve_recipe(TrainConfig(task="copy"), total_steps=100_000, d_model=512)
+    assert notes == [] and (recipe.optimizer, recipe.schedule, recipe.warmup) == ("adam", "noam", 4000)
+    assert (recipe.betas, recipe.eps, recipe.weight_decay) == ((0.9, 0.98), 1e-9, 0.0)
+    for step in (1, 100, 3999, 4000, 4001, 100_000):
+        assert recipe.lr(step) == pytest.approx(noam_lr(step, d_model=512, warmup=4000))
+    given, notes = resolve_recipe(TrainConfig(task="copy", warmup=400), total_steps=1200, d_model=256)
+    assert notes == [] and given.warmup == 400  # an explicit warmup is taken as given
+    for step in (1, 399, 400, 401, 1200):
+        assert given.lr(step) == pytest.approx(noam_lr(step, d_model=256, warmup=400))
+
+
+def test_a_short_run_warms_up_over_a_tenth_of_its_steps_to_the_papers_peak():
+    recipe, notes = resolve_recipe(TrainConfig(task="copy"), total_steps=300, d_model=512)
+    assert recipe.warmup == 30 and "30 steps" in notes[0]
+    peak = noam_lr(4000, d_model=512, warmup=4000)
+    assert recipe.lr(30) == pytest.approx(peak) and recipe.lr(15) == pytest.approx(peak / 2)
+    assert recipe.lr(120) == pytest.approx(peak / 2)  # inverse square root after the warmup
+    explicit, _ = resolve_recipe(TrainConfig(task="copy", lr=5e-4, schedule="constant"), total_steps=300, d_model=64)
+    assert explicit.lr(30) == explicit.lr(300) == 5e-4
+
+
+def test_fine_tuning_recipe_is_adamw_with_linear_warmup_and_decay():
+    recipe, _ = resolve_recipe(TrainConfig(task="compare", objective="sequence_classification", init_from="minilm"),
+                               total_steps=1000, d_model=384)
+    assert (recipe.optimizer, recipe.schedule, recipe.warmup, recipe.peak_lr) == ("adamw", "linear", 100, 3e-5)
+    assert (recipe.betas, recipe.eps, recipe.weight_decay) == ((0.9, 0.999), 1e-8, 0.01)
+    assert recipe.lr(50) == pytest.approx(1.5e-5) and recipe.lr(550) == pytest.approx(1.5e-5)
+    assert recipe.lr(1000) == 0.0
+    model = build_model(preset("tiny").replace(n_decoder_layers=0, vocab_size=50))
+    optimizer = make_optimizer(model.parameters(), recipe)
+    assert isinstance(optimizer, torch.optim.AdamW)
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.01 and all(p.dim() >= 2 for p in decayed["params"])
+    assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])
 
 
 def test_label_smoothed_loss_matches_torch_cross_entropy():
@@ -68,7 +106,7 @@ def test_config_from_toml_and_json_with_overrides(tmp_path):
     toml.write_text('task = "copy"\nepochs = 2\nwarmup = 50\n[model]\npreset = "tiny"\nd_model = 32\n',
                     encoding="utf-8")
     run = load_run_config(toml, ["epochs=3", "model.n_heads=2"])
-    assert run.train.epochs == 3 and run.train.warmup == 50 and run.train.adam_beta2 == 0.98
+    assert run.train.epochs == 3 and run.train.warmup == 50 and run.train.adam_beta2 is None
     assert run.model_config(vocab_size=50).d_model == 32 and run.model_config(vocab_size=50).n_heads == 2
     js = tmp_path / "run.json"
     js.write_text(json.dumps(run.to_dict()), encoding="utf-8")

@@ -45,12 +45,13 @@ def _split_items(items: list[str]) -> tuple[str | None, list[str]]:
     return None, items
 
 
-def _format_metrics(result: dict, bleu_tokenize: str = "13a") -> str:
+def _format_metrics(result: dict) -> str:
     names = ("loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf", "accuracy", "macro_f1",
              "entity_f1", "entity_precision", "entity_recall")
     text = "  ".join(f"{name} {result[name]:.4g}" if name in ("loss", "perplexity") else f"{name} {result[name]:.2f}"
                      for name in names if name in result)
-    return text + (f"  (BLEU on {bleu_tokenize} tokens)" if "bleu" in result and bleu_tokenize != "13a" else "")
+    tokens = result.get("bleu_tokenize", "13a")
+    return text + (f"  (BLEU on {tokens} tokens)" if "bleu" in result and tokens != "13a" else "")
 
 
 def _print_examples(result: dict) -> None:
@@ -77,7 +78,7 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool) -> int:
         return 130
     print(f"trained {result.step} steps in {minutes:.1f} min; run directory: {run_dir}")
     if result.test:
-        print("test: " + _format_metrics(result.test, run.train.bleu_tokenize))
+        print("test: " + _format_metrics(result.test))
         _print_examples(result.test)
     return 0
 
@@ -129,7 +130,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.data or args.split}: {len(split.items)} examples  " + _format_metrics(result, cfg.bleu_tokenize))
+    print(f"{args.data or args.split}: {len(split.items)} examples  " + _format_metrics(result))
     _print_examples(result)
     return 0
 

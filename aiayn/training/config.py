@@ -13,9 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.config import ModelConfig, parse_overrides, preset
+from aiayn.tokenization import KINDS
+from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
 OBJECTIVES = ("seq2seq", "sequence_classification", "token_classification", "masked_lm")
-SCHEDULES = ("noam", "constant")
+# Validation metrics per objective; the first is `valid_metric=auto`'s choice. Higher is better but for loss.
+VALID_METRICS = {
+    "seq2seq": ("bleu", "chrf", "exact_match", "loss"),
+    "sequence_classification": ("accuracy", "macro_f1", "loss"),
+    "token_classification": ("entity_f1", "loss"),
+    "masked_lm": ("loss",),
+}
 
 
 @dataclass(frozen=True)
@@ -32,15 +40,27 @@ class TrainConfig:
         task_train, task_valid, task_test: split sizes of a built-in task; task_max_number bounds its
             numbers (numbers: 10000, compare: use 1000) and task_max_len its copy strings.
         max_source_len, max_target_len: rows with more tokens are dropped (and counted).
-        tokenizer: "bpe", "wordpiece" or "char"; `target_tokenizer` sets the target's kind when not shared.
+        tokenizer: "bpe" (lossless, SentencePiece-style; the default), "unigram", "char", "subword-nmt" or
+            "wordpiece" (see `aiayn.tokenization`); `target_tokenizer` sets the target's kind when not shared.
         vocab_size, target_vocab_size: tokenizer sizes; shared_vocab: one tokenizer for source and target.
-        lowercase: lowercase and strip accents before tokenizing.
+        vocab_min_frequency: least count of a pair for a BPE merge; a small corpus thus gets the smaller
+            vocabulary it supports (and a note), not merges learned from single words.
+        lowercase: lowercase before tokenizing (the text then does not come back as it went in).
+        clean: drop the training pairs the data check flags (duplicates, an empty side, a length ratio
+            over 9); they are counted and reported either way.
         max_tokens: padded tokens per batch (before accumulation); max_sentences caps the batch size.
         epochs, max_steps: stop after this many epochs or optimizer steps (0 = no step limit).
         accum_steps: batches per optimizer step (gradient accumulation).
-        schedule: "noam" (section 5.3) or "constant"; lr_scale multiplies the noam rate; lr is the constant rate.
-        warmup: warmup steps of the noam schedule (4000 in the paper).
-        adam_beta1, adam_beta2, adam_eps, weight_decay: Adam settings (0.9, 0.98, 1e-9 in the paper).
+        optimizer: "auto", "adam" or "adamw"; schedule: "auto", "noam" (section 5.3), "linear" or "constant".
+            "auto" is the paper's Adam and noam from scratch, and AdamW with linear decay when fine-tuning
+            (`init_from`); see `aiayn.training.schedule`.
+        lr: peak learning rate; 0 = the schedule's own (noam: lr_scale x d_model^-0.5 x warmup^-0.5,
+            fine-tuning 3e-5, constant 1e-3). lr_scale multiplies the noam rate.
+        warmup: warmup steps; 0 = the paper's 4000, or `warmup_fraction` of the planned steps for a run
+            too short for that (with a note; the peak stays the paper's), and `warmup_fraction` of the
+            steps for the linear and constant schedules.
+        adam_beta1, adam_beta2, adam_eps, weight_decay: optimizer settings; unset (null) takes the
+            recipe's: (0.9, 0.98, 1e-9, 0) from scratch, (0.9, 0.999, 1e-8, 0.01) fine-tuning.
         label_smoothing: epsilon_ls (0.1, section 5.4).
         clip_norm: clip the gradient norm to this (0 = off).
         bf16: bfloat16 autocast for the forward pass.
@@ -52,8 +72,16 @@ class TrainConfig:
         keep_last: checkpoints kept besides the best; average_last: average the last N checkpoints
             into the final model (0 = off; the paper averaged the last 5 or 20).
         beam_size, length_penalty: decoding for BLEU/exact match at evaluation.
-        bleu_tokenize: sacrebleu's tokenizer for BLEU: "13a" (default) or "char" (one-word targets).
-        eval_max_batches: cap on decoded batches when validating during training (0 = all).
+        bleu_tokenize: sacrebleu's tokenizer for BLEU: "auto" ("char" when most references are one word,
+            else "13a"), "13a", "intl", "char", "none" or "zh".
+        valid_metric: what validation scores, picks the best checkpoint by and stops early on: "auto"
+            (seq2seq "bleu", classification "accuracy", tagging "entity_f1", masked-LM "loss"), or
+            "chrf", "exact_match", "macro_f1", "loss".
+        valid_max_examples: validation decodes at most this many valid examples (0 = all).
+        patience: stop after this many validations without a better `valid_metric` (0 = never).
+        final_model: "auto", "best", "last" or "average": the saved model is the best validated
+            checkpoint, the last step, or the average of the last `average_last` checkpoints
+            ("auto": average when average_last > 1, else best).
         show_examples: example translations/predictions printed after the test evaluation.
         init_from: a pretrained encoder directory (aiayn model dir or BERT checkpoint) for classification.
     """
@@ -82,20 +110,24 @@ class TrainConfig:
     vocab_size: int = 8000
     target_vocab_size: int = 0
     shared_vocab: bool = True
+    vocab_min_frequency: int = 2
     lowercase: bool = False
+    clean: bool = False
     max_tokens: int = 4096
     max_sentences: int = 0
     epochs: int = 10
     max_steps: int = 0
     accum_steps: int = 1
-    schedule: str = "noam"
+    optimizer: str = "auto"
+    schedule: str = "auto"
     lr_scale: float = 1.0
-    lr: float = 1e-3
-    warmup: int = 4000
+    lr: float = 0.0
+    warmup: int = 0
+    warmup_fraction: float = 0.1
     adam_beta1: float = 0.9
-    adam_beta2: float = 0.98
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0
+    adam_beta2: float | None = None
+    adam_eps: float | None = None
+    weight_decay: float | None = None
     label_smoothing: float = 0.1
     clip_norm: float = 0.0
     bf16: bool = False
@@ -109,37 +141,57 @@ class TrainConfig:
     average_last: int = 0
     beam_size: int = 1
     length_penalty: float = 0.6
-    bleu_tokenize: str = "13a"
-    eval_max_batches: int = 0
+    bleu_tokenize: str = "auto"
+    valid_metric: str = "auto"
+    valid_max_examples: int = 0
+    patience: int = 0
+    final_model: str = "auto"
     show_examples: int = 5
     init_from: str = ""
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
-        for name in ("max_tokens", "accum_steps", "warmup", "vocab_size"):
+        for name, value, choices in (("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
+                                     ("tokenizer", self.tokenizer, KINDS),
+                                     ("target_tokenizer", self.target_tokenizer, ("", *KINDS)),
+                                     ("final_model", self.final_model, ("auto", "best", "last", "average"))):
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(c for c in choices if c)}, got {value!r}")
+        metrics = VALID_METRICS[self.objective]
+        if self.valid_metric != "auto" and self.valid_metric not in metrics:
+            raise ValueError(f"valid_metric for {self.objective} must be auto or one of {', '.join(metrics)}, "
+                             f"got {self.valid_metric!r}")
+        for name in ("max_tokens", "accum_steps", "vocab_size", "vocab_min_frequency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "max_steps", "keep_last", "average_last", "log_every", "eval_every",
-                     "save_every", "threads", "max_sentences", "eval_max_batches", "show_examples"):
-            if getattr(self, name) < 0:
+                     "save_every", "threads", "max_sentences", "valid_max_examples", "patience", "show_examples",
+                     "lr", "weight_decay", "warmup"):
+            if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if not 0.0 < self.warmup_fraction <= 1.0:
+            raise ValueError(f"warmup_fraction must be in (0, 1], got {self.warmup_fraction}")
         if self.epochs == 0 and self.max_steps == 0:
             raise ValueError("set epochs or max_steps above 0")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0.0 < self.mlm_probability < 1.0:
             raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
-        if self.bleu_tokenize not in ("13a", "intl", "char", "none", "zh"):
-            raise ValueError(f"bleu_tokenize must be one of 13a, intl, char, none, zh; got {self.bleu_tokenize!r}")
+        if self.bleu_tokenize not in ("auto", "13a", "intl", "char", "none", "zh"):
+            raise ValueError(f"bleu_tokenize must be one of auto, 13a, intl, char, none, zh; "
+                             f"got {self.bleu_tokenize!r}")
         if not self.task and not self.train:
             raise ValueError("give a built-in task (task=numbers|compare|copy) or a train file (train=PATH)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field."""
         return dataclasses.asdict(self)
+
+    @property
+    def metric(self) -> str:
+        """The validation metric `valid_metric` names ("auto" resolved for the objective)."""
+        return VALID_METRICS[self.objective][0] if self.valid_metric == "auto" else self.valid_metric
 
 
 @dataclass(frozen=True)

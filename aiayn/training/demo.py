@@ -24,7 +24,6 @@ DEMO_CONFIG: dict[str, Any] = {
     "keep_last": 3,
     "average_last": 5,
     "show_examples": 6,
-    "bleu_tokenize": "char",
     "model": {"preset": "tiny", "d_model": 128, "n_heads": 4, "d_ff": 256, "n_encoder_layers": 2,
               "n_decoder_layers": 2, "dropout": 0.1},
 }

@@ -16,7 +16,7 @@ from aiayn.training.objectives import forward, make_batch, masking_generator
 def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, *, max_tokens: int = 4096,
              decode: bool = True, beam_size: int = 1, length_penalty: float = 0.6, max_batches: int = 0,
              seed: int = 0, mlm_probability: float = 0.15, bf16: bool = False,
-             examples: int = 0, bleu_tokenize: str = "13a") -> dict:
+             examples: int = 0, bleu_tokenize: str = "auto") -> dict:
     """Metrics of `model` on `split` (in eval mode, no dropout).
 
     Returns:

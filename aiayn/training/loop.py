@@ -22,11 +22,12 @@ import torch
 from torch import nn
 
 from aiayn.data.batching import token_batches
-from aiayn.data.prepare import PreparedData, load_labels, prepare_data, save_data_artifacts
+from aiayn.data.prepare import EncodedSplit, PreparedData, load_labels, prepare_data, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
 from aiayn.training.checkpoint import (
     average_checkpoints,
+    best_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
@@ -40,8 +41,8 @@ from aiayn.training.logbook import MetricsLog, plot_curves
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import batch_tokens, forward, loss_units, make_batch, masking_generator
 from aiayn.training.onednn import onednn_training
-from aiayn.training.optim import make_adam
-from aiayn.training.schedule import learning_rate
+from aiayn.training.optim import make_optimizer
+from aiayn.training.schedule import resolve_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +160,11 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.batch_index = 0
-        self.best_valid = math.inf
-        self.last_valid: float | None = None
+        # (metric, -loss) of the best validation: higher is better; ties on the metric go to the lower loss.
+        self.best_score: tuple[float, float] = (-math.inf, -math.inf)
+        self.stale_validations = 0  # validations since the best one, for `patience`
+        self.last_valid: dict[str, Any] = {}  # the newest validation result
+        self.last_validated_step = -1
         self.last_saved_step = -1
         self._stop_requested = False
         self.rank, self.world = 0, 1
@@ -224,8 +228,12 @@ class Trainer:
         else:
             self.model = build_model(model_config_for(self.run, data))
         self.model.train()
-        self.optimizer = make_adam(self.model.parameters(), betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                                   weight_decay=cfg.weight_decay)
+        self.recipe, notes = resolve_recipe(cfg, total_steps=self._planned_steps(), d_model=self.model.config.d_model)
+        if main:
+            for note in notes:
+                self.report(note)
+            self.report("recipe: " + self.recipe.describe())
+        self.optimizer = make_optimizer(self.model.parameters(), self.recipe)
         if self.resume:
             self._restore()
         elif main:
@@ -240,6 +248,15 @@ class Trainer:
             # DDP wraps the objective's forward, so gradients are averaged across processes in backward.
             self.ddp = DistributedDataParallel(ObjectiveForward(self.model, cfg.objective))
 
+    def _planned_steps(self) -> int:
+        """Optimizer steps the run will take: `max_steps`, or `epochs` of the training split's batches."""
+        cfg = self.cfg
+        if cfg.max_steps:
+            return cfg.max_steps
+        batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=0,
+                                max_sentences=cfg.max_sentences)
+        return math.ceil(len(batches) / (cfg.accum_steps * self.world)) * cfg.epochs
+
     def _restore(self) -> None:
         checkpoint = latest_checkpoint(self.ckpt_dir)
         if checkpoint is None:
@@ -251,7 +268,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng_torch"])
         self.step, self.epoch, self.batch_index = int(state["step"]), int(state["epoch"]), int(state["batch_index"])
-        self.best_valid = float(state["best_valid"])
+        self.best_score = tuple(float(v) for v in state["best_score"])
+        self.stale_validations = int(state["stale_validations"])
         self.last_saved_step = self.step
         if self.rank == 0:
             self.log.truncate_after(self.step)
@@ -261,8 +279,7 @@ class Trainer:
     def _train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
         cfg = self.cfg
         units = max(sum(loss_units(b) for b in micro_batches), 1)
-        lr = learning_rate(self.step + 1, schedule=cfg.schedule, d_model=self.model.config.d_model,
-                           warmup=cfg.warmup, lr_scale=cfg.lr_scale, lr=cfg.lr)
+        lr = self.recipe.lr(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
@@ -293,35 +310,60 @@ class Trainer:
     def _state(self) -> dict[str, Any]:
         return {"step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
                 "optimizer": self.optimizer.state_dict(), "rng_torch": torch.get_rng_state(),
-                "best_valid": self.best_valid}
+                "best_score": self.best_score, "stale_validations": self.stale_validations}
 
-    def save(self) -> Path:
-        """Write a checkpoint of the current step (once per step), marking it best when validation improved."""
+    def save(self, *, best: bool = False) -> Path:
+        """Write a checkpoint of the current step (once per step); `best` marks it the best validated one."""
         if self.last_saved_step == self.step:
-            return latest_checkpoint(self.ckpt_dir)
-        improved = self.last_valid is not None and self.last_valid < self.best_valid
-        if improved:
-            self.best_valid = self.last_valid
-        path = save_checkpoint(self.ckpt_dir, self.model, self._state(), step=self.step,
-                               meta={"epoch": self.epoch, "batch_index": self.batch_index,
-                                     "valid_loss": self.last_valid})
-        if improved:
+            path = latest_checkpoint(self.ckpt_dir)
+        else:
+            path = save_checkpoint(self.ckpt_dir, self.model, self._state(), step=self.step,
+                                   meta={"epoch": self.epoch, "batch_index": self.batch_index,
+                                         f"valid_{self.cfg.metric}": self.last_valid.get(self.cfg.metric)})
+            self.last_saved_step = self.step
+        if best:
             mark_best(self.ckpt_dir, path)
-        self.last_valid = None
-        self.last_saved_step = self.step
         prune_checkpoints(self.ckpt_dir, max(self.cfg.keep_last, self.cfg.average_last, 1))
         return path
 
     def validate(self) -> dict[str, Any]:
-        """Validation loss and token accuracy (no decoding), logged as a `valid` row."""
+        """Score the valid split on the run's metric (decoding greedily for BLEU / chrF), log a `valid` row,
+        and checkpoint the model when the score is the best so far."""
         cfg = self.cfg
-        result = evaluate(self.model, self.data, self.data.valid, max_tokens=cfg.max_tokens, decode=False,
-                          seed=cfg.seed, mlm_probability=cfg.mlm_probability, bf16=cfg.bf16)
+        split = self.data.valid
+        if cfg.valid_max_examples:
+            split = EncodedSplit(*(part[:cfg.valid_max_examples] for part in (split.raw, split.items, split.lengths)))
+        result = evaluate(self.model, self.data, split, max_tokens=cfg.max_tokens,
+                          decode=cfg.objective == "seq2seq" and cfg.metric != "loss", beam_size=1,
+                          seed=cfg.seed, mlm_probability=cfg.mlm_probability, bf16=cfg.bf16,
+                          bleu_tokenize=cfg.bleu_tokenize)
         result.pop("examples", None)
-        if result:
-            self.last_valid = result["loss"]
-            self.log.append({"split": "valid", "step": self.step, "epoch": self.epoch, **result})
+        if not result:
+            return result
+        self.last_valid, self.last_validated_step = result, self.step
+        self.log.append({"split": "valid", "step": self.step, "epoch": self.epoch, **result})
+        score = (-result["loss"] if cfg.metric == "loss" else result[cfg.metric], -result["loss"])
+        if score > self.best_score:
+            self.best_score, self.stale_validations = score, 0
+            self.save(best=True)
+        else:
+            self.stale_validations += 1
         return result
+
+    def _validate_and_check_patience(self) -> bool:
+        """Validate on rank 0; True on every rank when `patience` validations in a row brought no better score."""
+        stop = False
+        if self.rank == 0:
+            self.validate()
+            stop = bool(self.cfg.patience) and self.stale_validations >= self.cfg.patience
+            if stop:
+                self.report(f"early stop at step {self.step}: {self.cfg.metric} has not improved for "
+                            f"{self.cfg.patience} validations (best {abs(self.best_score[0]):.4g})")
+        if self.world > 1:
+            flag = torch.tensor([int(stop)])
+            torch.distributed.broadcast(flag, src=0)
+            stop = bool(flag.item())
+        return stop
 
     # -- the loop ------------------------------------------------------------------------------
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -361,13 +403,8 @@ class Trainer:
 
         cfg = self.cfg
         pad_id = self.data.source_tokenizer.pad_id
-        first = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=0,
-                              max_sentences=cfg.max_sentences)
-        steps_per_epoch = math.ceil(len(first) / (cfg.accum_steps * self.world))
-        total = cfg.max_steps or steps_per_epoch * cfg.epochs
-        bar = tqdm(total=total, initial=self.step, disable=not self.progress or self.rank != 0, unit="step",
-                   dynamic_ncols=True,
-                   desc="train")
+        bar = tqdm(total=self.recipe.total_steps, initial=self.step, disable=not self.progress or self.rank != 0,
+                   unit="step", dynamic_ncols=True, desc="train")
         tokens, clock, window = 0, time.perf_counter(), []
         try:
             while not self._done():
@@ -396,8 +433,8 @@ class Trainer:
                         bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
                                         tok_s=f"{row['tokens_per_s']:.0f}")
                         tokens, clock, window = 0, time.perf_counter(), []
-                    if self.rank == 0 and cfg.eval_every and self.step % cfg.eval_every == 0:
-                        self.validate()
+                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self._validate_and_check_patience():
+                        return True
                     if self.rank == 0 and cfg.save_every and self.step % cfg.save_every == 0:
                         self.save()
                     self.after_step()
@@ -407,8 +444,8 @@ class Trainer:
                         return True
                 self.epoch += 1
                 self.batch_index = 0
-                if self.rank == 0 and not cfg.eval_every:
-                    self.validate()
+                if not cfg.eval_every and self._validate_and_check_patience():
+                    return True
                 if self.rank == 0 and not cfg.save_every:
                     self.save()
         finally:
@@ -416,23 +453,35 @@ class Trainer:
         return True
 
     def _finish(self) -> TrainResult:
-        cfg = self.cfg
         if self.last_saved_step != self.step:
-            if self.last_valid is None:
+            if self.last_validated_step != self.step:
                 self.validate()
             self.save()
         checkpoint = latest_checkpoint(self.ckpt_dir)
-        if cfg.average_last > 1:
-            chosen = list_checkpoints(self.ckpt_dir)[-cfg.average_last:]
-            average_checkpoints(self.model, chosen)
-            self.report(f"final model: the average of {len(chosen)} checkpoints "
-                        f"({chosen[0].name} .. {chosen[-1].name})")
+        self._choose_final_model()
         save_model(self.model, self.run_dir)
         save_data_artifacts(self.run_dir, self.data)
         test = self.evaluate_test()
         self.log.write_csv(self.run_dir / "metrics.csv")
         plot_curves(self.log.rows(), self.run_dir / "curves.png")
         return TrainResult(self.run_dir, self.step, checkpoint=checkpoint, test=test)
+
+    def _choose_final_model(self) -> None:
+        """Put the `final_model` weights into `self.model`: the best validated, the last, or an average."""
+        cfg = self.cfg
+        best = best_checkpoint(self.ckpt_dir)
+        choice = cfg.final_model
+        if choice == "auto":
+            choice = "average" if cfg.average_last > 1 else "best"
+        if choice == "average":
+            chosen = list_checkpoints(self.ckpt_dir)[-max(cfg.average_last, 1):]
+            average_checkpoints(self.model, chosen)
+            self.report(f"final model: the average of {len(chosen)} checkpoints "
+                        f"({chosen[0].name} .. {chosen[-1].name})")
+        elif choice == "best" and best is not None and best != latest_checkpoint(self.ckpt_dir):
+            load_checkpoint(best, self.model)
+            self.report(f"final model: {best.name}, the best {cfg.metric} on the valid split "
+                        f"({abs(self.best_score[0]):.4g})")
 
     def evaluate_test(self) -> dict[str, Any]:
         """Evaluate the final model on the test split; writes `eval.json` and a `test` log row."""

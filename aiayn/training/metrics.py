@@ -10,22 +10,28 @@ def perplexity(nll_per_token: float) -> float:
     return math.exp(nll_per_token) if nll_per_token < 700 else math.inf
 
 
-def translation_scores(hypotheses: list[str], references: list[str], *, bleu_tokenize: str = "13a") -> dict[str, float]:
-    """Corpus BLEU and chrF (sacrebleu) and exact match (in percent).
+def translation_scores(hypotheses: list[str], references: list[str], *,
+                       bleu_tokenize: str = "auto") -> dict[str, float | str]:
+    """Corpus BLEU and chrF (sacrebleu) and exact match (in percent), plus the BLEU tokenizer used.
 
-    `bleu_tokenize` is sacrebleu's tokenizer: "13a" (its default) or "char" for one-word references
-    such as German compound numbers, where word 4-grams do not exist and word BLEU is always 0.
+    `bleu_tokenize` is sacrebleu's tokenizer: "13a" (its default), "char" for one-word references
+    such as German compound numbers (word 4-grams do not exist there, so word BLEU is always 0),
+    or "auto": "char" when most references are one word, else "13a".
     """
     import sacrebleu
 
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    if bleu_tokenize == "auto":
+        one_word = sum(len(r.split()) <= 1 for r in references)
+        bleu_tokenize = "char" if references and one_word > len(references) / 2 else "13a"
     if not references:
-        return {"bleu": 0.0, "chrf": 0.0, "exact_match": 0.0}
+        return {"bleu": 0.0, "chrf": 0.0, "exact_match": 0.0, "bleu_tokenize": bleu_tokenize}
     bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=bleu_tokenize)
     chrf = sacrebleu.corpus_chrf(hypotheses, [references])
     exact = sum(h.strip() == r.strip() for h, r in zip(hypotheses, references))
-    return {"bleu": bleu.score, "chrf": chrf.score, "exact_match": 100.0 * exact / len(references)}
+    return {"bleu": bleu.score, "chrf": chrf.score, "exact_match": 100.0 * exact / len(references),
+            "bleu_tokenize": bleu_tokenize}
 
 
 def accuracy_and_macro_f1(predictions: list[int], labels: list[int], num_labels: int) -> dict[str, float]:

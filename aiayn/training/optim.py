@@ -1,4 +1,4 @@
-"""The optimizer of the paper's recipe: Adam with beta1 0.9, beta2 0.98, epsilon 1e-9 (section 5.3)."""
+"""The optimizer of a run's recipe: Adam (the paper's, section 5.3) or AdamW (fine-tuning)."""
 
 from __future__ import annotations
 
@@ -6,20 +6,31 @@ from collections.abc import Iterable
 
 import torch
 
+from aiayn.training.schedule import Recipe
 
-def make_adam(params: Iterable[torch.nn.Parameter], *, betas: tuple[float, float] = (0.9, 0.98),
-              eps: float = 1e-9, weight_decay: float = 0.0, lr: float = 0.0) -> torch.optim.Adam:
-    """Adam with PyTorch's fused kernel where this build has one (the same update, one kernel per tensor).
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], recipe: Recipe) -> torch.optim.Optimizer:
+    """Adam or AdamW with PyTorch's fused kernel where this build has one (the same update, one kernel per tensor).
+
+    With weight decay, biases and LayerNorm weights (every parameter with fewer than two
+    dimensions) are not decayed, as in BERT's fine-tuning recipe.
 
     The fused CPU kernel writes the parameters without bumping their version counters, and
     `MultiHeadAttention` keys its cached stacked Q/K/V weights on those counters; a post-step hook
     bumps them, so evaluation between steps always sees the new weights.
     """
-    params = list(params)
+    params = [p for p in params if p.requires_grad]
+    if recipe.weight_decay:
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": recipe.weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    else:
+        groups = [{"params": params, "weight_decay": 0.0}]
+    kind = torch.optim.AdamW if recipe.optimizer == "adamw" else torch.optim.Adam
+    settings = {"lr": recipe.lr(1), "betas": recipe.betas, "eps": recipe.eps}
     try:
-        optimizer = torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=True)
+        optimizer = kind(groups, fused=True, **settings)
     except (RuntimeError, TypeError):
-        return torch.optim.Adam(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, foreach=True)
+        return kind(groups, foreach=True, **settings)
 
     def mark_updated(opt: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         for group in opt.param_groups:
@@ -28,3 +39,11 @@ def make_adam(params: Iterable[torch.nn.Parameter], *, betas: tuple[float, float
 
     optimizer.register_step_post_hook(mark_updated)
     return optimizer
+
+
+def make_adam(params: Iterable[torch.nn.Parameter], *, betas: tuple[float, float] = (0.9, 0.98),
+              eps: float = 1e-9, weight_decay: float = 0.0, lr: float = 0.0) -> torch.optim.Optimizer:
+    """The paper's Adam at a fixed rate (for benchmarks and tests that step by hand)."""
+    recipe = Recipe(optimizer="adam", schedule="constant", peak_lr=lr, warmup=1, total_steps=1, betas=betas, eps=eps,
+                    weight_decay=weight_decay)
+    return make_optimizer(params, recipe)
