@@ -91,6 +91,16 @@ class Tokenizer:
         """Number of ids, special tokens included."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def byte_fallback_size(self) -> int:
+        """Number of byte-fallback ids (`<0x00>`..`<0xFF>`): 256 for the lossless kinds, else 0."""
+        return sum(self.backend.token_to_id(token) is not None for token in BYTE_TOKENS)
+
+    @property
+    def learned_size(self) -> int:
+        """Number of ids learned from the training text (neither special nor byte fallback)."""
+        return self.vocab_size - len(self.backend.get_added_tokens_decoder()) - self.byte_fallback_size
+
     # -- text <-> ids -----------------------------------------------------------------------
     def tokenize(self, text: str) -> list[str]:
         """The subword strings of `text` as the vocabulary stores them, without special tokens."""
@@ -207,10 +217,9 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
         backend = _train_word_split(texts, kind, vocab_size, special, lowercase, min_frequency)
     mask = MASK if MASK in special else None
     tokenizer = Tokenizer(backend, mask=mask, literal_specials=True)
-    learned = tokenizer.vocab_size - len(special) - (len(BYTE_TOKENS) if kind in LOSSLESS_KINDS else 0)
-    if kind != "char" and learned + len(special) < vocab_size:
+    if kind != "char" and tokenizer.learned_size + len(special) < vocab_size:
         logger.info("vocabulary: %d tokens learned of the %d asked (the corpus supports no more at min_frequency %d)",
-                    learned, vocab_size - len(special), min_frequency)
+                    tokenizer.learned_size, vocab_size - len(special), min_frequency)
     return tokenizer
 
 

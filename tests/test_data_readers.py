@@ -11,16 +11,15 @@ from aiayn.training.config import load_run_config
 
 def test_tsv_parallel_reads_and_counts_empty_lines(tmp_path):
     path = tmp_path / "train.tsv"
-    path.write_text("one\teins\n\ntwo\tzwei\n", encoding="utf-8")
+    path.write_text("one\teins\n\ntwo\tzwei\n\tdrei\nfour\t \n", encoding="utf-8")
     examples, stats = read_parallel(str(path))
     assert [(e.source, e.target) for e in examples] == [("one", "eins"), ("two", "zwei")]
-    assert stats.kept == 2 and stats.empty == 1
-    assert "1 empty lines skipped" in stats.summary()
+    assert stats.kept == 2 and stats.empty == 1 and stats.empty_side == [4, 5]
+    assert "1 empty lines skipped, 2 pairs with an empty side skipped (line 4, 5)" in stats.summary()
 
 
 @pytest.mark.parametrize("content, message", [
     ("one\teins\ntwo zwei\n", ":2: expected 2 tab-separated columns"),
-    ("one\teins\n\tzwei\n", ":2: empty source"),
     ("a\tb\tc\n", ":1: expected 2 tab-separated columns"),
 ])
 def test_malformed_tsv_rows_name_file_and_line(tmp_path, content, message):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiayn.data.check import check_splits
 from aiayn.data.readers import (
     ReadStats,
     read_classification,
@@ -52,6 +53,7 @@ class PreparedData:
     valid: EncodedSplit
     test: EncodedSplit
     stats: list[ReadStats] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # the data check and vocabulary, for the run's report
 
     @property
     def shared_tokenizer(self) -> bool:
@@ -128,14 +130,28 @@ def train_tokenizers(cfg: Any, train: list) -> tuple[Tokenizer, Tokenizer]:
         if cfg.objective == "seq2seq":
             texts += _texts(cfg.objective, train, "target")
         shared = train_tokenizer(texts, vocab_size=cfg.vocab_size, kind=kind, extra_special=extra,
-                                 lowercase=cfg.lowercase)
+                                 lowercase=cfg.lowercase, min_frequency=cfg.vocab_min_frequency)
         return shared, shared
     source = train_tokenizer(_texts(cfg.objective, train, "source"), vocab_size=cfg.vocab_size, kind=kind,
-                             lowercase=cfg.lowercase)
+                             lowercase=cfg.lowercase, min_frequency=cfg.vocab_min_frequency)
     target = train_tokenizer(_texts(cfg.objective, train, "target"),
                              vocab_size=cfg.target_vocab_size or cfg.vocab_size,
-                             kind=cfg.target_tokenizer or kind, lowercase=cfg.lowercase)
+                             kind=cfg.target_tokenizer or kind, lowercase=cfg.lowercase,
+                             min_frequency=cfg.vocab_min_frequency)
     return source, target
+
+
+def vocabulary_note(tokenizer: Tokenizer, asked: int, side: str = "") -> str:
+    """`vocabulary: 718 ids (458 learned of the 7996 asked: all the corpus supports), ...` for the run's report."""
+    learned = tokenizer.learned_size
+    special = tokenizer.vocab_size - learned - tokenizer.byte_fallback_size
+    note = f"vocabulary{' ' + side if side else ''}: {tokenizer.vocab_size} ids ({learned} learned"
+    if learned + special < asked:
+        note += f" of the {asked - special} asked: all that pairs seen vocab_min_frequency times or more give"
+    note += f", {special} special"
+    if tokenizer.byte_fallback_size:
+        note += f", {tokenizer.byte_fallback_size} byte fallback"
+    return note + ")"
 
 
 def label_names(objective: str, train: list) -> list[str]:
@@ -202,9 +218,25 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
 
 def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = None,
                  labels: list[str] | None = None) -> PreparedData:
-    """Read (or generate) the splits, train tokenizers unless given, and encode everything."""
+    """Read (or generate) the splits, check them, train tokenizers unless given, and encode everything.
+
+    Files (not built-in tasks) pass the data check (`aiayn.data.check`); its summary and, for
+    trained tokenizers, the vocabulary sizes are in `PreparedData.notes`.
+    """
     train, valid, test, stats = raw_splits(cfg)
-    source, target = tokenizers if tokenizers is not None else train_tokenizers(cfg, train)
+    notes = []
+    if not cfg.task and cfg.objective in ("seq2seq", "sequence_classification"):
+        train, valid, test, report = check_splits(train, valid, test, drop=cfg.clean)
+        notes.append(report.summary())
+    if tokenizers is None:
+        source, target = train_tokenizers(cfg, train)
+        if source is target:
+            notes.append(vocabulary_note(source, cfg.vocab_size))
+        else:
+            notes += [vocabulary_note(source, cfg.vocab_size, "source"),
+                      vocabulary_note(target, cfg.target_vocab_size or cfg.vocab_size, "target")]
+    else:
+        source, target = tokenizers
     if labels is None:
         labels = label_names(cfg.objective, train)
     if cfg.objective == "masked_lm" and source.mask_id is None:
@@ -217,7 +249,7 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
     if not splits["train"].items:
         raise ValueError("every training example is over the length limits (max_source_len / max_target_len)")
     return PreparedData(cfg.objective, source, target, labels, splits["train"], splits["valid"], splits["test"],
-                        stats)
+                        stats, notes)
 
 
 def save_data_artifacts(directory: str | Path, data: PreparedData) -> None:

@@ -26,6 +26,7 @@ class ReadStats:
     path: str = ""
     kept: int = 0
     empty: int = 0
+    empty_side: list[int] = field(default_factory=list)  # line numbers of pairs with one side empty
     too_long: int = 0
     notes: list[str] = field(default_factory=list)
 
@@ -34,6 +35,9 @@ class ReadStats:
         parts = [f"{self.kept} kept"]
         if self.empty:
             parts.append(f"{self.empty} empty lines skipped")
+        if self.empty_side:
+            lines = ", ".join(map(str, self.empty_side[:3])) + (", ..." if len(self.empty_side) > 3 else "")
+            parts.append(f"{len(self.empty_side)} pairs with an empty side skipped (line {lines})")
         if self.too_long:
             parts.append(f"{self.too_long} over the length limit dropped")
         return f"{self.path}: " + ", ".join(parts)
@@ -119,8 +123,8 @@ def read_parallel(path: str, *, fmt: str = "auto", source_field: str = "source",
                 stats.empty += 1
                 continue
             if not src.strip() or not tgt.strip():
-                side = src_path if not src.strip() else tgt_path
-                raise DataError(f"{side}:{number}: empty line opposite a non-empty one")
+                stats.empty_side.append(number)  # nothing to learn from; counted and reported
+                continue
             examples.append(ParallelExample(src.strip(), tgt.strip()))
         stats.kept = len(examples)
         return examples, stats
@@ -141,7 +145,8 @@ def read_parallel(path: str, *, fmt: str = "auto", source_field: str = "source",
         else:
             raise ValueError(f"{path}: parallel text must be .tsv, .jsonl or two files SRC,TGT (format {kind!r})")
         if not src.strip() or not tgt.strip():
-            raise DataError(f"{path}:{number}: empty {'source' if not src.strip() else 'target'}")
+            stats.empty_side.append(number)
+            continue
         examples.append(ParallelExample(src.strip(), tgt.strip()))
     stats.kept = len(examples)
     return examples, stats

@@ -205,6 +205,8 @@ class Trainer:
         if main:
             for stats in data.stats:
                 self.report("data " + stats.summary())
+            for note in data.notes:
+                self.report(note)
             self.report(f"data splits: {len(data.train.items)} train, {len(data.valid.items)} valid, "
                         f"{len(data.test.items)} test examples" + (f"; {self.world} processes" if self.world > 1
                                                                     else ""))
