@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli.main import main
-from aiayn.training import demo
+from aiayn.training import config as config_module
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "training.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "training.md"
 TINY_TRAIN = ["threads=1", "max_steps=3", "warmup=10", "max_tokens=200", "vocab_size=60", "task_train=50",
               "task_valid=10", "task_test=10", "show_examples=1"]
 TINY_MODEL = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1",
@@ -51,10 +52,16 @@ def test_every_documented_command_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     _data(tmp_path)
     (tmp_path / "run.toml").write_text(_blocks("toml")[0], encoding="utf-8")
-    tiny_demo = {**demo.DEMO_CONFIG, "task_train": 60, "task_valid": 10, "task_test": 10, "epochs": 1,
-                 "average_last": 0, "model": {"preset": "tiny", "d_model": 16, "n_heads": 2, "d_ff": 32,
-                                              "n_encoder_layers": 1, "n_decoder_layers": 1}}
-    monkeypatch.setattr(demo, "DEMO_CONFIG", tiny_demo)
+    demo = (ROOT / "examples" / "demo.toml").read_text(encoding="utf-8")
+    tiny_demo = tmp_path / "demo.toml"  # the shipped demo, cut down to seconds
+    for big, small in (("task_train = 8000", "task_train = 60"), ("task_valid = 300", "task_valid = 10"),
+                       ("task_test = 500", "task_test = 10"), ("epochs = 20", "epochs = 1"),
+                       ("average_last = 5", "average_last = 0"), ("d_model = 128", "d_model = 16"),
+                       ("d_ff = 256", "d_ff = 32")):
+        assert big in demo
+        demo = demo.replace(big, small)
+    tiny_demo.write_text(demo, encoding="utf-8")
+    monkeypatch.setattr(config_module, "example_config", lambda name: tiny_demo)
     commands = [line for block in _blocks("sh") for line in block.splitlines() if line.startswith("aiayn ")]
     assert len(commands) >= 12
     for command in commands:

@@ -25,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     d = subparsers.add_parser("demo", help="the main job on its built-in default")
     d.add_argument("--run", help="run directory (default: a new runs/demo[-N])")
+    d.add_argument("--config", help="a run config (default: examples/demo.toml)")
     d.set_defaults(func=cmd_demo)
 
 
@@ -67,4 +68,4 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The built-in demonstration: train English -> German number words, then evaluate on held-out numbers."""
     from aiayn.cli.train import run_demo
 
-    return run_demo(getattr(args, "run", None))
+    return run_demo(args.run, args.config)

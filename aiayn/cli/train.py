@@ -135,20 +135,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_demo(run_dir: str | None = None) -> int:
-    """Train the built-in number translation task and print test exact match, BLEU and examples."""
-    from aiayn.training.config import load_run_config
-    from aiayn.training.demo import DEMO_CONFIG
+def run_demo(run_dir: str | None = None, config: str | None = None) -> int:
+    """Train the number translation task of `examples/demo.toml`; print test exact match, BLEU and examples."""
+    from aiayn.training.config import example_config, load_run_config
 
     if run_dir is None:
         run_dir, n = "runs/demo", 1
         while Path(run_dir).exists():
             n += 1
             run_dir = f"runs/demo-{n}"
-    run = load_run_config(None, (), base=DEMO_CONFIG)
+    path = config or example_config("demo")
+    run = load_run_config(path)
     cfg = run.train
-    print(f"aiayn demo: English -> German number words (num2words), {cfg.task_train} training / "
+    model = run.model_config(vocab_size=cfg.vocab_size)
+    print(f"aiayn demo ({path}): English -> German number words (num2words), {cfg.task_train} training / "
           f"{cfg.task_test} held-out test numbers below {cfg.task_max_number}, disjoint splits")
-    print(f"model: d_model={run.model_overrides['d_model']}, {run.model_overrides['n_encoder_layers']}+"
-          f"{run.model_overrides['n_decoder_layers']} layers; {cfg.epochs} epochs; run directory {run_dir}")
+    print(f"model: d_model={model.d_model}, {model.n_encoder_layers}+{model.n_decoder_layers} layers; "
+          f"{cfg.epochs} epochs; run directory {run_dir}")
     return _train(run, run_dir, resume=False, progress=True)

@@ -211,6 +211,15 @@ class RunConfig:
         return {**self.train.to_dict(), "model": {"preset": self.model_preset, **self.model_overrides}}
 
 
+def example_config(name: str) -> Path:
+    """The path of a shipped example config, `examples/NAME.toml` (inside the package as `aiayn/examples`)."""
+    path = Path(__file__).resolve().parents[1] / "examples" / f"{name}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in path.parent.glob("*.toml"))
+        raise FileNotFoundError(f"no example config {name!r}; the examples are: {', '.join(known)}")
+    return path
+
+
 def _read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():

@@ -1,0 +1,47 @@
+"""`aiayn corpus`: write a real parallel corpus that this machine already has as train/valid/test TSV files."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `aiayn corpus`."""
+    c = subparsers.add_parser(
+        "corpus", help="write English -> LANG pairs from the system's gettext catalogs",
+        description="Read the compiled gettext catalogs (/usr/share/locale/LANG/LC_MESSAGES/*.mo), keep the "
+                    "msgid -> msgstr pairs that are text (no format templates), one translation per English "
+                    "source, and write a seeded train/valid/test split as TSV files.")
+    c.add_argument("--lang", default="fr", help="target language of the catalogs (default: fr)")
+    c.add_argument("--out", required=True, help="directory for train.tsv, valid.tsv, test.tsv and corpus.json")
+    c.add_argument("--locale-dir", default="/usr/share/locale", help="where the catalogs are")
+    c.add_argument("--valid", type=int, default=1000, help="valid pairs (default 1000)")
+    c.add_argument("--test", type=int, default=2000, help="test pairs (default 2000)")
+    c.add_argument("--seed", type=int, default=0)
+    c.set_defaults(func=cmd_corpus)
+
+
+def cmd_corpus(args: argparse.Namespace) -> int:
+    """Write the gettext corpus."""
+    from aiayn.data.gettext import read_gettext, write_tsv
+
+    out = Path(args.out)
+    names = ("train.tsv", "valid.tsv", "test.tsv", "corpus.json")
+    if out.exists() and (not out.is_dir() or any(p.name not in names for p in out.iterdir())):
+        raise ValueError(f"{out} exists and holds other files; choose a new --out directory")
+    corpus = read_gettext(args.lang, locale_dir=args.locale_dir, seed=args.seed, n_valid=args.valid,
+                          n_test=args.test)
+    for name in ("train", "valid", "test"):
+        write_tsv(out / f"{name}.tsv", getattr(corpus, name))
+    info = {"lang": args.lang, "locale_dir": args.locale_dir, "seed": args.seed, "catalogs": corpus.catalogs,
+            "messages": corpus.messages, "templates_dropped": corpus.templates,
+            "pairs": {name: len(getattr(corpus, name)) for name in ("train", "valid", "test")}}
+    from aiayn.io import atomic_write_bytes
+
+    atomic_write_bytes(out / "corpus.json", (json.dumps(info, indent=2) + "\n").encode())
+    print(f"{len(corpus.catalogs)} catalogs, {corpus.messages} messages, {corpus.templates} templates dropped, "
+          f"{sum(info['pairs'].values())} unique English sources: {info['pairs']['train']} train, "
+          f"{info['pairs']['valid']} valid, {info['pairs']['test']} test pairs in {out}")
+    return 0
