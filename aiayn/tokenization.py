@@ -13,11 +13,13 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from aiayn.rundir import TOKENIZER as TOKENIZER_NAME
+from aiayn.rundir import TOKENIZER_META as META_NAME
+from aiayn.rundir import atomic_output, atomic_write_text
+
 PAD, BOS, EOS, UNK, MASK, CLS = "<pad>", "<s>", "</s>", "<unk>", "<mask>", "<cls>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 KINDS = ("bpe", "wordpiece", "char")
-TOKENIZER_NAME = "tokenizer.json"
-META_NAME = "tokenizer_meta.json"
 
 
 class Tokenizer:
@@ -101,8 +103,9 @@ class Tokenizer:
         """Write `tokenizer.json` and `tokenizer_meta.json` into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.backend.save(str(directory / TOKENIZER_NAME))
-        (directory / META_NAME).write_text(json.dumps(self.special, indent=2) + "\n", encoding="utf-8")
+        with atomic_output(directory / TOKENIZER_NAME) as tmp:
+            self.backend.save(str(tmp))
+        atomic_write_text(directory / META_NAME, json.dumps(self.special, indent=2) + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
@@ -112,8 +115,27 @@ class Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"{directory}: {TOKENIZER_NAME} is missing")
         meta_path = directory / META_NAME
-        special = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-        return cls(HFTokenizer.from_file(str(path)), **special)
+        special = {}
+        if meta_path.is_file():
+            try:
+                special = json.loads(meta_path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise ValueError(f"{meta_path}: not valid JSON ({err})") from None
+            if not isinstance(special, dict) or not set(special) <= {"pad", "bos", "eos", "unk", "mask"}:
+                raise ValueError(f"{meta_path}: expected an object naming the pad, bos, eos, unk and mask tokens")
+        backend = read_backend(path)
+        try:
+            return cls(backend, **special)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+def read_backend(path: str | Path) -> HFTokenizer:
+    """A Hugging Face `tokenizer.json`; a damaged file is a ValueError that names it."""
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as err:  # the Rust side raises a bare Exception for every parse problem
+        raise ValueError(f"{path}: not a readable tokenizer file ({err})") from None
 
 
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str = "bpe",

@@ -47,12 +47,11 @@ def _read_lines(args: argparse.Namespace) -> list[str]:
         raise ValueError("give sentences either as arguments or with --input, not both")
     if args.text:
         return list(args.text)
+    from aiayn.data.readers import read_lines, split_lines
+
     if args.input:
-        path = Path(args.input)
-        if not path.is_file():
-            raise FileNotFoundError(f"input file {path} does not exist")
-        return path.read_text(encoding="utf-8").splitlines()
-    return sys.stdin.read().splitlines()
+        return read_lines(args.input)
+    return split_lines(sys.stdin.read().removeprefix("\ufeff"))
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -113,6 +112,8 @@ def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from aiayn.rundir import atomic_output
+
     per_layer = weights.float().mean(dim=1)  # (n_layers, T, S): heads averaged
     n_layers = per_layer.shape[0]
     if layer == "all":
@@ -141,7 +142,7 @@ def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[s
         ax.set_title(title)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
     return path
