@@ -242,11 +242,13 @@ class RunLock:
 
     The operating system releases it when the process ends, however it ends (SIGKILL included), so
     a stale lock never blocks a resume. Where `fcntl` does not exist (Windows) it locks nothing.
+    A directory the lock created and nothing else filled (a run that failed at its start) goes on release.
     """
 
     def __init__(self, run_dir: str | Path):
         self.path = Path(run_dir) / LOCK
         self._handle: IO | None = None
+        self._created = False
 
     def acquire(self) -> RunLock:
         """Take the lock or raise `RunBusy` at once (never waits)."""
@@ -255,6 +257,7 @@ class RunLock:
         except ImportError:  # pragma: no cover - not on POSIX
             logger.warning("no file locking on this system: do not train twice in %s", self.path.parent)
             return self
+        self._created = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         handle = open(self.path, "a+", encoding="utf-8")
         try:
@@ -278,9 +281,14 @@ class RunLock:
 
     def release(self) -> None:
         """Let go of the lock (closing the file releases it)."""
-        if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+        if self._handle is None:
+            return
+        self._handle.close()
+        self._handle = None
+        if self._created and [p.name for p in self.path.parent.iterdir()] == [LOCK]:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+                self.path.parent.rmdir()
 
     def __enter__(self) -> RunLock:
         return self.acquire()

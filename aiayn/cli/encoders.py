@@ -182,6 +182,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         model = load_model(source)
         tokenizer = Tokenizer.load(source) if (source / "tokenizer.json").is_file() else None
+    if not args.onnx:
+        from aiayn.interop.bert import config_to_bert
+
+        config_to_bert(model.config)  # an option BERT cannot express: refused before anything is written
     out = claim_for_export(args.out, force=args.force, fmt="onnx" if args.onnx else "hf")
     if args.onnx:
         from aiayn.interop.bert import _export_tokenizer

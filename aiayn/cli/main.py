@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 import threading
@@ -45,10 +46,22 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(f"aiayn.cli.{name}").register(subparsers)
     for sub in subparsers.choices.values():  # `aiayn train ... --debug` works as well as `aiayn --debug train`
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.set_defaults(commands=subparsers.choices)
     return parser
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+_signalled: list[int] = []  # signals received while the command runs
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM: stop with `interrupted`; a second one ends the process at once.
+
+    Raised at whatever line runs, a KeyboardInterrupt can be swallowed by a library's bare `except`
+    (inside an import, say); the record of it lets the command stop at its next check instead.
+    """
+    if _signalled:
+        os._exit(INTERRUPTED)
+    _signalled.append(signum)
     raise KeyboardInterrupt
 
 
@@ -58,9 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     SIGTERM is handled like Ctrl-C for the whole command (files being written are left as they were;
     `aiayn train` saves a checkpoint), and so is a Ctrl-C that comes while the command is still starting.
     """
-    previous = None
+    previous = {}
+    _signalled.clear()
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     command, debug = "", "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
         parser = build_parser()
@@ -71,23 +85,26 @@ def main(argv: list[str] | None = None) -> int:
             # command's free list; argparse alone only takes them before the first option.
             target = next((name for name in POSITIONAL_LISTS if isinstance(getattr(args, name, None), list)), None)
             if target is None or any(item.startswith("-") for item in extra):
-                parser.error(f"unrecognized arguments: {' '.join(extra)}")
+                args.commands.get(command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
             getattr(args, target).extend(extra)
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                             format="%(levelname)s %(name)s: %(message)s")
         if not getattr(args, "func", None):
             parser.print_help()
             return BAD_INPUT
+        if _signalled:  # an interrupt while starting up that an import swallowed
+            raise KeyboardInterrupt
         return int(args.func(args) or 0)
     except BrokenPipeError:
         return 0
     except Exception as err:
-        return _report(err, command, debug)
+        # an error after an interrupt is its consequence (a half-finished import): report the interrupt
+        return _interrupted(command) if _signalled and not debug else _report(err, command, debug)
     except KeyboardInterrupt as err:
         return _report(err, command, debug) if debug else _interrupted(command)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _interrupted(command: str) -> int:

@@ -171,6 +171,7 @@ class Trainer:
         self.last_valid: float | None = None
         self.last_saved_step = -1
         self._stop_requested = False
+        self._looping = False
         self.rank, self.world = 0, 1
         self.ddp: nn.Module | None = None
 
@@ -329,7 +330,8 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self._stop_requested:
+        if self._stop_requested or not self._looping:  # a second signal, or one before any step: stop now
+            self._stop_requested = True
             raise KeyboardInterrupt
         self._stop_requested = True
         name = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
@@ -348,11 +350,11 @@ class Trainer:
                 self.lock.release()
 
     def _fit(self) -> TrainResult:
-        self._setup()
         previous = {}
-        if threading.current_thread() is threading.main_thread() and self.world == 1:
+        if threading.current_thread() is threading.main_thread() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
             previous = {sig: signal.signal(sig, self._on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
+            self._setup()
             finished = self._loop()
         finally:
             for sig, handler in previous.items():
@@ -385,6 +387,7 @@ class Trainer:
                    dynamic_ncols=True,
                    desc="train")
         tokens, clock, window = 0, time.perf_counter(), []
+        self._looping = True
         try:
             while not self._done():
                 batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=self.epoch,
