@@ -166,6 +166,8 @@ class RunConfig:
 
 def _read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"config file {path} is a directory; give a .toml or .json file")
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
     text = path.read_text(encoding="utf-8")
