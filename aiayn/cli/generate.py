@@ -63,6 +63,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise ValueError(f"--beam must be at least 1, got {args.beam}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.show_attention and Path(args.show_attention).is_dir():
+        raise IsADirectoryError(f"--show-attention {args.show_attention} is a directory; give a .png file name")
     model = load_model(args.run)
     if not getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(f"{args.run} holds an encoder-only model; translate needs an encoder-decoder")
