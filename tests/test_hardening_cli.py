@@ -158,8 +158,8 @@ class Case:
     ignore: tuple = field(default_factory=tuple)
 
 
-CASES = [
-    # -- never destroy what the tool did not write ---------------------------------------------
+# directories the command did not write
+DIRECTORIES = [
     Case("train --run '' (the current directory)", ["train", "task=copy", "--run", ""], 2, r"--run is empty"),
     Case("train --run . holding the user's files", ["train", "task=copy", "--run", "."], 2,
          r"\. holds files aiayn did not write \(\w+, [\w.]+, \w+ and \d+ more\); training would write .*--force"),
@@ -183,7 +183,10 @@ CASES = [
     Case("export --out ''", ["export", "--model", "enc", "--out", ""], 2, r"--out is empty"),
     Case("second train on a locked run", ["train", "--run", "run", "--resume"], 5,
          r"run is in use: process \d+ is training in it", prepare=locked),
-    # -- configs -----------------------------------------------------------------------------------
+]
+
+# configs, from the command line, TOML and JSON alike
+CONFIGS = [
     Case("task=numbers with train=good.tsv", ["train", "task=numbers", "train=good.tsv", "--run", "new"], 2,
          r"task=numbers makes its own data but train=good.tsv names files too"),
     Case("JSON config: a string where a bool belongs", ["train", "c.json", "--run", "new"], 2,
@@ -206,7 +209,15 @@ CASES = [
     Case("unknown config key", ["train", "task=copy", "epochz=3", "--run", "new"], 2, r"unknown config key 'epochz'"),
     Case("train_config.json damaged", ["eval", "--run", "run"], 2, r"run/train_config.json:1: invalid JSON",
          prepare=write("run/train_config.json", "{")),
-    # -- data --------------------------------------------------------------------------------------
+    Case("a config file that is a directory", ["train", "data", "--run", "new"], 2,
+         r"config file data is a directory; give a .toml or .json file"),
+    Case("resume: train_config.json with a wrong type", ["train", "--run", "run", "--resume"], 2,
+         r"run/train_config.json: training key bf16 must be true or false, got 'no'",
+         prepare=edit_json("run/train_config.json", lambda c: c.update(bf16="no"))),
+]
+
+# data files and text inputs
+DATA = [
     Case("train= a directory", ["train", "train=data", "--run", "new"], 2,
          r"data file data is a directory; give a file"),
     Case("train= a missing file", ["train", "train=nope.tsv", "--run", "new"], 2, r"data file nope.tsv does not exist"),
@@ -214,7 +225,19 @@ CASES = [
          r"bad.tsv:2: expected 2 tab-separated columns", prepare=write("bad.tsv", "a\tb\nonly one\n")),
     Case("data that is not UTF-8", ["train", "train=latin.tsv", "--run", "new"], 2, r"latin.tsv: not UTF-8 text",
          prepare=lambda s: Path(s, "latin.tsv").write_bytes("caf\xe9\tx\n".encode("latin-1"))),
-    # -- models, checkpoints, tokenizers -----------------------------------------------------------
+    Case("eval --data a directory", ["eval", "--run", "run", "--data", "data"], 2, r"data file data is a directory"),
+    Case("params --config a directory", ["params", "--config", "data"], 2, r"data: Is a directory"),
+    Case("translate --input a directory", ["translate", "--run", "run", "--input", "data"], 2,
+         r"input file data is a directory"),
+    Case("search --corpus a directory", ["search", "--model", "enc", "--corpus", "data", "q"], 2,
+         r"corpus file data is a directory"),
+    Case("embed -o a directory", ["embed", "--model", "enc", "x", "-o", "data"], 2, r"--output data is a directory"),
+    Case("translate --show-attention a directory", ["translate", "--run", "run", "hi", "--show-attention", "data"],
+         2, r"--show-attention data is a directory; give a .png file name"),
+]
+
+# models, checkpoints, tokenizers
+MODELS = [
     Case("truncated model.safetensors", ["translate", "--run", "run", "hello"], 2,
          r"run/model.safetensors is not a complete safetensors file", prepare=truncate("run/model.safetensors")),
     Case("empty model.safetensors", ["translate", "--run", "run", "hello"], 2,
@@ -258,31 +281,6 @@ CASES = [
          r"./typo/minilm: no such checkpoint directory", patch=no_network),
     Case("a --model path whose folder exists", ["embed", "--model", "data/minilm", "x"], 2,
          r"data/minilm: no such checkpoint directory", patch=no_network),
-    # -- arguments and inputs -----------------------------------------------------------------------
-    Case("--min-len above --max-len", ["translate", "--run", "run", "hi", "--min-len", "5", "--max-len", "3"], 2,
-         r"min_len 5 is above max_len 3"),
-    Case("translate --input a directory", ["translate", "--run", "run", "--input", "data"], 2,
-         r"input file data is a directory"),
-    Case("embed -o a directory", ["embed", "--model", "enc", "x", "-o", "data"], 2, r"--output data is a directory"),
-    Case("search --corpus a directory", ["search", "--model", "enc", "--corpus", "data", "q"], 2,
-         r"corpus file data is a directory"),
-    Case("search --index a file aiayn did not write", ["search", "--model", "enc", "--corpus", "good.tsv",
-                                                       "--index", "notes.txt", "q"], 2,
-         r"notes.txt: not an aiayn search index .*left as it is"),
-    Case("an unknown option", ["trace", "--run", "run", "--bogus"], 2,
-         r"unrecognized arguments: --bogus \(see aiayn trace --help\)"),
-    Case("a missing required option", ["train", "task=copy"], 2, r"the following arguments are required: --run"),
-    Case("a config file that is a directory", ["train", "data", "--run", "new"], 2,
-         r"config file data is a directory; give a .toml or .json file"),
-    Case("params --config a directory", ["params", "--config", "data"], 2, r"data: Is a directory"),
-    Case("eval --data a directory", ["eval", "--run", "run", "--data", "data"], 2, r"data file data is a directory"),
-    Case("translate --show-attention a directory", ["translate", "--run", "run", "hi", "--show-attention", "data"],
-         2, r"--show-attention data is a directory; give a .png file name"),
-    Case("--init-from a file", ["train", "task=compare", "objective=sequence_classification", "--init-from",
-                                "notes.txt", "--run", "new"], 2, r"notes.txt is not a checkpoint directory"),
-    Case("resume: train_config.json with a wrong type", ["train", "--run", "run", "--resume"], 2,
-         r"run/train_config.json: training key bf16 must be true or false, got 'no'",
-         prepare=edit_json("run/train_config.json", lambda c: c.update(bf16="no"))),
     Case("eval --checkpoint damaged", ["eval", "--run", "run", "--checkpoint", "step-00000001"], 2,
          r"step-00000001/model.safetensors is not a complete safetensors file",
          prepare=truncate("run/checkpoints/step-00000001/model.safetensors", 0.9)),
@@ -290,10 +288,27 @@ CASES = [
          r"cannot export to BERT format: n_decoder_layers must be 0"),
     Case("translate with an encoder-only model", ["translate", "--run", "enc", "hi"], 2,
          r"enc holds an encoder-only model; translate needs an encoder-decoder"),
+    Case("--init-from a file", ["train", "task=compare", "objective=sequence_classification", "--init-from",
+                                "notes.txt", "--run", "new"], 2, r"notes.txt is not a checkpoint directory"),
+]
+
+# arguments
+ARGUMENTS = [
+    Case("--min-len above --max-len", ["translate", "--run", "run", "hi", "--min-len", "5", "--max-len", "3"], 2,
+         r"min_len 5 is above max_len 3"),
+    Case("search --index a file aiayn did not write", ["search", "--model", "enc", "--corpus", "good.tsv",
+                                                       "--index", "notes.txt", "q"], 2,
+         r"notes.txt: not an aiayn search index .*left as it is"),
+    Case("an unknown option", ["trace", "--run", "run", "--bogus"], 2,
+         r"unrecognized arguments: --bogus \(see aiayn trace --help\)"),
+    Case("a missing required option", ["train", "task=copy"], 2, r"the following arguments are required: --run"),
     Case("a value argparse cannot read", ["trace", "--seed", "x"], 2, r"argument --seed: invalid int value: 'x'"),
     Case("a choice argparse does not know", ["eval", "--run", "run", "--split", "dev"], 2,
          r"argument --split: invalid choice: 'dev'"),
-    # -- the system refuses --------------------------------------------------------------------------
+]
+
+# the system refuses, numbers go bad
+SYSTEM = [
     Case("embed -o out.npy on a full disk", ["embed", "--model", "enc", "x", "-o", "notes.npy"], 4,
          r"notes.npy: No space left on device; free some disk space", patch=partial_then_full_disk,
          prepare=lambda s: np.save(Path(s, "notes.npy"), np.ones(3))),
@@ -303,12 +318,15 @@ CASES = [
          r"new/train_config.json: No space left on device", patch=full_disk, new_files=True),
     Case("permission denied", ["export", "--model", "enc", "--out", "export"], 4,
          r"export/aiayn_export.json: Permission denied; check the file's permissions", patch=read_only),
-    # -- numbers --------------------------------------------------------------------------------------
     Case("non-finite evaluation loss", ["eval", "--run", "run"], 3, r"the loss on test is nan \(not finite\)",
          prepare=lambda s: save_file({k: v * 1e30 if v.dim() > 1 else v
                                       for k, v in load_file(Path(s, "run/model.safetensors")).items()},
                                      Path(s, "run/model.safetensors"))),
 ]
+
+AREAS = {"directories": DIRECTORIES, "configs": CONFIGS, "data": DATA, "models": MODELS,
+         "arguments": ARGUMENTS, "system": SYSTEM}
+CASES = [case for cases in AREAS.values() for case in cases]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
@@ -413,3 +431,19 @@ def test_a_disk_that_fills_mid_run_keeps_the_last_checkpoint_and_says_how_to_res
     monkeypatch.setattr(torch, "save", real_save)
     assert main(["train", "--run", "new", "--resume", "--no-progress"]) == 0
     assert "resumed from new/checkpoints/step-00000001" in capsys.readouterr().out
+
+
+def test_the_readme_summarises_this_table_and_the_exit_codes():
+    from test_hardening_api import API_CASES
+
+    from aiayn.cli import errors
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## When things go wrong", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in row.split("|")[1:-1]] for row in section.splitlines() if row.startswith("| ")]
+    counts = {cells[0].split()[0].strip(","): int(cells[1]) for cells in rows if len(cells) == 3 and cells[1].isdigit()}
+    assert counts == {**{area: len(cases) for area, cases in AREAS.items()}, "Python": len(API_CASES)}
+    assert f"runs {len(CASES)} hostile cases" in section and f"{len(API_CASES)} through the Python API" in section
+    codes = {int(cells[0]) for cells in rows if len(cells) == 2 and cells[0].isdigit()}
+    assert codes == {errors.OK, errors.INTERNAL, errors.BAD_INPUT, errors.NON_FINITE, errors.SYSTEM, errors.BUSY,
+                     errors.INTERRUPTED}

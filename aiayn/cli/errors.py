@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import errno
+import sys
 
 OK, INTERNAL, BAD_INPUT, NON_FINITE, SYSTEM, BUSY, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
 
@@ -44,13 +45,13 @@ def _os_line(err: OSError) -> str:
 def describe(err: BaseException) -> tuple[int, str]:
     """(exit code, one-line message) for an exception that ended a command."""
     from aiayn.rundir import RunBusy
-    from aiayn.training.loop import TrainingError
 
+    loop = sys.modules.get("aiayn.training.loop")  # only a command that trained can raise its TrainingError
     if isinstance(err, KeyboardInterrupt):
         return INTERRUPTED, "interrupted"
     if isinstance(err, RunBusy):
         return BUSY, str(err)
-    if isinstance(err, TrainingError):
+    if loop is not None and isinstance(err, loop.TrainingError):
         return NON_FINITE, str(err)
     if isinstance(err, OSError):
         code = BAD_INPUT if err.errno in _INPUT_ERRNOS or err.strerror is None else SYSTEM
