@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from aiayn.rundir import atomic_write_text
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
 PE_LAYOUTS = ("interleaved", "split")
@@ -167,7 +169,7 @@ class ModelConfig:
         """Serialise to JSON; also write it to `path` when given."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
+            atomic_write_text(path, text + "\n")
         return text
 
     @classmethod

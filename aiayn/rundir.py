@@ -86,7 +86,8 @@ def inspect_dir(path: str | Path) -> DirInfo:
         return DirInfo(path, MISSING, "nothing")
     if not path.is_dir():
         return DirInfo(path, FILE, "a file")
-    entries = sorted(p.name for p in path.iterdir() if p.name != LOCK)
+    # Hidden entries (.gitkeep, the lock) do not count: no file aiayn writes is hidden but the lock.
+    entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
     if not entries:
         return DirInfo(path, EMPTY, "nothing")
     if (path / TRAIN_CONFIG).is_file() or (path / CHECKPOINTS / "latest").is_file():
@@ -129,8 +130,8 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
     """Check that training may write into `run_dir`, create it and take its lock (returned, held).
 
     A new or empty directory starts a run; a run continues only with `resume`; anything else (a
-    Hugging Face checkpoint, an export, a model, other files) is refused unless `force`. A second
-    process gets `RunBusy` before anything else is looked at, and nothing is written before the checks.
+    Hugging Face checkpoint, an export, a model, other files) is refused unless `force`, before
+    anything is written. A run that another process is training in gives `RunBusy` at once.
     """
     info = inspect_dir(check_path_given(run_dir, "--run"))
     if info.kind != RUN and (resume or info.kind not in (MISSING, EMPTY)):

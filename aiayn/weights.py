@@ -83,11 +83,16 @@ def read_torch_file(path: str | Path) -> Any:
 
 def _aliases(model: nn.Module) -> dict[str, set[str]]:
     """For each state-dict key, the keys that share its storage (tied weights are saved once)."""
-    groups: dict[tuple[int, tuple[int, ...]], set[str]] = {}
     own = model.state_dict()
-    for name, tensor in own.items():
-        groups.setdefault((tensor.data_ptr(), tuple(tensor.shape)), set()).add(name)
-    return {name: groups[(tensor.data_ptr(), tuple(tensor.shape))] for name, tensor in own.items()}
+
+    def storage(name: str) -> tuple:
+        tensor = own[name]  # empty tensors share no data, whatever their pointer says
+        return (tensor.data_ptr(), tuple(tensor.shape)) if tensor.numel() else (name,)
+
+    groups: dict[tuple, set[str]] = {}
+    for name in own:
+        groups.setdefault(storage(name), set()).add(name)
+    return {name: groups[storage(name)] for name in own}
 
 
 def check_fits(model: nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:

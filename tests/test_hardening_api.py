@@ -212,10 +212,12 @@ def test_inspect_dir_tells_the_kinds_apart(tmp_path, saved):
     (tmp_path / "run" / "train_config.json").write_text("{}")
     (tmp_path / "exp").mkdir()
     (tmp_path / "exp" / "aiayn_export.json").write_text("{}")
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / ".gitkeep").write_text("")
     kinds = {name: inspect_dir(tmp_path / name).kind
-             for name in ("nothing", "empty", "f.txt", "hf", "run", "exp", "m")}
-    assert kinds == {"nothing": MISSING, "empty": EMPTY, "f.txt": FILE, "hf": HF_CHECKPOINT, "run": RUN,
-                     "exp": EXPORT, "m": MODEL}
+             for name in ("nothing", "empty", "hidden", "f.txt", "hf", "run", "exp", "m")}
+    assert kinds == {"nothing": MISSING, "empty": EMPTY, "hidden": EMPTY, "f.txt": FILE, "hf": HF_CHECKPOINT,
+                     "run": RUN, "exp": EXPORT, "m": MODEL}
     assert inspect_dir(tmp_path).kind == FOREIGN
 
 
