@@ -71,10 +71,9 @@ def _embedder(args: argparse.Namespace):
 
 
 def _read_lines(path: str, what: str = "input file") -> list[str]:
-    from aiayn.data.readers import read_lines, split_lines
+    from aiayn.data.readers import read_lines
 
-    lines = split_lines(sys.stdin.read().removeprefix("\ufeff")) if path == "-" else read_lines(path, what)
-    return [line for line in lines if line.strip()]
+    return [line for line in read_lines(path, what) if line.strip()]
 
 
 def _embed_with_progress(embedder, texts: list[str], args: argparse.Namespace) -> np.ndarray:

@@ -47,11 +47,9 @@ def _read_lines(args: argparse.Namespace) -> list[str]:
         raise ValueError("give sentences either as arguments or with --input, not both")
     if args.text:
         return list(args.text)
-    from aiayn.data.readers import read_lines, split_lines
+    from aiayn.data.readers import read_lines
 
-    if args.input:
-        return read_lines(args.input)
-    return split_lines(sys.stdin.read().removeprefix("\ufeff"))
+    return read_lines(args.input or "-")  # "-": stdin
 
 
 def cmd_translate(args: argparse.Namespace) -> int:

@@ -65,7 +65,7 @@ def _print_examples(result: dict) -> None:
 def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = False) -> int:
     from tqdm.auto import tqdm
 
-    from aiayn.cli.errors import describe
+    from aiayn.cli.errors import SYSTEM, describe
     from aiayn.training import Trainer
     from aiayn.training.checkpoint import latest_checkpoint
 
@@ -75,7 +75,7 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = Fal
         result = trainer.fit()
     except OSError as err:  # a full disk, say: what was saved before is intact
         code, line = describe(err)
-        last = trainer.lock is not None and latest_checkpoint(trainer.ckpt_dir)
+        last = code == SYSTEM and trainer.lock is not None and latest_checkpoint(trainer.ckpt_dir)
         hint = f"; {last} is intact: continue with aiayn train --run {run_dir} --resume" if last else ""
         print(f"aiayn train: error: {line}{hint}", file=sys.stderr)
         return code

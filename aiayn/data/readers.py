@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,7 +101,9 @@ def split_lines(text: str) -> list[str]:
 
 
 def read_lines(path: str | Path, what: str = "input file") -> list[str]:
-    """The lines of a UTF-8 text file (BOM dropped, split only at line ends)."""
+    """The lines of a UTF-8 text file, or of stdin for "-" (BOM dropped, split only at line ends)."""
+    if str(path) == "-":
+        return split_lines(sys.stdin.read().removeprefix("\ufeff"))
     return split_lines(read_text_file(path, what))
 
 
