@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from aiayn.rundir import atomic_write_text
+
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
 PE_LAYOUTS = ("interleaved", "split")
@@ -147,6 +149,7 @@ class ModelConfig:
                      "bias", "embedding_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        check_field_types(self, "model")  # what the checks above do not cover
 
     # -- round trips ---------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -166,7 +169,7 @@ class ModelConfig:
         """Serialise to JSON; also write it to `path` when given."""
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            Path(path).write_text(text + "\n", encoding="utf-8")
+            atomic_write_text(path, text + "\n")
         return text
 
     @classmethod
@@ -188,6 +191,28 @@ class ModelConfig:
     def with_overrides(self, overrides: list[str] | tuple[str, ...]) -> ModelConfig:
         """Apply CLI-style `key=value` overrides, parsing each value to the field's type."""
         return self.replace(**parse_overrides(overrides, type(self)))
+
+
+_TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
+
+
+def check_field_types(instance: Any, where: str) -> None:
+    """Raise ValueError when a dataclass field holds a value of the wrong type, whatever source it came from.
+
+    A string where a bool belongs ("false" in a JSON file) would otherwise count as true; an integer is
+    accepted where a float belongs. `where` ("model", "training") starts the message.
+    """
+    for f in fields(instance):
+        value = getattr(instance, f.name)
+        type_name = str(f.type).replace(" ", "")
+        if value is None and type_name.endswith("|None"):
+            continue
+        base = type_name.removesuffix("|None")
+        ok = {"bool": isinstance(value, bool), "int": isinstance(value, int) and not isinstance(value, bool),
+              "float": _is_number(value), "str": isinstance(value, str)}.get(base, True)
+        if not ok:
+            expected = _TYPE_WORDS[base] + (" or null" if type_name.endswith("|None") else "")
+            raise ValueError(f"{where} key {f.name} must be {expected}, got {value!r} ({type(value).__name__})")
 
 
 def _is_number(value: Any) -> bool:

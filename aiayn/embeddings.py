@@ -400,8 +400,8 @@ class SearchIndex:
                 if index.digest == key:
                     return index, False
                 log.info("%s is stale (corpus or settings changed); rebuilding", path)
-            except ValueError as err:
-                log.warning("%s; rebuilding", err)
+            except ValueError as err:  # a file aiayn did not write: never replaced
+                raise ValueError(f"{err}; it is left as it is: delete it or choose another index path") from None
         index = cls.build(texts, embedder, batch_size=batch_size, progress=progress)
         index.save(path)
         return index, True

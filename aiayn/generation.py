@@ -71,6 +71,8 @@ class GenerationConfig:
             raise ValueError(f"temperature must be positive, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.max_len is not None and self.min_len > self.max_len:
+            raise ValueError(f"min_len {self.min_len} is above max_len {self.max_len}: no output could end")
         if self.do_sample and self.beam_size > 1:
             raise ValueError("sampling decodes one hypothesis per sentence: use beam_size=1 with do_sample")
 

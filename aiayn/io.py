@@ -7,8 +7,7 @@ A model directory holds `config.json`, `model.safetensors` and, when saved with 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,27 +16,16 @@ from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.nn.model import build_model
+from aiayn.rundir import MODEL_CONFIG as CONFIG_NAME
+from aiayn.rundir import WEIGHTS as WEIGHTS_NAME
+from aiayn.rundir import atomic_output, atomic_write_bytes
+from aiayn.weights import load_weights
 
 if TYPE_CHECKING:
     from aiayn.tokenization import Tokenizer
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename, so readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+__all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "atomic_write_bytes", "load_config", "load_model", "load_tokenizers",
+           "save_model"]
 
 
 def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Tokenizer | None = None) -> Path:
@@ -46,14 +34,8 @@ def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Tokenizer 
     directory.mkdir(parents=True, exist_ok=True)
     cfg: ModelConfig = model.config
     # save_model (not save_file) de-duplicates tied weights (embedding = output projection).
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{WEIGHTS_NAME}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        safetensors.torch.save_model(model, tmp, metadata={"format": "pt", "aiayn": "1"})
-        os.replace(tmp, directory / WEIGHTS_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_output(directory / WEIGHTS_NAME) as tmp:
+        safetensors.torch.save_model(model, str(tmp), metadata={"format": "pt", "aiayn": "1"})
     atomic_write_bytes(directory / CONFIG_NAME, (cfg.to_json() + "\n").encode())
     if tokenizer is not None:
         tokenizer.save(directory)
@@ -61,30 +43,44 @@ def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Tokenizer 
 
 
 def load_config(directory: str | Path) -> ModelConfig:
-    """Read `config.json` from a model directory."""
-    path = Path(directory) / CONFIG_NAME
+    """Read `config.json` from a model directory; every key must be there (a default could decode differently)."""
+    directory = Path(directory)
+    path = directory / CONFIG_NAME
+    if not directory.is_dir():
+        raise (NotADirectoryError if directory.exists() else FileNotFoundError)(
+            f"{directory} is not an aiayn model directory (no such directory)")
     if not path.is_file():
         raise FileNotFoundError(f"{directory} is not an aiayn model directory: {CONFIG_NAME} is missing")
     try:
-        return ModelConfig.from_dict(json.loads(path.read_text(encoding="utf-8")))
-    except json.JSONDecodeError as err:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object of model settings, got {type(data).__name__}")
+    if "model_type" in data:
+        raise ValueError(f"{directory} holds a Hugging Face checkpoint (model_type {data['model_type']!r}), "
+                         "not an aiayn model; BERT-family encoders load with aiayn.interop.bert.load_pretrained")
+    missing = sorted({f.name for f in fields(ModelConfig)} - set(data))
+    if missing:
+        raise ValueError(f"{path} lacks {', '.join(missing)}; a saved model names every setting (a default could "
+                         "differ from what it was trained with): add them or save the model again")
+    try:
+        return ModelConfig.from_dict(data)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
 
 
-def load_model(directory: str | Path, *, strict: bool = True) -> nn.Module:
-    """Build the model from `config.json` and load `model.safetensors` into it (eval mode)."""
+def load_model(directory: str | Path) -> nn.Module:
+    """Build the model from `config.json` and load `model.safetensors` into it (eval mode).
+
+    The weights are checked key by key first (missing, unexpected, shapes, NaN/Inf): see `aiayn.weights`.
+    """
     directory = Path(directory)
     cfg = load_config(directory)
     weights = directory / WEIGHTS_NAME
     if not weights.is_file():
         raise FileNotFoundError(f"{directory}: {WEIGHTS_NAME} is missing")
-    model = build_model(cfg)
-    missing, unexpected = safetensors.torch.load_model(model, weights, strict=False)
-    if strict and (missing or unexpected):
-        raise ValueError(
-            f"{weights} does not match its config: missing {sorted(missing)}, unexpected {sorted(unexpected)}"
-        )
-    return model.eval()
+    return load_weights(build_model(cfg), weights).eval()
 
 
 def load_tokenizers(directory: str | Path) -> tuple[Tokenizer, Tokenizer]:

@@ -19,6 +19,10 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from aiayn.rundir import TOKENIZER as TOKENIZER_NAME
+from aiayn.rundir import TOKENIZER_META as META_NAME
+from aiayn.rundir import atomic_output, atomic_write_text
+
 logger = logging.getLogger(__name__)
 
 PAD, BOS, EOS, UNK, MASK, CLS = "<pad>", "<s>", "</s>", "<unk>", "<mask>", "<cls>"
@@ -29,8 +33,6 @@ KINDS = ("bpe", "unigram", "char", "subword-nmt", "wordpiece")
 LOSSLESS_KINDS = ("bpe", "unigram", "char")
 SPACE = "▁"  # U+2581, SentencePiece's symbol for a space
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
-TOKENIZER_NAME = "tokenizer.json"
-META_NAME = "tokenizer_meta.json"
 
 
 class Tokenizer:
@@ -146,9 +148,10 @@ class Tokenizer:
         """Write `tokenizer.json` and `tokenizer_meta.json` into `directory`."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.backend.save(str(directory / TOKENIZER_NAME))
+        with atomic_output(directory / TOKENIZER_NAME) as tmp:
+            self.backend.save(str(tmp))
         meta = {**self.special, "literal_specials": self.literal_specials}
-        (directory / META_NAME).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2) + "\n")
 
     @classmethod
     def load(cls, directory: str | Path) -> Tokenizer:
@@ -158,8 +161,28 @@ class Tokenizer:
         if not path.is_file():
             raise FileNotFoundError(f"{directory}: {TOKENIZER_NAME} is missing")
         meta_path = directory / META_NAME
-        meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
-        return cls(HFTokenizer.from_file(str(path)), **meta)
+        special = {}
+        if meta_path.is_file():
+            try:
+                special = json.loads(meta_path.read_text(encoding="utf-8"))
+            except (json.JSONDecodeError, UnicodeDecodeError) as err:
+                raise ValueError(f"{meta_path}: not valid JSON ({err})") from None
+            if not isinstance(special, dict) or not set(special) <= {"pad", "bos", "eos", "unk", "mask",
+                                                                     "literal_specials"}:
+                raise ValueError(f"{meta_path}: expected an object naming the pad, bos, eos, unk and mask tokens")
+        backend = read_backend(path)
+        try:
+            return cls(backend, **special)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+
+
+def read_backend(path: str | Path) -> HFTokenizer:
+    """A Hugging Face `tokenizer.json`; a damaged file is a ValueError that names it."""
+    try:
+        return HFTokenizer.from_file(str(path))
+    except Exception as err:  # the Rust side raises a bare Exception for every parse problem
+        raise ValueError(f"{path}: not a readable tokenizer file ({err})") from None
 
 
 def display_pieces(tokens: list[str], *, prepended: bool = False) -> list[str]:
@@ -231,6 +254,7 @@ def _train_lossless(texts: list[str], kind: str, vocab_size: int, special: list[
         alphabet = sorted({ch for text in texts for ch in (text.lower() if lowercase else text)} - {" "})
         vocab = {tok: i for i, tok in enumerate([*special, SPACE, *alphabet])}
         backend = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, byte_fallback=True))
+        backend.add_special_tokens(special)  # as the trainers do: skipped when decoding, never split
         backend.normalizer = normalizers.Sequence([*norm, normalizers.Replace(" ", SPACE)])
         backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
         backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])

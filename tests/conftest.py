@@ -12,3 +12,34 @@ torch.set_num_threads(1)
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def tree_bytes(root) -> dict[str, bytes]:
+    """Every file under `root` (relative path -> bytes): a snapshot to compare after a command ran."""
+    from pathlib import Path
+
+    root = Path(root)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def frozen():
+    """`check = frozen(root)` snapshots a tree; `check()` asserts every file is still there, byte for byte.
+
+    `check(new_files=False)` also asserts that nothing was added; `ignore` names files allowed to change.
+    """
+
+    def take(root):
+        before = tree_bytes(root)
+
+        def check(*, new_files: bool = True, ignore: tuple[str, ...] = ()) -> None:
+            after = tree_bytes(root)
+            changed = sorted(p for p in before if p not in ignore and after.get(p) != before[p])
+            assert not changed, f"changed or removed: {changed}"
+            if not new_files:
+                added = sorted(set(after) - set(before) - set(ignore))
+                assert not added, f"new files: {added}"
+
+        return check
+
+    return take

@@ -116,7 +116,7 @@ def test_trace_works_on_a_saved_model(capsys, tmp_path):
 
 def test_trace_on_a_missing_run_is_an_error(capsys, tmp_path):
     code, _, err = run(capsys, "trace", "--run", str(tmp_path / "nothing"))
-    assert code == 2 and "config.json is missing" in err
+    assert code == 2 and "nothing is not an aiayn model directory (no such directory)" in err
 
 
 def test_bench_encoder_runs_on_a_tiny_configuration(capsys):

@@ -81,7 +81,7 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
     code, _, err = run(capsys, "embed", "x", "-o", str(tmp_path / "v.csv"))
     assert code == 2 and "must end in .npy or .jsonl" in err
     code, _, err = run(capsys, "search", "--corpus", str(tmp_path / "none.txt"), "q")
-    assert code == 2 and "no such file" in err
+    assert code == 2 and "corpus file" in err and "none.txt does not exist" in err
     code, _, err = run(capsys, "embed", "--model", str(tmp_path / "nowhere"), "x")
     assert code == 2 and "no such checkpoint directory" in err
 

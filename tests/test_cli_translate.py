@@ -79,7 +79,7 @@ def test_show_attention_saves_a_png(run_dir, capsys, tmp_path, layer):
 
 def test_clear_errors(run_dir, capsys, tmp_path):
     code, _, err = _run(capsys, "--run", str(tmp_path / "missing"), "hello")
-    assert code == 2 and "config.json is missing" in err
+    assert code == 2 and "missing is not an aiayn model directory" in err
     long_line = " ".join(["cat"] * 60)
     code, _, err = _run(capsys, "--run", str(run_dir), long_line)
     assert code == 2 and "more than the model's max_len (40)" in err and "--truncate" in err

@@ -68,6 +68,7 @@ def test_edge_cases_round_trip_and_show_as_text(small, text):
     ids = small.encode(text)
     assert small.decode(ids) == text
     assert small.bos_id not in ids and small.eos_id not in ids  # a literal "<s>" is text, not the special token
+    assert small.decode(small.encode(text, add_bos=True, add_eos=True)) == text  # the real ones are dropped
     assert "".join(small.pieces(text)) == text
 
 

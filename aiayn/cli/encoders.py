@@ -55,6 +55,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     x.add_argument("--model", help="BERT checkpoint, hub id or aiayn encoder directory (default: all-MiniLM-L6-v2)")
     x.add_argument("--out", "-o", required=True, help="output directory")
     x.add_argument("--onnx", action="store_true", help="write OUT/model.onnx (+ tokenizer) instead of HF format")
+    x.add_argument("--force", action="store_true",
+                   help="write into a directory that holds something else than an earlier export (refused otherwise)")
     x.set_defaults(func=cmd_export)
 
 
@@ -68,15 +70,10 @@ def _embedder(args: argparse.Namespace):
     return embedder.with_precision(args.precision)
 
 
-def _read_lines(path: str) -> list[str]:
-    if path == "-":
-        text = sys.stdin.read()
-    else:
-        file = Path(path)
-        if not file.is_file():
-            raise FileNotFoundError(f"{path}: no such file")
-        text = file.read_text(encoding="utf-8")
-    return [line for line in text.splitlines() if line.strip()]
+def _read_lines(path: str, what: str = "input file") -> list[str]:
+    from aiayn.data.readers import read_lines
+
+    return [line for line in read_lines(path, what) if line.strip()]
 
 
 def _embed_with_progress(embedder, texts: list[str], args: argparse.Namespace) -> np.ndarray:
@@ -102,21 +99,25 @@ def cmd_embed(args: argparse.Namespace) -> int:
         raise ValueError("no texts: pass them as arguments, with --input FILE, or on stdin")
     if not texts:
         raise ValueError("no texts to embed (the input is empty)")
+    from aiayn.rundir import atomic_open
+
     output = Path(args.output) if args.output else None
+    if output is not None and output.is_dir():
+        raise IsADirectoryError(f"--output {output} is a directory; give a file name ending in .npy or .jsonl")
     if output is not None and output.suffix not in (".npy", ".jsonl"):
         raise ValueError(f"--output must end in .npy or .jsonl, got {output.name!r}")
     vectors = _embed_with_progress(_embedder(args), texts, args)
     if output is not None and output.suffix == ".npy":
-        output.parent.mkdir(parents=True, exist_ok=True)
-        np.save(output, vectors)
+        with atomic_open(output) as handle:  # a full disk leaves an earlier file whole
+            np.save(handle, vectors)
     else:
         lines = (json.dumps({"text": t, "embedding": [round(float(x), 7) for x in v]}) for t, v in zip(texts, vectors))
         if output is None:
             for line in lines:
                 print(line)
         else:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+            with atomic_open(output, "w") as handle:
+                handle.writelines(line + "\n" for line in lines)
     if output is not None:
         print(f"wrote {len(texts)} vectors of width {vectors.shape[1]} to {output}", file=sys.stderr)
     return 0
@@ -134,11 +135,13 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:
         raise ValueError(f"-k must be at least 1, got {args.top_k}")
-    corpus = _read_lines(args.corpus)
+    corpus = _read_lines(args.corpus, "corpus file")
     if not corpus:
         raise ValueError(f"{args.corpus}: the corpus has no non-empty lines")
-    embedder = _embedder(args)
     index_path = Path(args.index) if args.index else Path(f"{args.corpus}.aiayn-index.npz")
+    if index_path.is_dir():
+        raise IsADirectoryError(f"--index {index_path} is a directory; give a file name")
+    embedder = _embedder(args)
     if args.quiet or len(corpus) < PROGRESS_FROM:
         index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size)
     else:
@@ -166,7 +169,9 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     """Export an encoder to Hugging Face BERT format or ONNX."""
     from aiayn.interop.bert import is_bert_checkpoint, load_pretrained, resolve_checkpoint
+    from aiayn.rundir import check_export_dir, claim_for_export
 
+    check_export_dir(args.out, force=args.force)  # before the model loads: refuse at once
     source = resolve_checkpoint(args.model)
     if is_bert_checkpoint(source):
         model, tokenizer = load_pretrained(source)
@@ -176,7 +181,11 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         model = load_model(source)
         tokenizer = Tokenizer.load(source) if (source / "tokenizer.json").is_file() else None
-    out = Path(args.out)
+    if not args.onnx:
+        from aiayn.interop.bert import config_to_bert
+
+        config_to_bert(model.config)  # an option BERT cannot express: refused before anything is written
+    out = claim_for_export(args.out, force=args.force, fmt="onnx" if args.onnx else "hf")
     if args.onnx:
         from aiayn.interop.bert import _export_tokenizer
         from aiayn.interop.onnx import export_onnx

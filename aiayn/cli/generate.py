@@ -47,12 +47,9 @@ def _read_lines(args: argparse.Namespace) -> list[str]:
         raise ValueError("give sentences either as arguments or with --input, not both")
     if args.text:
         return list(args.text)
-    if args.input:
-        path = Path(args.input)
-        if not path.is_file():
-            raise FileNotFoundError(f"input file {path} does not exist")
-        return path.read_text(encoding="utf-8").splitlines()
-    return sys.stdin.read().splitlines()
+    from aiayn.data.readers import read_lines
+
+    return read_lines(args.input or "-")  # "-": stdin
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -64,6 +61,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         raise ValueError(f"--beam must be at least 1, got {args.beam}")
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.show_attention and Path(args.show_attention).is_dir():
+        raise IsADirectoryError(f"--show-attention {args.show_attention} is a directory; give a .png file name")
     model = load_model(args.run)
     if not getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(f"{args.run} holds an encoder-only model; translate needs an encoder-decoder")
@@ -112,6 +111,8 @@ def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from aiayn.rundir import atomic_output
+
     per_layer = weights.float().mean(dim=1)  # (n_layers, T, S): heads averaged
     n_layers = per_layer.shape[0]
     if layer == "all":
@@ -140,7 +141,7 @@ def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[s
         ax.set_title(title)
     fig.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
     return path

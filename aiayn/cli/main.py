@@ -1,6 +1,8 @@
 """`aiayn` entry point: one sub-command per job; each `aiayn.cli.<module>` registers its own.
 
-Errors the user can fix (bad input, missing files) become one line on stderr and exit code 2.
+Every failure the user can meet becomes one line on stderr, `aiayn CMD: error: ...`, and an exit
+code documented in `aiayn.cli.errors` (2 bad input, 3 non-finite numbers, 4 disk / permissions,
+5 run directory in use, 130 interrupted, 1 a bug). `--debug` prints the traceback as well.
 """
 
 from __future__ import annotations
@@ -8,59 +10,111 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
+import threading
+import traceback
 
 from aiayn import __version__
+from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, UserError, describe, one_line
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
 COMMAND_MODULES = ("core", "data", "train", "generate", "encoders", "bench")
 # The `nargs="*"` positional of each command that has one (config items, overrides, texts).
 POSITIONAL_LISTS = ("items", "overrides", "texts", "text")
 
+__all__ = ["UserError", "build_parser", "main"]
 
-class UserError(Exception):
-    """A problem in the user's input; reported as one line without a traceback."""
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (no usage block): `aiayn train: error: ... (see aiayn train --help)`."""
+
+    def error(self, message: str) -> None:
+        """Print one line and exit with code 2."""
+        self.exit(BAD_INPUT, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser."""
-    parser = argparse.ArgumentParser(
-        prog="aiayn", description="The Transformer of 'Attention Is All You Need', on PyTorch."
-    )
+    parser = Parser(prog="aiayn", description="The Transformer of 'Attention Is All You Need', on PyTorch.")
     parser.add_argument("--version", action="version", version=f"aiayn {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log details to stderr")
+    parser.add_argument("--debug", action="store_true", help="on an error, print the traceback too")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"aiayn.cli.{name}").register(subparsers)
+    for sub in subparsers.choices.values():  # `aiayn train ... --debug` works as well as `aiayn --debug train`
+        sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.set_defaults(commands=subparsers.choices)
     return parser
 
 
+_signalled: list[int] = []  # signals received while the command runs
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM: stop with `interrupted`; a second one ends the process at once.
+
+    Raised at whatever line runs, a KeyboardInterrupt can be swallowed by a library's bare `except`
+    (inside an import, say); the record of it lets the command stop at its next check instead.
+    """
+    if _signalled:
+        os._exit(INTERRUPTED)
+    _signalled.append(signum)
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run the CLI; returns the exit code."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        # Positional words after an option (`aiayn train --run DIR epochs=3`) belong to the
-        # command's free list; argparse alone only takes them before the first option.
-        target = next((name for name in POSITIONAL_LISTS if isinstance(getattr(args, name, None), list)), None)
-        if target is None or any(item.startswith("-") for item in extra):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        getattr(args, target).extend(extra)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
+    """Run the CLI; returns the exit code.
+
+    SIGTERM is handled like Ctrl-C for the whole command (files being written are left as they were;
+    `aiayn train` saves a checkpoint), and so is a Ctrl-C that comes while the command is still starting.
+    """
+    previous = {}
+    _signalled.clear()
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    command, debug = "", "--debug" in (argv if argv is not None else sys.argv[1:])
     try:
-        result = args.func(args)
-    except (UserError, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-            PermissionError, KeyError) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"aiayn {args.command}: error: {message}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"aiayn {args.command}: interrupted", file=sys.stderr)
-        return 130
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        command, debug = args.command or "", args.debug
+        if extra:
+            # Positional words after an option (`aiayn train --run DIR epochs=3`) belong to the
+            # command's free list; argparse alone only takes them before the first option.
+            target = next((name for name in POSITIONAL_LISTS if isinstance(getattr(args, name, None), list)), None)
+            if target is None or any(item.startswith("-") for item in extra):
+                args.commands.get(command, parser).error(f"unrecognized arguments: {' '.join(extra)}")
+            getattr(args, target).extend(extra)
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                            format="%(levelname)s %(name)s: %(message)s")
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return BAD_INPUT
+        if _signalled:  # an interrupt while starting up that an import swallowed
+            raise KeyboardInterrupt
+        return int(args.func(args) or 0)
     except BrokenPipeError:
         return 0
-    return int(result or 0)
+    except Exception as err:
+        # an error after an interrupt is its consequence (a half-finished import): report the interrupt
+        return _interrupted(command) if _signalled and not debug else _report(err, command, debug)
+    except KeyboardInterrupt as err:
+        return _report(err, command, debug) if debug else _interrupted(command)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _interrupted(command: str) -> int:
+    print(f"aiayn{' ' + command if command else ''}: interrupted", file=sys.stderr)
+    return INTERRUPTED
+
+
+def _report(err: BaseException, command: str, debug: bool) -> int:
+    code, line = describe(err)
+    if debug:
+        traceback.print_exception(err)
+    print(f"aiayn{' ' + command if command else ''}: error: {one_line(line)}", file=sys.stderr)
+    return code

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -22,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--resume", action="store_true", help="continue the run in --run from its latest checkpoint")
     t.add_argument("--init-from", dest="init_from", help="pretrained encoder directory (aiayn or BERT checkpoint)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--force", action="store_true",
+                   help="train into a directory that holds files aiayn did not write (refused otherwise)")
     t.set_defaults(func=cmd_train)
 
     e = subparsers.add_parser("eval", help="evaluate a trained run on its test (or valid) split or a file")
@@ -60,18 +63,23 @@ def _print_examples(result: dict) -> None:
         print(f"  [{mark}] {source}\n       -> {predicted}" + ("" if mark == "ok" else f"   (expected {reference})"))
 
 
-def _train(run, run_dir: str, *, resume: bool, progress: bool) -> int:
+def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = False) -> int:
     from tqdm.auto import tqdm
 
-    from aiayn.training import Trainer, TrainingError
+    from aiayn.cli.errors import SYSTEM, describe
+    from aiayn.training import Trainer
+    from aiayn.training.checkpoint import latest_checkpoint
 
     start = time.perf_counter()
-    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write)
+    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write, force=force)
     try:
         result = trainer.fit()
-    except TrainingError as err:
-        print(f"aiayn train: error: {err}", file=sys.stderr)
-        return 3
+    except OSError as err:  # a full disk, say: what was saved before is intact
+        code, line = describe(err)
+        last = code == SYSTEM and trainer.lock is not None and latest_checkpoint(trainer.ckpt_dir)
+        hint = f"; {last} is intact: continue with aiayn train --run {run_dir} --resume" if last else ""
+        print(f"aiayn train: error: {line}{hint}", file=sys.stderr)
+        return code
     minutes = (time.perf_counter() - start) / 60
     if result.interrupted:
         print(f"interrupted at step {result.step}; resume with: aiayn train --run {run_dir} --resume")
@@ -94,10 +102,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if config:
             raise ValueError("--resume continues with the run's saved config; give only KEY=VALUE overrides")
+        model_items = [item for item in overrides if item.strip().startswith("model.")]
+        if model_items:
+            raise ValueError(f"--resume keeps the run's model; drop {' '.join(model_items)} (or start a new --run)")
         run = read_run_config(args.run, overrides)
     else:
         run = load_run_config(config, overrides)
-    return _train(run, args.run, resume=args.resume, progress=not args.no_progress)
+    return _train(run, args.run, resume=args.resume, progress=not args.no_progress, force=args.force)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -127,6 +138,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     result = evaluate(model, data, split, max_tokens=cfg.max_tokens, decode=True,
                       beam_size=args.beam or cfg.beam_size, length_penalty=cfg.length_penalty, seed=cfg.seed,
                       mlm_probability=cfg.mlm_probability, examples=args.examples, bleu_tokenize=cfg.bleu_tokenize)
+    if "loss" in result and not math.isfinite(result["loss"]):
+        print(f"aiayn eval: error: the loss on {args.data or args.split} is {result['loss']} (not finite): the "
+              "model's numbers overflow; evaluate an earlier checkpoint with --checkpoint", file=sys.stderr)
+        return 3
     if args.json:
         print(json.dumps(result, indent=2))
         return 0

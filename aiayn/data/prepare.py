@@ -24,12 +24,13 @@ from aiayn.data.readers import (
     read_text,
 )
 from aiayn.data.tasks import builtin_task
+from aiayn.rundir import LABELS as LABELS_NAME
+from aiayn.rundir import atomic_write_text
 from aiayn.tokenization import MASK, Tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
 
 IGNORE = -100
-LABELS_NAME = "labels.json"
 
 
 @dataclass
@@ -261,10 +262,18 @@ def save_data_artifacts(directory: str | Path, data: PreparedData) -> None:
         data.source_tokenizer.save(directory / "source")
         data.target_tokenizer.save(directory / "target")
     if data.labels:
-        (directory / LABELS_NAME).write_text(json.dumps(data.labels, indent=2) + "\n", encoding="utf-8")
+        atomic_write_text(directory / LABELS_NAME, json.dumps(data.labels, indent=2) + "\n")
 
 
 def load_labels(directory: str | Path) -> list[str]:
     """The label names a run saved (empty for seq2seq and masked-LM)."""
     path = Path(directory) / LABELS_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    if not path.is_file():
+        return []
+    try:
+        labels = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
+        raise ValueError(f"{path}: expected a JSON list of label names")
+    return labels

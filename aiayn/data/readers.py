@@ -3,12 +3,17 @@
 Every reader returns the examples it kept and a `ReadStats` counting what it skipped (empty lines,
 rows over the length limit), so nothing is silently lost. A malformed row raises `DataError`
 naming `file:line` and what was wrong.
+
+Text is UTF-8; a byte-order mark at the start is dropped. Lines end only at `\n` or `\r\n`: other
+characters Python counts as line breaks (form feed, U+2028, ...) stay inside a line. A CSV field in
+quotes may hold a newline. A path that names an existing file is that file, commas and all.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,19 +78,49 @@ def detect_format(path: str, fmt: str = "auto") -> str:
         raise ValueError(f"data format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if fmt != "auto":
         return fmt
-    suffix = Path(path.split(",")[0]).suffix.lower()
+    suffix = Path(path if Path(path).exists() else path.split(",")[0]).suffix.lower()
     return {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".conll": "conll",
             ".bio": "conll", ".txt": "text"}.get(suffix, "text")
 
 
-def _lines(path: str | Path) -> list[str]:
+def read_text_file(path: str | Path, what: str = "data file") -> str:
+    """The UTF-8 text of a file without a leading byte-order mark; one clear error for a missing file or a directory."""
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{what} {path} is a directory; give a file")
     if not path.is_file():
-        raise FileNotFoundError(f"data file {path} does not exist")
+        raise FileNotFoundError(f"{what} {path} does not exist")
     try:
-        return path.read_text(encoding="utf-8").splitlines()
+        return path.read_bytes().decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines of `text`, split only at `\n` and `\r\n` (not at the other breaks `str.splitlines` knows)."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_lines(path: str | Path, what: str = "input file") -> list[str]:
+    """The lines of a UTF-8 text file, or of stdin for "-" (BOM dropped, split only at line ends)."""
+    if str(path) == "-":
+        return split_lines(sys.stdin.read().removeprefix("\ufeff"))
+    return split_lines(read_text_file(path, what))
+
+
+def _lines(path: str | Path) -> list[str]:
+    return read_lines(path, "data file")
+
+
+def _aligned_pair(path: str) -> tuple[str, str] | None:
+    """`SRC,TGT` for two aligned files, unless `path` itself is a file (a comma inside a file name)."""
+    if "," not in path or Path(path).exists():
+        return None
+    source, target = path.split(",", 1)
+    return source, target
 
 
 def _json_row(path: str | Path, number: int, line: str) -> dict:
@@ -112,8 +147,9 @@ def read_parallel(path: str, *, fmt: str = "auto", source_field: str = "source",
     """Parallel text: TSV `source<TAB>target`, JSONL objects, or two aligned files given as `SRC,TGT`."""
     stats = ReadStats(path=path)
     examples: list[ParallelExample] = []
-    if "," in path and detect_format(path, fmt) == "text":
-        src_path, tgt_path = path.split(",", 1)
+    pair = _aligned_pair(path)
+    if pair is not None and detect_format(path, fmt) == "text":
+        src_path, tgt_path = pair
         sources, targets = _lines(src_path), _lines(tgt_path)
         if len(sources) != len(targets):
             raise DataError(f"{src_path}:{min(len(sources), len(targets)) + 1}: the aligned files have "
@@ -160,15 +196,10 @@ def read_classification(path: str, *, fmt: str = "auto", text_field: str = "text
     kind = detect_format(path, fmt)
     lines = _lines(path)
     if kind in ("csv", "tsv"):
-        delimiter = "," if kind == "csv" else "\t"
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
+        for number, cells in _csv_rows(path, lines, "," if kind == "csv" else "\t"):
+            if not any(cell.strip() for cell in cells):
                 stats.empty += 1
                 continue
-            try:
-                cells = next(csv.reader([line], delimiter=delimiter, strict=True))
-            except csv.Error as err:
-                raise DataError(f"{path}:{number}: {err}") from None
             if number == 1 and [c.strip().lower() for c in cells] == [text_field, label_field]:
                 continue  # header row
             if len(cells) != 2:
@@ -191,6 +222,23 @@ def read_classification(path: str, *, fmt: str = "auto", text_field: str = "text
         raise ValueError(f"{path}: classification data must be .csv, .tsv or .jsonl (format {kind!r})")
     stats.kept = len(examples)
     return examples, stats
+
+
+def _csv_rows(path: str, lines: list[str], delimiter: str) -> list[tuple[int, list[str]]]:
+    """(first line number, cells) of each CSV/TSV row; a quoted field may span lines."""
+    reader = csv.reader((line + "\n" for line in lines), delimiter=delimiter, strict=True)
+    rows, end = [], 0
+    while True:
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return rows
+        except csv.Error as err:
+            reason = ("a carriage return (\\r) inside an unquoted field: quote the field"
+                      if "new-line" in str(err) else str(err))
+            raise DataError(f"{path}:{reader.line_num}: {reason}") from None
+        rows.append((end + 1, cells))
+        end = reader.line_num
 
 
 def read_conll(path: str) -> tuple[list[TaggedTokens], ReadStats]:

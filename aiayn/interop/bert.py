@@ -23,7 +23,8 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.io import atomic_write_bytes
 from aiayn.nn.model import EncoderModel, build_model
-from aiayn.tokenization import Tokenizer
+from aiayn.tokenization import Tokenizer, read_backend
+from aiayn.weights import WeightsError, check_finite, read_safetensors, read_torch_file
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,8 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
     text = str(path_or_hub_id)
     if path.exists():
         raise NotADirectoryError(f"{text} is not a checkpoint directory")
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", text):
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", text) or text.startswith(".") or path.parent.is_dir():
+        # a path (it starts with . or its folder exists here), not a hub id: never sent to the network
         raise FileNotFoundError(f"{text}: no such checkpoint directory")
     try:
         from huggingface_hub import snapshot_download
@@ -106,6 +108,10 @@ def config_from_bert(hf: dict, *, head: str = "none", num_labels: int = 0, pooli
         raise ValueError(
             f"position_embedding_type {hf['position_embedding_type']!r} is not supported (only absolute)"
         )
+    missing = [key for key in ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size",
+                               "num_hidden_layers") if key not in hf]
+    if missing:
+        raise ValueError(f"the BERT config lacks {', '.join(missing)}")
     act = hf.get("hidden_act", "gelu")
     if act not in _ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r} is not supported; one of {', '.join(_ACTIVATIONS)}")
@@ -155,8 +161,12 @@ def read_state_dict(directory: Path) -> dict[str, torch.Tensor]:
         path = directory / name
         if path.is_file():
             if name.endswith(".safetensors"):
-                return safetensors.torch.load_file(str(path))
-            return torch.load(path, map_location="cpu", weights_only=True)
+                return read_safetensors(path)
+            state = read_torch_file(path)
+            if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+                raise WeightsError(f"{path}: expected a dict of tensors (a state dict)")
+            check_finite(state, path)
+            return state
     raise FileNotFoundError(f"{directory}: no weights ({' or '.join(_WEIGHT_FILES)})")
 
 
@@ -230,7 +240,15 @@ def load_bert_weights(model: EncoderModel, state: dict[str, torch.Tensor]) -> No
 # -- tokenizer ---------------------------------------------------------------------------------
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
 
 
 def load_bert_tokenizer(directory: str | Path) -> Tokenizer:
@@ -239,8 +257,6 @@ def load_bert_tokenizer(directory: str | Path) -> Tokenizer:
     The backend's own padding and truncation are switched off: callers add [CLS] ... [SEP]
     and truncate (see `aiayn.embeddings.encode_texts`).
     """
-    from tokenizers import Tokenizer as HFTokenizer
-
     directory = Path(directory)
     settings = {**_read_json(directory / "special_tokens_map.json"), **_read_json(directory / "tokenizer_config.json")}
 
@@ -249,7 +265,7 @@ def load_bert_tokenizer(directory: str | Path) -> Tokenizer:
         return value["content"] if isinstance(value, dict) else value
 
     if (directory / "tokenizer.json").is_file():
-        backend = HFTokenizer.from_file(str(directory / "tokenizer.json"))
+        backend = read_backend(directory / "tokenizer.json")
     elif (directory / "vocab.txt").is_file():
         from tokenizers.implementations import BertWordPieceTokenizer
 
@@ -295,11 +311,18 @@ def load_pretrained(path_or_hub_id: str | Path | None = None, *, head: str = "no
     hf_config = _read_json(directory / "config.json")
     if not hf_config:
         raise FileNotFoundError(f"{directory}: config.json is missing")
-    cfg = config_from_bert(hf_config, head=head, num_labels=num_labels, pooling=pooling)
+    try:
+        cfg = config_from_bert(hf_config, head=head, num_labels=num_labels, pooling=pooling)
+    except ValueError as err:
+        raise ValueError(f"{directory / 'config.json'}: {err}") from None
     if dropout is not None:
         cfg = cfg.replace(dropout=dropout)
     model = build_model(cfg)
-    load_bert_weights(model, read_state_dict(directory))
+    state = read_state_dict(directory)
+    try:
+        load_bert_weights(model, state)
+    except ValueError as err:
+        raise ValueError(f"{directory}: {err}") from None
     tokenizer = load_bert_tokenizer(directory)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise ValueError(f"tokenizer has {tokenizer.vocab_size} ids but the model only {cfg.vocab_size}")

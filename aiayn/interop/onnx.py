@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from aiayn.nn.model import EncoderModel
+from aiayn.rundir import atomic_output
 
 log = logging.getLogger(__name__)
 OPSET = 17
@@ -63,16 +64,13 @@ def export_onnx(model: EncoderModel, path: str | Path, *, opset: int = OPSET) ->
         example += (torch.zeros_like(ids),)
     axes = {name: {0: "batch", 1: "length"} for name in names}
     axes["last_hidden_state"] = {0: "batch", 1: "length"}
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with warnings.catch_warnings(), torch.no_grad():
+        with atomic_output(path) as tmp, warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # TracerWarnings about the recorded branch, expected
             torch.onnx.export(_EncoderGraph(model), example, str(tmp), input_names=names,
                               output_names=["last_hidden_state"], dynamic_axes=axes, opset_version=opset,
                               dynamo=False, do_constant_folding=True)
-        tmp.replace(path)
     finally:
-        tmp.unlink(missing_ok=True)
         model.train(was_training)
     log.info("wrote %s (inputs %s)", path, ", ".join(names))
     return path

@@ -47,14 +47,20 @@ def causal_mask(length: int, device: torch.device | None = None, *, offset: int 
 def check_mask(mask: torch.Tensor, batch: int, q_len: int, k_len: int) -> torch.Tensor:
     """Validate an attention mask from outside and return it as (B or 1, 1 or h, L_q or 1, L_k).
 
-    Accepts (B, L_k) key-padding masks, (L_q, L_k), (B, L_q, L_k) and 4-D masks.
+    Accepts (B, L_k) key-padding masks, (L_q, L_k), (B, L_q, L_k) and 4-D masks. A 2-D mask that
+    could be either of the first two (B == L_q, both above 1) is refused rather than guessed.
 
     Raises:
-        ValueError: the dtype is not bool or the shape does not broadcast to (B, h, L_q, L_k).
+        ValueError: the dtype is not bool, the shape does not broadcast to (B, h, L_q, L_k), or it is ambiguous.
     """
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         dtype = getattr(mask, "dtype", type(mask).__name__)
         raise ValueError(f"attention mask must be a bool tensor (True = may attend), got {dtype}")
+    if mask.dim() == 2 and mask.shape == (batch, k_len) and batch == q_len and batch > 1:
+        raise ValueError(
+            f"attention mask of shape {tuple(mask.shape)} is ambiguous: batch and query length are both {batch}; "
+            f"pass a key-padding mask as (B, 1, 1, L_k) or a query-key mask as (1, 1, L_q, L_k)"
+        )
     if mask.dim() == 2 and mask.shape == (batch, k_len) and (batch != q_len or batch == 1):
         mask = mask[:, None, None, :]  # (B, 1, 1, L_k)
     elif mask.dim() == 2:

@@ -283,6 +283,9 @@ def _init_weights(model: nn.Module) -> None:
 
 def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
     """Build the model a config describes: encoder-decoder when `n_decoder_layers > 0`, else encoder-only."""
+    if not isinstance(cfg, ModelConfig):
+        hint = " (from a dict: build_model(ModelConfig.from_dict(d)))" if isinstance(cfg, dict) else ""
+        raise TypeError(f"build_model takes a ModelConfig, got {type(cfg).__name__}{hint}")
     if cfg.is_encoder_decoder:
         src_embed = _embeddings(cfg, cfg.vocab_size)
         shared = src_embed.tokens if cfg.share_embeddings else None

@@ -7,7 +7,8 @@ Layout of `RUN/checkpoints/`:
 
 A checkpoint directory is complete before it gets its final name, and `latest` moves only after
 that, so a crash while writing leaves the previous checkpoint as "latest". `trainer_state.pt`
-holds only tensors and plain values and is read with `weights_only=True`.
+holds only tensors and plain values and is read with `weights_only=True`. A checkpoint damaged
+afterwards (a truncated file, NaN weights) is skipped by `load_newest_intact` in favour of the one before.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 from torch import nn
 
-from aiayn.io import WEIGHTS_NAME, atomic_write_bytes, save_model
+from aiayn.io import save_model
+from aiayn.rundir import CHECKPOINT_META as META_NAME
+from aiayn.rundir import CHECKPOINT_STATE as STATE_NAME
+from aiayn.rundir import WEIGHTS as WEIGHTS_NAME
+from aiayn.rundir import atomic_write_bytes
+from aiayn.weights import WeightsError, WeightsMismatch, load_weights, read_torch_file
 
 logger = logging.getLogger(__name__)
-
-STATE_NAME = "trainer_state.pt"
-META_NAME = "meta.json"
 
 
 def checkpoint_name(step: int) -> str:
@@ -54,6 +56,11 @@ def save_checkpoint(root: str | Path, model: nn.Module, state: dict[str, Any], *
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
+    except OSError as err:  # a full disk, say: name the checkpoint, not its temporary directory
+        shutil.rmtree(tmp, ignore_errors=True)
+        if err.errno is None:
+            raise
+        raise OSError(err.errno, err.strerror, str(final)) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -111,13 +118,37 @@ def prune_checkpoints(root: str | Path, keep_last: int) -> None:
 
 
 def load_checkpoint(checkpoint: str | Path, model: nn.Module) -> dict[str, Any]:
-    """Load the weights into `model` and return the training state."""
+    """Load the weights into `model` (checked key by key) and return the training state."""
     checkpoint = Path(checkpoint)
-    missing, unexpected = safetensors.torch.load_model(model, checkpoint / WEIGHTS_NAME, strict=False)
-    if missing or unexpected:
-        raise ValueError(f"{checkpoint} does not match the model: missing {sorted(missing)}, "
-                         f"unexpected {sorted(unexpected)}")
-    return torch.load(checkpoint / STATE_NAME, weights_only=True)
+    load_weights(model, checkpoint / WEIGHTS_NAME)
+    state = read_torch_file(checkpoint / STATE_NAME)
+    if not isinstance(state, dict) or "step" not in state:
+        raise WeightsError(f"{checkpoint / STATE_NAME} is not an aiayn trainer state")
+    return state
+
+
+def load_newest_intact(root: str | Path, model: nn.Module) -> tuple[Path | None, dict[str, Any], list[str]]:
+    """Load the newest checkpoint under `root` that reads cleanly, falling back over damaged ones.
+
+    Returns:
+        (checkpoint or None when there is none, its training state, one note per damaged checkpoint skipped).
+
+    Raises:
+        WeightsMismatch: a checkpoint is intact but made for another model (the run's sizes changed).
+        WeightsError: every checkpoint is damaged.
+    """
+    damaged: list[str] = []
+    for path in reversed(list_checkpoints(root)):
+        try:
+            return path, load_checkpoint(path, model), damaged
+        except WeightsMismatch:
+            raise
+        except WeightsError as err:
+            logger.warning("skipping damaged checkpoint %s: %s", path, err)
+            damaged.append(f"{path.name}: {err}")
+    if damaged:
+        raise WeightsError(f"no intact checkpoint in {root}: {'; '.join(damaged)}")
+    return None, {}, damaged
 
 
 @torch.no_grad()
@@ -130,7 +161,7 @@ def average_checkpoints(model: nn.Module, checkpoints: list[Path]) -> None:
     scratch = copy.deepcopy(model)
     total = {name: torch.zeros_like(p, dtype=torch.float64) for name, p in model.named_parameters()}
     for path in checkpoints:
-        safetensors.torch.load_model(scratch, Path(path) / WEIGHTS_NAME, strict=False)
+        load_weights(scratch, Path(path) / WEIGHTS_NAME)
         for name, p in scratch.named_parameters():
             total[name] += p.double()
     for name, p in model.named_parameters():

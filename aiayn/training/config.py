@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import ModelConfig, parse_overrides, preset
+from aiayn.config import ModelConfig, check_field_types, parse_overrides, preset
 from aiayn.tokenization import KINDS
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
@@ -150,6 +150,7 @@ class TrainConfig:
     init_from: str = ""
 
     def __post_init__(self) -> None:
+        check_field_types(self, "training")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         for name, value, choices in (("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
@@ -183,6 +184,10 @@ class TrainConfig:
                              f"got {self.bleu_tokenize!r}")
         if not self.task and not self.train:
             raise ValueError("give a built-in task (task=numbers|compare|copy) or a train file (train=PATH)")
+        files = [f"{name}={getattr(self, name)}" for name in ("train", "valid", "test") if getattr(self, name)]
+        if self.task and files:
+            raise ValueError(f"task={self.task} makes its own data but {' '.join(files)} names files too: "
+                             "keep one source (drop task= or the files)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field."""
@@ -222,6 +227,8 @@ def example_config(name: str) -> Path:
 
 def _read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"config file {path} is a directory; give a .toml or .json file")
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} does not exist")
     text = path.read_text(encoding="utf-8")
@@ -247,7 +254,7 @@ def _read_file(path: str | Path) -> dict[str, Any]:
 
 
 def _typed(data: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
-    """Check keys of `data` against `cls`'s fields; values keep their file types."""
+    """Check keys of `data` against `cls`'s fields (their types are checked when the dataclass is built)."""
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -257,12 +264,41 @@ def _typed(data: dict[str, Any], cls: type, where: str) -> dict[str, Any]:
 
 def load_run_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                     base: dict[str, Any] | None = None) -> RunConfig:
-    """Read a TOML/JSON config (or start from `base`), then apply `key=value` / `model.key=value` overrides."""
+    """Read a TOML/JSON config (or start from `base`), then apply `key=value` / `model.key=value` overrides.
+
+    Values are type-checked the same way whatever their source; an error from the file's values names the file.
+    """
     data = dict(base or {})
     if path:
-        data.update(_read_file(path))
-    model = dict(data.pop("model", {}) or {})
-    model_preset = str(model.pop("preset", "tiny"))
+        content = _read_file(path)
+        if not isinstance(content, dict):
+            raise ValueError(f"{path}: expected an object of training keys (and a model table), "
+                             f"got {type(content).__name__}")
+        data.update(content)
+    try:
+        return _build_run_config(dict(data), overrides)
+    except ValueError as err:
+        if path and _problem(data) == str(err):  # the file's own values are wrong: name the file
+            raise ValueError(f"{path}: {err}") from None
+        raise
+
+
+def _problem(data: dict[str, Any]) -> str:
+    try:
+        _build_run_config(dict(data), ())
+    except ValueError as err:
+        return str(err)
+    return ""
+
+
+def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> RunConfig:
+    model = data.pop("model", None) or {}
+    if not isinstance(model, dict):
+        raise ValueError(f"'model' must be a table of model keys, got {type(model).__name__}")
+    model = dict(model)
+    model_preset = model.pop("preset", "tiny")
+    if not isinstance(model_preset, str):
+        raise ValueError(f"model key preset must be a string, got {model_preset!r}")
     preset(model_preset)  # validates the name
     model = _typed(model, ModelConfig, "model")
     train = _typed(data, TrainConfig, "training")

@@ -8,6 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from aiayn.rundir import atomic_open, atomic_output, atomic_write_text
+
 
 class MetricsLog:
     """Append-only JSONL log of metric rows; each row has `split` ("train", "valid", "test") and `step`."""
@@ -25,12 +27,21 @@ class MetricsLog:
         """Every row logged so far."""
         if not self.path.is_file():
             return []
-        return [json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        lines = [line for line in self.path.read_text(encoding="utf-8").split("\n") if line.strip()]
+        rows = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                if number < len(lines):
+                    raise ValueError(f"{self.path}:{number}: not a JSON row; the log is damaged") from None
+                # the last row of a run killed while writing it: dropped (a resumed run logs it again)
+        return rows
 
     def truncate_after(self, step: int) -> None:
         """Drop rows logged after `step` (a resumed run logs them again)."""
         rows = [r for r in self.rows() if r.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
 
     def write_csv(self, path: str | Path) -> None:
         """The same rows as CSV, one column per key seen."""
@@ -38,7 +49,7 @@ class MetricsLog:
         keys: list[str] = []
         for row in rows:
             keys += [k for k in row if k not in keys]
-        with open(path, "w", encoding="utf-8", newline="") as handle:
+        with atomic_open(path, "w", newline="") as handle:
             writer = csv.DictWriter(handle, fieldnames=keys)
             writer.writeheader()
             writer.writerows(rows)
@@ -66,6 +77,7 @@ def plot_curves(rows: list[dict[str, Any]], path: str | Path) -> Path:
     ax_lr.set_ylabel("learning rate")
     ax_lr.set_title("learning rate")
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    with atomic_output(path) as tmp:
+        fig.savefig(tmp, dpi=80)
     plt.close(fig)
     return Path(path)

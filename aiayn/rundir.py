@@ -1,0 +1,298 @@
+"""The one owner of the files aiayn writes: their names, what a directory holds, atomic writes, the run lock.
+
+A run directory (`aiayn train --run RUN`):
+
+    train_config.json            the training config the run started with (what makes RUN a run)
+    config.json, model.safetensors   the final model; every checkpoint holds the same two files
+    tokenizer.json, tokenizer_meta.json   one shared tokenizer, or the same names under source/ and target/
+    labels.json                  class or tag names (classification and tagging runs)
+    metrics.jsonl, metrics.csv, curves.png, eval.json   logs, plots and the test evaluation
+    checkpoints/                 step-NNNNNNNN/ (model files + trainer_state.pt + meta.json), `latest`, `best`
+    .aiayn.lock                  held (an OS lock) by the process that trains in RUN
+
+A model directory holds config.json + model.safetensors (+ tokenizer); an export directory also holds
+`aiayn_export.json`, which `aiayn export` writes first, so that a later export may replace it.
+A command writes only into a new or empty directory or one of its own kind; anything else is refused
+with one line naming what is there (`DirectoryRefused`), unless the user forces it.
+
+Every file is written atomically: to a temporary file beside it, flushed to disk, then renamed, so a
+crash or a full disk leaves the previous version whole. An `OSError` raised while writing names the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+logger = logging.getLogger(__name__)
+
+TRAIN_CONFIG = "train_config.json"
+MODEL_CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+TOKENIZER = "tokenizer.json"
+TOKENIZER_META = "tokenizer_meta.json"
+LABELS = "labels.json"
+METRICS_LOG = "metrics.jsonl"
+METRICS_CSV = "metrics.csv"
+CURVES = "curves.png"
+EVAL = "eval.json"
+CHECKPOINTS = "checkpoints"
+CHECKPOINT_STATE = "trainer_state.pt"
+CHECKPOINT_META = "meta.json"
+LOCK = ".aiayn.lock"
+EXPORT_MARK = "aiayn_export.json"
+
+# What a directory can be, as `inspect_dir` tells them apart.
+MISSING, EMPTY, FILE, RUN, MODEL, EXPORT, HF_CHECKPOINT, FOREIGN = (
+    "missing", "empty", "file", "run", "model", "export", "hf_checkpoint", "foreign")
+
+
+class DirectoryRefused(ValueError):
+    """A command will not write into a path: it holds something the command did not write."""
+
+
+class RunBusy(RuntimeError):
+    """Another process holds the run directory's lock (it is training there)."""
+
+
+@dataclass(frozen=True)
+class DirInfo:
+    """What a path holds: `kind` (one of the constants above) and a phrase a message can use."""
+
+    path: Path
+    kind: str
+    description: str
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def inspect_dir(path: str | Path) -> DirInfo:
+    """Tell what `path` holds: nothing, a file, an aiayn run / model / export, a Hugging Face checkpoint, or else."""
+    path = Path(path)
+    if not path.exists():
+        return DirInfo(path, MISSING, "nothing")
+    if not path.is_dir():
+        return DirInfo(path, FILE, "a file")
+    # Hidden entries (.gitkeep, the lock) do not count: no file aiayn writes is hidden but the lock.
+    entries = sorted(p.name for p in path.iterdir() if not p.name.startswith("."))
+    if not entries:
+        return DirInfo(path, EMPTY, "nothing")
+    if (path / TRAIN_CONFIG).is_file() or (path / CHECKPOINTS / "latest").is_file():
+        return DirInfo(path, RUN, f"an aiayn training run ({TRAIN_CONFIG})")
+    if (path / EXPORT_MARK).is_file():
+        return DirInfo(path, EXPORT, f"an aiayn export ({EXPORT_MARK})")
+    config = _read_json(path / MODEL_CONFIG)
+    if isinstance(config, dict) and "model_type" in config:
+        return DirInfo(path, HF_CHECKPOINT, f"a Hugging Face checkpoint ({MODEL_CONFIG} names model_type "
+                                            f"{config['model_type']!r})")
+    if isinstance(config, dict) and "d_model" in config:
+        return DirInfo(path, MODEL, f"an aiayn model ({MODEL_CONFIG}, {WEIGHTS})")
+    shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+    return DirInfo(path, FOREIGN, f"files aiayn did not write ({shown})")
+
+
+def check_path_given(value: str | Path, option: str) -> Path:
+    """`value` as a Path; an empty string (which would mean the current directory) is refused."""
+    if not str(value).strip():
+        raise DirectoryRefused(f"{option} is empty; name a directory, for example {option} runs/exp1")
+    return Path(value)
+
+
+def _refuse_for_training(info: DirInfo, *, resume: bool, force: bool) -> None:
+    if info.kind == FILE:
+        raise DirectoryRefused(f"{info.path} is a file, not a directory: give --run a directory")
+    if resume:
+        if info.kind != RUN:
+            raise FileNotFoundError(f"{info.path} holds no run to resume ({TRAIN_CONFIG} is missing)")
+    elif info.kind == RUN:
+        raise DirectoryRefused(f"{info.path} already holds a run; pass --resume to continue it or choose a new "
+                               "--run directory")
+    elif info.kind not in (MISSING, EMPTY) and not force:
+        raise DirectoryRefused(f"{info.path} holds {info.description}; training would write {MODEL_CONFIG}, "
+                               f"{WEIGHTS} and logs into it: choose a new --run directory, or pass --force to "
+                               "write there anyway")
+
+
+def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> RunLock:
+    """Check that training may write into `run_dir`, create it and take its lock (returned, held).
+
+    A new or empty directory starts a run; a run continues only with `resume`; anything else (a
+    Hugging Face checkpoint, an export, a model, other files) is refused unless `force`, before
+    anything is written. A run that another process is training in gives `RunBusy` at once.
+    """
+    info = inspect_dir(check_path_given(run_dir, "--run"))
+    if info.kind != RUN and (resume or info.kind not in (MISSING, EMPTY)):
+        _refuse_for_training(info, resume=resume, force=force)
+    lock = RunLock(info.path).acquire()
+    try:
+        _refuse_for_training(inspect_dir(info.path), resume=resume, force=force)  # again, now that we hold it
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def check_export_dir(out: str | Path, *, force: bool = False) -> Path:
+    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given."""
+    info = inspect_dir(check_path_given(out, "--out"))
+    if info.kind == FILE:
+        raise DirectoryRefused(f"{info.path} is a file, not a directory: give --out a directory")
+    if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
+        raise DirectoryRefused(f"{info.path} holds {info.description}; the export would replace files there: "
+                               "choose a new --out directory, or pass --force to write there anyway")
+    return info.path
+
+
+def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf") -> Path:
+    """`check_export_dir`, then create `out` and mark it as an aiayn export before any other file is written."""
+    path = check_export_dir(out, force=force)
+    atomic_write_bytes(path / EXPORT_MARK, (json.dumps({"format": fmt}) + "\n").encode())
+    return path
+
+
+# -- atomic writes -----------------------------------------------------------------------------
+
+def _temporary_beside(path: Path) -> Path:
+    # The suffix stays last, for writers that pick a format from it (matplotlib) or append one (numpy).
+    return path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp{path.suffix}")
+
+
+def _with_filename(err: OSError, path: Path) -> OSError:
+    """The same error with `path` as its file name, so that the one-line message can name the file."""
+    if err.filename is not None or err.errno is None:
+        return err
+    return OSError(err.errno, err.strerror or os.strerror(err.errno), str(path))
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # some file systems cannot sync a directory; the rename is still atomic
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path) -> Iterator[Path]:
+    """A temporary path beside `path` to write to; renamed onto `path` when the block ends without an error.
+
+    For writers that want a file name (matplotlib, safetensors, tokenizers). The file is synced to
+    disk before the rename; on any error (or Ctrl-C) it is removed and `path` is left as it was.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, where a file belongs", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_beside(path)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise _with_filename(err, path) from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | Path, mode: str = "wb", *, encoding: str | None = None,
+                newline: str | None = None) -> Iterator[IO]:
+    """`open(path, mode)` for writing, atomically: the file appears under its name whole or not at all."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes a new file: mode 'w' or 'wb', not {mode!r}")
+    with atomic_output(path) as tmp:
+        text = mode == "w"
+        with open(tmp, mode, encoding=(encoding or "utf-8") if text else None, newline=newline) as handle:
+            yield handle
+            handle.flush()
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write `data` to `path` atomically (a temporary file beside it, synced, then renamed)."""
+    with atomic_open(path, "wb") as handle:
+        handle.write(data)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write UTF-8 `text` to `path` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# -- the run lock ------------------------------------------------------------------------------
+
+class RunLock:
+    """An OS lock (`flock`) on RUN/.aiayn.lock, held while a process trains in RUN.
+
+    The operating system releases it when the process ends, however it ends (SIGKILL included), so
+    a stale lock never blocks a resume. Where `fcntl` does not exist (Windows) it locks nothing.
+    A directory the lock created and nothing else filled (a run that failed at its start) goes on release.
+    """
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / LOCK
+        self._handle: IO | None = None
+        self._created = False
+
+    def acquire(self) -> RunLock:
+        """Take the lock or raise `RunBusy` at once (never waits)."""
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on POSIX
+            logger.warning("no file locking on this system: do not train twice in %s", self.path.parent)
+            return self
+        self._created = not self.path.parent.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                handle.close()
+                raise
+            handle.seek(0)
+            owner = handle.read().strip()
+            handle.close()
+            who = f"process {owner}" if owner.isdigit() else "another process"
+            raise RunBusy(f"{self.path.parent} is in use: {who} is training in it; wait for it to finish or "
+                          "choose another --run directory") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        """Let go of the lock (closing the file releases it)."""
+        if self._handle is None:
+            return
+        self._handle.close()
+        self._handle = None
+        if self._created and [p.name for p in self.path.parent.iterdir()] == [LOCK]:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+                self.path.parent.rmdir()
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

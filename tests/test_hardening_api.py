@@ -1,0 +1,296 @@
+"""Hostile input through the Python API: the same one-line messages as the CLI, raised before anything runs,
+and files left as they were. Readers, run-directory kinds, atomic writes and the exit-code mapping too."""
+
+import errno
+import json
+import os
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from aiayn.cli.errors import describe
+from aiayn.config import ModelConfig, preset
+from aiayn.data.readers import read_classification, read_lines, read_parallel, read_text
+from aiayn.generation import GenerationConfig
+from aiayn.io import load_model, save_model
+from aiayn.nn.masks import check_mask
+from aiayn.nn.model import build_model
+from aiayn.rundir import (
+    EMPTY,
+    EXPORT,
+    FILE,
+    FOREIGN,
+    HF_CHECKPOINT,
+    MISSING,
+    MODEL,
+    RUN,
+    DirectoryRefused,
+    RunBusy,
+    RunLock,
+    atomic_write_bytes,
+    inspect_dir,
+    open_run_dir,
+)
+from aiayn.tokenization import Tokenizer, train_tokenizer
+from aiayn.training import TrainConfig, Trainer, TrainingError, load_run_config
+from aiayn.weights import WeightsError, WeightsMismatch, read_torch_file
+
+TINY = ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=16)
+
+
+@pytest.fixture
+def saved(tmp_path):
+    torch.manual_seed(0)
+    model = build_model(TINY)
+    save_model(model, tmp_path / "m", tokenizer=train_tokenizer(["a b c", "b c d"] * 3, vocab_size=20))
+    return tmp_path / "m"
+
+
+def _edit_weights(directory, change):
+    from safetensors.torch import load_file
+
+    state = load_file(directory / "model.safetensors")
+    change(state)
+    save_file(state, directory / "model.safetensors")
+
+
+class Evil:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def nothing(p):
+    return None
+
+
+def write(name, text):
+    return lambda p: Path(p, name).write_text(text)
+
+
+def weights(change):
+    return lambda p: _edit_weights(p, change)
+
+
+# (name, prepare the model directory, call, exception, message)
+API_CASES = [
+    ("build_model(dict)", nothing, lambda p: build_model(TINY.to_dict()), TypeError,
+     r"build_model takes a ModelConfig, got dict \(from a dict: build_model\(ModelConfig.from_dict\(d\)\)\)"),
+    ("ModelConfig: a string where a bool belongs", nothing,
+     lambda p: ModelConfig.from_dict({**TINY.to_dict(), "bias": "no"}), ValueError,
+     r"bias must be true or false, got 'no'"),
+    ("ModelConfig: a string where an int belongs", nothing, lambda p: TINY.replace(max_len="16"), ValueError,
+     r"max_len must be a positive integer, got '16'"),
+    ("ModelConfig: a number where a choice belongs", nothing, lambda p: TINY.replace(pooling=1), ValueError,
+     r"pooling must be one of first, mean; got 1"),
+    ("TrainConfig: a string where a bool belongs", nothing, lambda p: TrainConfig(task="copy", bf16="yes"),
+     ValueError, r"training key bf16 must be true or false, got 'yes' \(str\)"),
+    ("TrainConfig: a float where an int belongs", nothing, lambda p: TrainConfig(task="copy", epochs=2.5),
+     ValueError, r"training key epochs must be an integer, got 2.5"),
+    ("TrainConfig: a task and files", nothing, lambda p: TrainConfig(task="numbers", valid="v.tsv"), ValueError,
+     r"task=numbers makes its own data but valid=v.tsv names files too"),
+    ("load_run_config: JSON of the wrong type", write("c.json", '{"task": "copy", "lr": "fast"}'),
+     lambda p: load_run_config(Path(p, "c.json")), ValueError, r"c.json: training key lr must be a number, got 'fast'"),
+    ("GenerationConfig: min_len above max_len", nothing, lambda p: GenerationConfig(min_len=9, max_len=4),
+     ValueError, r"min_len 9 is above max_len 4"),
+    ("an ambiguous 2-D mask", nothing, lambda p: check_mask(torch.ones(3, 5, dtype=torch.bool), 3, 3, 5),
+     ValueError, r"attention mask of shape \(3, 5\) is ambiguous: batch and query length are both 3"),
+    ("a float mask", nothing, lambda p: check_mask(torch.ones(2, 5), 2, 4, 5), ValueError,
+     r"attention mask must be a bool tensor \(True = may attend\), got torch.float32"),
+    ("a mask that does not fit", nothing, lambda p: check_mask(torch.ones(2, 6, dtype=torch.bool), 2, 4, 5),
+     ValueError, r"attention mask of shape \(1, 1, 2, 6\) does not fit \(batch 2, queries 4, keys 5\)"),
+    ("ids outside the vocabulary", nothing, lambda p: build_model(TINY).encode(torch.tensor([[1, 40]])),
+     ValueError, r"token id 40 is outside the vocabulary \(size 40\)"),
+    ("float ids", nothing, lambda p: build_model(TINY).encode(torch.rand(1, 3)), ValueError,
+     r"token ids must be an int64 or int32 tensor"),
+    ("load_model: truncated weights",
+     lambda p: Path(p, "model.safetensors").write_bytes(Path(p, "model.safetensors").read_bytes()[:100]),
+     load_model, WeightsError, r"model.safetensors is not a complete safetensors file"),
+    ("load_model: NaN weight", weights(lambda s: s["encoder.layers.0.feed_forward.linear1.weight"].fill_(float("nan"))),
+     load_model, WeightsError,
+     r"non-finite weights \(encoder.layers.0.feed_forward.linear1.weight has 512 NaN and 0 Inf values\)"),
+    ("load_model: shapes listed key by key", write("config.json", json.dumps({**TINY.to_dict(), "d_ff": 64})),
+     load_model, WeightsMismatch, r"does not fit the model of its config: decoder.layers.0.feed_forward.linear1.bias "
+                                  r"is \(32,\) in the file but \(64,\) in the model; .*; and 2 more$"),
+    ("load_model: a key missing", weights(lambda s: s.pop("encoder.layers.0.feed_forward.linear2.bias")),
+     load_model, WeightsMismatch, r"missing encoder.layers.0.feed_forward.linear2.bias"),
+    ("load_model: config.json missing a key",
+     write("config.json", json.dumps({k: v for k, v in TINY.to_dict().items() if k != "scale_embeddings"})),
+     load_model, ValueError, r"config.json lacks scale_embeddings"),
+    ("load_model: a file, not a directory", nothing, lambda p: load_model(Path(p, "config.json")),
+     NotADirectoryError, r"config.json is not an aiayn model directory"),
+    ("Tokenizer.load: corrupt tokenizer.json", write("tokenizer.json", '{"version": "1.0", "trunc'), Tokenizer.load,
+     ValueError, r"tokenizer.json: not a readable tokenizer file \(EOF while parsing"),
+    ("a pickle with code in it", lambda p: torch.save({"x": Evil()}, Path(p, "x.pt")),
+     lambda p: read_torch_file(Path(p, "x.pt")), WeightsError, r"x.pt: refused: this pickle holds Python objects"),
+    ("Trainer(run_dir='')", nothing, lambda p: Trainer(load_run_config(None, ["task=copy"]), ""), DirectoryRefused,
+     r"--run is empty"),
+]
+
+
+@pytest.mark.parametrize(("name", "prepare", "call", "kind", "message"), API_CASES, ids=[c[0] for c in API_CASES])
+def test_api_errors_are_one_line_and_change_nothing(name, prepare, call, kind, message, saved, frozen):
+    prepare(saved)
+    check = frozen(saved.parent)
+    with pytest.raises(kind) as caught:
+        call(saved)
+    text = str(caught.value)
+    assert "\n" not in text and re.search(message, text), text
+    assert "weights_only" not in text
+    check(new_files=False)
+
+
+def test_loading_refuses_before_touching_the_model_files(saved, frozen):
+    _edit_weights(saved, lambda s: s["encoder.layers.0.feed_forward.linear1.weight"].fill_(float("inf")))
+    check = frozen(saved)
+    with pytest.raises(WeightsError, match="has 0 NaN and 512 Inf values"):
+        load_model(saved)
+    check(new_files=False)
+
+
+# -- readers -----------------------------------------------------------------------------------------
+
+def test_a_bom_is_dropped_and_does_not_hide_a_csv_header(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_bytes("\ufefftext,label\ngood film,pos\nbad film,neg\n".encode())
+    examples, stats = read_classification(str(path))
+    assert [(e.text, e.label) for e in examples] == [("good film", "pos"), ("bad film", "neg")]
+    parallel = tmp_path / "p.tsv"
+    parallel.write_bytes("\ufeffhello\thallo\n".encode())
+    assert read_parallel(str(parallel))[0][0].source == "hello"
+
+
+def test_lines_split_only_at_newlines(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("a\x0bb\r\nc\x1cd\u2028e\n\x85f\rg\n", encoding="utf-8", newline="")
+    assert read_lines(path) == ["a\x0bb", "c\x1cd\u2028e", "\x85f\rg"]
+    assert read_text(str(path))[0] == ["a\x0bb", "c\x1cd\u2028e", "f\rg"]  # stripped: \x85 is white space
+    tsv = tmp_path / "p.tsv"
+    tsv.write_text("one\x0ctwo\teins\x0czwei\n", encoding="utf-8")
+    assert [(e.source, e.target) for e in read_parallel(str(tsv))[0]] == [("one\x0ctwo", "eins\x0czwei")]
+
+
+def test_a_quoted_csv_field_may_hold_a_newline_and_errors_name_the_right_line(tmp_path):
+    path = tmp_path / "c.csv"
+    path.write_text('"first\nline",pos\nsecond,neg\n"open quote,neg\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c.csv:4: unexpected end of data"):
+        read_classification(str(path))
+    path.write_text('"first\nline",pos\nsecond,neg\nthird,x,y\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c.csv:4: expected 2 columns"):
+        read_classification(str(path))
+    path.write_text('"first\nline",pos\nsecond,neg\n', encoding="utf-8")
+    assert [(e.text, e.label) for e in read_classification(str(path))[0]] == [("first\nline", "pos"), ("second", "neg")]
+
+
+def test_a_path_with_a_comma_is_one_file_when_it_exists(tmp_path):
+    path = tmp_path / "en,de.tsv"
+    path.write_text("hello\thallo\n", encoding="utf-8")
+    assert [(e.source, e.target) for e in read_parallel(str(path))[0]] == [("hello", "hallo")]
+    (tmp_path / "a.en").write_text("one\n", encoding="utf-8")
+    (tmp_path / "a.de").write_text("eins\n", encoding="utf-8")
+    pair = f"{tmp_path / 'a.en'},{tmp_path / 'a.de'}"
+    assert [(e.source, e.target) for e in read_parallel(pair)[0]] == [("one", "eins")]
+
+
+def test_a_directory_where_a_file_belongs(tmp_path):
+    with pytest.raises(IsADirectoryError, match="is a directory; give a file"):
+        read_parallel(str(tmp_path) + "/")
+
+
+# -- run directories, atomic writes, the lock ---------------------------------------------------------
+
+def test_inspect_dir_tells_the_kinds_apart(tmp_path, saved):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text('{"model_type": "bert"}')
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "train_config.json").write_text("{}")
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "aiayn_export.json").write_text("{}")
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / ".gitkeep").write_text("")
+    kinds = {name: inspect_dir(tmp_path / name).kind
+             for name in ("nothing", "empty", "hidden", "f.txt", "hf", "run", "exp", "m")}
+    assert kinds == {"nothing": MISSING, "empty": EMPTY, "hidden": EMPTY, "f.txt": FILE, "hf": HF_CHECKPOINT,
+                     "run": RUN, "exp": EXPORT, "m": MODEL}
+    assert inspect_dir(tmp_path).kind == FOREIGN
+
+
+def test_open_run_dir_refuses_then_locks(tmp_path, saved, frozen):
+    check = frozen(saved)
+    with pytest.raises(DirectoryRefused, match=r"holds an aiayn model .* pass --force"):
+        open_run_dir(saved, resume=False)
+    check(new_files=False)
+    lock = open_run_dir(tmp_path / "new", resume=False)
+    try:
+        with pytest.raises(RunBusy, match=r"new is in use: process \d+ is training in it"):
+            open_run_dir(tmp_path / "new", resume=False)
+    finally:
+        lock.release()
+    assert not (tmp_path / "new").exists()  # created by the lock, left empty: removed again
+    open_run_dir(saved, resume=False, force=True).release()
+
+
+def test_an_atomic_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
+    path = tmp_path / "out.npy"
+    path.write_bytes(b"old contents")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError) as caught:
+        atomic_write_bytes(path, b"new contents")
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(path)
+    assert path.read_bytes() == b"old contents" and [p.name for p in tmp_path.iterdir()] == ["out.npy"]
+
+
+def test_the_search_index_never_replaces_a_file_it_did_not_write(tmp_path):
+    from aiayn.embeddings import SearchIndex
+
+    path = tmp_path / "mine.npz"
+    np.savez(path, other=np.ones(2))
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=r"mine.npz: not an aiayn search index .* left as it is"):
+        SearchIndex.load_or_build(path, ["a"], embedder=SimpleNamespace(name="m", pooling="mean", max_length=8))
+    assert path.read_bytes() == before
+
+
+def test_a_second_lock_on_the_same_run_is_refused_at_once(tmp_path):
+    with RunLock(tmp_path / "run"):
+        with pytest.raises(RunBusy):
+            RunLock(tmp_path / "run").acquire()
+    RunLock(tmp_path / "run").acquire().release()
+
+
+# -- exit codes -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("error", "code", "line"), [
+    (OSError(errno.ENOSPC, "No space left on device", "a.npy"), 4,
+     "a.npy: No space left on device; free some disk space and run it again"),
+    (PermissionError(errno.EACCES, "Permission denied", "/r"), 4,
+     "/r: Permission denied; check the file's permissions"),
+    (OSError(errno.EROFS, "Read-only file system", "/m"), 4, "/m: Read-only file system; the file system is read-only"),
+    (FileNotFoundError(errno.ENOENT, "No such file or directory", "x.toml"), 2, "x.toml: No such file or directory"),
+    (FileNotFoundError("data file x does not exist"), 2, "data file x does not exist"),
+    (ValueError("bad value"), 2, "bad value"),
+    (KeyError("a key"), 2, "a key"),
+    (RunBusy("r is in use"), 5, "r is in use"),
+    (TrainingError("non-finite loss"), 3, "non-finite loss"),
+    (KeyboardInterrupt(), 130, "interrupted"),
+    (MemoryError(), 4, "out of memory"),
+    (TypeError("oops"), 1, "internal error: TypeError: oops"),
+])
+def test_every_error_maps_to_a_documented_exit_code(error, code, line):
+    got_code, got_line = describe(error)
+    assert got_code == code and got_line.startswith(line)
+
+
+def test_preset_configs_pass_their_own_type_checks():
+    for name in ("base", "big", "tiny"):
+        assert ModelConfig.from_dict(preset(name).to_dict()) == preset(name)

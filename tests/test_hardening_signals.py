@@ -1,0 +1,84 @@
+"""Signals and a second process, with real processes: SIGTERM saves like Ctrl-C, a Ctrl-C while the CLI
+starts is one line, and a second `aiayn train` on a run in use stops at once."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from aiayn.cli.main import main
+from aiayn.rundir import RunLock
+from aiayn.training.checkpoint import list_checkpoints
+
+ARGS = ["task=copy", "task_train=40", "task_valid=4", "task_test=4", "task_max_len=4", "vocab_size=20",
+        "max_tokens=100", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
+        "model.n_encoder_layers=1", "model.n_decoder_layers=1", "warmup=10", "show_examples=0", "max_steps=50"]
+
+# `aiayn train` that runs HOOK after every optimizer step (the step number is `self.step`).
+HOOKED = """
+import os, pathlib, signal, sys, time
+from aiayn.training.loop import Trainer
+
+def after_step(self):
+    {hook}
+
+Trainer.after_step = after_step
+from aiayn.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+SIGTERM_AT_3 = "if self.step == 3: os.kill(os.getpid(), signal.SIGTERM)"
+WAIT_AFTER_1 = ("if self.step == 1:\n        pathlib.Path(os.environ['READY']).touch()\n"
+                "        while not pathlib.Path(os.environ['GO']).exists(): time.sleep(0.05)")
+
+
+def _hooked(hook, args, env=None, **kwargs):
+    return subprocess.Popen([sys.executable, "-c", HOOKED.format(hook=hook), "train", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})}, **kwargs)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_like_ctrl_c(tmp_path):
+    proc = _hooked(SIGTERM_AT_3, [*ARGS, "--run", str(tmp_path / "run"), "--no-progress"])
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "SIGTERM: finishing this step, saving a checkpoint" in out + err
+    assert f"interrupted at step 3; resume with: aiayn train --run {tmp_path / 'run'} --resume" in out
+    assert list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name == "step-00000003"
+    RunLock(tmp_path / "run").acquire().release()  # the lock went with the process
+
+
+def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "aiayn", "params", "--preset", "tiny"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(0.4)  # importing torch and the commands takes longer than this
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip() in ("aiayn: interrupted", "aiayn params: interrupted")
+    assert out == ""
+
+
+def test_a_second_train_on_a_run_in_use_stops_at_once(tmp_path, capsys):
+    run, ready, go = tmp_path / "run", tmp_path / "ready", tmp_path / "go"
+    proc = _hooked(WAIT_AFTER_1, [*ARGS, "max_steps=2", "--run", str(run), "--no-progress"],
+                   env={"READY": str(ready), "GO": str(go)})
+    try:
+        deadline = time.monotonic() + 240
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.05)
+        metrics = (run / "metrics.jsonl").read_bytes()
+        started = time.monotonic()
+        assert main(["train", "--run", str(run), "--resume", "--no-progress"]) == 5
+        assert main(["train", *ARGS, "--run", str(run), "--no-progress"]) == 5
+        assert time.monotonic() - started < 30
+        err = capsys.readouterr().err.splitlines()
+        assert err == [f"aiayn train: error: {run} is in use: process {proc.pid} is training in it; wait for it "
+                       "to finish or choose another --run directory"] * 2
+        assert (run / "metrics.jsonl").read_bytes() == metrics  # no rows from the second process
+    finally:
+        go.touch()
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert "trained 2 steps" in out
