@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer, BertModel
 
-    from aiayn.embeddings import Embedder
+    from aiayn.inference.embeddings import Embedder
     from aiayn.interop.bert import package_model_dir
 
     model_dir = package_model_dir()

@@ -15,7 +15,7 @@ import time
 import torch
 
 from aiayn.config import preset
-from aiayn.generation import GenerationConfig, generate
+from aiayn.inference.generation import GenerationConfig, generate
 from aiayn.nn.fast_linear import onednn_linear
 from aiayn.nn.model import build_model
 

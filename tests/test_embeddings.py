@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.embeddings import Embedder, SearchIndex, encode_texts, length_sorted_batches
+from aiayn.inference.embeddings import Embedder, SearchIndex, encode_texts, length_sorted_batches
 from aiayn.interop.bert import package_model_dir
 
 SENTENCES = [

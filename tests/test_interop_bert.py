@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from aiayn.config import ModelConfig  # noqa: E402
-from aiayn.embeddings import encode_texts  # noqa: E402
+from aiayn.inference.embeddings import encode_texts  # noqa: E402
 from aiayn.interop.bert import (  # noqa: E402
     export_hf,
     load_bert_tokenizer,

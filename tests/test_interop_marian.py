@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.generation import GenerationConfig, generate
+from aiayn.inference.generation import GenerationConfig, generate
 from aiayn.nn.model import build_model
 
 transformers = pytest.importorskip("transformers")

@@ -43,7 +43,7 @@ def test_copy_task_is_learned_to_100_percent(tmp_path):
     # the finished run directory is a model directory: it loads and translates the same way
     model = load_model(tmp_path / "run")
     src_tok, tgt_tok = load_tokenizers(tmp_path / "run")
-    from aiayn.generation import generate
+    from aiayn.inference.generation import generate
 
     src = torch.tensor([src_tok.encode("h a g", add_eos=True)])
     out = generate(model, src, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id)

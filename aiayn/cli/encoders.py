@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _embedder(args: argparse.Namespace):
-    from aiayn.embeddings import Embedder
+    from aiayn.inference.embeddings import Embedder
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
@@ -130,7 +130,7 @@ def cmd_similarity(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     """Print the top-k corpus lines for each query."""
-    from aiayn.embeddings import SearchIndex
+    from aiayn.inference.embeddings import SearchIndex
 
     if args.top_k < 1:
         raise ValueError(f"-k must be at least 1, got {args.top_k}")

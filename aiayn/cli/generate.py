@@ -57,7 +57,7 @@ def _read_lines(args: argparse.Namespace) -> list[str]:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate and print one line per input line."""
-    from aiayn.generation import GenerationConfig, generate
+    from aiayn.inference.generation import GenerationConfig, generate
     from aiayn.io import load_model, load_tokenizers
 
     if args.beam < 1:

@@ -7,7 +7,7 @@ aiayn lacks are Marian's `final_logits_bias` (zeros unless trained; `from_marian
 
 Generation settings: a `MarianConfig` defaults to `eos_token_id=0`, `forced_eos_token_id=0` and
 published checkpoints add `bad_words_ids=[[pad]]`; `to_marian` sets eos to aiayn's `</s>`, and turns
-forced EOS, bad words and n-gram blocking off, so `generate()` searches exactly as `aiayn.generation` does.
+forced EOS, bad words and n-gram blocking off, so `generate()` searches exactly as `aiayn.inference.generation` does.
 """
 
 from __future__ import annotations

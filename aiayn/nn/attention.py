@@ -131,7 +131,7 @@ class MultiHeadAttention(nn.Module):
         # Stacked Q/K/V (or K/V) weights for the fused path when autograd is off; see _fused_weights.
         self._fused_cache: dict[int, tuple] = {}
         # Optional module giving Q, K and V side by side (B, L, 3 * d_model) for self-attention on the
-        # fused path, e.g. prepacked weights in an inference copy (`aiayn.embeddings`); None: stacked as above.
+        # fused path (prepacked weights of `aiayn.inference.embeddings`); None: stacked as above.
         self.qkv_proj: nn.Module | None = None
 
     def train(self, mode: bool = True) -> MultiHeadAttention:

@@ -176,12 +176,6 @@ class EncoderDecoderModel(nn.Module):
         """An empty key/value cache for incremental decoding."""
         return KVCache.empty(len(self.decoder.layers))
 
-    def generate(self, src: torch.Tensor, *, bos_id: int, eos_id: int, config=None):
-        """Translate source ids (B, S): greedy, beam search or sampling (see `aiayn.generation.generate`)."""
-        from aiayn.generation import generate
-
-        return generate(self, src, bos_id=bos_id, eos_id=eos_id, config=config)
-
 
 class EncoderModel(nn.Module):
     """Encoder-only model (BERT-style): embeddings, N encoder layers, and an optional task head."""

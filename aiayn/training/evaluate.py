@@ -82,7 +82,7 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, *, max_t
 
 def _decode(model: nn.Module, data: PreparedData, src: torch.Tensor, indices: list[int], beam_size: int,
             length_penalty: float) -> dict[int, str]:
-    from aiayn.generation import GenerationConfig, generate
+    from aiayn.inference.generation import GenerationConfig, generate
 
     tgt = data.target_tokenizer
     config = GenerationConfig(beam_size=beam_size, length_penalty=length_penalty)

@@ -1,0 +1,6 @@
+"""Using a trained model: generation (greedy, beam, sampling on a KV cache), sentence embeddings and search."""
+
+from aiayn.inference.embeddings import Embedder, SearchIndex
+from aiayn.inference.generation import GenerationConfig, GenerationOutput, generate
+
+__all__ = ["Embedder", "GenerationConfig", "GenerationOutput", "SearchIndex", "generate"]
