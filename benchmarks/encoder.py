@@ -7,7 +7,8 @@ In one run it measures, on the same machine and threads:
   under `torch.inference_mode()`, on a (batch, length, d_model) input without padding;
 - `torch.nn.TransformerEncoder` with the same sizes and the same weights (`enable_nested_tensor=True`,
   which takes PyTorch's fused "fast path" in eval/inference mode);
-- the same aiayn encoder with its linear layers on MKL (`onednn_linear(False)`, torch's default library);
+- the same aiayn encoder as the plain modules of `aiayn.nn` (no backend: three Q/K/V products, `F.linear`,
+  which is MKL on CPU, torch's default library);
 - the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP) through MKL and through oneDNN;
 and prints tokens/s, the ratio aiayn / torch, and aiayn's model FLOP/s as a fraction of the higher peak.
 All are timed in every repeat, in a rotating order (so a noisy neighbour hits each alike);
@@ -23,12 +24,13 @@ import time
 import torch
 from torch import nn
 
+from aiayn.backends import select
+from aiayn.backends.cpu import onednn_product
 from aiayn.config import preset
-from aiayn.nn.fast_linear import onednn_linear, onednn_product
 from aiayn.nn.model import build_encoder
 
 OURS = "aiayn Encoder"
-OURS_MKL = "aiayn Encoder, MKL F.linear"
+OURS_PLAIN = "aiayn Encoder, plain modules"
 THEIRS = "torch TransformerEncoder (fast path)"
 PEAK = "fp32 matmul peak"
 PEAK_DNN = "fp32 matmul peak, oneDNN"
@@ -87,13 +89,6 @@ def matmul_onednn(n: int, device: torch.device):
     return lambda: onednn_product(a, b)
 
 
-def _without_onednn(fn):
-    def run():
-        with onednn_linear(False):
-            return fn()
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of the encoder benchmark."""
     p = argparse.ArgumentParser(prog="aiayn bench encoder", description=__doc__.splitlines()[0])
@@ -121,12 +116,14 @@ def main(argv: list[str] | None = None) -> int:
     cfg = preset(args.preset).replace(dropout=0.0)
     torch.manual_seed(0)
 
-    ours = build_encoder(cfg).to(device).eval()
+    plain = build_encoder(cfg).to(device).eval()
+    backend = select(device, "inference", "fp32")
+    ours = backend.prepare(plain)
     layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, activation=cfg.activation,
                                        layer_norm_eps=cfg.layer_norm_eps, batch_first=True,
                                        norm_first=cfg.norm_first)
     theirs = nn.TransformerEncoder(layer, cfg.n_encoder_layers, enable_nested_tensor=True).to(device).eval()
-    for mine, other in zip(ours.layers, theirs.layers):
+    for mine, other in zip(plain.layers, theirs.layers):
         copy_to_torch_layer(mine, other)
     x = torch.randn(args.batch, args.length, cfg.d_model, device=device)
 
@@ -135,12 +132,12 @@ def main(argv: list[str] | None = None) -> int:
         OURS: lambda: ours(x),
         THEIRS: lambda: theirs(x),
         PEAK: peak_fn,
+        OURS_PLAIN: lambda: plain(x),
     }
-    if device.type == "cpu" and torch.backends.mkldnn.is_available():
-        # aiayn's linear layers run on oneDNN at inference by default (aiayn.nn.fast_linear): MKL, torch's
-        # default for fp32 F.linear on CPU, skips its AVX-512 kernels on AMD processors. Both libraries'
-        # peaks are measured and shares use the higher one; the MKL row shows aiayn without oneDNN.
-        contenders[OURS_MKL] = _without_onednn(lambda: ours(x))
+    if backend.onednn:
+        # The CPU backend runs aiayn's linear layers on oneDNN (aiayn.backends.cpu): MKL, torch's default
+        # for fp32 F.linear on CPU, skips its AVX-512 kernels on AMD processors. Both libraries' peaks are
+        # measured and shares use the higher one.
         contenders[PEAK_DNN] = matmul_onednn(args.matmul_size, device)
     times: dict[str, list[float]] = {name: [] for name in contenders}
     with torch.inference_mode():
@@ -163,13 +160,14 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.batch * args.length
     flops = encoder_flops(args.batch, args.length, cfg.d_model, cfg.d_ff, cfg.n_encoder_layers)
     peak_flops = 2.0 * args.matmul_size**3
+    print(f"backend: {backend.describe()}")
     print(f"encoder forward, preset {args.preset} (d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
           f"N={cfg.n_encoder_layers}), batch {args.batch} x length {args.length}, fp32, eval, inference_mode, "
           f"device {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"model FLOP per forward: {flops / 1e9:.2f} GFLOP; max |aiayn - torch| = {diff:.2e}; "
           f"{args.repeats} repeats, medians")
     medians = {name: statistics.median(t) for name, t in times.items()}
-    for name in (OURS, OURS_MKL, THEIRS):
+    for name in (OURS, OURS_PLAIN, THEIRS):
         if name in medians:
             t = medians[name]
             print(f"  {name:<38} {t * 1e3:9.1f} ms  {tokens / t:12,.0f} tokens/s  {flops / t / 1e9:8.1f} GFLOP/s")
@@ -180,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     # Paired ratios (same repeat, so the same background load) are steadier than ratios of medians;
     # the peak of each repeat is the faster of the two libraries' products.
     peaks = [min(t) for t in zip(*(times[name] for name in (PEAK, PEAK_DNN) if name in times))]
-    for name in (OURS, OURS_MKL):
+    for name in (OURS, OURS_PLAIN):
         if name not in times:
             continue
         speedup = statistics.median(b / a for a, b in zip(times[name], times[THEIRS]))

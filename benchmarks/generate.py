@@ -14,9 +14,9 @@ import time
 
 import torch
 
+from aiayn.backends import select
 from aiayn.config import preset
 from aiayn.inference.generation import GenerationConfig, generate
-from aiayn.nn.fast_linear import onednn_linear
 from aiayn.nn.model import build_model
 
 BOS, EOS, PAD = 1, 2, 0
@@ -56,7 +56,6 @@ def _compare(model, hf, batch: int, beam: int, new_tokens: int, src_len: int, re
 
 
 @torch.inference_mode()
-@onednn_linear()  # as in generate()
 def _step_times(model, positions: tuple[int, ...], window: int = 8) -> dict[int, float]:
     """Median seconds of one greedy step (batch 1) around each output position, with the KV cache."""
     src = torch.randint(4, model.config.vocab_size, (1, 16))
@@ -98,11 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     repeats = 1 if args.quick else args.repeats
     torch.manual_seed(0)
     cfg = preset(args.preset).replace(pe_layout="split", dropout=0.0)
-    model = build_model(cfg).eval()
-    hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=EOS)
+    plain = build_model(cfg).eval()
+    hf = to_marian(plain, decoder_start_token_id=BOS, eos_token_id=EOS)
+    backend = select("cpu", "inference", "fp32")
+    model = backend.prepare(plain)  # as `aiayn translate` runs it
     print(f"{args.preset} model (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
           f"vocab {cfg.vocab_size}), source 16 tokens, {new_tokens} new tokens forced, "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads")
+          f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
+          f"backend {backend.describe()}")
     print(f"{'search':<8} {'batch':>5} {'aiayn tok/s':>12} {'HF tok/s':>10} {'speed-up':>9}")
     for batch in (int(b) for b in args.batches.split(",")):
         for name, beam in (("greedy", 1), ("beam-4", 4)):

@@ -5,8 +5,9 @@ Run: `aiayn bench train` or `python -m benchmarks.train [--preset base --batch 8
 In one run it measures, on the same machine and threads, a full training step (forward, label-smoothed
 cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Adam for both) of:
 - aiayn's model of the chosen preset (base: d_model 512, 6+6 layers, h 8, d_ff 2048, 37,000 shared vocabulary,
-  tied embeddings, dropout 0.1), through `aiayn.training`'s loss, with the trainer's oneDNN linear layers
-  (`aiayn.training.onednn`), and once more with every product on PyTorch's default (MKL) for comparison;
+  tied embeddings, dropout 0.1), through `aiayn.training`'s loss, prepared by the trainer's backend
+  (`aiayn.backends`: oneDNN linear layers and fused Q/K/V on CPU), and once more as the plain modules of
+  `aiayn.nn` (every product on PyTorch's default, MKL) for comparison;
 - the same sizes built on `torch.nn.Transformer` (batch_first, post-LN, ReLU, dropout 0.1) with a shared,
   tied embedding x sqrt(d_model), sinusoidal positions, a causal mask from `generate_square_subsequent_mask`,
   and `F.cross_entropy(label_smoothing=0.1)`;
@@ -28,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.backends import select
+from aiayn.backends.cpu import onednn_product
 from aiayn.config import ModelConfig, preset
 from aiayn.nn.embedding import sinusoidal_table
-from aiayn.nn.fast_linear import onednn_product
 from aiayn.nn.model import build_model
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import forward
-from aiayn.training.onednn import onednn_training
 from aiayn.training.optim import make_adam
 
 
@@ -95,20 +96,17 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return make_adam(model.parameters(), lr=1e-4)  # the trainer's Adam (fused kernel), for both
 
 
-def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch, *, onednn: bool = True) -> None:
-    """One aiayn training step, as `aiayn.training` runs it (vocabulary logits only where the loss counts)."""
+def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+    """One aiayn training step, as `aiayn.training` runs it (vocabulary logits only where the loss counts).
+
+    `model` is the trainer's prepared copy (`aiayn.backends`), or the plain model for comparison.
+    """
     src, tgt_in, labels = batch
     opt.zero_grad(set_to_none=True)
-    with onednn_training(onednn):
-        logits, kept = forward(model, {"src": src, "tgt_in": tgt_in, "labels": labels}, "seq2seq")
-        loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
-        (loss / int((labels != -100).sum())).backward()
+    logits, kept = forward(model, {"src": src, "tgt_in": tgt_in, "labels": labels}, "seq2seq")
+    loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
+    (loss / int((labels != -100).sum())).backward()
     opt.step()
-
-
-def aiayn_step_mkl(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
-    """The same step with every product on PyTorch's default CPU path (MKL), as before the oneDNN layers."""
-    aiayn_step(model, opt, batch, onednn=False)
 
 
 def torch_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
@@ -151,16 +149,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     cfg = preset(args.preset)
     ours, theirs = build_model(cfg).train(), TorchTransformerMT(cfg).train()
-    ours_mkl = build_model(cfg).train()
-    ours_mkl.load_state_dict(ours.state_dict())
-    opt_ours, opt_theirs, opt_mkl = _optimizer(ours), _optimizer(theirs), _optimizer(ours_mkl)
+    plain = build_model(cfg).train()
+    plain.load_state_dict(ours.state_dict())
+    backend = select("cpu", "train", "fp32")
+    prepared = backend.prepare(ours)  # shares `ours`' parameters, as in the trainer
+    opt_ours, opt_theirs, opt_plain = _optimizer(ours), _optimizer(theirs), _optimizer(plain)
     batches = make_batches(cfg, args.repeats + args.warmup, args.batch, args.src_len, args.tgt_len)
     real_tokens = [int((s != cfg.pad_id).sum() + (lab != -100).sum()) for s, _, lab in batches]
     params = sum(p.numel() for p in ours.parameters())
     print(f"train step, preset {args.preset} ({params / 1e6:.1f}M parameters), batch {args.batch}, "
-          f"source <= {args.src_len}, target <= {args.tgt_len} tokens, {torch.get_num_threads()} threads")
-    steps = {"aiayn": (aiayn_step, ours, opt_ours), "torch.nn.Transformer": (torch_step, theirs, opt_theirs),
-             "aiayn, MKL products": (aiayn_step_mkl, ours_mkl, opt_mkl)}
+          f"source <= {args.src_len}, target <= {args.tgt_len} tokens, {torch.get_num_threads()} threads, "
+          f"backend {backend.describe()}")
+    steps = {"aiayn": (aiayn_step, prepared, opt_ours), "torch.nn.Transformer": (torch_step, theirs, opt_theirs),
+             "aiayn, plain modules": (aiayn_step, plain, opt_plain)}
     times: dict[str, list[float]] = {name: [] for name in steps}
     seconds: dict[str, list[float]] = {name: [] for name in steps}
     peaks, peaks_onednn = [], []
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
               f"model GFLOP/s ({100 * achieved / peak:.0f}% of peak)")
     print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default), "
           f"{statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN); peak = the higher")
-    for name in ("aiayn", "aiayn, MKL products"):
+    for name in ("aiayn", "aiayn, plain modules"):
         ratios = [t / o for o, t in zip(seconds[name], seconds["torch.nn.Transformer"])]
         print(f"  {name} / torch.nn.Transformer: {rates[name] / rates['torch.nn.Transformer']:.2f}x "
               f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "

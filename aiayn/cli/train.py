@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from aiayn.cli.options import add_device_argument
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `aiayn train` and `aiayn eval`."""
@@ -22,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--resume", action="store_true", help="continue the run in --run from its latest checkpoint")
     t.add_argument("--init-from", dest="init_from", help="pretrained encoder directory (aiayn or BERT checkpoint)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_device_argument(t)
     t.set_defaults(func=cmd_train)
 
     e = subparsers.add_parser("eval", help="evaluate a trained run on its test (or valid) split or a file")
@@ -33,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--beam", type=int, help="beam size for decoding (default: the run's)")
     e.add_argument("--examples", type=int, default=5, help="example predictions to print")
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    add_device_argument(e)
     e.set_defaults(func=cmd_eval)
 
 
@@ -59,13 +63,13 @@ def _print_examples(result: dict) -> None:
         print(f"  [{mark}] {source}\n       -> {predicted}" + ("" if mark == "ok" else f"   (expected {reference})"))
 
 
-def _train(run, run_dir: str, *, resume: bool, progress: bool) -> int:
+def _train(run, run_dir: str, *, resume: bool, progress: bool, device: str | None = None) -> int:
     from tqdm.auto import tqdm
 
     from aiayn.training import Trainer, TrainingError
 
     start = time.perf_counter()
-    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write)
+    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write, device=device)
     try:
         result = trainer.fit()
     except TrainingError as err:
@@ -96,22 +100,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         run = read_run_config(args.run, overrides)
     else:
         run = load_run_config(config, overrides)
-    return _train(run, args.run, resume=args.resume, progress=not args.no_progress)
+    return _train(run, args.run, resume=args.resume, progress=not args.no_progress, device=args.device)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a finished run."""
+    from aiayn.backends import select
     from aiayn.data.prepare import encode_split, load_labels, prepare_data, read_examples
     from aiayn.io import load_model, load_tokenizers
     from aiayn.training.checkpoint import load_checkpoint
-    from aiayn.training.evaluate import evaluate
+    from aiayn.training.evaluate import EvalOptions, evaluate
     from aiayn.training.loop import read_run_config
 
-    cfg = read_run_config(args.run).train
-    data = prepare_data(cfg, tokenizers=load_tokenizers(args.run), labels=load_labels(args.run))
+    train_cfg = read_run_config(args.run).train
+    data = prepare_data(train_cfg, tokenizers=load_tokenizers(args.run), labels=load_labels(args.run))
     if args.data:
-        raw, stats = read_examples(cfg, args.data)
-        data.test = encode_split(cfg, raw, data.source_tokenizer, data.target_tokenizer, data.labels, "data", stats)
+        raw, stats = read_examples(train_cfg, args.data)
+        data.test = encode_split(train_cfg, raw, data.source_tokenizer, data.target_tokenizer, data.labels, "data",
+                                 stats)
         if not args.json:
             print("data " + stats.summary())
     model = load_model(args.run)
@@ -123,13 +129,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
         load_checkpoint(path, model)
     split = data.valid if args.split == "valid" and not args.data else data.test
-    result = evaluate(model, data, split, max_tokens=cfg.max_tokens, decode=True,
-                      beam_size=args.beam or cfg.beam_size, length_penalty=cfg.length_penalty, seed=cfg.seed,
-                      mlm_probability=cfg.mlm_probability, examples=args.examples, bleu_tokenize=cfg.bleu_tokenize)
+    options = EvalOptions.from_train_config(train_cfg, beam_size=args.beam or train_cfg.beam_size,
+                                            examples=args.examples)
+    backend = select(args.device, "inference", "bf16" if options.bf16 else None)
+    result = evaluate(model, data, split, options, backend=backend)
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"{args.data or args.split}: {len(split.items)} examples  " + _format_metrics(result, cfg.bleu_tokenize))
+    print(f"{args.data or args.split}: {len(split.items)} examples  " +
+          _format_metrics(result, train_cfg.bleu_tokenize))
     _print_examples(result)
     return 0
 
@@ -145,9 +153,9 @@ def run_demo(run_dir: str | None = None) -> int:
             n += 1
             run_dir = f"runs/demo-{n}"
     run = load_run_config(None, (), base=DEMO_CONFIG)
-    cfg = run.train
-    print(f"aiayn demo: English -> German number words (num2words), {cfg.task_train} training / "
-          f"{cfg.task_test} held-out test numbers below {cfg.task_max_number}, disjoint splits")
+    train_cfg = run.train
+    print(f"aiayn demo: English -> German number words (num2words), {train_cfg.task_train} training / "
+          f"{train_cfg.task_test} held-out test numbers below {train_cfg.task_max_number}, disjoint splits")
     print(f"model: d_model={run.model_overrides['d_model']}, {run.model_overrides['n_encoder_layers']}+"
-          f"{run.model_overrides['n_decoder_layers']} layers; {cfg.epochs} epochs; run directory {run_dir}")
+          f"{run.model_overrides['n_decoder_layers']} layers; {train_cfg.epochs} epochs; run directory {run_dir}")
     return _train(run, run_dir, resume=False, progress=True)

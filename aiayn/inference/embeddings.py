@@ -21,15 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.nn.attention import MultiHeadAttention
-from aiayn.nn.fast_linear import onednn_product
+from aiayn.backends import PRECISIONS, select, weights_version
+from aiayn.config import POOLINGS
 from aiayn.nn.heads import pool
 from aiayn.tokenization import Tokenizer
 
 log = logging.getLogger(__name__)
-
-POOLINGS = ("mean", "cls")
-PRECISIONS = ("fp32", "bf16", "int8")
 
 
 def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
@@ -51,51 +48,6 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
 
 
-class PackedLinear(nn.Module):
-    """An inference-only `nn.Linear` (float32, CPU) whose weight is reordered once into oneDNN's blocked layout.
-
-    PyTorch sends a float32 `F.linear` on CPU to MKL, which is slow on AMD processors (see
-    `aiayn.nn.fast_linear`). oneDNN (`torch.ops.mkldnn`, what inductor uses for the same job) with
-    the weight's layout done once instead of on every call measured 2.6x MKL's speed on the matrix
-    products of all-MiniLM-L6-v2 at 7 rows and 2.3x at 640 (1 thread), and 1.6x oneDNN's own speed
-    on the unpacked weight at 7 rows. The sums run in another order: results equal `F.linear`'s up
-    to float32 rounding. No autograd: the packed weight is a copy, not a parameter.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # opaque (out, in)
-        self.bias = None if bias is None else bias.detach()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., in_features) -> (..., out_features)."""
-        return onednn_product(x, self.packed, self.bias)
-
-
-def prepacked_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` for float32 CPU inference whose Linear layers are `PackedLinear`s.
-
-    The copy shares every parameter with `model` (only the packed weights are new memory). In
-    each attention layer Q, K and V get one packed matrix (`MultiHeadAttention.qkv_proj`), and
-    `q_proj`, `k_proj`, `v_proj` stay for the explicit path and cross-attention.
-    """
-    import copy
-
-    packed = copy.deepcopy(model, memo={id(p): p for p in model.parameters()})  # new modules, same weights
-    for module in list(packed.modules()):
-        if isinstance(module, MultiHeadAttention) and all(
-            type(p) is nn.Linear for p in (module.q_proj, module.k_proj, module.v_proj)
-        ):
-            projections = (module.q_proj, module.k_proj, module.v_proj)
-            bias = None if module.q_proj.bias is None else torch.cat([p.bias for p in projections])
-            module.qkv_proj = PackedLinear(torch.cat([p.weight for p in projections]), bias)  # (3 * d_model, d_model)
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and not (isinstance(module, MultiHeadAttention) and name[0] in "qkv"):
-                setattr(module, name, PackedLinear(child.weight, child.bias))
-    return packed.eval()
-
-
 def _read_json(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
@@ -112,7 +64,7 @@ class SentenceSettings:
     def read(cls, directory: Path, *, model_max_len: int) -> SentenceSettings:
         """Read `1_Pooling/config.json`, `modules.json` and `sentence_bert_config.json` where present."""
         pooling_cfg = _read_json(directory / "1_Pooling" / "config.json")
-        pooling = "cls" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
+        pooling = "first" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
         modules = directory / "modules.json"
         normalize = True
         if modules.is_file():
@@ -126,33 +78,36 @@ class Embedder:
     """Texts -> sentence vectors (N, d_model) with an encoder-only model.
 
     Args:
-        model: an `EncoderModel` (its `encode` gives (B, L, d_model) hidden states).
+        model: an `EncoderModel` (its `encode` gives (B, L, d_model) hidden states); moved to `device`.
         tokenizer: its tokenizer; bos/eos are wrapped around each text ([CLS]/[SEP] for BERT).
-        pooling: "mean" over real tokens or "cls" (the first token's state).
+        pooling: "mean" over real tokens or "first" (the [CLS] token's state).
         normalize: L2-normalise each vector (cosine similarity becomes a dot product).
         max_length: most ids per text, special tokens included; longer texts are truncated.
         name: what the vectors come from (recorded in search indexes).
-        prepack: run float32 CPU inference on a `prepacked_copy` of the model (about twice as fast,
-            equal up to float32 rounding); False runs the model's own Linear layers.
+        device: where to run (default: the best available).
+        precision: "fp32" (equal to the model up to float32 rounding), "bf16" or "int8" (faster, approximate).
+        plain: run the model's modules as written, without the device's fast path (`aiayn.backends`).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Tokenizer, *, pooling: str = "mean", normalize: bool = True,
-                 max_length: int | None = None, name: str = "model", prepack: bool = True):
+                 max_length: int | None = None, name: str = "model", device: str | torch.device | None = None,
+                 precision: str = "fp32", plain: bool = False):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-        self.model = model.eval()
+        self.backend = select(device, "inference", precision, plain=plain)
+        self.model = model.to(self.backend.device).eval()
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.normalize = normalize
         limit = model.config.max_len if model.config.positional == "learned" else 1 << 30
         self.max_length = min(max_length or limit, limit)
         self.name = name
-        self.prepack = prepack
-        self._packed: tuple[tuple, nn.Module] | None = None  # (weights' identity, prepacked copy)
+        self._prepared: tuple[tuple | None, nn.Module] | None = None  # (weights' version, prepared model)
 
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str | Path | None = None, *, pooling: str | None = None,
-                        normalize: bool | None = None, max_length: int | None = None) -> Embedder:
+                        normalize: bool | None = None, max_length: int | None = None,
+                        device: str | torch.device | None = None) -> Embedder:
         """An embedder for a BERT checkpoint (default all-MiniLM-L6-v2) or an aiayn model directory.
 
         Pooling, normalisation and the length limit default to the checkpoint's
@@ -173,101 +128,43 @@ class Embedder:
         return cls(model, tokenizer, pooling=pooling or settings.pooling,
                    normalize=settings.normalize if normalize is None else normalize,
                    max_length=max_length or settings.max_length,
-                   name=str(path_or_hub_id or "all-MiniLM-L6-v2"))
+                   name=str(path_or_hub_id or "all-MiniLM-L6-v2"), device=device)
 
     @property
     def dim(self) -> int:
         """Width of each vector."""
         return self.model.config.d_model
 
-    def bfloat16(self) -> Embedder:
-        """This embedder with bfloat16 weights and activations (vectors still float32).
-
-        Fast on CPUs with native bf16 dot products (AVX512-BF16, AMX); elsewhere it is emulated and slow.
-        """
-        import copy
-
-        if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            log.warning("this CPU has no native bfloat16 support; bf16 will be slower than fp32")
-        model = copy.deepcopy(self.model).to(torch.bfloat16)
-        return Embedder(model, self.tokenizer, pooling=self.pooling, normalize=self.normalize,
-                        max_length=self.max_length, name=f"{self.name} (bf16)")
-
     def with_precision(self, precision: str) -> Embedder:
-        """This embedder in "fp32" (itself, exact), "bf16" or "int8" (faster, approximate)."""
-        if precision == "fp32":
+        """This embedder in "fp32" (itself), "bf16" or "int8" (faster, approximate), on the same model."""
+        if precision == self.backend.precision:
             return self
-        if precision == "bf16":
-            return self.bfloat16()
-        if precision == "int8":
-            return self.quantize()
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-
-    def quantize(self) -> Embedder:
-        """This embedder with int8 dynamically quantised Linear layers (faster on CPU, slightly less exact)."""
-        import copy
-        import warnings
-
-        from torch.ao.quantization import QConfig, quantize_dynamic
-        from torch.ao.quantization.observer import (
-            PlaceholderObserver,
-            per_channel_weight_observer_range_neg_127_to_127,
-        )
-
-        # Per-channel weights and the full 8-bit activation range: the closest to fp32 this API gets.
-        qconfig = QConfig(
-            activation=PlaceholderObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=255, is_dynamic=True),
-            weight=per_channel_weight_observer_range_neg_127_to_127,
-        )
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.ao's deprecation notice in favour of torchao
-            model = quantize_dynamic(copy.deepcopy(self.model), {nn.Linear: qconfig}, dtype=torch.qint8)
-        model.config = self.model.config
-        return Embedder(model, self.tokenizer, pooling=self.pooling, normalize=self.normalize,
-                        max_length=self.max_length, name=f"{self.name} (int8)")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        return Embedder(self.model, self.tokenizer, pooling=self.pooling, normalize=self.normalize,
+                        max_length=self.max_length, name=f"{self.name} ({precision})" if precision != "fp32"
+                        else self.name, device=self.backend.device, precision=precision, plain=self.backend.plain)
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
         """Ids of each text, `[CLS] ... [SEP]`, truncated to `max_length`."""
         return encode_texts(self.tokenizer, texts, self.max_length)
 
-    def _inference_model(self) -> nn.Module:
-        """What `embed_ids` runs: a float32 CPU model's `prepacked_copy` (built on first use, again
-        whenever a weight changes), or the model itself where packing does not apply (autograd included)."""
-        params = list(self.model.parameters())
-        if not self.prepack or torch.is_grad_enabled() or not (torch.backends.mkldnn.is_available() and params
-                and all(p.dtype == torch.float32 and p.device.type == "cpu" for p in params)
-                and any(type(m) is nn.Linear for m in self.model.modules())):  # int8 models have none
-            return self.model
-        try:
-            key = tuple((p.data_ptr(), p._version) for p in params)
-        except RuntimeError:  # inference tensors have no version counter: no way to tell a change
-            return self.model
-        if self._packed is None or self._packed[0] != key:
-            self._packed = (key, self._checked_packed_copy())
-        return self._packed[1]
-
-    def _checked_packed_copy(self) -> nn.Module:
-        """`prepacked_copy(self.model)` if it gives the model's outputs on a short input, else the model."""
-        ids = torch.tensor([[self.tokenizer.bos_id, self.tokenizer.unk_id, self.tokenizer.eos_id]])  # (1, 3)
-        try:
-            packed = prepacked_copy(self.model)
-            with torch.inference_mode():
-                ok = torch.allclose(packed.encode(ids), self.model.encode(ids), rtol=1e-4, atol=1e-5)
-        except (RuntimeError, NotImplementedError) as err:
-            log.info("prepacked oneDNN weights unavailable (%s); using the model as it is", err)
-            return self.model
-        if not ok:
-            log.warning("prepacked oneDNN weights disagree with the model; using the model as it is")
-            return self.model
-        return packed
+    def prepared_model(self) -> nn.Module:
+        """The model as the backend prepared it (once, and again whenever a weight changed since)."""
+        version = weights_version(self.model)
+        if self._prepared is None or self._prepared[0] != version:  # None: inference tensors, no versions to tell
+            self._prepared = (version, self.backend.prepare(self.model))
+        return self._prepared[1]
 
     def embed_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Padded ids (B, L) and their (B, L) 0/1 mask -> sentence vectors (B, d_model)."""
-        model = self._inference_model()
-        hidden = model.encode(ids, attention_mask=attention_mask).float()  # (B, L, d_model), pooled in fp32
-        mask = None if attention_mask is None else attention_mask.bool()
-        vectors = pool(hidden, mask, "first" if self.pooling == "cls" else "mean")  # (B, d_model)
-        return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors
+        """Padded ids (B, L) and their (B, L) 0/1 mask -> sentence vectors (B, d_model), on the model's device."""
+        device = self.backend.device
+        ids = ids.to(device)
+        mask = None if attention_mask is None else attention_mask.to(device)
+        with torch.inference_mode():
+            hidden = self.prepared_model().encode(ids, attention_mask=mask).float()  # (B, L, d_model), fp32 pooling
+            vectors = pool(hidden, None if mask is None else mask.bool(), self.pooling)  # (B, d_model)
+            return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors
 
     def embed(self, texts: Sequence[str], *, batch_size: int = 16,
               progress: Callable[[int], None] | None = None) -> np.ndarray:
@@ -296,7 +193,7 @@ class Embedder:
                 for r, index in enumerate(batch):
                     rows[r, : len(ids[index])] = ids[index]
                     mask[r, : len(ids[index])] = 1
-                out[batch] = self.embed_ids(torch.from_numpy(rows), torch.from_numpy(mask)).float().numpy()
+                out[batch] = self.embed_ids(torch.from_numpy(rows), torch.from_numpy(mask)).cpu().numpy()
                 if progress is not None:
                     progress(len(batch))
         return out

@@ -93,15 +93,28 @@ class Decoder(nn.Module):
         self.final_norm = final_norm
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, *, tgt_mask: torch.Tensor | None = None,
-                memory_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
-        """(B, T, d_model) target states attending to memory (B, S, d_model) -> (B, T, d_model)."""
+                memory_mask: torch.Tensor | None = None, cache: KVCache | None = None,
+                return_cross_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """(B, T, d_model) target states attending to memory (B, S, d_model) -> (B, T, d_model).
+
+        With `return_cross_attention`, also each layer's cross-attention weights (B, h, T, S).
+        """
+        cross = []
         for i, layer in enumerate(self.layers):
-            x = layer(
+            out = layer(
                 x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
                 self_cache=None if cache is None else cache.self_attn[i],
                 cross_cache=None if cache is None else cache.cross_attn[i],
+                need_weights=return_cross_attention,
             )
-        return x if self.final_norm is None else self.final_norm(x)
+            if return_cross_attention:
+                x, _, weights = out
+                cross.append(weights)
+            else:
+                x = out
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return (x, cross) if return_cross_attention else x
 
 
 def _source_mask(ids: torch.Tensor, pad_id: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -141,13 +154,15 @@ class EncoderDecoderModel(nn.Module):
         return self.encoder(x, src_mask)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None = None,
-               cache: KVCache | None = None, tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
+               cache: KVCache | None = None, tgt_mask: torch.Tensor | None = None,
+               return_cross_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Shifted target ids (B, T) and memory (B, S, d_model) -> decoder states (B, T, d_model).
 
         The look-ahead mask is always applied. Target padding is not masked by default: with
         right padding (the only kind aiayn makes) it cannot reach real positions through the
         look-ahead mask, and the loss ignores padded positions. With a `cache`, `tgt` holds only
-        the new positions and the cache supplies the earlier ones.
+        the new positions and the cache supplies the earlier ones. With `return_cross_attention`,
+        also each decoder layer's cross-attention weights (B, h, T, S).
         """
         if tgt.dim() != 2:
             raise ValueError(f"target ids must have shape (batch, length), got {tuple(tgt.shape)}")
@@ -163,7 +178,8 @@ class EncoderDecoderModel(nn.Module):
         if tgt_mask is not None:
             tgt_mask = check_mask(tgt_mask, batch, length, offset + length)
         x = self.tgt_embed(tgt, offset=offset)  # (B, T, d_model)
-        return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache)
+        return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache,
+                            return_cross_attention=return_cross_attention)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher forcing: source ids (B, S), shifted target ids (B, T) -> logits (B, T, V)."""

@@ -62,6 +62,11 @@ def forward(model: nn.Module, batch: dict[str, torch.Tensor], objective: str) ->
     return model(batch["ids"]), labels
 
 
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The batch's tensors on `device` (collation builds them on the CPU)."""
+    return {name: t.to(device, non_blocking=True) for name, t in batch.items()}
+
+
 def batch_tokens(batch: dict[str, torch.Tensor], pad_id: int) -> int:
     """Real (non-pad) input tokens in a batch, for tokens/s."""
     if "src" in batch:
