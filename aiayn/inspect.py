@@ -50,9 +50,9 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
             f"embeddings ({'shared, ' if shared else ''}{cfg.vocab_size:,} x {cfg.d_model})",
             count(model.src_embed) + (0 if shared else count(model.tgt_embed)),
         ))
-        tied = model.generator.proj.weight is model.tgt_embed.tokens.weight
+        tied = model.head.proj.weight is model.tgt_embed.tokens.weight
         rows.append(("output projection" + (" (tied to the embeddings)" if tied else ""),
-                     0 if tied else count(model.generator)))
+                     0 if tied else count(model.head)))
     else:
         layer_rows("encoder", model.encoder.layers)
         rows.append((f"embeddings ({cfg.vocab_size:,} x {cfg.d_model})", count(model.embed)))
@@ -218,7 +218,7 @@ def _trace_decoder_step(model: EncoderDecoderModel, memory: torch.Tensor, target
         stages.append(_stage(f"dec{i} after Add & Norm 3", s["norm3"][0]))
     if model.decoder.final_norm is not None:
         x = model.decoder.final_norm(x)
-    logits = model.generator(x)  # (1, 1, V)
+    logits = model.head(x)  # (1, 1, V)
     stages.append(_stage("logits = Linear(decoder output)", logits[0]))
     probs = logits[0, -1].softmax(-1)
     top = probs.topk(min(top_k, probs.numel()))

@@ -68,7 +68,7 @@ def _step_times(model, positions: tuple[int, ...], window: int = 8) -> dict[int,
     for step in range(last):
         start = time.perf_counter()
         hidden = model.decode(token, memory, memory_mask=mask, cache=cache)
-        token = model.generator(hidden[:, -1]).argmax(-1, keepdim=True)
+        token = model.head(hidden[:, -1]).argmax(-1, keepdim=True)
         elapsed = time.perf_counter() - start
         for p in positions:
             if p - window // 2 <= step < p + window // 2:

@@ -42,8 +42,8 @@ def test_cached_decoding_equals_full_recomputation(run_on):
     prefix = torch.full((4, 1), BOS)
     with torch.no_grad():
         for t in range(steps):
-            cached = model.generator(model.decode(prefix[:, -1:], memory, memory_mask=mask, cache=cache))[:, -1]
-            full = model.generator(model.decode(prefix, memory, memory_mask=mask))[:, -1]
+            cached = model.head(model.decode(prefix[:, -1:], memory, memory_mask=mask, cache=cache))[:, -1]
+            full = model.head(model.decode(prefix, memory, memory_mask=mask))[:, -1]
             torch.testing.assert_close(cached, full, atol=1e-5, rtol=0)
             chosen = cached.argmax(-1)
             for i, tokens in enumerate(out.tokens):

@@ -27,7 +27,7 @@ def explicit_forward(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> 
     y = model.tgt_embed(tgt)
     for layer in model.decoder.layers:
         y, _, _ = layer(y, memory, memory_mask=src_mask, need_weights=True)
-    return model.generator(y if model.decoder.final_norm is None else model.decoder.final_norm(y))
+    return model.head(y if model.decoder.final_norm is None else model.decoder.final_norm(y))
 
 
 @pytest.mark.parametrize("options", [{}, dict(norm_first=True, activation="gelu", bias=False)],
@@ -152,7 +152,7 @@ def test_layers_do_not_share_parameters():
 def test_tied_embeddings_are_one_matrix():
     # Section 3.4: the two embedding layers and the pre-softmax projection share one matrix.
     model = seq2seq()
-    assert model.generator.proj.weight is model.tgt_embed.tokens.weight is model.src_embed.tokens.weight
+    assert model.head.proj.weight is model.tgt_embed.tokens.weight is model.src_embed.tokens.weight
 
 
 @pytest.mark.parametrize("options", [{}, dict(positional="learned", norm_first=True)], ids=["sinusoidal", "learned"])
@@ -163,13 +163,13 @@ def test_kv_cached_decoding_equals_uncached(options):
     tgt = torch.randint(1, 40, (3, 7))
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)
-    full = model.generator(model.decode(tgt, memory, memory_mask=src_mask))
+    full = model.head(model.decode(tgt, memory, memory_mask=src_mask))
     cache = model.new_cache()
     steps = []
     with torch.inference_mode():
         for t in range(tgt.shape[1]):
             hidden = model.decode(tgt[:, t:t + 1], memory, memory_mask=src_mask, cache=cache)
-            steps.append(model.generator(hidden))
+            steps.append(model.head(hidden))
     assert cache.length == tgt.shape[1]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
     # Two positions at once after a cached prefix also agree.
@@ -177,7 +177,7 @@ def test_kv_cached_decoding_equals_uncached(options):
     with torch.inference_mode():
         first = model.decode(tgt[:, :3], memory, memory_mask=src_mask, cache=cache)
         rest = model.decode(tgt[:, 3:], memory, memory_mask=src_mask, cache=cache)
-    torch.testing.assert_close(model.generator(torch.cat([first, rest], 1)), full, atol=ATOL, rtol=0)
+    torch.testing.assert_close(model.head(torch.cat([first, rest], 1)), full, atol=ATOL, rtol=0)
 
 
 def test_kv_cache_reorder_keeps_the_chosen_rows():
@@ -189,3 +189,23 @@ def test_kv_cache_reorder_keeps_the_chosen_rows():
     keys = cache.self_attn[0].key.clone()
     cache.reorder(torch.tensor([2, 2, 0]))
     torch.testing.assert_close(cache.self_attn[0].key, keys[[2, 2, 0]])
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_weights_saved_when_the_head_was_called_generator_still_load(tmp_path, tied):
+    from safetensors.torch import save_file
+
+    from aiayn.io import CONFIG_NAME, WEIGHTS_NAME, load_model
+
+    options = {} if tied else dict(tie_embeddings=False, share_embeddings=False, tgt_vocab_size=30)
+    model = seq2seq(**options)
+    state = {("generator." + k[len("head."):] if k.startswith("head.") else k): v.contiguous()
+             for k, v in model.state_dict().items()}
+    if tied:  # as safetensors de-duplicated the shared matrix then: one name, the first in sorted order
+        del state["src_embed.tokens.weight"], state["tgt_embed.tokens.weight"]
+    save_file(state, tmp_path / WEIGHTS_NAME)
+    (tmp_path / CONFIG_NAME).write_text(model.config.to_json())
+    loaded = load_model(tmp_path)
+    src, tgt = torch.randint(1, 30, (2, 6)), torch.randint(1, 30, (2, 5))
+    assert torch.equal(loaded(src, tgt), model(src, tgt))
+    assert (loaded.head.proj.weight is loaded.src_embed.tokens.weight) == tied

@@ -171,7 +171,7 @@ def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Te
     this step's cross-attention weights (N, n_layers, h, S)."""
     out = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache, return_cross_attention=record)
     hidden, cross = out if record else (out, None)  # (N, 1, d_model), n_layers x (N, h, 1, S)
-    log_probs = F.log_softmax(model.generator(hidden[:, -1]).float(), dim=-1)  # (N, V)
+    log_probs = F.log_softmax(model.head(hidden[:, -1]).float(), dim=-1)  # (N, V)
     weights = None if cross is None else torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
     return log_probs, weights
 

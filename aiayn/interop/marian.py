@@ -92,7 +92,7 @@ def _copy_pairs(cfg: ModelConfig) -> Iterator[tuple[str, str]]:
         yield "src_embed.tokens.weight", "model.encoder.embed_tokens.weight"
         yield "tgt_embed.tokens.weight", "model.decoder.embed_tokens.weight"
     if not cfg.tie_embeddings:
-        yield "generator.proj.weight", "lm_head.weight"
+        yield "head.proj.weight", "lm_head.weight"
 
 
 @torch.no_grad()

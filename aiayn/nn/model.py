@@ -131,14 +131,15 @@ class EncoderDecoderModel(nn.Module):
     """The Transformer of the paper (Figure 1): `encode` the source once, `decode` the shifted target."""
 
     def __init__(self, cfg: ModelConfig, *, src_embed: Embeddings, tgt_embed: Embeddings,
-                 encoder: Encoder, decoder: Decoder, generator: VocabularyHead):
+                 encoder: Encoder, decoder: Decoder, head: VocabularyHead):
         super().__init__()
         self.config = cfg
         self.src_embed = src_embed
         self.tgt_embed = tgt_embed
         self.encoder = encoder
         self.decoder = decoder
-        self.generator = generator
+        self.head = head
+        self.register_load_state_dict_pre_hook(_rename_generator_keys)
 
     def source_mask(self, src: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """(B, 1, 1, S) bool mask of real source tokens, or None when the batch has no padding."""
@@ -186,11 +187,18 @@ class EncoderDecoderModel(nn.Module):
         if src_mask is None:
             src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)
-        return self.generator(self.decode(tgt, memory, memory_mask=src_mask))
+        return self.head(self.decode(tgt, memory, memory_mask=src_mask))
 
     def new_cache(self) -> KVCache:
         """An empty key/value cache for incremental decoding."""
         return KVCache.empty(len(self.decoder.layers))
+
+
+def _rename_generator_keys(module: nn.Module, state_dict: dict, prefix: str, *args) -> None:
+    """Weights saved before the vocabulary head was named `head` call it `generator`: load them under the new name."""
+    old = prefix + "generator."
+    for key in [k for k in state_dict if k.startswith(old)]:
+        state_dict[prefix + "head." + key[len(old):]] = state_dict.pop(key)
 
 
 class EncoderModel(nn.Module):
@@ -297,12 +305,12 @@ def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
         src_embed = _embeddings(cfg, cfg.vocab_size)
         shared = src_embed.tokens if cfg.share_embeddings else None
         tgt_embed = _embeddings(cfg, cfg.target_vocab_size, tokens=shared)
-        generator = VocabularyHead(cfg.d_model, cfg.target_vocab_size)
+        head = VocabularyHead(cfg.d_model, cfg.target_vocab_size)
         model = EncoderDecoderModel(cfg, src_embed=src_embed, tgt_embed=tgt_embed, encoder=build_encoder(cfg),
-                                    decoder=build_decoder(cfg), generator=generator)
+                                    decoder=build_decoder(cfg), head=head)
         _init_weights(model)
         if cfg.tie_embeddings:
-            generator.proj.weight = tgt_embed.tokens.weight  # section 3.4: one matrix, three uses
+            head.proj.weight = tgt_embed.tokens.weight  # section 3.4: one matrix, three uses
         return model
 
     head: nn.Module | None = None

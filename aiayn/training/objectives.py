@@ -54,7 +54,7 @@ def forward(model: nn.Module, batch: dict[str, torch.Tensor], objective: str) ->
         memory = model.encode(batch["src"], src_mask)  # (B, S, d_model)
         hidden = model.decode(batch["tgt_in"], memory, memory_mask=src_mask)  # (B, T, d_model)
         keep = labels != -100
-        return model.generator(hidden[keep]), labels[keep]  # (N, V), (N,)
+        return model.head(hidden[keep]), labels[keep]  # (N, V), (N,)
     if objective == "masked_lm":
         hidden = model.encode(batch["ids"])  # (B, L, d_model)
         keep = labels != -100
