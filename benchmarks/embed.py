@@ -3,7 +3,7 @@
 All three run all-MiniLM-L6-v2 with the same weights on the same generated corpus, and their
 vectors are compared (max abs difference, min cosine) so the speeds are for equal outputs.
 
-    python -m benchmarks.embed --sentences 2000        # or: aiayn bench embed --sentences 2000
+    python benchmarks/embed.py --sentences 2000        # or: aiayn bench embed --sentences 2000
 """
 
 from __future__ import annotations
@@ -72,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the corpus per pipeline")
     parser.add_argument("--latency-calls", type=int, default=50, help="calls timed for batch-1 latency")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
     parser.add_argument("--precisions", default="fp32,plain,bf16,int8",
                         help="aiayn variants to run: fp32 (always), plain (fp32, the model's modules as written, "
                              "without the backend's oneDNN and fused Q/K/V), bf16, int8 (default: all four)")
@@ -88,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     model_dir = package_model_dir()
     corpus = make_corpus(args.sentences)
     short = "How are you today?"
-    ours = Embedder.from_pretrained()
-    st = SentenceTransformer(str(model_dir), device="cpu")
+    ours = Embedder.from_pretrained(device=args.device)
+    device = ours.backend.device
+    st = SentenceTransformer(str(model_dir), device=str(device))
     st_batch = 32  # sentence-transformers' default batch size
     hf_tok = AutoTokenizer.from_pretrained(model_dir)
-    hf = BertModel.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    hf = BertModel.from_pretrained(model_dir, attn_implementation="sdpa").to(device).eval()
 
     def hf_embed(texts: list[str], batch_size: int = 32) -> np.ndarray:
         """The textbook pipeline: tokenize, BertModel, mean-pool, normalise (length-sorted like ST)."""
@@ -103,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                 idx = order[start : start + batch_size]
                 batch = hf_tok([texts[i] for i in idx], padding=True, truncation=True, max_length=256,
                                return_tensors="pt")
-                hidden = hf(**batch).last_hidden_state
+                hidden = hf(**batch.to(device)).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                out[idx] = torch.nn.functional.normalize(vec, dim=1).numpy()
+                out[idx] = torch.nn.functional.normalize(vec, dim=1).cpu().numpy()
         return out
 
     runs: dict[str, Callable[[list[str]], np.ndarray]] = {
@@ -117,9 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     for precision in args.precisions.split(","):
         if precision.strip() == "plain":
             plain = Embedder(ours.model, ours.tokenizer, pooling=ours.pooling, normalize=ours.normalize,
-                             max_length=ours.max_length, plain=True)
+                             max_length=ours.max_length, device=device, plain=True)
             runs["aiayn fp32 plain"] = lambda t, v=plain: v.embed(t, batch_size=args.batch_size)
-        if precision.strip() in ("bf16", "int8"):
+        if precision.strip() == "bf16" or (precision.strip() == "int8" and device.type == "cpu"):
             variant = ours.with_precision(precision.strip())
             runs[f"aiayn {precision.strip()}"] = lambda t, v=variant: v.embed(t, batch_size=args.batch_size)
 

@@ -1,6 +1,6 @@
 """Encoder forward throughput: aiayn vs `torch.nn.TransformerEncoder`'s fast path, and the matmul peak.
 
-Run: `aiayn bench encoder` or `python -m benchmarks.encoder [--batch 16 --length 128 ...]`.
+Run: `aiayn bench encoder` or `python benchmarks/encoder.py [--batch 16 --length 128 ...]`.
 
 In one run it measures, on the same machine and threads:
 - aiayn's encoder stack of the chosen preset (base: 6 layers, d_model 512, h 8, d_ff 2048), fp32, eval,
@@ -22,11 +22,11 @@ import statistics
 import time
 
 import torch
-from torch import nn
 
-from aiayn.backends import select
+from aiayn.backends import resolve_device, select
 from aiayn.backends.cpu import onednn_product
 from aiayn.config import preset
+from aiayn.interop.torch_nn import to_torch_encoder
 from aiayn.nn.model import build_encoder
 
 OURS = "aiayn Encoder"
@@ -42,21 +42,6 @@ def encoder_flops(batch: int, length: int, d_model: int, d_ff: int, n_layers: in
     feed_forward = 2 * d_model * d_ff  # W1, W2 per token
     attention = 2 * length * d_model  # Q K^T and weights x V per token, all heads
     return 2.0 * batch * length * n_layers * (projections + feed_forward + attention)
-
-
-def copy_to_torch_layer(ours: nn.Module, theirs: nn.TransformerEncoderLayer) -> None:
-    """Copy one aiayn EncoderLayer's weights into a `torch.nn.TransformerEncoderLayer`."""
-    attn = ours.self_attn
-    with torch.no_grad():
-        theirs.self_attn.in_proj_weight.copy_(
-            torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-        theirs.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
-        theirs.self_attn.out_proj.weight.copy_(attn.out_proj.weight)
-        theirs.self_attn.out_proj.bias.copy_(attn.out_proj.bias)
-        theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
-        theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
-        theirs.norm1.load_state_dict(ours.attn_sublayer.norm.state_dict())
-        theirs.norm2.load_state_dict(ours.ffn_sublayer.norm.state_dict())
 
 
 def _sync(device: torch.device) -> None:
@@ -100,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=1, help="forward calls per timed repeat")
     p.add_argument("--matmul-size", type=int, default=2048)
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
     return p
 
 
@@ -112,19 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     cfg = preset(args.preset).replace(dropout=0.0)
     torch.manual_seed(0)
 
     plain = build_encoder(cfg).to(device).eval()
     backend = select(device, "inference", "fp32")
     ours = backend.prepare(plain)
-    layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, activation=cfg.activation,
-                                       layer_norm_eps=cfg.layer_norm_eps, batch_first=True,
-                                       norm_first=cfg.norm_first)
-    theirs = nn.TransformerEncoder(layer, cfg.n_encoder_layers, enable_nested_tensor=True).to(device).eval()
-    for mine, other in zip(plain.layers, theirs.layers):
-        copy_to_torch_layer(mine, other)
+    theirs = to_torch_encoder(plain, cfg, enable_nested_tensor=True).to(device).eval()  # the same weights
     x = torch.randn(args.batch, args.length, cfg.d_model, device=device)
 
     peak_fn = matmul(args.matmul_size, device)
@@ -141,10 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         contenders[PEAK_DNN] = matmul_onednn(args.matmul_size, device)
     times: dict[str, list[float]] = {name: [] for name in contenders}
     with torch.inference_mode():
-        if not cfg.norm_first:  # torch's pre-LN stack has no final norm unless given one
-            diff = (ours(x) - theirs(x)).abs().max().item()
-        else:
-            diff = float("nan")
+        diff = (ours(x) - theirs(x)).abs().max().item()
         for fn in contenders.values():
             for _ in range(args.warmup):
                 fn()

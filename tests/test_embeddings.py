@@ -130,8 +130,10 @@ def test_search_index_finds_saves_and_rebuilds(embedder, tmp_path):
 
 def test_embed_benchmark_runs_end_to_end(capsys):
     pytest.importorskip("sentence_transformers")
-    from benchmarks.embed import main, make_corpus
+    from aiayn.cli.bench import load_benchmark
 
+    script = load_benchmark("embed")
+    main, make_corpus = script.main, script.make_corpus
     corpus = make_corpus(50)
     assert len(set(corpus)) == 50 and make_corpus(50) == corpus
     assert main(["--sentences", "16", "--repeats", "1", "--latency-calls", "2", "--precisions", "fp32,bf16"]) == 0

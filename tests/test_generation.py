@@ -167,8 +167,9 @@ def test_attention_weights_on_request(beam):
 
 
 def test_benchmark_runs(capsys):
-    from benchmarks.generate import main
+    from aiayn.cli.bench import load_benchmark
 
+    main = load_benchmark("generate").main
     assert main(["--quick", "--preset", "tiny", "--batches", "1", "--new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "greedy" in out and "beam-4" in out and "step time" in out

@@ -111,13 +111,17 @@ def prune_checkpoints(root: str | Path, keep_last: int) -> None:
 
 
 def load_checkpoint(checkpoint: str | Path, model: nn.Module) -> dict[str, Any]:
-    """Load the weights into `model` and return the training state."""
+    """Load the weights into `model` (on whatever device it is) and return the training state (on the CPU).
+
+    A checkpoint written on a GPU loads on a CPU-only machine and back: tensors come in on the CPU, and
+    the optimiser's `load_state_dict` moves its state to where the parameters are.
+    """
     checkpoint = Path(checkpoint)
     missing, unexpected = safetensors.torch.load_model(model, checkpoint / WEIGHTS_NAME, strict=False)
     if missing or unexpected:
         raise ValueError(f"{checkpoint} does not match the model: missing {sorted(missing)}, "
                          f"unexpected {sorted(unexpected)}")
-    return torch.load(checkpoint / STATE_NAME, weights_only=True)
+    return torch.load(checkpoint / STATE_NAME, weights_only=True, map_location="cpu")
 
 
 @torch.no_grad()
