@@ -7,7 +7,13 @@ path this machine can use against the plain one and the oracles.
 """
 
 from aiayn.backends.backend import MODES, PRECISIONS, Backend, select, shared_copy, weights_version
-from aiayn.backends.devices import available_devices, describe_device, model_device, resolve_device
+from aiayn.backends.devices import (
+    available_devices,
+    bf16_supported,
+    describe_device,
+    model_device,
+    resolve_device,
+)
 
-__all__ = ["MODES", "PRECISIONS", "Backend", "available_devices", "describe_device", "model_device",
+__all__ = ["MODES", "PRECISIONS", "Backend", "available_devices", "bf16_supported", "describe_device", "model_device",
            "resolve_device", "select", "shared_copy", "weights_version"]

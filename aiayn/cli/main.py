@@ -13,7 +13,7 @@ import sys
 from aiayn import __version__
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
-COMMAND_MODULES = ("core", "train", "generate", "encoders", "bench")
+COMMAND_MODULES = ("core", "train", "generate", "encoders", "verify", "bench")
 # The `nargs="*"` positional of each command that has one (config items, overrides, texts).
 POSITIONAL_LISTS = ("items", "overrides", "texts", "text")
 
