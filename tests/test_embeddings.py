@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.inference.embeddings import Embedder, SearchIndex, encode_texts, length_sorted_batches
+from aiayn.inference.embeddings import Embedder, encode_texts, length_sorted_batches
+from aiayn.inference.search import SearchIndex
 from aiayn.interop.bert import package_model_dir
 
 SENTENCES = [

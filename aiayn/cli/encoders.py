@@ -135,7 +135,7 @@ def cmd_similarity(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     """Print the top-k corpus lines for each query."""
-    from aiayn.inference.embeddings import SearchIndex
+    from aiayn.inference.search import SearchIndex
 
     if args.top_k < 1:
         raise ValueError(f"-k must be at least 1, got {args.top_k}")
