@@ -9,11 +9,11 @@ import torch
 
 def make_adam(params: Iterable[torch.nn.Parameter], *, betas: tuple[float, float] = (0.9, 0.98),
               eps: float = 1e-9, weight_decay: float = 0.0, lr: float = 0.0) -> torch.optim.Adam:
-    """Adam with PyTorch's fused kernel where this build has one (the same update, one kernel per tensor).
+    """Adam with PyTorch's fused kernel where this build has one, on CPU and CUDA (the same update, one kernel).
 
-    The fused CPU kernel writes the parameters without bumping their version counters, and
-    `MultiHeadAttention` keys its cached stacked Q/K/V weights on those counters; a post-step hook
-    bumps them, so evaluation between steps always sees the new weights.
+    The fused CPU kernel writes the parameters without bumping their version counters, which
+    `aiayn.backends.weights_version` reads to tell when a prepared inference copy (the Embedder's)
+    is stale; a post-step hook bumps them.
     """
     params = list(params)
     try:
