@@ -95,3 +95,14 @@ def test_aiayn_verify_passes_on_the_gpu(capsys):
 
     assert main(["verify", "--device", "cuda"]) == 0
     assert "cuda" in capsys.readouterr().out
+
+
+def test_torch_compile_is_an_option_and_stays_equal():
+    model = tiny_model()
+    src, tgt = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 5))
+    backend = select("cuda", "inference", "fp32", compile=True)
+    assert backend.compile and "torch.compile" in backend.describe()
+    with torch.no_grad():
+        expected = model(src, tgt)  # on the CPU, before prepare moves the model
+        actual = backend.prepare(model)(src.cuda(), tgt.cuda()).cpu()
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)

@@ -1,6 +1,7 @@
 """`aiayn verify`: every path this machine can use passes its oracles, and a broken fast path is caught."""
 
 import pytest
+import torch
 
 from aiayn import verify
 from aiayn.backends import select
@@ -32,3 +33,10 @@ def test_a_broken_fast_path_fails_verify(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "encoder layer = torch.nn.TransformerEncoderLayer (post-LN ReLU, padded)" in out and "FAIL" in out
     assert "checks passed;" in out and "FAILED" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_a_device_the_machine_lacks_is_one_line_and_exit_code_2(capsys):
+    assert main(["verify", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "device 'cuda' is not available on this machine" in err and "--device cpu" in err
