@@ -36,8 +36,10 @@ lint: $(VENV)/.dev
 test: $(VENV)/.dev lint
 	$(VENV)/bin/pytest
 
+# `make bench` runs every benchmark script (minutes each, on a quiet machine); `make bench BENCH=encoder` one.
+BENCH ?= encoder train generate embed
 bench: $(VENV)/.dev
-	$(PY) -m benchmarks.run
+	@for name in $(BENCH); do echo "== aiayn bench $$name"; $(VENV)/bin/aiayn bench $$name || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

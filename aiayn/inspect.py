@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,9 +50,9 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
             f"embeddings ({'shared, ' if shared else ''}{cfg.vocab_size:,} x {cfg.d_model})",
             count(model.src_embed) + (0 if shared else count(model.tgt_embed)),
         ))
-        tied = model.generator.proj.weight is model.tgt_embed.tokens.weight
+        tied = model.head.proj.weight is model.tgt_embed.tokens.weight
         rows.append(("output projection" + (" (tied to the embeddings)" if tied else ""),
-                     0 if tied else count(model.generator)))
+                     0 if tied else count(model.head)))
     else:
         layer_rows("encoder", model.encoder.layers)
         rows.append((f"embeddings ({cfg.vocab_size:,} x {cfg.d_model})", count(model.embed)))
@@ -123,17 +125,24 @@ def _attention_stages(prefix: str, captured: dict, n_heads: int) -> list[Stage]:
     ]
 
 
-def _capture_attention(attn: nn.Module, store: dict, hooks: list) -> None:
-    attn.explicit = True
-    hooks.append(attn.q_proj.register_forward_hook(lambda m, i, o: store.__setitem__("q", o)))
-    hooks.append(attn.k_proj.register_forward_hook(lambda m, i, o: store.__setitem__("k", o)))
-    hooks.append(attn.v_proj.register_forward_hook(lambda m, i, o: store.__setitem__("v", o)))
-    hooks.append(attn.out_proj.register_forward_pre_hook(lambda m, i: store.__setitem__("concat", i[0])))
-    hooks.append(attn.register_forward_hook(lambda m, i, o: store.__setitem__("weights", o[1])))
+@contextmanager
+def _recording(outputs: dict[str, nn.Module], inputs: dict[str, nn.Module] | None = None) -> Iterator[dict]:
+    """A dict that forward hooks fill with each module's output (or first input) under its name; removed on exit."""
+    store: dict = {}
+    handles = [m.register_forward_hook(lambda m, i, o, key=key: store.__setitem__(key, o))
+               for key, m in outputs.items()]
+    handles += [m.register_forward_pre_hook(lambda m, i, key=key: store.__setitem__(key, i[0]))
+                for key, m in (inputs or {}).items()]
+    try:
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
-def _hook_output(module: nn.Module, store: dict, key: str, hooks: list) -> None:
-    hooks.append(module.register_forward_hook(lambda m, i, o: store.__setitem__(key, o)))
+def _projections(attn: nn.Module) -> tuple[dict[str, nn.Module], dict[str, nn.Module]]:
+    """The Q, K, V projections (outputs) and the output projection's input (the concatenated heads)."""
+    return {"q": attn.q_proj, "k": attn.k_proj, "v": attn.v_proj}, {"concat": attn.out_proj}
 
 
 @torch.no_grad()
@@ -146,82 +155,76 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
     encoder-only models (the head's output).
     """
     model.eval()
-    cfg: ModelConfig = model.config
     tokens = tokenizer.pieces(text)
     ids = torch.tensor([tokenizer.encode(text)], dtype=torch.long)
     if ids.shape[1] == 0:
         raise ValueError("the text has no tokens to trace")
-    is_seq2seq = isinstance(model, EncoderDecoderModel)
-    embed = model.src_embed if is_seq2seq else model.embed
     out: list[Stage | str] = [
         f"tokens ({len(tokens)}): {tokens}",
         f"token ids ({ids.shape[1]},): {ids[0].tolist()}",
     ]
-    hooks: list = []
-    store: dict = {}
-    try:
-        _hook_output(embed.tokens, store, "embedding", hooks)
-        _hook_output(embed, store, "input", hooks)
-        layer_stores = []
-        for layer in model.encoder.layers:
-            s: dict = {}
-            _capture_attention(layer.self_attn, s, hooks)
-            _hook_output(layer.attn_sublayer, s, "norm1", hooks)
-            _hook_output(layer.feed_forward.activation, s, "hidden", hooks)
-            _hook_output(layer.ffn_sublayer, s, "norm2", hooks)
-            layer_stores.append(s)
-        if is_seq2seq:
-            memory = model.encode(ids)
-        else:
-            result = model(ids)
-        scale = "x sqrt(d_model)" if cfg.scale_embeddings else ""
-        out.append(_stage(f"token embedding {scale}".strip(), store["embedding"][0]))
-        out.append(_stage(f"+ positional encoding ({cfg.positional})", store["input"][0]))
-        for i, s in enumerate(layer_stores, start=1):
-            out.append(f"-- encoder layer {i} --")
-            out += _attention_stages(f"enc{i}", s, cfg.n_heads)
-            out.append(_stage(f"enc{i} after Add & Norm 1", s["norm1"][0]))
-            out.append(_stage(f"enc{i} FFN hidden ({cfg.activation})", s["hidden"][0]))
-            out.append(_stage(f"enc{i} after Add & Norm 2", s["norm2"][0]))
-        if not is_seq2seq:
-            out.append(_stage("encoder output" if model.head is None else f"head output ({cfg.head})", result[0]))
-            return out
-        out.append(_stage("encoder output (memory)", memory[0]))
-        target = target_tokenizer or tokenizer
-        start = torch.tensor([[target.bos_id]])
-        dec_stores = []
-        for layer in model.decoder.layers:
-            s = {"self": {}, "cross": {}}
-            _capture_attention(layer.self_attn, s["self"], hooks)
-            _capture_attention(layer.cross_attn, s["cross"], hooks)
-            _hook_output(layer.self_attn_sublayer, s, "norm1", hooks)
-            _hook_output(layer.cross_attn_sublayer, s, "norm2", hooks)
-            _hook_output(layer.feed_forward.activation, s, "hidden", hooks)
-            _hook_output(layer.ffn_sublayer, s, "norm3", hooks)
-            dec_stores.append(s)
-        hidden = model.decode(start, memory)
-        logits = model.generator(hidden)
-        out.append(f"-- decoder, first step from <s> (id {target.bos_id}) --")
-        for i, s in enumerate(dec_stores, start=1):
-            out.append(f"-- decoder layer {i} --")
-            out += _attention_stages(f"dec{i} masked self-attn", s["self"], cfg.n_heads)[4:5]
-            out.append(_stage(f"dec{i} after Add & Norm 1", s["norm1"][0]))
-            out.append(_stage(f"dec{i} cross-attn weights over source", s["cross"]["weights"][0]))
-            out.append(_stage(f"dec{i} after Add & Norm 2", s["norm2"][0]))
-            out.append(_stage(f"dec{i} FFN hidden ({cfg.activation})", s["hidden"][0]))
-            out.append(_stage(f"dec{i} after Add & Norm 3", s["norm3"][0]))
-        out.append(_stage("logits = Linear(decoder output)", logits[0]))
-        probs = logits[0, -1].softmax(-1)
-        top = probs.topk(min(top_k, probs.numel()))
-        pairs = ", ".join(f"{target.id_to_token(int(i))!r} {float(p):.3f}" for p, i in zip(top.values, top.indices))
-        out.append(_stage("softmax: next-token probabilities", probs[None], f"top: {pairs}"))
+    memory, stages = _trace_encoder(model, ids)
+    out += stages
+    if not isinstance(model, EncoderDecoderModel):
+        head = model.config.head
+        result = memory if model.head is None else model.head(memory, None)
+        out.append(_stage("encoder output" if model.head is None else f"head output ({head})", result[0]))
         return out
-    finally:
-        for h in hooks:
-            h.remove()
-        for m in model.modules():
-            if hasattr(m, "explicit"):
-                m.explicit = False
+    out.append(_stage("encoder output (memory)", memory[0]))
+    return out + _trace_decoder_step(model, memory, target_tokenizer or tokenizer, top_k)
+
+
+def _trace_encoder(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, list[Stage | str]]:
+    """Embedding, positions and every encoder layer's stages; returns the encoder output (1, L, d_model)."""
+    cfg: ModelConfig = model.config
+    embed = model.src_embed if isinstance(model, EncoderDecoderModel) else model.embed
+    scale = "x sqrt(d_model)" if cfg.scale_embeddings else ""
+    x = embed(ids)  # (1, L, d_model)
+    stages: list[Stage | str] = [_stage(f"token embedding {scale}".strip(), embed.tokens(ids)[0]),
+                                 _stage(f"+ positional encoding ({cfg.positional})", x[0])]
+    mask = model.source_mask(ids)
+    for i, layer in enumerate(model.encoder.layers, start=1):
+        outputs, inputs = _projections(layer.self_attn)
+        outputs.update(norm1=layer.attn_sublayer, hidden=layer.feed_forward.activation, norm2=layer.ffn_sublayer)
+        with _recording(outputs, inputs) as s:
+            x, s["weights"] = layer(x, mask, need_weights=True)
+        stages.append(f"-- encoder layer {i} --")
+        stages += _attention_stages(f"enc{i}", s, cfg.n_heads)
+        stages.append(_stage(f"enc{i} after Add & Norm 1", s["norm1"][0]))
+        stages.append(_stage(f"enc{i} FFN hidden ({cfg.activation})", s["hidden"][0]))
+        stages.append(_stage(f"enc{i} after Add & Norm 2", s["norm2"][0]))
+    if model.encoder.final_norm is not None:
+        x = model.encoder.final_norm(x)
+    return x, stages
+
+
+def _trace_decoder_step(model: EncoderDecoderModel, memory: torch.Tensor, target: Tokenizer,
+                        top_k: int) -> list[Stage | str]:
+    """The decoder's first step from `<s>`: every layer's stages, the logits and the top next tokens."""
+    cfg: ModelConfig = model.config
+    x = model.tgt_embed(torch.tensor([[target.bos_id]]))  # (1, 1, d_model)
+    stages: list[Stage | str] = [f"-- decoder, first step from <s> (id {target.bos_id}) --"]
+    for i, layer in enumerate(model.decoder.layers, start=1):
+        outputs = dict(norm1=layer.self_attn_sublayer, norm2=layer.cross_attn_sublayer,
+                       hidden=layer.feed_forward.activation, norm3=layer.ffn_sublayer)
+        with _recording(outputs) as s:
+            x, self_weights, cross_weights = layer(x, memory, need_weights=True)
+        stages.append(f"-- decoder layer {i} --")
+        stages.append(_stage(f"dec{i} masked self-attn softmax weights", self_weights[0], "rows sum to 1"))
+        stages.append(_stage(f"dec{i} after Add & Norm 1", s["norm1"][0]))
+        stages.append(_stage(f"dec{i} cross-attn weights over source", cross_weights[0]))
+        stages.append(_stage(f"dec{i} after Add & Norm 2", s["norm2"][0]))
+        stages.append(_stage(f"dec{i} FFN hidden ({cfg.activation})", s["hidden"][0]))
+        stages.append(_stage(f"dec{i} after Add & Norm 3", s["norm3"][0]))
+    if model.decoder.final_norm is not None:
+        x = model.decoder.final_norm(x)
+    logits = model.head(x)  # (1, 1, V)
+    stages.append(_stage("logits = Linear(decoder output)", logits[0]))
+    probs = logits[0, -1].softmax(-1)
+    top = probs.topk(min(top_k, probs.numel()))
+    pairs = ", ".join(f"{target.id_to_token(int(i))!r} {float(p):.3f}" for p, i in zip(top.values, top.indices))
+    stages.append(_stage("softmax: next-token probabilities", probs[None], f"top: {pairs}"))
+    return stages
 
 
 def format_trace(stages: list[Stage | str]) -> str:

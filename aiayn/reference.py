@@ -228,7 +228,7 @@ def forward(w: Weights, cfg: ModelConfig, src: np.ndarray, tgt: np.ndarray) -> n
     """Teacher forcing: source ids (B, S), shifted target ids (B, T) -> logits (B, T, V)."""
     src_mask = padding_mask(src, cfg.pad_id)
     memory = encode(w, cfg, src, src_mask)
-    return linear(decode(w, cfg, tgt, memory, src_mask), w, "generator.proj")
+    return linear(decode(w, cfg, tgt, memory, src_mask), w, "head.proj")
 
 
 def encoder_hidden_states(w: Weights, cfg: ModelConfig, ids: np.ndarray, attention_mask: np.ndarray | None = None,

@@ -109,8 +109,14 @@ def check_fits(model: nn.Module, state: dict[str, torch.Tensor], source: str | P
 
 
 def load_weights(model: nn.Module, path: str | Path) -> nn.Module:
-    """Read a safetensors file, check it against `model` key by key and copy it in."""
+    """Read a safetensors file, check it against `model` key by key and copy it in.
+
+    Keys saved under older names are renamed first where the model says how (`upgrade_keys`).
+    """
     state = read_safetensors(path)
+    from aiayn.nn.model import upgrade_keys
+
+    upgrade_keys(state)
     check_fits(model, state, path)
     model.load_state_dict(state, strict=False)  # tied aliases absent from the file share a loaded tensor
     return model

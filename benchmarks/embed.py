@@ -3,7 +3,7 @@
 All three run all-MiniLM-L6-v2 with the same weights on the same generated corpus, and their
 vectors are compared (max abs difference, min cosine) so the speeds are for equal outputs.
 
-    python -m benchmarks.embed --sentences 2000        # or: aiayn bench embed --sentences 2000
+    python benchmarks/embed.py --sentences 2000        # or: aiayn bench embed --sentences 2000
 """
 
 from __future__ import annotations
@@ -72,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over the corpus per pipeline")
     parser.add_argument("--latency-calls", type=int, default=50, help="calls timed for batch-1 latency")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    parser.add_argument("--precisions", default="fp32,unpacked,bf16,int8",
-                        help="aiayn variants to run: fp32 (always), unpacked (fp32 without prepacked oneDNN "
-                             "weights), bf16, int8 (default: all four)")
+    parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
+    parser.add_argument("--precisions", default="fp32,plain,bf16,int8",
+                        help="aiayn variants to run: fp32 (always), plain (fp32, the model's modules as written, "
+                             "without the backend's oneDNN and fused Q/K/V), bf16, int8 (default: all four)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -82,17 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer, BertModel
 
-    from aiayn.embeddings import Embedder
+    from aiayn.inference.embeddings import Embedder
     from aiayn.interop.bert import package_model_dir
 
     model_dir = package_model_dir()
     corpus = make_corpus(args.sentences)
     short = "How are you today?"
-    ours = Embedder.from_pretrained()
-    st = SentenceTransformer(str(model_dir), device="cpu")
+    ours = Embedder.from_pretrained(device=args.device)
+    device = ours.backend.device
+    st = SentenceTransformer(str(model_dir), device=str(device))
     st_batch = 32  # sentence-transformers' default batch size
     hf_tok = AutoTokenizer.from_pretrained(model_dir)
-    hf = BertModel.from_pretrained(model_dir, attn_implementation="sdpa").eval()
+    hf = BertModel.from_pretrained(model_dir, attn_implementation="sdpa").to(device).eval()
 
     def hf_embed(texts: list[str], batch_size: int = 32) -> np.ndarray:
         """The textbook pipeline: tokenize, BertModel, mean-pool, normalise (length-sorted like ST)."""
@@ -103,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
                 idx = order[start : start + batch_size]
                 batch = hf_tok([texts[i] for i in idx], padding=True, truncation=True, max_length=256,
                                return_tensors="pt")
-                hidden = hf(**batch).last_hidden_state
+                hidden = hf(**batch.to(device)).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 vec = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                out[idx] = torch.nn.functional.normalize(vec, dim=1).numpy()
+                out[idx] = torch.nn.functional.normalize(vec, dim=1).cpu().numpy()
         return out
 
     runs: dict[str, Callable[[list[str]], np.ndarray]] = {
@@ -115,11 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         "aiayn": lambda t: ours.embed(t, batch_size=args.batch_size),
     }
     for precision in args.precisions.split(","):
-        if precision.strip() == "unpacked":
-            unpacked = Embedder(ours.model, ours.tokenizer, pooling=ours.pooling, normalize=ours.normalize,
-                                max_length=ours.max_length, prepack=False)
-            runs["aiayn fp32 unpacked"] = lambda t, v=unpacked: v.embed(t, batch_size=args.batch_size)
-        if precision.strip() in ("bf16", "int8"):
+        if precision.strip() == "plain":
+            plain = Embedder(ours.model, ours.tokenizer, pooling=ours.pooling, normalize=ours.normalize,
+                             max_length=ours.max_length, device=device, plain=True)
+            runs["aiayn fp32 plain"] = lambda t, v=plain: v.embed(t, batch_size=args.batch_size)
+        if precision.strip() == "bf16" or (precision.strip() == "int8" and device.type == "cpu"):
             variant = ours.with_precision(precision.strip())
             runs[f"aiayn {precision.strip()}"] = lambda t, v=variant: v.embed(t, batch_size=args.batch_size)
 
@@ -140,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = len(corpus) / min(throughput[name])
         ms = statistics.median(latency[name]) * 1e3
         print(f"{name:<24}{rate:>10.1f}{ms:>12.2f}{diff:>12.2e}{cos:>10.6f}")
-        if name in ("sentence-transformers", "HF BertModel (sdpa)", "aiayn", "aiayn fp32 unpacked"):
+        if name in ("sentence-transformers", "HF BertModel (sdpa)", "aiayn", "aiayn fp32 plain"):
             ok &= diff <= 1e-5 and cos >= 0.99999
 
     def ratio(name: str, base: str, table: dict[str, list[float]]) -> float:
@@ -150,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
           "(target >= 1.1x)")
     print(f"aiayn batch-1 latency vs HF BertModel: {1 / ratio('aiayn', 'HF BertModel (sdpa)', latency):.2f}x "
           "(target <= 0.5x)")
-    if "aiayn fp32 unpacked" in runs:
-        print(f"prepacked oneDNN weights: throughput {ratio('aiayn', 'aiayn fp32 unpacked', throughput):.2f}x, "
-              f"batch-1 latency {1 / ratio('aiayn', 'aiayn fp32 unpacked', latency):.2f}x of the unpacked fp32 model")
+    if "aiayn fp32 plain" in runs:
+        print(f"backend ({ours.backend.describe()}): throughput {ratio('aiayn', 'aiayn fp32 plain', throughput):.2f}x, "
+              f"batch-1 latency {1 / ratio('aiayn', 'aiayn fp32 plain', latency):.2f}x of the plain fp32 model")
     for name in ("aiayn bf16", "aiayn int8"):
         if name in runs:
             print(f"{name[6:]}: throughput vs aiayn fp32 {ratio(name, 'aiayn', throughput):.2f}x, vs "

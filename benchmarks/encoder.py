@@ -1,13 +1,14 @@
 """Encoder forward throughput: aiayn vs `torch.nn.TransformerEncoder`'s fast path, and the matmul peak.
 
-Run: `aiayn bench encoder` or `python -m benchmarks.encoder [--batch 16 --length 128 ...]`.
+Run: `aiayn bench encoder` or `python benchmarks/encoder.py [--batch 16 --length 128 ...]`.
 
 In one run it measures, on the same machine and threads:
 - aiayn's encoder stack of the chosen preset (base: 6 layers, d_model 512, h 8, d_ff 2048), fp32, eval,
   under `torch.inference_mode()`, on a (batch, length, d_model) input without padding;
 - `torch.nn.TransformerEncoder` with the same sizes and the same weights (`enable_nested_tensor=True`,
   which takes PyTorch's fused "fast path" in eval/inference mode);
-- the same aiayn encoder with its linear layers on MKL (`onednn_linear(False)`, torch's default library);
+- the same aiayn encoder as the plain modules of `aiayn.nn` (no backend: three Q/K/V products, `F.linear`,
+  which is MKL on CPU, torch's default library);
 - the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP) through MKL and through oneDNN;
 and prints tokens/s, the ratio aiayn / torch, and aiayn's model FLOP/s as a fraction of the higher peak.
 All are timed in every repeat, in a rotating order (so a noisy neighbour hits each alike);
@@ -21,14 +22,15 @@ import statistics
 import time
 
 import torch
-from torch import nn
 
+from aiayn.backends import resolve_device, select
+from aiayn.backends.cpu import onednn_product
 from aiayn.config import preset
-from aiayn.nn.fast_linear import onednn_linear, onednn_product
+from aiayn.interop.torch_nn import to_torch_encoder
 from aiayn.nn.model import build_encoder
 
 OURS = "aiayn Encoder"
-OURS_MKL = "aiayn Encoder, MKL F.linear"
+OURS_PLAIN = "aiayn Encoder, plain modules"
 THEIRS = "torch TransformerEncoder (fast path)"
 PEAK = "fp32 matmul peak"
 PEAK_DNN = "fp32 matmul peak, oneDNN"
@@ -40,21 +42,6 @@ def encoder_flops(batch: int, length: int, d_model: int, d_ff: int, n_layers: in
     feed_forward = 2 * d_model * d_ff  # W1, W2 per token
     attention = 2 * length * d_model  # Q K^T and weights x V per token, all heads
     return 2.0 * batch * length * n_layers * (projections + feed_forward + attention)
-
-
-def copy_to_torch_layer(ours: nn.Module, theirs: nn.TransformerEncoderLayer) -> None:
-    """Copy one aiayn EncoderLayer's weights into a `torch.nn.TransformerEncoderLayer`."""
-    attn = ours.self_attn
-    with torch.no_grad():
-        theirs.self_attn.in_proj_weight.copy_(
-            torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
-        theirs.self_attn.in_proj_bias.copy_(torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
-        theirs.self_attn.out_proj.weight.copy_(attn.out_proj.weight)
-        theirs.self_attn.out_proj.bias.copy_(attn.out_proj.bias)
-        theirs.linear1.load_state_dict(ours.feed_forward.linear1.state_dict())
-        theirs.linear2.load_state_dict(ours.feed_forward.linear2.state_dict())
-        theirs.norm1.load_state_dict(ours.attn_sublayer.norm.state_dict())
-        theirs.norm2.load_state_dict(ours.ffn_sublayer.norm.state_dict())
 
 
 def _sync(device: torch.device) -> None:
@@ -87,13 +74,6 @@ def matmul_onednn(n: int, device: torch.device):
     return lambda: onednn_product(a, b)
 
 
-def _without_onednn(fn):
-    def run():
-        with onednn_linear(False):
-            return fn()
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of the encoder benchmark."""
     p = argparse.ArgumentParser(prog="aiayn bench encoder", description=__doc__.splitlines()[0])
@@ -105,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--iters", type=int, default=1, help="forward calls per timed repeat")
     p.add_argument("--matmul-size", type=int, default=2048)
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
     return p
 
 
@@ -117,17 +97,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     cfg = preset(args.preset).replace(dropout=0.0)
     torch.manual_seed(0)
 
-    ours = build_encoder(cfg).to(device).eval()
-    layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, dropout=0.0, activation=cfg.activation,
-                                       layer_norm_eps=cfg.layer_norm_eps, batch_first=True,
-                                       norm_first=cfg.norm_first)
-    theirs = nn.TransformerEncoder(layer, cfg.n_encoder_layers, enable_nested_tensor=True).to(device).eval()
-    for mine, other in zip(ours.layers, theirs.layers):
-        copy_to_torch_layer(mine, other)
+    plain = build_encoder(cfg).to(device).eval()
+    backend = select(device, "inference", "fp32")
+    ours = backend.prepare(plain)
+    theirs = to_torch_encoder(plain, cfg, enable_nested_tensor=True).to(device).eval()  # the same weights
     x = torch.randn(args.batch, args.length, cfg.d_model, device=device)
 
     peak_fn = matmul(args.matmul_size, device)
@@ -135,19 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         OURS: lambda: ours(x),
         THEIRS: lambda: theirs(x),
         PEAK: peak_fn,
+        OURS_PLAIN: lambda: plain(x),
     }
-    if device.type == "cpu" and torch.backends.mkldnn.is_available():
-        # aiayn's linear layers run on oneDNN at inference by default (aiayn.nn.fast_linear): MKL, torch's
-        # default for fp32 F.linear on CPU, skips its AVX-512 kernels on AMD processors. Both libraries'
-        # peaks are measured and shares use the higher one; the MKL row shows aiayn without oneDNN.
-        contenders[OURS_MKL] = _without_onednn(lambda: ours(x))
+    if backend.onednn:
+        # The CPU backend runs aiayn's linear layers on oneDNN (aiayn.backends.cpu): MKL, torch's default
+        # for fp32 F.linear on CPU, skips its AVX-512 kernels on AMD processors. Both libraries' peaks are
+        # measured and shares use the higher one.
         contenders[PEAK_DNN] = matmul_onednn(args.matmul_size, device)
     times: dict[str, list[float]] = {name: [] for name in contenders}
     with torch.inference_mode():
-        if not cfg.norm_first:  # torch's pre-LN stack has no final norm unless given one
-            diff = (ours(x) - theirs(x)).abs().max().item()
-        else:
-            diff = float("nan")
+        diff = (ours(x) - theirs(x)).abs().max().item()
         for fn in contenders.values():
             for _ in range(args.warmup):
                 fn()
@@ -163,13 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     tokens = args.batch * args.length
     flops = encoder_flops(args.batch, args.length, cfg.d_model, cfg.d_ff, cfg.n_encoder_layers)
     peak_flops = 2.0 * args.matmul_size**3
+    print(f"backend: {backend.describe()}")
     print(f"encoder forward, preset {args.preset} (d_model={cfg.d_model} h={cfg.n_heads} d_ff={cfg.d_ff} "
           f"N={cfg.n_encoder_layers}), batch {args.batch} x length {args.length}, fp32, eval, inference_mode, "
           f"device {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"model FLOP per forward: {flops / 1e9:.2f} GFLOP; max |aiayn - torch| = {diff:.2e}; "
           f"{args.repeats} repeats, medians")
     medians = {name: statistics.median(t) for name, t in times.items()}
-    for name in (OURS, OURS_MKL, THEIRS):
+    for name in (OURS, OURS_PLAIN, THEIRS):
         if name in medians:
             t = medians[name]
             print(f"  {name:<38} {t * 1e3:9.1f} ms  {tokens / t:12,.0f} tokens/s  {flops / t / 1e9:8.1f} GFLOP/s")
@@ -180,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     # Paired ratios (same repeat, so the same background load) are steadier than ratios of medians;
     # the peak of each repeat is the faster of the two libraries' products.
     peaks = [min(t) for t in zip(*(times[name] for name in (PEAK, PEAK_DNN) if name in times))]
-    for name in (OURS, OURS_MKL):
+    for name in (OURS, OURS_PLAIN):
         if name not in times:
             continue
         speedup = statistics.median(b / a for a, b in zip(times[name], times[THEIRS]))

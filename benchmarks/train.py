@@ -1,12 +1,13 @@
 """Training-step throughput: aiayn's encoder-decoder vs a step built on `torch.nn.Transformer`, and the matmul peak.
 
-Run: `aiayn bench train` or `python -m benchmarks.train [--preset base --batch 8 --src-len 32 --tgt-len 32]`.
+Run: `aiayn bench train` or `python benchmarks/train.py [--preset base --batch 8 --src-len 32 --tgt-len 32]`.
 
 In one run it measures, on the same machine and threads, a full training step (forward, label-smoothed
 cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Adam for both) of:
 - aiayn's model of the chosen preset (base: d_model 512, 6+6 layers, h 8, d_ff 2048, 37,000 shared vocabulary,
-  tied embeddings, dropout 0.1), through `aiayn.training`'s loss, with the trainer's oneDNN linear layers
-  (`aiayn.training.onednn`), and once more with every product on PyTorch's default (MKL) for comparison;
+  tied embeddings, dropout 0.1), through `aiayn.training`'s loss, prepared by the trainer's backend
+  (`aiayn.backends`: oneDNN linear layers and fused Q/K/V on CPU), and once more as the plain modules of
+  `aiayn.nn` (every product on PyTorch's default, MKL) for comparison;
 - the same sizes built on `torch.nn.Transformer` (batch_first, post-LN, ReLU, dropout 0.1) with a shared,
   tied embedding x sqrt(d_model), sinusoidal positions, a causal mask from `generate_square_subsequent_mask`,
   and `F.cross_entropy(label_smoothing=0.1)`;
@@ -28,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.backends import select
+from aiayn.backends.cpu import onednn_product
 from aiayn.config import ModelConfig, preset
 from aiayn.nn.embedding import sinusoidal_table
-from aiayn.nn.fast_linear import onednn_product
 from aiayn.nn.model import build_model
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import forward
-from aiayn.training.onednn import onednn_training
 from aiayn.training.optim import make_adam
 
 
@@ -95,20 +96,17 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return make_adam(model.parameters(), lr=1e-4)  # the trainer's Adam (fused kernel), for both
 
 
-def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch, *, onednn: bool = True) -> None:
-    """One aiayn training step, as `aiayn.training` runs it (vocabulary logits only where the loss counts)."""
+def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+    """One aiayn training step, as `aiayn.training` runs it (vocabulary logits only where the loss counts).
+
+    `model` is the trainer's prepared copy (`aiayn.backends`), or the plain model for comparison.
+    """
     src, tgt_in, labels = batch
     opt.zero_grad(set_to_none=True)
-    with onednn_training(onednn):
-        logits, kept = forward(model, {"src": src, "tgt_in": tgt_in, "labels": labels}, "seq2seq")
-        loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
-        (loss / int((labels != -100).sum())).backward()
+    logits, kept = forward(model, {"src": src, "tgt_in": tgt_in, "labels": labels}, "seq2seq")
+    loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
+    (loss / int((labels != -100).sum())).backward()
     opt.step()
-
-
-def aiayn_step_mkl(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
-    """The same step with every product on PyTorch's default CPU path (MKL), as before the oneDNN layers."""
-    aiayn_step(model, opt, batch, onednn=False)
 
 
 def torch_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
@@ -122,15 +120,23 @@ def torch_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
     opt.step()
 
 
-def matmul_peak(n: int = 1024, repeats: int = 5, *, onednn: bool = False) -> float:
-    """fp32 FLOP/s of an n x n x n matmul (best of `repeats`), by PyTorch's default or by oneDNN."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def _sync(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(n: int = 1024, repeats: int = 5, *, onednn: bool = False,
+                device: torch.device | str = "cpu") -> float:
+    """fp32 FLOP/s of an n x n x n matmul (best of `repeats`), by PyTorch's default or by oneDNN (CPU)."""
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
     product = (lambda: onednn_product(a, b)) if onednn else (lambda: a @ b)
     product()
     best = math.inf
     for _ in range(repeats):
+        _sync(device)
         start = time.perf_counter()
         product()
+        _sync(device)
         best = min(best, time.perf_counter() - start)
     return 2.0 * n**3 / best
 
@@ -145,22 +151,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=20, help="timed steps of each model")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each model first")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = preset(args.preset)
-    ours, theirs = build_model(cfg).train(), TorchTransformerMT(cfg).train()
-    ours_mkl = build_model(cfg).train()
-    ours_mkl.load_state_dict(ours.state_dict())
-    opt_ours, opt_theirs, opt_mkl = _optimizer(ours), _optimizer(theirs), _optimizer(ours_mkl)
-    batches = make_batches(cfg, args.repeats + args.warmup, args.batch, args.src_len, args.tgt_len)
+    backend = select(args.device, "train")
+    device = backend.device
+    ours, theirs = build_model(cfg).train(), TorchTransformerMT(cfg).to(device).train()
+    plain = build_model(cfg).train()
+    plain.load_state_dict(ours.state_dict())
+    prepared = backend.prepare(ours)  # shares `ours`' parameters (moved to the device), as in the trainer
+    plain.to(device)
+    opt_ours, opt_theirs, opt_plain = _optimizer(ours), _optimizer(theirs), _optimizer(plain)
+    batches = [tuple(t.to(device) for t in batch)
+               for batch in make_batches(cfg, args.repeats + args.warmup, args.batch, args.src_len, args.tgt_len)]
     real_tokens = [int((s != cfg.pad_id).sum() + (lab != -100).sum()) for s, _, lab in batches]
     params = sum(p.numel() for p in ours.parameters())
     print(f"train step, preset {args.preset} ({params / 1e6:.1f}M parameters), batch {args.batch}, "
-          f"source <= {args.src_len}, target <= {args.tgt_len} tokens, {torch.get_num_threads()} threads")
-    steps = {"aiayn": (aiayn_step, ours, opt_ours), "torch.nn.Transformer": (torch_step, theirs, opt_theirs),
-             "aiayn, MKL products": (aiayn_step_mkl, ours_mkl, opt_mkl)}
+          f"source <= {args.src_len}, target <= {args.tgt_len} tokens, {torch.get_num_threads()} threads, "
+          f"backend {backend.describe()}")
+    steps = {"aiayn": (aiayn_step, prepared, opt_ours), "torch.nn.Transformer": (torch_step, theirs, opt_theirs),
+             "aiayn, plain modules": (aiayn_step, plain, opt_plain)}
     times: dict[str, list[float]] = {name: [] for name in steps}
     seconds: dict[str, list[float]] = {name: [] for name in steps}
     peaks, peaks_onednn = [], []
@@ -168,24 +181,29 @@ def main(argv: list[str] | None = None) -> int:
         order = list(steps)[i % len(steps):] + list(steps)[:i % len(steps)]  # rotate who goes first
         for name in order:
             step, model, opt = steps[name]
+            _sync(device)
             start = time.perf_counter()
-            step(model, opt, batch)
+            with backend.autocast():  # bf16 mixed precision on a CUDA GPU that has it, for both
+                step(model, opt, batch)
+            _sync(device)
             if i >= args.warmup:
                 seconds[name].append(time.perf_counter() - start)
                 times[name].append(seconds[name][-1] / real_tokens[i])
         if i >= args.warmup:
-            peaks.append(matmul_peak())
-            peaks_onednn.append(matmul_peak(onednn=True))
-    peak = max(statistics.median(peaks), statistics.median(peaks_onednn))
+            peaks.append(matmul_peak(device=device))
+            if backend.onednn:
+                peaks_onednn.append(matmul_peak(onednn=True))
+    peak = max(statistics.median(peaks), statistics.median(peaks_onednn or peaks))
     flops = step_flops(cfg, args.batch, args.src_len, args.tgt_len)  # on the padded shapes, as computed
     rates = {name: 1.0 / statistics.median(t) for name, t in times.items()}
     for name, rate in rates.items():
         achieved = flops / statistics.median(seconds[name])
         print(f"  {name:22s} {rate:10.0f} tokens/s (real source + target tokens)   {achieved / 1e9:7.1f} "
               f"model GFLOP/s ({100 * achieved / peak:.0f}% of peak)")
-    print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default), "
-          f"{statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN); peak = the higher")
-    for name in ("aiayn", "aiayn, MKL products"):
+    onednn_peak = f", {statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN)" if peaks_onednn else ""
+    print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default)"
+          f"{onednn_peak}; peak = the higher")
+    for name in ("aiayn", "aiayn, plain modules"):
         ratios = [t / o for o, t in zip(seconds[name], seconds["torch.nn.Transformer"])]
         print(f"  {name} / torch.nn.Transformer: {rates[name] / rates['torch.nn.Transformer']:.2f}x "
               f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "

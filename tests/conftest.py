@@ -43,3 +43,14 @@ def frozen():
         return check
 
     return take
+
+
+@pytest.fixture(params=["plain", "backend"])
+def run_on(request):
+    """How the module under test runs: as written ("plain"), or as this machine's CPU inference backend
+    prepares it ("backend": oneDNN prepacked weights where usable, stacked Q/K/V). Call under no_grad."""
+    if request.param == "plain":
+        return lambda module: module
+    from aiayn.backends import select
+
+    return select("cpu", "inference", "fp32").prepare

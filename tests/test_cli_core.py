@@ -127,8 +127,20 @@ def test_bench_encoder_runs_on_a_tiny_configuration(capsys):
     assert code == 0
     diff = float(re.search(r"max \|aiayn - torch\| = ([\d.e+-]+)", out).group(1))
     assert diff < 1e-5
-    for name in ("aiayn Encoder", "aiayn Encoder, MKL F.linear"):
+    for name in ("aiayn Encoder", "aiayn Encoder, plain modules"):
         assert re.search(rf"{name}: [\d.]+x the torch fast path .*, [\d.]+% of the matmul peak", out)
+
+
+def test_bench_runs_the_scripts_of_the_source_tree(capsys):
+    code, out, _ = run(capsys, "bench", "train", "--preset", "tiny", "--batch", "2", "--src-len", "6",
+                       "--tgt-len", "6", "--repeats", "1", "--warmup", "0", "--device", "cpu")
+    assert code == 0 and "backend cpu train fp32" in out and "aiayn / torch.nn.Transformer" in out
+    from aiayn.cli.bench import BENCHMARK_DIR, load_benchmark
+
+    assert all((BENCHMARK_DIR / f"{name}.py").is_file() for name in ("encoder", "train", "generate", "embed"))
+    assert load_benchmark("embed").__name__ == "aiayn_benchmark_embed"
+    with pytest.raises(FileNotFoundError, match="scripts in the aiayn source tree"):
+        load_benchmark("nonexistent")
 
 
 def test_bench_encoder_rejects_bad_sizes(capsys):

@@ -47,8 +47,8 @@ def test_embed_file_and_stdin_to_jsonl(capsys, tmp_path, monkeypatch):
     np.testing.assert_allclose(piped[1]["embedding"], rows[1]["embedding"], atol=1e-6)
 
 
-def test_embed_cls_without_normalisation(capsys):
-    code, out, _ = run(capsys, "embed", "--pooling", "cls", "--no-normalize", "raw [CLS] state")
+def test_embed_first_token_without_normalisation(capsys):
+    code, out, _ = run(capsys, "embed", "--pooling", "first", "--no-normalize", "raw [CLS] state")
     vector = np.array(json.loads(out)["embedding"])
     assert code == 0 and vector.shape == (384,) and abs(np.linalg.norm(vector) - 1.0) > 0.01
 

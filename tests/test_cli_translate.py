@@ -8,7 +8,7 @@ import torch
 
 from aiayn.cli.main import main
 from aiayn.config import ModelConfig
-from aiayn.generation import GenerationConfig, generate
+from aiayn.inference.generation import GenerationConfig, generate
 from aiayn.io import load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
 from aiayn.tokenization import train_tokenizer

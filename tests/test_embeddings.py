@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.embeddings import Embedder, SearchIndex, encode_texts, length_sorted_batches
+from aiayn.inference.embeddings import Embedder, encode_texts, length_sorted_batches
+from aiayn.inference.search import SearchIndex
 from aiayn.interop.bert import package_model_dir
 
 SENTENCES = [
@@ -61,7 +62,7 @@ def test_padding_does_not_change_a_vector(embedder):
 
 
 def test_cls_pooling_and_unnormalised_vectors(embedder):
-    raw = Embedder(embedder.model, embedder.tokenizer, pooling="cls", normalize=False, max_length=256)
+    raw = Embedder(embedder.model, embedder.tokenizer, pooling="first", normalize=False, max_length=256)
     vectors = raw.embed(SENTENCES[:3])
     ids = torch.tensor(encode_texts(embedder.tokenizer, SENTENCES[:1], 256))
     with torch.inference_mode():
@@ -93,13 +94,13 @@ def test_bf16_embedder_stays_close(embedder):
     bf16 = embedder.with_precision("bf16")
     vectors, ref = bf16.embed(SENTENCES, batch_size=5), embedder.embed(SENTENCES)
     assert vectors.dtype == np.float32 and (vectors * ref).sum(1).min() >= 0.999
-    assert embedder.with_precision("fp32") is embedder
+    assert embedder.with_precision("fp32") is embedder and bf16.backend.precision == "bf16"
     with pytest.raises(ValueError, match="precision must be one of"):
         embedder.with_precision("fp8")
 
 
 def test_int8_embedder_stays_close(embedder):
-    int8 = embedder.quantize()
+    int8 = embedder.with_precision("int8")
     vectors = int8.embed(SENTENCES)
     ref = embedder.embed(SENTENCES)
     cos = (vectors * ref).sum(1)
@@ -130,8 +131,10 @@ def test_search_index_finds_saves_and_rebuilds(embedder, tmp_path):
 
 def test_embed_benchmark_runs_end_to_end(capsys):
     pytest.importorskip("sentence_transformers")
-    from benchmarks.embed import main, make_corpus
+    from aiayn.cli.bench import load_benchmark
 
+    script = load_benchmark("embed")
+    main, make_corpus = script.main, script.make_corpus
     corpus = make_corpus(50)
     assert len(set(corpus)) == 50 and make_corpus(50) == corpus
     assert main(["--sentences", "16", "--repeats", "1", "--latency-calls", "2", "--precisions", "fp32,bf16"]) == 0
@@ -153,22 +156,23 @@ def test_the_docs_python_example_runs(tmp_path, monkeypatch):
     assert (tmp_path / "corpus.index.npz").is_file() and scope["model"].config.d_model == 384
 
 
-def test_prepacked_fast_path_equals_the_model_and_follows_weight_changes(embedder):
-    plain = Embedder(embedder.model, embedder.tokenizer, max_length=256, prepack=False)
-    packed = Embedder(embedder.model, embedder.tokenizer, max_length=256)
-    np.testing.assert_allclose(packed.embed(SENTENCES, batch_size=5), plain.embed(SENTENCES, batch_size=5), atol=1e-6)
-    with torch.inference_mode():
-        runner = packed._inference_model()
-    if not torch.backends.mkldnn.is_available():  # the fallback is the model itself
-        assert runner is embedder.model
-        return
-    assert runner.encoder.layers[0].self_attn.qkv_proj is not None
+def test_backend_path_equals_the_plain_model_and_follows_weight_changes(embedder):
+    plain = Embedder(embedder.model, embedder.tokenizer, max_length=256, plain=True)
+    fast = Embedder(embedder.model, embedder.tokenizer, max_length=256)
+    assert plain.backend.plain and fast.backend.fused_qkv
+    np.testing.assert_allclose(fast.embed(SENTENCES, batch_size=5), plain.embed(SENTENCES, batch_size=5), atol=1e-6)
+    assert plain.prepared_model() is not embedder.model  # a copy of the modules ...
+    assert plain.prepared_model().encoder.layers[0].self_attn.q_proj.weight is embedder.model.encoder.layers[
+        0].self_attn.q_proj.weight  # ... sharing the parameters
+    before = fast.prepared_model()
+    assert fast.prepared_model() is before  # prepared once
     bias = embedder.model.encoder.layers[0].feed_forward.linear2.bias
     saved = bias.detach().clone()
     try:
         with torch.no_grad():
-            bias.add_(0.5)  # a weight changed in place: the packed copy must be rebuilt
-        np.testing.assert_allclose(packed.embed(SENTENCES[:3]), plain.embed(SENTENCES[:3]), atol=1e-6)
+            bias.add_(0.5)  # a weight changed in place: a prepared copy with converted weights must be rebuilt
+        assert fast.prepared_model() is not before
+        np.testing.assert_allclose(fast.embed(SENTENCES[:3]), plain.embed(SENTENCES[:3]), atol=1e-6)
     finally:
         with torch.no_grad():
             bias.copy_(saved)

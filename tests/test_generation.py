@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.generation import GenerationConfig, _beam_search, generate
+from aiayn.inference.generation import GenerationConfig, _beam_search, generate
 from aiayn.nn.model import build_model
 
 BOS, EOS, PAD = 1, 2, 0
@@ -30,8 +30,9 @@ def padded_sources(vocab: int = 24) -> torch.Tensor:
     return src
 
 
-def test_cached_decoding_equals_full_recomputation():
-    model = make_model()
+@torch.no_grad()
+def test_cached_decoding_equals_full_recomputation(run_on):
+    model = run_on(make_model())
     src = padded_sources()
     out = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=10))
     mask = model.source_mask(src)
@@ -41,8 +42,8 @@ def test_cached_decoding_equals_full_recomputation():
     prefix = torch.full((4, 1), BOS)
     with torch.no_grad():
         for t in range(steps):
-            cached = model.generator(model.decode(prefix[:, -1:], memory, memory_mask=mask, cache=cache))[:, -1]
-            full = model.generator(model.decode(prefix, memory, memory_mask=mask))[:, -1]
+            cached = model.head(model.decode(prefix[:, -1:], memory, memory_mask=mask, cache=cache))[:, -1]
+            full = model.head(model.decode(prefix, memory, memory_mask=mask))[:, -1]
             torch.testing.assert_close(cached, full, atol=1e-5, rtol=0)
             chosen = cached.argmax(-1)
             for i, tokens in enumerate(out.tokens):
@@ -52,8 +53,9 @@ def test_cached_decoding_equals_full_recomputation():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_size_one_equals_greedy(seed):
-    model = make_model(seed)
+@torch.no_grad()
+def test_beam_size_one_equals_greedy(seed, run_on):
+    model = run_on(make_model(seed))
     src = padded_sources()
     greedy = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=12))
     # generate() sends beam_size=1 to the greedy loop; the beam search code with one beam must agree.
@@ -66,8 +68,8 @@ def test_beam_size_one_equals_greedy(seed):
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_batch_equals_one_by_one(beam):
-    model = make_model(3)
+def test_batch_equals_one_by_one(beam, run_on):
+    model = run_on(make_model(3))
     src = padded_sources()
     config = GenerationConfig(beam_size=beam, max_len=12)
     batch = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
@@ -155,36 +157,25 @@ def test_attention_weights_on_request(beam):
     for i, weights in enumerate(out.attention):
         assert weights.shape == (2, 4, len(out.tokens[i]), int((src[i] != PAD).sum()))
         torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
-    # The weights are those of full recomputation over the chosen output (explicit path).
+    # The weights are those of full recomputation over the chosen output.
     i = 0
     tgt = torch.tensor([[BOS] + out.tokens[i][:-1]])
-    layer = model.decoder.layers[-1]
-    captured = []
-    handle = layer.cross_attn.register_forward_hook(lambda m, a, o: captured.append(o[1]))
-    layer.cross_attn.explicit = True
-    try:
-        with torch.no_grad():
-            model(src[i : i + 1, : int((src[i] != PAD).sum())], tgt)
-    finally:
-        handle.remove()
-        layer.cross_attn.explicit = False
-    torch.testing.assert_close(out.attention[i][-1], captured[0][0], atol=1e-5, rtol=0)
+    source = src[i : i + 1, : int((src[i] != PAD).sum())]
+    with torch.no_grad():
+        _, cross = model.decode(tgt, model.encode(source), return_cross_attention=True)  # n_layers x (1, h, T, S)
+    torch.testing.assert_close(out.attention[i][-1], cross[-1][0], atol=1e-5, rtol=0)
 
 
 def test_benchmark_runs(capsys):
-    from benchmarks.generate import main
+    from aiayn.cli.bench import load_benchmark
 
+    main = load_benchmark("generate").main
     assert main(["--quick", "--preset", "tiny", "--batches", "1", "--new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "greedy" in out and "beam-4" in out and "step time" in out
 
 
-def test_model_generate_method_and_tiny_vocabulary_beam():
-    model = make_model(4)
-    src = padded_sources()
-    config = GenerationConfig(max_len=6, beam_size=3)
-    assert model.generate(src, bos_id=BOS, eos_id=EOS, config=config).tokens == generate(
-        model, src, bos_id=BOS, eos_id=EOS, config=config).tokens
+def test_tiny_vocabulary_beam():
     # More candidates (2 x beam) than the vocabulary offers on the first step: still a full-length answer.
     small = make_model(0, vocab=5)
     out = generate(small, torch.tensor([[4, 3, 4]]), bos_id=BOS, eos_id=4,

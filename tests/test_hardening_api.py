@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 from aiayn.cli.errors import describe
 from aiayn.config import ModelConfig, preset
 from aiayn.data.readers import read_classification, read_lines, read_parallel, read_text
-from aiayn.generation import GenerationConfig
+from aiayn.inference.generation import GenerationConfig
 from aiayn.io import load_model, save_model
 from aiayn.nn.masks import check_mask
 from aiayn.nn.model import build_model
@@ -251,7 +251,7 @@ def test_an_atomic_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
 
 
 def test_the_search_index_never_replaces_a_file_it_did_not_write(tmp_path):
-    from aiayn.embeddings import SearchIndex
+    from aiayn.inference.search import SearchIndex
 
     path = tmp_path / "mine.npz"
     np.savez(path, other=np.ones(2))

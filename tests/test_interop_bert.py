@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from aiayn.config import ModelConfig  # noqa: E402
-from aiayn.embeddings import encode_texts  # noqa: E402
+from aiayn.inference.embeddings import encode_texts  # noqa: E402
 from aiayn.interop.bert import (  # noqa: E402
     export_hf,
     load_bert_tokenizer,
@@ -68,8 +68,8 @@ def test_vocab_txt_only_tokenizer_gives_the_same_ids(minilm, tmp_path):
     assert encode_texts(from_vocab, VARIED, 512) == encode_texts(minilm[1], VARIED, 512)
 
 
-def test_every_hidden_state_equals_bert_model_in_a_padded_batch(minilm, hf_minilm):
-    model, _ = minilm
+def test_every_hidden_state_equals_bert_model_in_a_padded_batch(minilm, hf_minilm, run_on):
+    model = run_on(minilm[0])
     hf, hf_tok = hf_minilm
     batch = hf_tok(VARIED[:7], padding=True, truncation=True, max_length=64, return_tensors="pt")
     with torch.inference_mode():

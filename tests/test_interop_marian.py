@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.generation import GenerationConfig, generate
+from aiayn.inference.generation import GenerationConfig, generate
 from aiayn.nn.model import build_model
 
 transformers = pytest.importorskip("transformers")
@@ -47,14 +47,14 @@ def padded(vocab: int = 24, batch: int = 4) -> torch.Tensor:
 
 @pytest.mark.parametrize("changes", [{}, {"share_embeddings": False, "tgt_vocab_size": 30},
                                      {"tie_embeddings": False, "activation": "gelu"}])
-def test_logits_equal_marian_with_padded_sources(changes):
+def test_logits_equal_marian_with_padded_sources(changes, run_on):
     model = marian_like(0, **changes)
     hf = to_marian(model)
     src = padded()
     tgt = torch.randint(4, 24, (4, 6))
     tgt[:, 0] = PAD  # Marian's decoder starts from <pad>
     with torch.no_grad():
-        ours = model(src, tgt)
+        ours = run_on(model)(src, tgt)
         theirs = hf(input_ids=src, attention_mask=(src != PAD).long(), decoder_input_ids=tgt).logits
     torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=0)
     back = from_marian(hf)
@@ -94,7 +94,7 @@ def _strip(sequence: torch.Tensor, eos: int) -> list[int]:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_hf_generate_returns_the_same_sequences(seed):
+def test_hf_generate_returns_the_same_sequences(seed, run_on):
     model = marian_like(seed)
     src = padded()
     eos = _emitted_token(model, src)
@@ -102,8 +102,9 @@ def test_hf_generate_returns_the_same_sequences(seed):
     hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=eos)
     settings = [(1, True, 0), (4, True, 0), (4, False, 0), (3, True, 2)]
     ended, seen = 0, set()
+    runner = run_on(model)
     for beam, early, min_len in settings:
-        ours = generate(model, src, bos_id=BOS, eos_id=eos,
+        ours = generate(runner, src, bos_id=BOS, eos_id=eos,
                         config=GenerationConfig(max_len=12, min_len=min_len, beam_size=beam,
                                                 length_penalty=0.6, early_stopping=early))
         with torch.no_grad():

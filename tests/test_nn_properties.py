@@ -17,24 +17,28 @@ def seq2seq(**options) -> nn.Module:
     return build_model(ModelConfig(**{**TINY, **options})).eval()
 
 
-def set_explicit(model: nn.Module, explicit: bool) -> None:
-    for m in model.modules():
-        if isinstance(m, MultiHeadAttention):
-            m.explicit = explicit
+def explicit_forward(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+    """The model's logits with every attention written out (`need_weights=True`), walking the layers."""
+    src_mask = model.source_mask(src)
+    x = model.src_embed(src)
+    for layer in model.encoder.layers:
+        x, _ = layer(x, src_mask, need_weights=True)
+    memory = x if model.encoder.final_norm is None else model.encoder.final_norm(x)
+    y = model.tgt_embed(tgt)
+    for layer in model.decoder.layers:
+        y, _, _ = layer(y, memory, memory_mask=src_mask, need_weights=True)
+    return model.head(y if model.decoder.final_norm is None else model.decoder.final_norm(y))
 
 
 @pytest.mark.parametrize("options", [{}, dict(norm_first=True, activation="gelu", bias=False)],
                          ids=["post-LN", "pre-LN"])
-def test_fused_path_equals_explicit_path(options):
+def test_sdpa_path_equals_explicit_path(options):
     model = seq2seq(**options)
     src = torch.randint(1, 40, (3, 7))
     src[1, 3:] = PAD
     src[2, :] = PAD  # a fully padded row: both paths must agree on it too
     tgt = torch.randint(1, 40, (3, 6))
-    fused = model(src, tgt)
-    set_explicit(model, True)
-    explicit = model(src, tgt)
-    torch.testing.assert_close(fused, explicit, atol=ATOL, rtol=0)
+    torch.testing.assert_close(model(src, tgt), explicit_forward(model, src, tgt), atol=ATOL, rtol=0)
 
 
 def test_attention_weights_from_the_explicit_path_are_a_distribution_over_allowed_keys():
@@ -45,13 +49,14 @@ def test_attention_weights_from_the_explicit_path_are_a_distribution_over_allowe
     assert weights.shape == (2, 4, 5, 5)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, 4, 5))
     assert torch.all(weights[1, :, :, 2:] == 0)
-    fused, _ = attn(x, mask=mask)
-    torch.testing.assert_close(out, fused, atol=ATOL, rtol=0)
+    sdpa, _ = attn(x, mask=mask)
+    torch.testing.assert_close(out, sdpa, atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
-def test_a_sequence_alone_equals_the_same_sequence_in_a_padded_batch(positional):
-    model = seq2seq(positional=positional)
+@torch.no_grad()
+def test_a_sequence_alone_equals_the_same_sequence_in_a_padded_batch(positional, run_on):
+    model = run_on(seq2seq(positional=positional))
     src_alone, tgt_alone = torch.tensor([[5, 6, 7, 8]]), torch.tensor([[1, 9, 10]])
     src = torch.tensor([[5, 6, 7, 8, PAD, PAD, PAD], [11, 12, 13, 14, 15, 16, 17]])
     tgt = torch.tensor([[1, 9, 10, PAD, PAD], [1, 18, 19, 20, 21]])
@@ -59,16 +64,18 @@ def test_a_sequence_alone_equals_the_same_sequence_in_a_padded_batch(positional)
     torch.testing.assert_close(model(src, tgt)[:1, :3], model(src_alone, tgt_alone), atol=ATOL, rtol=0)
 
 
-def test_encoder_only_sequence_alone_equals_padded_batch_with_attention_mask():
-    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "positional": "learned"})).eval()
+@torch.no_grad()
+def test_encoder_only_sequence_alone_equals_padded_batch_with_attention_mask(run_on):
+    model = run_on(build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "positional": "learned"})).eval())
     alone = torch.tensor([[5, 6, 7]])
     ids = torch.tensor([[5, 6, 7, 3, 3], [8, 9, 10, 11, 12]])  # padded with a non-pad id, masked out
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     torch.testing.assert_close(model(ids, attention_mask=mask)[:1, :3], model(alone), atol=ATOL, rtol=0)
 
 
-def test_changing_later_target_tokens_never_changes_earlier_outputs():
-    model = seq2seq()
+@torch.no_grad()
+def test_changing_later_target_tokens_never_changes_earlier_outputs(run_on):
+    model = run_on(seq2seq())
     src = torch.randint(1, 40, (2, 6))
     tgt = torch.randint(1, 40, (2, 8))
     before = model(src, tgt)
@@ -78,14 +85,13 @@ def test_changing_later_target_tokens_never_changes_earlier_outputs():
         torch.testing.assert_close(model(src, changed)[:, :t], before[:, :t], atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("explicit", [False, True], ids=["fused", "explicit"])
+@pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
 def test_fully_padded_rows_give_finite_outputs_and_gradients(explicit):
     model = seq2seq(dropout=0.0).train()
-    set_explicit(model, explicit)
     src = torch.randint(1, 40, (2, 5))
     src[1] = PAD  # nothing to attend to in the source
     tgt = torch.randint(1, 40, (2, 4))
-    logits = model(src, tgt)
+    logits = explicit_forward(model, src, tgt) if explicit else model(src, tgt)
     assert torch.isfinite(logits).all()
     logits.logsumexp(-1).sum().backward()
     for name, p in model.named_parameters():
@@ -146,7 +152,7 @@ def test_layers_do_not_share_parameters():
 def test_tied_embeddings_are_one_matrix():
     # Section 3.4: the two embedding layers and the pre-softmax projection share one matrix.
     model = seq2seq()
-    assert model.generator.proj.weight is model.tgt_embed.tokens.weight is model.src_embed.tokens.weight
+    assert model.head.proj.weight is model.tgt_embed.tokens.weight is model.src_embed.tokens.weight
 
 
 @pytest.mark.parametrize("options", [{}, dict(positional="learned", norm_first=True)], ids=["sinusoidal", "learned"])
@@ -157,13 +163,13 @@ def test_kv_cached_decoding_equals_uncached(options):
     tgt = torch.randint(1, 40, (3, 7))
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)
-    full = model.generator(model.decode(tgt, memory, memory_mask=src_mask))
+    full = model.head(model.decode(tgt, memory, memory_mask=src_mask))
     cache = model.new_cache()
     steps = []
     with torch.inference_mode():
         for t in range(tgt.shape[1]):
             hidden = model.decode(tgt[:, t:t + 1], memory, memory_mask=src_mask, cache=cache)
-            steps.append(model.generator(hidden))
+            steps.append(model.head(hidden))
     assert cache.length == tgt.shape[1]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=ATOL, rtol=0)
     # Two positions at once after a cached prefix also agree.
@@ -171,7 +177,7 @@ def test_kv_cached_decoding_equals_uncached(options):
     with torch.inference_mode():
         first = model.decode(tgt[:, :3], memory, memory_mask=src_mask, cache=cache)
         rest = model.decode(tgt[:, 3:], memory, memory_mask=src_mask, cache=cache)
-    torch.testing.assert_close(model.generator(torch.cat([first, rest], 1)), full, atol=ATOL, rtol=0)
+    torch.testing.assert_close(model.head(torch.cat([first, rest], 1)), full, atol=ATOL, rtol=0)
 
 
 def test_kv_cache_reorder_keeps_the_chosen_rows():
@@ -185,25 +191,21 @@ def test_kv_cache_reorder_keeps_the_chosen_rows():
     torch.testing.assert_close(cache.self_attn[0].key, keys[[2, 2, 0]])
 
 
-def test_fused_projection_follows_weight_changes_without_autograd():
-    # The fast path keeps a stacked copy of W_Q, W_K, W_V when autograd is off; it must never go stale.
-    attn = MultiHeadAttention(16, 4).eval()
-    x = torch.randn(2, 5, 16)
-    with torch.inference_mode():
-        attn(x)
-    with torch.no_grad():
-        attn.v_proj.weight.mul_(2.0)  # in place
-        changed = attn(x)[0]
-    attn.k_proj.weight = nn.Parameter(torch.randn(16, 16))  # replaced
-    with torch.no_grad():
-        replaced = attn(x)[0]
-    attn.explicit = True
-    with torch.no_grad():
-        torch.testing.assert_close(replaced, attn(x)[0], atol=ATOL, rtol=0)
-        assert not torch.allclose(changed, replaced)
-    double = attn.double()
-    x64 = x.double()
-    expected = double(x64)[0]
-    double.explicit = False
-    with torch.inference_mode():
-        torch.testing.assert_close(double(x64)[0], expected)
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_weights_saved_when_the_head_was_called_generator_still_load(tmp_path, tied):
+    from safetensors.torch import save_file
+
+    from aiayn.io import CONFIG_NAME, WEIGHTS_NAME, load_model
+
+    options = {} if tied else dict(tie_embeddings=False, share_embeddings=False, tgt_vocab_size=30)
+    model = seq2seq(**options)
+    state = {("generator." + k[len("head."):] if k.startswith("head.") else k): v.contiguous()
+             for k, v in model.state_dict().items()}
+    if tied:  # as safetensors de-duplicated the shared matrix then: one name, the first in sorted order
+        del state["src_embed.tokens.weight"], state["tgt_embed.tokens.weight"]
+    save_file(state, tmp_path / WEIGHTS_NAME)
+    (tmp_path / CONFIG_NAME).write_text(model.config.to_json())
+    loaded = load_model(tmp_path)
+    src, tgt = torch.randint(1, 30, (2, 6)), torch.randint(1, 30, (2, 5))
+    assert torch.equal(loaded(src, tgt), model(src, tgt))
+    assert (loaded.head.proj.weight is loaded.src_embed.tokens.weight) == tied

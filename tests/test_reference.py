@@ -1,4 +1,5 @@
-"""The NumPy reference (aiayn/reference.py) equals the PyTorch model, option by option (atol 1e-5)."""
+"""The NumPy reference (aiayn/reference.py) equals the PyTorch model, option by option (atol 1e-5),
+on the plain modules and on the CPU backend's prepared copy (`run_on`)."""
 
 import numpy as np
 import pytest
@@ -41,7 +42,8 @@ def randomise_norms(model: torch.nn.Module) -> None:
 
 
 @pytest.mark.parametrize("options", OPTIONS.values(), ids=OPTIONS.keys())
-def test_encoder_decoder_logits_equal_reference(options):
+@torch.no_grad()
+def test_encoder_decoder_logits_equal_reference(options, run_on):
     cfg = ModelConfig(**TINY, **options)
     model = build_model(cfg)
     randomise_norms(model)
@@ -50,15 +52,17 @@ def test_encoder_decoder_logits_equal_reference(options):
     weights = reference.export_weights(model)
     expected = reference.forward(weights, cfg, src.numpy(), tgt.numpy())
     assert expected.dtype == np.float64
-    actual = model(src, tgt)
+    actual = run_on(model)(src, tgt)
     torch.testing.assert_close(actual, torch.from_numpy(expected).float(), atol=ATOL, rtol=0)
 
 
-def test_encode_and_decode_equal_reference_separately():
+@torch.no_grad()
+def test_encode_and_decode_equal_reference_separately(run_on):
     cfg = ModelConfig(**TINY)
-    model = build_model(cfg).eval()
+    plain = build_model(cfg).eval()
+    model = run_on(plain)
     src, tgt = batch(cfg.vocab_size, cfg.vocab_size)
-    w = reference.export_weights(model)
+    w = reference.export_weights(plain)
     memory = reference.encode(w, cfg, src.numpy())
     torch.testing.assert_close(model.encode(src), torch.from_numpy(memory).float(), atol=ATOL, rtol=0)
     states = reference.decode(w, cfg, tgt.numpy(), memory, reference.padding_mask(src.numpy(), cfg.pad_id))
@@ -70,7 +74,8 @@ def test_encode_and_decode_equal_reference_separately():
     dict(positional="learned", activation="gelu", type_vocab_size=2, embedding_norm=True, scale_embeddings=False),
     dict(norm_first=True),
 ], ids=["bert-like", "pre-LN"])
-def test_encoder_only_hidden_states_equal_reference(options):
+@torch.no_grad()
+def test_encoder_only_hidden_states_equal_reference(options, run_on):
     cfg = ModelConfig(**{**TINY, "n_decoder_layers": 0}, **options)
     model = build_model(cfg)
     randomise_norms(model)
@@ -83,7 +88,7 @@ def test_encoder_only_hidden_states_equal_reference(options):
     expected = reference.encoder_hidden_states(
         reference.export_weights(model), cfg, ids.numpy(), attention_mask.numpy(),
         None if token_types is None else token_types.numpy())
-    actual = model(ids, attention_mask=attention_mask, token_type_ids=token_types)
+    actual = run_on(model)(ids, attention_mask=attention_mask, token_type_ids=token_types)
     torch.testing.assert_close(actual, torch.from_numpy(expected).float(), atol=ATOL, rtol=0)
 
 

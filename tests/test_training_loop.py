@@ -8,7 +8,7 @@ from aiayn.io import load_model, load_tokenizers
 from aiayn.training import Trainer, TrainingError, load_run_config
 from aiayn.training import loop as loop_module
 from aiayn.training.checkpoint import latest_checkpoint, load_checkpoint
-from aiayn.training.evaluate import evaluate
+from aiayn.training.evaluate import EvalOptions, evaluate
 
 TINY = ["task=copy", "task_train=300", "task_valid=20", "task_test=20", "task_max_len=5", "vocab_size=20",
         "max_tokens=400", "threads=1", "model.d_model=32", "model.d_ff=64", "model.n_heads=2",
@@ -28,7 +28,7 @@ def test_loss_falls(tmp_path):
     trainer = Trainer(run, tmp_path / "run")
     data = prepare_data(run.train, tokenizers=load_tokenizers(tmp_path / "run"))
     last_valid = [r for r in trainer.log.rows() if r["split"] == "valid"][-1]
-    fresh = evaluate(load_model(tmp_path / "run"), data, data.valid, max_tokens=400, decode=False)
+    fresh = evaluate(load_model(tmp_path / "run"), data, data.valid, EvalOptions(max_tokens=400, decode=False))
     assert fresh["loss"] == pytest.approx(last_valid["loss"], rel=1e-6)
 
 
@@ -43,7 +43,7 @@ def test_copy_task_is_learned_to_100_percent(tmp_path):
     # the finished run directory is a model directory: it loads and translates the same way
     model = load_model(tmp_path / "run")
     src_tok, tgt_tok = load_tokenizers(tmp_path / "run")
-    from aiayn.generation import generate
+    from aiayn.inference.generation import generate
 
     src = torch.tensor([src_tok.encode("h a g", add_eos=True)])
     out = generate(model, src, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id)

@@ -1,12 +1,19 @@
 """`aiayn bench NAME`: side-by-side measurements against peers and the machine's limits.
 
-Each benchmark is a module `benchmarks.<name>` with `main(argv) -> int`; run them on a quiet machine.
+Each benchmark is a script in the source tree, `benchmarks/NAME.py`, with `main(argv) -> int`; it is
+not part of the installed package (the library never imports it). `aiayn bench NAME ARGS` loads the
+script from the checkout aiayn runs from and calls its `main`; `python benchmarks/NAME.py ARGS` does
+the same. Run them on a quiet machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import aiayn
 
 BENCHMARKS = {
     "encoder": "encoder forward throughput vs torch.nn.TransformerEncoder fast path and matmul peak",
@@ -14,20 +21,31 @@ BENCHMARKS = {
     "generate": "greedy and beam decoding vs Hugging Face generate()",
     "embed": "sentence embedding with all-MiniLM-L6-v2 vs sentence-transformers and BertModel",
 }
+BENCHMARK_DIR = Path(aiayn.__file__).resolve().parent.parent / "benchmarks"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `aiayn bench`."""
-    p = subparsers.add_parser("bench", help="measure speed against peers (see benchmarks/)")
+    p = subparsers.add_parser("bench", help="measure speed against peers (scripts in benchmarks/)",
+                              description="Run benchmarks/NAME.py from the source tree; arguments after NAME "
+                                          "go to the script (see `aiayn bench NAME --help`, e.g. --device).")
     p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     p.set_defaults(func=cmd_bench)
 
 
+def load_benchmark(name: str) -> ModuleType:
+    """The script `benchmarks/<name>.py` of the source tree, loaded as a module (not installed, not cached)."""
+    path = BENCHMARK_DIR / f"{name}.py"
+    if name not in BENCHMARKS or not path.is_file():
+        raise FileNotFoundError(f"benchmark script {path} not found: benchmarks are scripts in the aiayn source "
+                                "tree, not installed with the package; run aiayn from a checkout (pip install -e .)")
+    spec = importlib.util.spec_from_file_location(f"aiayn_benchmark_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    """Run one benchmark module."""
-    try:
-        module = importlib.import_module(f"benchmarks.{args.name}")
-    except ModuleNotFoundError as err:
-        raise ValueError(f"benchmark {args.name!r} is not available ({err})") from None
-    return int(module.main(args.rest) or 0)
+    """Run one benchmark script's `main` with the remaining arguments."""
+    return int(load_benchmark(args.name).main(args.rest) or 0)

@@ -38,7 +38,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
     info = {"lang": args.lang, "locale_dir": args.locale_dir, "seed": args.seed, "catalogs": corpus.catalogs,
             "messages": corpus.messages, "templates_dropped": corpus.templates,
             "pairs": {name: len(getattr(corpus, name)) for name in ("train", "valid", "test")}}
-    from aiayn.io import atomic_write_bytes
+    from aiayn.rundir import atomic_write_bytes
 
     atomic_write_bytes(out / "corpus.json", (json.dumps(info, indent=2) + "\n").encode())
     print(f"{len(corpus.catalogs)} catalogs, {corpus.messages} messages, {corpus.templates} templates dropped, "

@@ -13,18 +13,23 @@ from pathlib import Path
 
 import numpy as np
 
+from aiayn.cli.options import add_device_argument
+from aiayn.config import POOLINGS
+
 PROGRESS_FROM = 256  # show a progress bar from this many texts on
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="checkpoint directory or hub id (default: all-MiniLM-L6-v2, offline)")
-    p.add_argument("--pooling", choices=["mean", "cls"], help="sentence pooling (default: the checkpoint's)")
+    p.add_argument("--pooling", choices=POOLINGS,
+                   help="mean over real tokens, or the first token's ([CLS]) state (default: the checkpoint's)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors (no L2 normalisation)")
     p.add_argument("--max-length", type=int, help="most tokens per text, [CLS] and [SEP] included")
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
     p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
                    help="fp32 (exact, default); bf16 or int8 dynamic quantisation (faster, approximate)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_argument(p)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,12 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _embedder(args: argparse.Namespace):
-    from aiayn.embeddings import Embedder
+    from aiayn.inference.embeddings import Embedder
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
-    embedder = Embedder.from_pretrained(args.model, pooling=args.pooling,
-                                        normalize=False if args.no_normalize else None, max_length=args.max_length)
+    embedder = Embedder.from_pretrained(args.model, pooling=args.pooling, max_length=args.max_length,
+                                        normalize=False if args.no_normalize else None, device=args.device)
     return embedder.with_precision(args.precision)
 
 
@@ -131,7 +136,7 @@ def cmd_similarity(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     """Print the top-k corpus lines for each query."""
-    from aiayn.embeddings import SearchIndex
+    from aiayn.inference.search import SearchIndex
 
     if args.top_k < 1:
         raise ValueError(f"-k must be at least 1, got {args.top_k}")

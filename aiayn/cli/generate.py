@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from aiayn.cli.options import add_device_argument
+
 logger = logging.getLogger(__name__)
 
 
@@ -39,6 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="save the cross-attention map (source x output tokens) of the first sentence")
     p.add_argument("--attention-layer", default="all",
                    help="'all' (one panel per layer), 'mean' (mean over layers) or a layer number; heads averaged")
+    add_device_argument(p)
     p.set_defaults(func=cmd_translate)
 
 
@@ -54,7 +57,8 @@ def _read_lines(args: argparse.Namespace) -> list[str]:
 
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate and print one line per input line."""
-    from aiayn.generation import GenerationConfig, generate
+    from aiayn.backends import select
+    from aiayn.inference.generation import GenerationConfig, generate
     from aiayn.io import load_model, load_tokenizers
 
     if args.beam < 1:
@@ -67,6 +71,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if not getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(f"{args.run} holds an encoder-only model; translate needs an encoder-decoder")
     src_tok, tgt_tok = load_tokenizers(args.run)
+    backend = select(args.device, "inference")
+    runner = backend.prepare(model)  # once: the device's fast path (see aiayn.backends)
     config = GenerationConfig(
         max_len=args.max_len, min_len=args.min_len, beam_size=1 if args.sample else args.beam,
         length_penalty=args.alpha, do_sample=args.sample, temperature=args.temperature, top_k=args.top_k,
@@ -91,7 +97,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         src = torch.full((len(ids), width), pad, dtype=torch.long)
         for i, row in enumerate(ids):
             src[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        out = generate(model, src, bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, config=config)
+        out = generate(runner, src.to(backend.device), bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, config=config)
         for tokens, score in zip(out.tokens, out.scores.tolist()):
             text = tgt_tok.decode(tokens)
             print(f"{score:.4f}\t{text}" if args.scores else text, flush=True)

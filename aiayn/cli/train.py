@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from aiayn.cli.options import add_device_argument
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `aiayn train` and `aiayn eval`."""
@@ -25,6 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     t.add_argument("--force", action="store_true",
                    help="train into a directory that holds files aiayn did not write (refused otherwise)")
+    add_device_argument(t)
     t.set_defaults(func=cmd_train)
 
     e = subparsers.add_parser("eval", help="evaluate a trained run on its test (or valid) split or a file")
@@ -36,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--beam", type=int, help="beam size for decoding (default: the run's)")
     e.add_argument("--examples", type=int, default=5, help="example predictions to print")
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    add_device_argument(e)
     e.set_defaults(func=cmd_eval)
 
 
@@ -63,7 +67,8 @@ def _print_examples(result: dict) -> None:
         print(f"  [{mark}] {source}\n       -> {predicted}" + ("" if mark == "ok" else f"   (expected {reference})"))
 
 
-def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = False) -> int:
+def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = False,
+           device: str | None = None) -> int:
     from tqdm.auto import tqdm
 
     from aiayn.cli.errors import SYSTEM, describe
@@ -71,7 +76,8 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = Fal
     from aiayn.training.checkpoint import latest_checkpoint
 
     start = time.perf_counter()
-    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write, force=force)
+    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write, force=force,
+                      device=device)
     try:
         result = trainer.fit()
     except OSError as err:  # a full disk, say: what was saved before is intact
@@ -108,22 +114,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         run = read_run_config(args.run, overrides)
     else:
         run = load_run_config(config, overrides)
-    return _train(run, args.run, resume=args.resume, progress=not args.no_progress, force=args.force)
+    return _train(run, args.run, resume=args.resume, progress=not args.no_progress, force=args.force,
+                  device=args.device)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a finished run."""
+    from aiayn.backends import select
     from aiayn.data.prepare import encode_split, load_labels, prepare_data, read_examples
     from aiayn.io import load_model, load_tokenizers
     from aiayn.training.checkpoint import load_checkpoint
-    from aiayn.training.evaluate import evaluate
+    from aiayn.training.evaluate import EvalOptions, evaluate
     from aiayn.training.loop import read_run_config
 
-    cfg = read_run_config(args.run).train
-    data = prepare_data(cfg, tokenizers=load_tokenizers(args.run), labels=load_labels(args.run))
+    train_cfg = read_run_config(args.run).train
+    data = prepare_data(train_cfg, tokenizers=load_tokenizers(args.run), labels=load_labels(args.run))
     if args.data:
-        raw, stats = read_examples(cfg, args.data)
-        data.test = encode_split(cfg, raw, data.source_tokenizer, data.target_tokenizer, data.labels, "data", stats)
+        raw, stats = read_examples(train_cfg, args.data)
+        data.test = encode_split(train_cfg, raw, data.source_tokenizer, data.target_tokenizer, data.labels, "data",
+                                 stats)
         if not args.json:
             print("data " + stats.summary())
     model = load_model(args.run)
@@ -135,9 +144,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
         load_checkpoint(path, model)
     split = data.valid if args.split == "valid" and not args.data else data.test
-    result = evaluate(model, data, split, max_tokens=cfg.max_tokens, decode=True,
-                      beam_size=args.beam or cfg.beam_size, length_penalty=cfg.length_penalty, seed=cfg.seed,
-                      mlm_probability=cfg.mlm_probability, examples=args.examples, bleu_tokenize=cfg.bleu_tokenize)
+    options = EvalOptions.from_train_config(train_cfg, beam_size=args.beam or train_cfg.beam_size,
+                                            examples=args.examples)
+    backend = select(args.device, "inference", "bf16" if options.bf16 else None)
+    result = evaluate(model, data, split, options, backend=backend)
     if "loss" in result and not math.isfinite(result["loss"]):
         print(f"aiayn eval: error: the loss on {args.data or args.split} is {result['loss']} (not finite): the "
               "model's numbers overflow; evaluate an earlier checkpoint with --checkpoint", file=sys.stderr)
@@ -161,10 +171,10 @@ def run_demo(run_dir: str | None = None, config: str | None = None) -> int:
             run_dir = f"runs/demo-{n}"
     path = config or example_config("demo")
     run = load_run_config(path)
-    cfg = run.train
-    model = run.model_config(vocab_size=cfg.vocab_size)
-    print(f"aiayn demo ({path}): English -> German number words (num2words), {cfg.task_train} training / "
-          f"{cfg.task_test} held-out test numbers below {cfg.task_max_number}, disjoint splits")
+    train_cfg = run.train
+    model = run.model_config(vocab_size=train_cfg.vocab_size)
+    print(f"aiayn demo ({path}): English -> German number words (num2words), {train_cfg.task_train} training / "
+          f"{train_cfg.task_test} held-out test numbers below {train_cfg.task_max_number}, disjoint splits")
     print(f"model: d_model={model.d_model}, {model.n_encoder_layers}+{model.n_decoder_layers} layers; "
-          f"{cfg.epochs} epochs; run directory {run_dir}")
+          f"{train_cfg.epochs} epochs; run directory {run_dir}")
     return _train(run, run_dir, resume=False, progress=True)

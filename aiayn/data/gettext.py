@@ -89,7 +89,7 @@ def read_gettext(lang: str, *, locale_dir: str | Path = LOCALE_DIR, seed: int = 
 
 def write_tsv(path: str | Path, pairs: list[ParallelExample]) -> Path:
     """One `source<TAB>target` line per pair (the pairs hold no tabs or newlines), written atomically."""
-    from aiayn.io import atomic_write_bytes
+    from aiayn.rundir import atomic_write_bytes
 
     path = Path(path)
     atomic_write_bytes(path, "".join(f"{p.source}\t{p.target}\n" for p in pairs).encode("utf-8"))

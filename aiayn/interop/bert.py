@@ -255,7 +255,7 @@ def load_bert_tokenizer(directory: str | Path) -> Tokenizer:
     """The checkpoint's tokenizer (`tokenizer.json`, else `vocab.txt`) with BERT's special tokens.
 
     The backend's own padding and truncation are switched off: callers add [CLS] ... [SEP]
-    and truncate (see `aiayn.embeddings.encode_texts`).
+    and truncate (see `aiayn.inference.embeddings.encode_texts`).
     """
     directory = Path(directory)
     settings = {**_read_json(directory / "special_tokens_map.json"), **_read_json(directory / "tokenizer_config.json")}

@@ -7,7 +7,7 @@ aiayn lacks are Marian's `final_logits_bias` (zeros unless trained; `from_marian
 
 Generation settings: a `MarianConfig` defaults to `eos_token_id=0`, `forced_eos_token_id=0` and
 published checkpoints add `bad_words_ids=[[pad]]`; `to_marian` sets eos to aiayn's `</s>`, and turns
-forced EOS, bad words and n-gram blocking off, so `generate()` searches exactly as `aiayn.generation` does.
+forced EOS, bad words and n-gram blocking off, so `generate()` searches exactly as `aiayn.inference.generation` does.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def _copy_pairs(cfg: ModelConfig) -> Iterator[tuple[str, str]]:
         yield "src_embed.tokens.weight", "model.encoder.embed_tokens.weight"
         yield "tgt_embed.tokens.weight", "model.decoder.embed_tokens.weight"
     if not cfg.tie_embeddings:
-        yield "generator.proj.weight", "lm_head.weight"
+        yield "head.proj.weight", "lm_head.weight"
 
 
 @torch.no_grad()

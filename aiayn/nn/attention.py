@@ -1,8 +1,8 @@
 """Multi-head attention (section 3.2): self-attention and cross-attention, with a key/value cache.
 
 Two paths compute the same thing:
-- the fused path calls `torch.nn.functional.scaled_dot_product_attention` (fast, the default);
-- the explicit path writes softmax(Q K^T / sqrt(d_k)) V out by hand and can return the weights.
+- by default `torch.nn.functional.scaled_dot_product_attention` (PyTorch's fused kernels);
+- with `need_weights=True`, softmax(Q K^T / sqrt(d_k)) V written out, returning the weights.
 Masks follow `aiayn.nn.masks`: bool, True = may attend.
 """
 
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.nn.fast_linear import linear, matmul
+from aiayn.nn.masks import causal_mask
 
 
 @dataclass
@@ -108,10 +108,10 @@ class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
     The h heads' projections are stored side by side in one (d_model, d_model) Linear each for
-    Q, K and V; head i owns rows [i*d_k, (i+1)*d_k). On the fused path, self-attention computes
-    Q, K and V with one matmul on the three weights concatenated (and cross-attention K and V with
-    one), which is faster than three; the explicit path calls `q_proj`, `k_proj` and `v_proj` one by
-    one, so forward hooks on them see every projection.
+    Q, K and V; head i owns rows [i*d_k, (i+1)*d_k). Attention runs on PyTorch's
+    `scaled_dot_product_attention`, or, when the weights are asked for, as the equation written out.
+    Faster ways to run the same module (one product for Q, K and V, oneDNN, bf16) are applied from
+    outside by `aiayn.backends`.
     """
 
     def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True):
@@ -126,71 +126,14 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
-        # Set True to make every call take the explicit path (tracing, attention maps, tests).
-        self.explicit = False
-        # Stacked Q/K/V (or K/V) weights for the fused path when autograd is off; see _fused_weights.
-        self._fused_cache: dict[int, tuple] = {}
-        # Optional module giving Q, K and V side by side (B, L, 3 * d_model) for self-attention on the
-        # fused path, e.g. prepacked weights in an inference copy (`aiayn.embeddings`); None: stacked as above.
-        self.qkv_proj: nn.Module | None = None
 
-    def train(self, mode: bool = True) -> MultiHeadAttention:
-        """Set the mode and drop the stacked-weight cache.
+    def project_qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Self-attention's projections of x (B, L, d_model): Q, K and V, each (B, L, d_model)."""
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
-        Some optimisers (PyTorch's fused CPU Adam) update weights in place without bumping their
-        version counters; every train/eval switch therefore starts from fresh weights.
-        """
-        self._fused_cache.clear()
-        return super().train(mode)
-
-    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        b, length, _ = x.shape
-        return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
-
-    def _check_input(self, name: str, x: torch.Tensor, batch: int | None = None) -> None:
-        """Reject inputs that are not (B, L, d_model) with a message naming the shape."""
-        if x.dim() != 3 or x.shape[-1] != self.d_model or (batch is not None and x.shape[0] != batch):
-            expected = f"({'batch' if batch is None else batch}, length, {self.d_model})"
-            raise ValueError(f"attention {name} must have shape {expected}, got {tuple(x.shape)}")
-
-    def _can_fuse(self, *projections: nn.Module) -> bool:
-        """Plain Linears without hooks can share one matmul; anything else is called module by module."""
-        return all(type(p) is nn.Linear and not (p._forward_hooks or p._forward_pre_hooks) for p in projections)
-
-    def _fused_weights(self, projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The projections' weights (n * d_model, d_model) and biases stacked; kept between calls without autograd.
-
-        With autograd on they are concatenated afresh (gradients flow back through `torch.cat`); without it
-        the stacked copy is reused until a weight changes (in place, replaced, moved or cast).
-        """
-        params = [t for p in projections for t in (p.weight, p.bias) if t is not None]
-        key = None
-        if not torch.is_grad_enabled():
-            try:
-                key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in params)
-            except RuntimeError:  # inference tensors have no version counter: do not keep a copy
-                key = None
-            cached = self._fused_cache.get(len(projections))
-            if key is not None and cached is not None and cached[0] == key:
-                return cached[1], cached[2]
-        weight = torch.cat([p.weight for p in projections])  # (n * d_model, d_model)
-        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
-        if key is not None:
-            self._fused_cache[len(projections)] = (key, weight, bias)
-        return weight, bias
-
-    def _project(self, x: torch.Tensor, *projections: nn.Linear, fuse: bool) -> tuple[torch.Tensor, ...]:
-        """x (B, L, d_model) through each projection, split into heads: one (B, h, L, d_k) per projection."""
-        if fuse and len(projections) == 3 and self.qkv_proj is not None:  # self-attention's Q, K, V
-            y = self.qkv_proj(x)  # (B, L, 3 * d_model)
-        elif not fuse or len(projections) == 1 or not self._can_fuse(*projections):
-            return tuple(self._split_heads(linear(p, x)) for p in projections)
-        else:
-            weight, bias = self._fused_weights(projections)
-            y = matmul(x, weight, bias)  # (B, L, n * d_model)
-        b, length, _ = y.shape
-        y = y.view(b, length, len(projections), self.n_heads, self.d_k)  # (B, L, n, h, d_k)
-        return y.permute(2, 0, 3, 1, 4).unbind(0)  # n x (B, h, L, d_k)
+    def project_kv(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention's keys and values of memory (B, S, d_model), each (B, S, d_model)."""
+        return self.k_proj(memory), self.v_proj(memory)
 
     def forward(
         self,
@@ -210,7 +153,7 @@ class MultiHeadAttention(nn.Module):
             key_value: (B, L_k, d_model) for cross-attention; None for self-attention.
             mask: bool, broadcastable to (B, h, L_q, L_k), True = may attend.
             is_causal: add the look-ahead mask (query i sees keys <= i + cached length).
-            need_weights: take the explicit path and return the (B, h, L_q, L_k) weights.
+            need_weights: compute softmax(Q K^T / sqrt(d_k)) written out and return the weights.
             cache: keys/values kept across calls; self-attention appends the new positions,
                 cross-attention (`static_kv=True`) computes them once and reuses them.
             static_kv: the keys/values do not change between calls (cross-attention).
@@ -221,72 +164,87 @@ class MultiHeadAttention(nn.Module):
         self._check_input("query", query)
         if key_value is not None:
             self._check_input("key_value", key_value, batch=query.shape[0])
-        explicit = need_weights or self.explicit
-        reuse_kv = cache is not None and static_kv and cache.key is not None
-        if key_value is None and not reuse_kv:
-            # Self-attention: Q, K and V of the same input (one matmul on the fused path).
-            q, k, v = self._project(query, self.q_proj, self.k_proj, self.v_proj, fuse=not explicit)
-        else:
-            (q,) = self._project(query, self.q_proj, fuse=False)  # (B, h, L_q, d_k)
-            if reuse_kv:
-                k, v = cache.key, cache.value  # (B, h, L_k, d_k), computed on the first step
-            else:
-                k, v = self._project(key_value, self.k_proj, self.v_proj, fuse=not explicit)  # (B, h, L_k, d_k)
-        offset = 0
-        if cache is not None and not reuse_kv:
-            if static_kv:
-                cache.key, cache.value = k, v
-            else:
-                offset = 0 if cache.key is None else cache.key.shape[2]
-                k, v = cache.append(k, v)  # (B, h, offset + L_new, d_k)
-
-        causal = None
-        # One new query after its whole prefix (a cached decoding step) sees every key: no mask to build.
-        if is_causal and not (q.shape[2] == 1 and offset + 1 >= k.shape[2]):
-            causal = _causal(q.shape[2], k.shape[2], offset, q.device)  # (1, 1, L_q, L_k)
-            mask = causal if mask is None else mask & causal
-
-        # A query row with no key to attend to (a fully padded sequence) would give NaN in the
-        # softmax; let it attend everywhere and zero its output instead, so values and gradients
-        # stay finite.
-        empty_rows = None
-        if mask is not None:
-            has_key = mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)
-            if not bool(has_key.all()):
-                empty_rows = ~has_key
-                mask = mask | empty_rows
-
+        q, k, v, offset = self._heads(query, key_value, cache, static_kv)  # (B, h, L_q|L_k, d_k)
+        q_len, k_len = q.shape[2], k.shape[2]
         dropout_p = self.dropout if self.training else 0.0
-        if explicit:
-            out, weights = _explicit_attention(q, k, v, mask, dropout_p)
-        else:
+        if is_causal and mask is None and offset == 0 and q_len == k_len and not need_weights:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
             weights = None
-            if causal is not None and mask is causal and offset == 0 and q.shape[2] == k.shape[2]:
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
-        if empty_rows is not None:
-            out = out.masked_fill(empty_rows, 0.0)
-            if weights is not None:
-                weights = weights.masked_fill(empty_rows, 0.0)
+        else:
+            # One new query after its whole prefix (a cached decoding step) sees every key: no mask to build.
+            if is_causal and not (q_len == 1 and offset + 1 >= k_len):
+                causal = causal_mask(q_len, q.device, offset=offset)  # (1, 1, L_q, L_k)
+                mask = causal if mask is None else mask & causal
+            out, weights = attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
         b, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(b, length, self.d_model)  # (B, L_q, d_model): heads concatenated
-        return linear(self.out_proj, out), weights
+        return self.out_proj(out), weights
+
+    def _heads(self, query: torch.Tensor, key_value: torch.Tensor | None, cache: AttentionCache | None,
+               static_kv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """Q (B, h, L_q, d_k), K and V (B, h, L_k, d_k) with the cached positions, and how many were cached."""
+        reuse_kv = cache is not None and static_kv and cache.key is not None
+        if key_value is None and not reuse_kv:
+            q, k, v = (self._split_heads(t) for t in self.project_qkv(query))
+        else:
+            q = self._split_heads(self.q_proj(query))
+            if reuse_kv:
+                return q, cache.key, cache.value, 0  # computed on the first step
+            k, v = (self._split_heads(t) for t in self.project_kv(key_value))
+        if cache is None:
+            return q, k, v, 0
+        if static_kv:
+            cache.key, cache.value = k, v
+            return q, k, v, 0
+        offset = 0 if cache.key is None else cache.key.shape[2]
+        k, v = cache.append(k, v)  # (B, h, offset + L_new, d_k)
+        return q, k, v, offset
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, self.n_heads, self.d_k).transpose(1, 2)  # (B, h, L, d_k)
+
+    def _check_input(self, name: str, x: torch.Tensor, batch: int | None = None) -> None:
+        """Reject inputs that are not (B, L, d_model) with a message naming the shape."""
+        if x.dim() != 3 or x.shape[-1] != self.d_model or (batch is not None and x.shape[0] != batch):
+            expected = f"({'batch' if batch is None else batch}, length, {self.d_model})"
+            raise ValueError(f"attention {name} must have shape {expected}, got {tuple(x.shape)}")
 
 
-def _causal(q_len: int, k_len: int, offset: int, device: torch.device) -> torch.Tensor:
-    query_pos = torch.arange(offset, offset + q_len, device=device)[:, None]
-    key_pos = torch.arange(k_len, device=device)[None, :]
-    return (key_pos <= query_pos)[None, None]  # (1, 1, L_q, L_k)
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, dropout_p: float = 0.0,
+           need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V per head (equation 1 of the paper).
 
+    Args:
+        q: (B, h, L_q, d_k); k, v: (B, h, L_k, d_k).
+        mask: bool, broadcastable to (B, h, L_q, L_k), True = may attend.
+        dropout_p: dropout on the weights.
+        need_weights: write the equation out and return the weights; otherwise PyTorch's
+            `scaled_dot_product_attention` computes the same without them.
 
-def _explicit_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, dropout_p: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(Q K^T / sqrt(d_k)) V, written out (equation 1 of the paper)."""
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L_q, L_k)
+    Returns:
+        (output (B, h, L_q, d_k), weights (B, h, L_q, L_k) or None).
+    """
+    # A query row with no key to attend to (a fully padded sequence) would give NaN in the
+    # softmax; let it attend everywhere and zero its output instead, so values and gradients
+    # stay finite.
+    empty_rows = None
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = scores.softmax(dim=-1)  # (B, h, L_q, L_k), rows sum to 1
-    attended = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return attended @ v, weights  # (B, h, L_q, d_k)
+        has_key = mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)
+        if not bool(has_key.all()):
+            empty_rows = ~has_key
+            mask = mask | empty_rows
+    if need_weights:
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L_q, L_k)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        weights = scores.softmax(dim=-1)  # (B, h, L_q, L_k), rows sum to 1
+        out = (F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights) @ v  # (B, h, L_q, d_k)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+        weights = None
+    if empty_rows is not None:
+        out = out.masked_fill(empty_rows, 0.0)
+        if weights is not None:
+            weights = weights.masked_fill(empty_rows, 0.0)
+    return out, weights

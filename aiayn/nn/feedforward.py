@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from aiayn.nn.fast_linear import linear
-
 _ACTIVATIONS = {
     "relu": lambda inplace: nn.ReLU(inplace=inplace),
     "gelu": lambda inplace: nn.GELU(),
@@ -37,5 +35,5 @@ class PositionwiseFeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(B, L, d_model) -> (B, L, d_model); positions never mix."""
-        hidden = self.activation(linear(self.linear1, x))  # (B, L, d_ff)
-        return linear(self.linear2, self.dropout(hidden))
+        hidden = self.activation(self.linear1(x))  # (B, L, d_ff)
+        return self.linear2(self.dropout(hidden))

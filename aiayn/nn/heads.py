@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from aiayn.nn.fast_linear import linear
 from aiayn.nn.feedforward import make_activation
 
 
@@ -19,11 +17,7 @@ class VocabularyHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, d_model) -> logits (B, T, V)."""
-        return linear(self.proj, hidden)
-
-    def log_probs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(B, T, d_model) -> log-softmax over the vocabulary (B, T, V)."""
-        return F.log_softmax(linear(self.proj, hidden).float(), dim=-1)
+        return self.proj(hidden)
 
 
 def pool(hidden: torch.Tensor, mask: torch.Tensor | None, how: str) -> torch.Tensor:

@@ -42,10 +42,21 @@ class EncoderLayer(nn.Module):
         self.attn_sublayer = SublayerConnection(d_model, dropout=dropout, norm_first=norm_first, eps=eps)
         self.ffn_sublayer = SublayerConnection(d_model, dropout=dropout, norm_first=norm_first, eps=eps)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, S, d_model) -> (B, S, d_model); `mask` (B, 1, 1, S) marks real source tokens."""
-        x = self.attn_sublayer(x, lambda y: self.self_attn(y, mask=mask)[0])
-        return self.ffn_sublayer(x, self.feed_forward)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
+                need_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(B, S, d_model) -> (B, S, d_model); `mask` (B, 1, 1, S) marks real source tokens.
+
+        With `need_weights`, also the self-attention weights (B, h, S, S).
+        """
+        weights: dict[str, torch.Tensor | None] = {}
+
+        def self_attention(y: torch.Tensor) -> torch.Tensor:
+            out, weights["self"] = self.self_attn(y, mask=mask, need_weights=need_weights)
+            return out
+
+        x = self.attn_sublayer(x, self_attention)
+        x = self.ffn_sublayer(x, self.feed_forward)
+        return (x, weights["self"]) if need_weights else x
 
 
 class DecoderLayer(nn.Module):
@@ -71,7 +82,8 @@ class DecoderLayer(nn.Module):
         memory_mask: torch.Tensor | None = None,
         self_cache: AttentionCache | None = None,
         cross_cache: AttentionCache | None = None,
-    ) -> torch.Tensor:
+        need_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One decoder layer.
 
         Args:
@@ -80,14 +92,25 @@ class DecoderLayer(nn.Module):
             tgt_mask: bool mask of target keys (B, 1, 1|T, T_total); the look-ahead mask is always added.
             memory_mask: bool mask of source keys (B, 1, 1, S).
             self_cache, cross_cache: key/value caches for incremental decoding.
+            need_weights: also return the self-attention (B, h, T, T_total) and cross-attention
+                (B, h, T, S) weights.
 
         Returns:
-            (B, T, d_model).
+            (B, T, d_model), or (states, self-attention weights, cross-attention weights).
         """
-        x = self.self_attn_sublayer(
-            x, lambda y: self.self_attn(y, mask=tgt_mask, is_causal=True, cache=self_cache)[0]
-        )
-        x = self.cross_attn_sublayer(
-            x, lambda y: self.cross_attn(y, memory, mask=memory_mask, cache=cross_cache, static_kv=True)[0]
-        )
-        return self.ffn_sublayer(x, self.feed_forward)
+        weights: dict[str, torch.Tensor | None] = {}
+
+        def self_attention(y: torch.Tensor) -> torch.Tensor:
+            out, weights["self"] = self.self_attn(y, mask=tgt_mask, is_causal=True, cache=self_cache,
+                                                  need_weights=need_weights)
+            return out
+
+        def cross_attention(y: torch.Tensor) -> torch.Tensor:
+            out, weights["cross"] = self.cross_attn(y, memory, mask=memory_mask, cache=cross_cache, static_kv=True,
+                                                    need_weights=need_weights)
+            return out
+
+        x = self.self_attn_sublayer(x, self_attention)
+        x = self.cross_attn_sublayer(x, cross_attention)
+        x = self.ffn_sublayer(x, self.feed_forward)
+        return (x, weights["self"], weights["cross"]) if need_weights else x

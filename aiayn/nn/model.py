@@ -93,15 +93,28 @@ class Decoder(nn.Module):
         self.final_norm = final_norm
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, *, tgt_mask: torch.Tensor | None = None,
-                memory_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
-        """(B, T, d_model) target states attending to memory (B, S, d_model) -> (B, T, d_model)."""
+                memory_mask: torch.Tensor | None = None, cache: KVCache | None = None,
+                return_cross_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """(B, T, d_model) target states attending to memory (B, S, d_model) -> (B, T, d_model).
+
+        With `return_cross_attention`, also each layer's cross-attention weights (B, h, T, S).
+        """
+        cross = []
         for i, layer in enumerate(self.layers):
-            x = layer(
+            out = layer(
                 x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
                 self_cache=None if cache is None else cache.self_attn[i],
                 cross_cache=None if cache is None else cache.cross_attn[i],
+                need_weights=return_cross_attention,
             )
-        return x if self.final_norm is None else self.final_norm(x)
+            if return_cross_attention:
+                x, _, weights = out
+                cross.append(weights)
+            else:
+                x = out
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return (x, cross) if return_cross_attention else x
 
 
 def _source_mask(ids: torch.Tensor, pad_id: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -118,14 +131,15 @@ class EncoderDecoderModel(nn.Module):
     """The Transformer of the paper (Figure 1): `encode` the source once, `decode` the shifted target."""
 
     def __init__(self, cfg: ModelConfig, *, src_embed: Embeddings, tgt_embed: Embeddings,
-                 encoder: Encoder, decoder: Decoder, generator: VocabularyHead):
+                 encoder: Encoder, decoder: Decoder, head: VocabularyHead):
         super().__init__()
         self.config = cfg
         self.src_embed = src_embed
         self.tgt_embed = tgt_embed
         self.encoder = encoder
         self.decoder = decoder
-        self.generator = generator
+        self.head = head
+        self.register_load_state_dict_pre_hook(lambda module, state, prefix, *args: upgrade_keys(state, prefix))
 
     def source_mask(self, src: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """(B, 1, 1, S) bool mask of real source tokens, or None when the batch has no padding."""
@@ -141,13 +155,15 @@ class EncoderDecoderModel(nn.Module):
         return self.encoder(x, src_mask)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None = None,
-               cache: KVCache | None = None, tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
+               cache: KVCache | None = None, tgt_mask: torch.Tensor | None = None,
+               return_cross_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         """Shifted target ids (B, T) and memory (B, S, d_model) -> decoder states (B, T, d_model).
 
         The look-ahead mask is always applied. Target padding is not masked by default: with
         right padding (the only kind aiayn makes) it cannot reach real positions through the
         look-ahead mask, and the loss ignores padded positions. With a `cache`, `tgt` holds only
-        the new positions and the cache supplies the earlier ones.
+        the new positions and the cache supplies the earlier ones. With `return_cross_attention`,
+        also each decoder layer's cross-attention weights (B, h, T, S).
         """
         if tgt.dim() != 2:
             raise ValueError(f"target ids must have shape (batch, length), got {tuple(tgt.shape)}")
@@ -163,24 +179,28 @@ class EncoderDecoderModel(nn.Module):
         if tgt_mask is not None:
             tgt_mask = check_mask(tgt_mask, batch, length, offset + length)
         x = self.tgt_embed(tgt, offset=offset)  # (B, T, d_model)
-        return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache)
+        return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache,
+                            return_cross_attention=return_cross_attention)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher forcing: source ids (B, S), shifted target ids (B, T) -> logits (B, T, V)."""
         if src_mask is None:
             src_mask = self.source_mask(src)
         memory = self.encode(src, src_mask)
-        return self.generator(self.decode(tgt, memory, memory_mask=src_mask))
+        return self.head(self.decode(tgt, memory, memory_mask=src_mask))
 
     def new_cache(self) -> KVCache:
         """An empty key/value cache for incremental decoding."""
         return KVCache.empty(len(self.decoder.layers))
 
-    def generate(self, src: torch.Tensor, *, bos_id: int, eos_id: int, config=None):
-        """Translate source ids (B, S): greedy, beam search or sampling (see `aiayn.generation.generate`)."""
-        from aiayn.generation import generate
 
-        return generate(self, src, bos_id=bos_id, eos_id=eos_id, config=config)
+def upgrade_keys(state_dict: dict, prefix: str = "") -> dict:
+    """Rename, in place, the keys of weights saved under older names: before the vocabulary head was named
+    `head` it was `generator`. Returns `state_dict`."""
+    old = prefix + "generator."
+    for key in [k for k in state_dict if k.startswith(old)]:
+        state_dict[prefix + "head." + key[len(old):]] = state_dict.pop(key)
+    return state_dict
 
 
 class EncoderModel(nn.Module):
@@ -290,12 +310,12 @@ def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
         src_embed = _embeddings(cfg, cfg.vocab_size)
         shared = src_embed.tokens if cfg.share_embeddings else None
         tgt_embed = _embeddings(cfg, cfg.target_vocab_size, tokens=shared)
-        generator = VocabularyHead(cfg.d_model, cfg.target_vocab_size)
+        head = VocabularyHead(cfg.d_model, cfg.target_vocab_size)
         model = EncoderDecoderModel(cfg, src_embed=src_embed, tgt_embed=tgt_embed, encoder=build_encoder(cfg),
-                                    decoder=build_decoder(cfg), generator=generator)
+                                    decoder=build_decoder(cfg), head=head)
         _init_weights(model)
         if cfg.tie_embeddings:
-            generator.proj.weight = tgt_embed.tokens.weight  # section 3.4: one matrix, three uses
+            head.proj.weight = tgt_embed.tokens.weight  # section 3.4: one matrix, three uses
         return model
 
     head: nn.Module | None = None

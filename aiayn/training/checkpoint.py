@@ -118,7 +118,11 @@ def prune_checkpoints(root: str | Path, keep_last: int) -> None:
 
 
 def load_checkpoint(checkpoint: str | Path, model: nn.Module) -> dict[str, Any]:
-    """Load the weights into `model` (checked key by key) and return the training state."""
+    """Load the weights into `model` (checked key by key) and return the training state (on the CPU).
+
+    A checkpoint written on a GPU loads on a CPU-only machine and back: tensors come in on the CPU, and
+    the optimiser's `load_state_dict` moves its state to where the parameters are.
+    """
     checkpoint = Path(checkpoint)
     load_weights(model, checkpoint / WEIGHTS_NAME)
     state = read_torch_file(checkpoint / STATE_NAME)

@@ -2,22 +2,58 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 from torch import nn
 
+from aiayn.backends import Backend, model_device, select
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import EncodedSplit, PreparedData
 from aiayn.training.loss import correct_count, label_smoothed_loss
 from aiayn.training.metrics import accuracy_and_macro_f1, entity_f1, perplexity, translation_scores
-from aiayn.training.objectives import forward, make_batch, masking_generator
+from aiayn.training.objectives import forward, make_batch, masking_generator, to_device
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How `evaluate` runs: batching, decoding and what it reports.
+
+    Attributes:
+        max_tokens: tokens per batch. decode: also decode seq2seq outputs (BLEU, chrF, exact match).
+        beam_size, length_penalty: decoding settings. max_batches: stop after this many batches (0 = all).
+        seed, mlm_probability: the masked-LM corruption. bf16: run in bfloat16.
+        examples: (input, prediction, reference) triples to return. bleu_tokenize: sacrebleu's tokenizer.
+    """
+
+    max_tokens: int = 4096
+    decode: bool = True
+    beam_size: int = 1
+    length_penalty: float = 0.6
+    max_batches: int = 0
+    seed: int = 0
+    mlm_probability: float = 0.15
+    bf16: bool = False
+    examples: int = 0
+    bleu_tokenize: str = "auto"
+
+    @classmethod
+    def from_train_config(cls, train_config, **changes) -> EvalOptions:
+        """The options a run's `TrainConfig` implies, with `changes` (one place: the trainer and `aiayn eval` agree)."""
+        t = train_config
+        options = cls(max_tokens=t.max_tokens, beam_size=t.beam_size, length_penalty=t.length_penalty, seed=t.seed,
+                      mlm_probability=t.mlm_probability, bf16=t.bf16, examples=t.show_examples,
+                      bleu_tokenize=t.bleu_tokenize)
+        return replace(options, **changes)
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, *, max_tokens: int = 4096,
-             decode: bool = True, beam_size: int = 1, length_penalty: float = 0.6, max_batches: int = 0,
-             seed: int = 0, mlm_probability: float = 0.15, bf16: bool = False,
-             examples: int = 0, bleu_tokenize: str = "auto") -> dict:
+def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options: EvalOptions | None = None, *,
+             backend: Backend | None = None) -> dict:
     """Metrics of `model` on `split` (in eval mode, no dropout).
+
+    The model runs as `backend` prepares it, once for the whole split (default: the fast inference
+    path of the model's device, in bf16 when `options.bf16`).
 
     Returns:
         A dict with `loss` (unsmoothed NLL per token), `perplexity`, `token_accuracy` (percent), and
@@ -25,20 +61,24 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, *, max_t
         `accuracy`, `macro_f1`; for token classification `entity_f1` (and precision, recall);
         plus `examples`: up to `examples` (input, prediction, reference) triples.
     """
-    was_training = model.training
-    model.eval()
+    options = options or EvalOptions()
     if not split.items:
         return {}
-    batches = token_batches(split.lengths, max_tokens, shuffle=False)
-    if max_batches:
-        batches = batches[:max_batches]
+    if backend is None:
+        backend = select(model_device(model), "inference", "bf16" if options.bf16 else None)
+    was_training = model.training
+    model.eval()
+    runner = backend.prepare(model)
+    batches = token_batches(split.lengths, options.max_tokens, shuffle=False)
+    if options.max_batches:
+        batches = batches[:options.max_batches]
     nll_sum, units, correct, counted = 0.0, 0, 0, 0
     predictions: dict[int, object] = {}
     for number, indices in enumerate(batches):
-        batch = make_batch(data, split, indices, mlm_probability=mlm_probability,
-                           generator=masking_generator(seed, -1, number))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits, labels = forward(model, batch, data.objective)
+        batch = to_device(make_batch(data, split, indices, mlm_probability=options.mlm_probability,
+                                     generator=masking_generator(options.seed, -1, number)), backend.device)
+        logits, labels = forward(runner, batch, data.objective)
+        logits = logits.float()
         _, nll = label_smoothed_loss(logits, labels, smoothing=0.0)
         c, n = correct_count(logits, labels)
         nll_sum, correct, counted = nll_sum + float(nll), correct + c, counted + n
@@ -50,17 +90,17 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, *, max_t
             for row, i in enumerate(indices):
                 keep = labels[row] != -100
                 predictions[i] = logits[row].argmax(-1)[keep].tolist()
-        elif data.objective == "seq2seq" and decode:
-            predictions.update(_decode(model, data, batch["src"], indices, beam_size, length_penalty))
+        elif data.objective == "seq2seq" and options.decode:
+            predictions.update(_decode(runner, data, batch["src"], indices, options))
     mean_nll = nll_sum / max(units, 1)
     result: dict = {"loss": mean_nll, "perplexity": perplexity(mean_nll),
                     "token_accuracy": 100.0 * correct / max(counted, 1)}
     order = sorted(predictions)
     shown: list[tuple[str, str, str]] = []
-    if data.objective == "seq2seq" and decode:
+    if data.objective == "seq2seq" and options.decode:
         hyps = [predictions[i] for i in order]
         refs = [split.raw[i].target for i in order]
-        result.update(translation_scores(hyps, refs, bleu_tokenize=bleu_tokenize))
+        result.update(translation_scores(hyps, refs, bleu_tokenize=options.bleu_tokenize))
         shown = [(split.raw[i].source, predictions[i], split.raw[i].target) for i in order]
     elif data.objective == "sequence_classification":
         gold = [split.items[i][1] for i in order]
@@ -73,18 +113,18 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, *, max_t
         shown = [(" ".join(split.raw[i].tokens), " ".join(p), " ".join(g))
                  for i, p, g in zip(order, pred_tags, gold_tags)]
     # Show mistakes first (up to half of the examples), then correct predictions.
-    wrong = [e for e in shown if e[1].strip() != e[2].strip()][: examples // 2]
+    wrong = [e for e in shown if e[1].strip() != e[2].strip()][: options.examples // 2]
     right = [e for e in shown if e[1].strip() == e[2].strip()]
-    result["examples"] = (wrong + right)[:examples] if examples else []
+    result["examples"] = (wrong + right)[:options.examples] if options.examples else []
     model.train(was_training)
     return result
 
 
-def _decode(model: nn.Module, data: PreparedData, src: torch.Tensor, indices: list[int], beam_size: int,
-            length_penalty: float) -> dict[int, str]:
-    from aiayn.generation import GenerationConfig, generate
+def _decode(model: nn.Module, data: PreparedData, src: torch.Tensor, indices: list[int],
+            options: EvalOptions) -> dict[int, str]:
+    from aiayn.inference.generation import GenerationConfig, generate
 
     tgt = data.target_tokenizer
-    config = GenerationConfig(beam_size=beam_size, length_penalty=length_penalty)
+    config = GenerationConfig(beam_size=options.beam_size, length_penalty=options.length_penalty)
     out = generate(model, src, bos_id=tgt.bos_id, eos_id=tgt.eos_id, config=config)
     return {i: tgt.decode(tokens) for i, tokens in zip(indices, out.tokens)}

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from aiayn.backends import resolve_device, select
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import EncodedSplit, PreparedData, load_labels, prepare_data, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
@@ -50,11 +51,10 @@ from aiayn.training.checkpoint import (
     save_checkpoint,
 )
 from aiayn.training.config import RunConfig, load_run_config
-from aiayn.training.evaluate import evaluate
+from aiayn.training.evaluate import EvalOptions, evaluate
 from aiayn.training.logbook import MetricsLog, plot_curves
 from aiayn.training.loss import label_smoothed_loss
-from aiayn.training.objectives import batch_tokens, forward, loss_units, make_batch, masking_generator
-from aiayn.training.onednn import onednn_training
+from aiayn.training.objectives import batch_tokens, forward, loss_units, make_batch, masking_generator, to_device
 from aiayn.training.optim import make_optimizer
 from aiayn.training.schedule import resolve_recipe
 
@@ -117,15 +117,15 @@ def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
     return load_pretrained(None if str(path) == "minilm" else str(path))
 
 
-def distributed_context() -> tuple[int, int]:
-    """(rank, world size): under `torchrun` (WORLD_SIZE > 1) this joins the gloo process group."""
+def distributed_context(device: torch.device) -> tuple[int, int]:
+    """(rank, world size): under `torchrun` (WORLD_SIZE > 1) this joins the process group (NCCL on CUDA, else gloo)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -152,10 +152,16 @@ class Trainer:
         force: write into a directory that holds files aiayn did not write (refused otherwise).
         progress: show a tqdm progress bar on stderr.
         report: receives human-readable lines (data counts, evaluation); defaults to the logger.
+        device: "cpu", "cuda", "mps" or None for the best available (under torchrun with CUDA,
+            each process takes the GPU of its LOCAL_RANK).
     """
 
     def __init__(self, run: RunConfig, run_dir: str | Path, *, resume: bool = False, progress: bool = False,
-                 report: Callable[[str], None] | None = None, force: bool = False):
+                 report: Callable[[str], None] | None = None, force: bool = False,
+                 device: str | torch.device | None = None):
+        self.device = resolve_device(device)
+        if self.device.type == "cuda" and self.device.index is None and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         self.run = run
         self.cfg = run.train
         self.run_dir = check_path_given(run_dir, "--run")
@@ -189,52 +195,23 @@ class Trainer:
         cfg = self.cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.rank, self.world = distributed_context()
+        self.rank, self.world = distributed_context(self.device)
         main = self.rank == 0
         if not main:
             torch.distributed.barrier()  # rank 0 checks the run directory and writes the tokenizers first
         if main:  # refuses a directory the run cannot own, then holds its lock until fit() returns
             self.lock = open_run_dir(self.run_dir, resume=self.resume, force=self.force)
-        pretrained = None
+        pretrained, tokenizer = None, None
         if cfg.init_from and not self.resume:
             if cfg.objective not in ("sequence_classification", "token_classification", "masked_lm"):
                 raise ValueError("init_from puts a new head on a pretrained encoder: use an encoder objective")
             pretrained, tokenizer = load_pretrained_encoder(cfg.init_from)
-        if self.resume or not main:
-            data = prepare_data(cfg, tokenizers=load_tokenizers(self.run_dir), labels=load_labels(self.run_dir))
-        elif pretrained is not None:
-            data = prepare_data(cfg, tokenizers=(tokenizer, tokenizer))
-        else:
-            data = prepare_data(cfg)
-        self.data = data
-        if main:
-            for stats in data.stats:
-                self.report("data " + stats.summary())
-            for note in data.notes:
-                self.report(note)
-            self.report(f"data splits: {len(data.train.items)} train, {len(data.valid.items)} valid, "
-                        f"{len(data.test.items)} test examples" + (f"; {self.world} processes" if self.world > 1
-                                                                    else ""))
+        self.data = self._setup_data(main, tokenizer)
         torch.manual_seed(cfg.seed)
-        if pretrained is not None:
-            tunable = {"dropout", "attention_dropout", "activation_dropout", "pooling"}
-            fixed = sorted(set(self.run.model_overrides) - tunable)
-            if fixed:
-                raise ValueError(f"init_from keeps the pretrained sizes; only {', '.join(sorted(tunable))} may be "
-                                 f"overridden, not {', '.join(fixed)}")
-            model_cfg = pretrained.config.replace(head=cfg.objective, num_labels=len(data.labels)
-                                                  if cfg.objective != "masked_lm" else 0,
-                                                  **self.run.model_overrides)
-            self.model = build_model(model_cfg)
-            own = {k for k in self.model.state_dict() if not k.startswith("head.")}
-            source = {k: v for k, v in pretrained.state_dict().items() if k in own}
-            missing = sorted(own - set(source))
-            if missing:
-                raise ValueError(f"{cfg.init_from}: the pretrained encoder lacks {', '.join(missing[:5])}")
-            self.model.load_state_dict(source, strict=False)
-        else:
-            self.model = build_model(model_config_for(self.run, data))
-        self.model.train()
+        self.model = self._build_model(pretrained)
+        # The train step runs a prepared copy sharing the model's parameters (see aiayn.backends).
+        self.backend = select(self.device, "train", "bf16" if cfg.bf16 else None)
+        self.prepared = self.backend.prepare(self.model)
         self.recipe, notes = resolve_recipe(cfg, total_steps=self._planned_steps(), d_model=self.model.config.d_model)
         if main:
             for note in notes:
@@ -246,14 +223,55 @@ class Trainer:
         elif main:
             text = json.dumps(self.run.to_dict(), indent=2) + "\n"
             atomic_write_bytes(self.run_dir / TRAIN_CONFIG, text.encode())
-            save_data_artifacts(self.run_dir, data)
+            save_data_artifacts(self.run_dir, self.data)
         if self.world > 1:
             if main:
                 torch.distributed.barrier()
             from torch.nn.parallel import DistributedDataParallel
 
             # DDP wraps the objective's forward, so gradients are averaged across processes in backward.
-            self.ddp = DistributedDataParallel(ObjectiveForward(self.model, cfg.objective))
+            self.ddp = DistributedDataParallel(ObjectiveForward(self.prepared, cfg.objective),
+                                               device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+    def _setup_data(self, main: bool, pretrained_tokenizer: Any | None) -> PreparedData:
+        cfg = self.cfg
+        if self.resume or not main:
+            data = prepare_data(cfg, tokenizers=load_tokenizers(self.run_dir), labels=load_labels(self.run_dir))
+        elif pretrained_tokenizer is not None:
+            data = prepare_data(cfg, tokenizers=(pretrained_tokenizer, pretrained_tokenizer))
+        else:
+            data = prepare_data(cfg)
+        if main:
+            for stats in data.stats:
+                self.report("data " + stats.summary())
+            for note in data.notes:
+                self.report(note)
+            self.report(f"data splits: {len(data.train.items)} train, {len(data.valid.items)} valid, "
+                        f"{len(data.test.items)} test examples" + (f"; {self.world} processes" if self.world > 1
+                                                                    else ""))
+        return data
+
+    def _build_model(self, pretrained: nn.Module | None) -> nn.Module:
+        """The model of the run's config, or a new head on the pretrained encoder's weights; in train mode."""
+        cfg = self.cfg
+        if pretrained is None:
+            return build_model(model_config_for(self.run, self.data)).train()
+        tunable = {"dropout", "attention_dropout", "activation_dropout", "pooling"}
+        fixed = sorted(set(self.run.model_overrides) - tunable)
+        if fixed:
+            raise ValueError(f"init_from keeps the pretrained sizes; only {', '.join(sorted(tunable))} may be "
+                             f"overridden, not {', '.join(fixed)}")
+        model_cfg = pretrained.config.replace(head=cfg.objective, num_labels=len(self.data.labels)
+                                              if cfg.objective != "masked_lm" else 0,
+                                              **self.run.model_overrides)
+        model = build_model(model_cfg)
+        own = {k for k in model.state_dict() if not k.startswith("head.")}
+        source = {k: v for k, v in pretrained.state_dict().items() if k in own}
+        missing = sorted(own - set(source))
+        if missing:
+            raise ValueError(f"{cfg.init_from}: the pretrained encoder lacks {', '.join(missing[:5])}")
+        model.load_state_dict(source, strict=False)
+        return model.train()
 
     def _planned_steps(self) -> int:
         """Optimizer steps the run will take: `max_steps`, or `epochs` of the training split's batches."""
@@ -293,14 +311,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = nll_sum = 0.0
         for batch in micro_batches:
-            with onednn_training():  # linear layers forward and backward on oneDNN (see aiayn.training.onednn)
-                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                    logits, labels = (self.ddp(batch) if self.ddp is not None
-                                      else forward(self.model, batch, cfg.objective))
-                loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
-                if not torch.isfinite(loss):
-                    raise TrainingError(self._stop_message(f"non-finite loss ({float(loss.detach())})"))
-                (loss / units).backward()
+            batch = to_device(batch, self.device)
+            with self.backend.autocast():
+                logits, labels = (self.ddp(batch) if self.ddp is not None
+                                  else forward(self.prepared, batch, cfg.objective))
+            loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
+            if not torch.isfinite(loss):
+                raise TrainingError(self._stop_message(f"non-finite loss ({float(loss.detach())})"))
+            (loss / units).backward()
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm if cfg.clip_norm > 0 else math.inf)
         if not torch.isfinite(norm):
@@ -341,10 +359,9 @@ class Trainer:
         split = self.data.valid
         if cfg.valid_max_examples:
             split = EncodedSplit(*(part[:cfg.valid_max_examples] for part in (split.raw, split.items, split.lengths)))
-        result = evaluate(self.model, self.data, split, max_tokens=cfg.max_tokens,
-                          decode=cfg.objective == "seq2seq" and cfg.metric != "loss", beam_size=1,
-                          seed=cfg.seed, mlm_probability=cfg.mlm_probability, bf16=cfg.bf16,
-                          bleu_tokenize=cfg.bleu_tokenize)
+        options = EvalOptions.from_train_config(cfg, decode=cfg.objective == "seq2seq" and cfg.metric != "loss",
+                                                beam_size=1, examples=0)
+        result = evaluate(self.model, self.data, split, options)
         result.pop("examples", None)
         if not result:
             return result
@@ -507,11 +524,7 @@ class Trainer:
 
     def evaluate_test(self) -> dict[str, Any]:
         """Evaluate the final model on the test split; writes `eval.json` and a `test` log row."""
-        cfg = self.cfg
-        result = evaluate(self.model, self.data, self.data.test, max_tokens=cfg.max_tokens, decode=True,
-                          beam_size=cfg.beam_size, length_penalty=cfg.length_penalty, seed=cfg.seed,
-                          mlm_probability=cfg.mlm_probability, bf16=cfg.bf16, examples=cfg.show_examples,
-                          bleu_tokenize=cfg.bleu_tokenize)
+        result = evaluate(self.model, self.data, self.data.test, EvalOptions.from_train_config(self.cfg))
         if result:
             row = {k: v for k, v in result.items() if k != "examples"}
             self.log.append({"split": "test", "step": self.step, "epoch": self.epoch, **row})

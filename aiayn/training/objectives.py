@@ -54,12 +54,17 @@ def forward(model: nn.Module, batch: dict[str, torch.Tensor], objective: str) ->
         memory = model.encode(batch["src"], src_mask)  # (B, S, d_model)
         hidden = model.decode(batch["tgt_in"], memory, memory_mask=src_mask)  # (B, T, d_model)
         keep = labels != -100
-        return model.generator(hidden[keep]), labels[keep]  # (N, V), (N,)
+        return model.head(hidden[keep]), labels[keep]  # (N, V), (N,)
     if objective == "masked_lm":
         hidden = model.encode(batch["ids"])  # (B, L, d_model)
         keep = labels != -100
         return model.head(hidden[keep]), labels[keep]  # (N, V), (N,)
     return model(batch["ids"]), labels
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    """The batch's tensors on `device` (collation builds them on the CPU)."""
+    return {name: t.to(device, non_blocking=True) for name, t in batch.items()}
 
 
 def batch_tokens(batch: dict[str, torch.Tensor], pad_id: int) -> int:

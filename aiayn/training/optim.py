@@ -15,9 +15,9 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], recipe: Recipe) -> torc
     With weight decay, biases and LayerNorm weights (every parameter with fewer than two
     dimensions) are not decayed, as in BERT's fine-tuning recipe.
 
-    The fused CPU kernel writes the parameters without bumping their version counters, and
-    `MultiHeadAttention` keys its cached stacked Q/K/V weights on those counters; a post-step hook
-    bumps them, so evaluation between steps always sees the new weights.
+    The fused CPU kernel writes the parameters without bumping their version counters, which
+    `aiayn.backends.weights_version` reads to tell when a prepared inference copy (the Embedder's)
+    is stale; a post-step hook bumps them.
     """
     params = [p for p in params if p.requires_grad]
     if recipe.weight_decay:

@@ -12,17 +12,15 @@ the same weights give the same sequences there (tests/test_interop_marian.py).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from aiayn.nn.attention import KVCache
-from aiayn.nn.fast_linear import onednn_linear
 from aiayn.nn.model import EncoderDecoderModel
 
-logger = logging.getLogger(__name__)
+NEG_INF = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -97,6 +95,9 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
              config: GenerationConfig | None = None) -> GenerationOutput:
     """Translate source ids (B, S), right-padded with the model's `pad_id`, into target ids.
 
+    The model runs as given: pass `aiayn.backends.select(device).prepare(model)` for the fast path
+    of the machine (decoding is mostly matrix-vector products), or the model itself for the plain one.
+
     Args:
         model: an encoder-decoder model (decoded in eval mode; its mode is restored afterwards).
         src: (B, S) int64 source ids; rows may end in padding.
@@ -111,18 +112,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
         ValueError: a source longer than the model's `max_len`, ids outside the vocabulary, bad settings.
     """
     config = config or GenerationConfig()
-    if not isinstance(src, torch.Tensor) or src.dim() != 2:
-        raise ValueError(f"source ids must be a (batch, length) tensor, got {getattr(src, 'shape', type(src))}")
+    _check_request(model, src, bos_id, eos_id)
     cfg = model.config
-    vocab = cfg.target_vocab_size
-    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
-        if not 0 <= value < vocab:
-            raise ValueError(f"{name} {value} is outside the target vocabulary (size {vocab})")
-    if src.shape[1] > cfg.max_len:
-        raise ValueError(
-            f"source of {src.shape[1]} tokens is longer than the model's max_len ({cfg.max_len}); "
-            f"truncate it to {cfg.max_len} tokens"
-        )
     batch = src.shape[0]
     real = src != cfg.pad_id  # (B, S)
     lengths = real.sum(dim=1)  # (B,)
@@ -147,8 +138,7 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     was_training = model.training
     model.eval()
     try:
-        with onednn_linear():  # decoding is mostly matrix-vector products: see aiayn.nn.fast_linear
-            out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
+        out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
     finally:
         model.train(was_training)  # generating during training (validation) leaves the mode as it was
     for j, i in enumerate(rows.tolist()):
@@ -159,42 +149,33 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     return GenerationOutput(tokens, scores, attention)
 
 
+def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, eos_id: int) -> None:
+    """Reject a source that is not (B, S) or longer than the model's positions, and ids outside the vocabulary."""
+    if not isinstance(src, torch.Tensor) or src.dim() != 2:
+        raise ValueError(f"source ids must be a (batch, length) tensor, got {getattr(src, 'shape', type(src))}")
+    cfg = model.config
+    vocab = cfg.target_vocab_size
+    for name, value in (("bos_id", bos_id), ("eos_id", eos_id)):
+        if not 0 <= value < vocab:
+            raise ValueError(f"{name} {value} is outside the target vocabulary (size {vocab})")
+    if src.shape[1] > cfg.max_len:
+        raise ValueError(
+            f"source of {src.shape[1]} tokens is longer than the model's max_len ({cfg.max_len}); "
+            f"truncate it to {cfg.max_len} tokens"
+        )
+
+
 # -- shared steps ---------------------------------------------------------------------------------
 
-class _CrossAttentionRecorder:
-    """Collects each decoder layer's cross-attention weights of one step (only when asked for)."""
-
-    def __init__(self, model: EncoderDecoderModel, enabled: bool):
-        self.layers = [layer.cross_attn for layer in model.decoder.layers] if enabled else []
-        self.step: list[torch.Tensor] = []
-        self.handles = [m.register_forward_hook(self._hook) for m in self.layers]
-        self.saved = [m.explicit for m in self.layers]
-        for m in self.layers:
-            m.explicit = True  # the explicit path returns the weights
-
-    def _hook(self, module, args, output) -> None:
-        self.step.append(output[1][:, :, -1])  # (B, h, S): the newest query position
-
-    def pop(self) -> torch.Tensor | None:
-        """(B, n_layers, h, S) weights of the step just run, or None when not recording."""
-        if not self.layers:
-            return None
-        weights, self.step = torch.stack(self.step, dim=1), []
-        return weights
-
-    def close(self) -> None:
-        """Remove the hooks and restore each layer's path."""
-        for handle in self.handles:
-            handle.remove()
-        for m, explicit in zip(self.layers, self.saved):
-            m.explicit = explicit
-
-
-def _step_log_probs(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
-                    memory_mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
-    """Feed (N, 1) newest tokens; return next-token log-probabilities (N, V) in float32."""
-    hidden = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
-    return F.log_softmax(model.generator(hidden[:, -1]).float(), dim=-1)  # (N, V)
+def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
+          memory_mask: torch.Tensor | None, cache: KVCache, record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Feed (N, 1) newest tokens: next-token log-probabilities (N, V) in float32 and, when `record`,
+    this step's cross-attention weights (N, n_layers, h, S)."""
+    out = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache, return_cross_attention=record)
+    hidden, cross = out if record else (out, None)  # (N, 1, d_model), n_layers x (N, h, 1, S)
+    log_probs = F.log_softmax(model.head(hidden[:, -1]).float(), dim=-1)  # (N, V)
+    weights = None if cross is None else torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
+    return log_probs, weights
 
 
 def _warp(log_probs: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
@@ -224,41 +205,34 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
     cache = model.new_cache()
     limits = limits.to(device)
     steps = int(limits.max())
-    generator = None
+    sampler = None  # the random number generator of sampling
     if config.do_sample and config.seed is not None:
-        generator = torch.Generator(device=device).manual_seed(config.seed)
+        sampler = torch.Generator(device=device).manual_seed(config.seed)
     out = torch.full((batch, steps), eos_id, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     scores = torch.zeros(batch, device=device)
-    recorder = _CrossAttentionRecorder(model, config.return_attention)
     weights: list[torch.Tensor] = []
     next_input = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
-    try:
-        for step in range(steps):
-            log_probs = _step_log_probs(model, next_input, memory, src_mask, cache)  # (B, V)
-            if step < config.min_len:
-                log_probs[:, eos_id] = float("-inf")
-            if config.do_sample:
-                probs = _warp(log_probs, config).softmax(dim=-1)
-                best = torch.multinomial(probs, 1, generator=generator)[:, 0]  # (B,)
-            else:
-                best = log_probs.argmax(dim=-1)  # (B,)
-            best = best.masked_fill(finished, eos_id)
-            scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(finished, 0.0)
-            out[:, step] = best
-            step_weights = recorder.pop()
-            if step_weights is not None:
-                weights.append(step_weights)
-            finished |= (best == eos_id) | (step + 1 >= limits)
-            if bool(finished.all()):
-                break
-            next_input = best[:, None]
-    finally:
-        recorder.close()
+    for step in range(steps):
+        log_probs, step_weights = _step(model, next_input, memory, src_mask, cache, config.return_attention)
+        if step < config.min_len:
+            log_probs[:, eos_id] = float("-inf")
+        if config.do_sample:
+            probs = _warp(log_probs, config).softmax(dim=-1)
+            best = torch.multinomial(probs, 1, generator=sampler)[:, 0]  # (B,)
+        else:
+            best = log_probs.argmax(dim=-1)  # (B,)
+        best = best.masked_fill(finished, eos_id)
+        scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(finished, 0.0)
+        out[:, step] = best
+        if step_weights is not None:
+            weights.append(step_weights)
+        finished |= (best == eos_id) | (step + 1 >= limits)
+        if bool(finished.all()):
+            break
+        next_input = best[:, None]
     tokens = [_until_eos(row, eos_id) for row in out.tolist()]
-    attn = None
-    if weights:
-        attn = torch.stack(weights, dim=3).cpu()  # (B, n_layers, h, T, S)
+    attn = torch.stack(weights, dim=3).cpu() if weights else None  # (B, n_layers, h, T, S)
     return tokens, scores.cpu(), attn
 
 
@@ -272,90 +246,111 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
                  eos_id: int, config: GenerationConfig):
     """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone."""
     batch, device, k = src.shape[0], src.device, config.beam_size
-    alpha = config.length_penalty
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, d_model)
     memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, d_model): beams of a sentence are adjacent
     mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
     cache = model.new_cache()
     limits = limits.to(device)
-    steps = int(limits.max())
-    vocab = model.config.target_vocab_size
-    neg_inf = float("-inf")
-
-    running = torch.full((batch, k, steps), eos_id, dtype=torch.long, device=device)
-    running_scores = torch.zeros(batch, k, device=device)
-    running_scores[:, 1:] = neg_inf  # all beams start identical: expand only the first
-    done_tokens = running.clone()
-    done_scores = torch.full((batch, k), neg_inf, device=device)
-    done_flags = torch.zeros(batch, k, dtype=torch.bool, device=device)
-    done_steps = torch.zeros(batch, k, dtype=torch.long, device=device)
-    sentence_done = torch.zeros(batch, dtype=torch.bool, device=device)
-    in_top_k = torch.arange(2 * k, device=device) < k  # (2k,)
-    base = torch.arange(batch, device=device)[:, None] * k  # (B, 1) first flat row of each sentence
-
-    recorder = _CrossAttentionRecorder(model, config.return_attention)
-    history: torch.Tensor | None = None  # (B*k, T, n_layers, h, S) attention of the running beams
-    done_history: torch.Tensor | None = None
+    beams = _Beams(batch, k, int(limits.max()), eos_id, config, device)
     next_input = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
-    try:
-        for step in range(steps):
-            log_probs = _step_log_probs(model, next_input, memory, mask, cache)  # (B*k, V)
-            if step < config.min_len:
-                log_probs[:, eos_id] = neg_inf
-            totals = (log_probs.view(batch, k, vocab) + running_scores[:, :, None]).view(batch, k * vocab)
-            cand_scores, cand_index = totals.topk(2 * k, dim=1)  # (B, 2k), best first
-            cand_beam = cand_index // vocab  # (B, 2k)
-            cand_token = cand_index % vocab
-            cand_tokens = running.gather(1, cand_beam[:, :, None].expand(-1, -1, steps)).clone()  # (B, 2k, T)
-            cand_tokens[:, :, step] = cand_token
-            hits = (cand_token == eos_id) | (step + 1 >= limits)[:, None]  # (B, 2k)
+    for step in range(beams.steps):
+        log_probs, step_weights = _step(model, next_input, memory, mask, cache, config.return_attention)  # (B*k, V)
+        if step < config.min_len:
+            log_probs[:, eos_id] = float("-inf")
+        candidates = beams.candidates(log_probs, step, limits)
+        beams.finish(candidates, step, step_weights)
+        parents = beams.advance(candidates, step, limits)
+        if bool(beams.sentence_done.all()):
+            break
+        # Cross-attention keys/values are the same for every beam of a sentence: reorder only self-attention.
+        for layer_cache in cache.self_attn:
+            layer_cache.reorder(parents)
+        next_input = beams.running[:, :, step].reshape(batch * k, 1)
+    return beams.results()
 
-            # Finished hypotheses: candidates among the top k that end here, ranked with the length penalty.
-            step_weights = recorder.pop()
-            if step_weights is not None:
-                step_weights = step_weights[:, None]  # (B*k, 1, n_layers, h, S)
-                history = step_weights if history is None else torch.cat([history, step_weights], dim=1)
-                cand_history = history.index_select(0, (base + cand_beam).view(-1))  # (B*2k, t, ...)
-            new_done = hits & in_top_k & ~sentence_done[:, None] & (cand_scores > neg_inf)
-            normalised = (cand_scores / (step + 1) ** alpha).masked_fill(~new_done, neg_inf)
-            merged_scores, keep = torch.cat([done_scores, normalised], dim=1).topk(k, dim=1)  # (B, k)
-            done_tokens = torch.cat([done_tokens, cand_tokens], dim=1).gather(
-                1, keep[:, :, None].expand(-1, -1, steps))
-            done_flags = torch.cat([done_flags, new_done], dim=1).gather(1, keep)
-            done_steps = torch.cat([done_steps, torch.full_like(cand_token, step + 1)], dim=1).gather(1, keep)
-            done_scores = merged_scores
-            if step_weights is not None:
-                done_history = _merge_history(done_history, cand_history, keep, batch, k)
 
-            # Running beams: the best k candidates that did not end.
-            run_scores, pick = cand_scores.masked_fill(hits, neg_inf).topk(k, dim=1)  # (B, k)
-            running_scores = run_scores
-            running = cand_tokens.gather(1, pick[:, :, None].expand(-1, -1, steps))
-            parents = (base + cand_beam.gather(1, pick)).view(-1)  # (B*k,) flat rows the beams continue
-            if history is not None:
-                history = history.index_select(0, parents)
+@dataclass
+class _Candidates:
+    """The 2 x beam best continuations of each sentence at one step, best first; each (B, 2k)."""
 
-            best_running = running_scores[:, 0] / (step + 1) ** alpha
-            can_improve = torch.tensor(not config.early_stopping, device=device) & (
-                best_running > done_scores.min(dim=1).values)
-            sentence_done |= (done_flags.all(dim=1) & ~can_improve) | (step + 1 >= limits)
-            if bool(sentence_done.all()):
-                break
-            # Cross-attention keys/values are the same for every beam of a sentence: reorder only self-attention.
-            for layer_cache in cache.self_attn:
-                layer_cache.reorder(parents)
-            next_input = running[:, :, step].reshape(batch * k, 1)
-    finally:
-        recorder.close()
+    scores: torch.Tensor  # running score + log-probability of the token
+    beam: torch.Tensor  # the beam each continues
+    token: torch.Tensor  # the token it adds
+    tokens: torch.Tensor  # (B, 2k, T): the beam's tokens with this one
+    ends: torch.Tensor  # ends here: `</s>`, or the sentence's length limit
 
-    tokens, attn = [], []
-    for b in range(batch):
-        row = done_tokens[b, 0, : int(done_steps[b, 0])].tolist()
-        tokens.append(_until_eos(row, eos_id))
-        if done_history is not None:
-            attn.append(done_history[b * k].permute(1, 2, 0, 3).cpu())  # (T, n_layers, h, S) -> (n_layers, h, T, S)
-    return tokens, done_scores[:, 0].cpu(), attn or None
+
+class _Beams:
+    """Beam search's state: per sentence, k running beams and the k best finished hypotheses."""
+
+    def __init__(self, batch: int, k: int, steps: int, eos_id: int, config: GenerationConfig, device: torch.device):
+        self.batch, self.k, self.steps, self.eos_id = batch, k, steps, eos_id
+        self.alpha, self.early_stopping = config.length_penalty, config.early_stopping
+        self.running = torch.full((batch, k, steps), eos_id, dtype=torch.long, device=device)
+        self.running_scores = torch.zeros(batch, k, device=device)
+        self.running_scores[:, 1:] = NEG_INF  # all beams start identical: expand only the first
+        self.done_tokens = self.running.clone()
+        self.done_scores = torch.full((batch, k), NEG_INF, device=device)
+        self.done_flags = torch.zeros(batch, k, dtype=torch.bool, device=device)
+        self.done_steps = torch.zeros(batch, k, dtype=torch.long, device=device)
+        self.sentence_done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.in_top_k = torch.arange(2 * k, device=device) < k  # (2k,)
+        self.base = torch.arange(batch, device=device)[:, None] * k  # (B, 1) first flat row of each sentence
+        self.history: torch.Tensor | None = None  # (B*k, T, n_layers, h, S) attention of the running beams
+        self.done_history: torch.Tensor | None = None
+
+    def candidates(self, log_probs: torch.Tensor, step: int, limits: torch.Tensor) -> _Candidates:
+        """The best 2k continuations of each sentence's running beams, from (B*k, V) log-probabilities."""
+        vocab = log_probs.shape[-1]
+        totals = (log_probs.view(self.batch, self.k, vocab) + self.running_scores[:, :, None])  # (B, k, V)
+        scores, index = totals.view(self.batch, self.k * vocab).topk(2 * self.k, dim=1)  # (B, 2k), best first
+        beam, token = index // vocab, index % vocab
+        tokens = self.running.gather(1, beam[:, :, None].expand(-1, -1, self.steps)).clone()  # (B, 2k, T)
+        tokens[:, :, step] = token
+        ends = (token == self.eos_id) | (step + 1 >= limits)[:, None]
+        return _Candidates(scores, beam, token, tokens, ends)
+
+    def finish(self, cand: _Candidates, step: int, step_weights: torch.Tensor | None) -> None:
+        """Candidates among the top k that end here join the finished hypotheses, ranked with the length penalty."""
+        cand_history = None
+        if step_weights is not None:  # (B*k, n_layers, h, S)
+            step_weights = step_weights[:, None]  # (B*k, 1, n_layers, h, S)
+            self.history = step_weights if self.history is None else torch.cat([self.history, step_weights], dim=1)
+            cand_history = self.history.index_select(0, (self.base + cand.beam).view(-1))  # (B*2k, t, ...)
+        new_done = cand.ends & self.in_top_k & ~self.sentence_done[:, None] & (cand.scores > NEG_INF)
+        normalised = (cand.scores / (step + 1) ** self.alpha).masked_fill(~new_done, NEG_INF)
+        merged_scores, keep = torch.cat([self.done_scores, normalised], dim=1).topk(self.k, dim=1)  # (B, k)
+        self.done_tokens = torch.cat([self.done_tokens, cand.tokens], dim=1).gather(
+            1, keep[:, :, None].expand(-1, -1, self.steps))
+        self.done_flags = torch.cat([self.done_flags, new_done], dim=1).gather(1, keep)
+        self.done_steps = torch.cat([self.done_steps, torch.full_like(cand.token, step + 1)], dim=1).gather(1, keep)
+        self.done_scores = merged_scores
+        if cand_history is not None:
+            self.done_history = _merge_history(self.done_history, cand_history, keep, self.batch, self.k)
+
+    def advance(self, cand: _Candidates, step: int, limits: torch.Tensor) -> torch.Tensor:
+        """Keep the best k candidates that did not end as the running beams; returns their parents' flat rows (B*k,)."""
+        self.running_scores, pick = cand.scores.masked_fill(cand.ends, NEG_INF).topk(self.k, dim=1)  # (B, k)
+        self.running = cand.tokens.gather(1, pick[:, :, None].expand(-1, -1, self.steps))
+        parents = (self.base + cand.beam.gather(1, pick)).view(-1)  # (B*k,) flat rows the beams continue
+        if self.history is not None:
+            self.history = self.history.index_select(0, parents)
+        best_running = self.running_scores[:, 0] / (step + 1) ** self.alpha
+        can_improve = torch.tensor(not self.early_stopping, device=best_running.device) & (
+            best_running > self.done_scores.min(dim=1).values)
+        self.sentence_done |= (self.done_flags.all(dim=1) & ~can_improve) | (step + 1 >= limits)
+        return parents
+
+    def results(self) -> tuple[list[list[int]], torch.Tensor, list[torch.Tensor] | None]:
+        """The best finished hypothesis of each sentence: tokens, score, attention (n_layers, h, T, S)."""
+        tokens, attn = [], []
+        for b in range(self.batch):
+            row = self.done_tokens[b, 0, : int(self.done_steps[b, 0])].tolist()
+            tokens.append(_until_eos(row, self.eos_id))
+            if self.done_history is not None:  # (T, n_layers, h, S) -> (n_layers, h, T, S)
+                attn.append(self.done_history[b * self.k].permute(1, 2, 0, 3).cpu())
+        return tokens, self.done_scores[:, 0].cpu(), attn or None
 
 
 def _merge_history(done_history: torch.Tensor | None, cand_history: torch.Tensor, keep: torch.Tensor,

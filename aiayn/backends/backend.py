@@ -1,0 +1,163 @@
+"""`select` decides how a model runs on a device and in a mode; `Backend.prepare` applies it, once.
+
+    backend = select("cpu", "inference")     # what this machine can use, checked once
+    runner = backend.prepare(model)          # a copy of the model's modules sharing its parameters
+    with torch.no_grad(), backend.autocast():
+        logits = runner(src, tgt)
+
+The tricks, by device (each is off with `plain=True`, which runs the modules of `aiayn.nn` as written):
+- CPU: linear layers on oneDNN (forward and backward; prepacked weights for inference), where this
+  build and processor run them and agree with `F.linear` (`cpu.onednn_usable`); int8 dynamic
+  quantisation for inference on request.
+- CUDA: bf16 mixed precision by default where the GPU has it, which lets PyTorch's
+  `scaled_dot_product_attention` take its flash kernel; `torch.compile` on request.
+- Every device: self-attention's Q, K and V (and cross-attention's K and V) as one product (`fused`).
+The optimiser's fused kernel (`torch.optim.Adam(fused=True)`) is chosen by `aiayn.training.optim`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.backends import cpu
+from aiayn.backends.devices import bf16_supported, resolve_device
+from aiayn.backends.fused import FusedQKVAttention, StackedLinear, fuse_qkv
+
+log = logging.getLogger(__name__)
+
+MODES = ("train", "inference")
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """How a model runs: the device, the mode, the precision and the tricks `select` found usable.
+
+    Attributes:
+        device: where the model runs.
+        mode: "train" (autograd, dropout) or "inference" (no gradients).
+        precision: "fp32"; "bf16" (training: autocast over float32 weights; inference: a bfloat16
+            copy of the weights); "int8" (inference on CPU: dynamically quantised linear layers).
+        onednn: linear layers on oneDNN (CPU).
+        prepack: inference weights reordered once into oneDNN's layout (CPU).
+        fused_qkv: Q, K and V from one stacked product.
+        compile: run the prepared model through `torch.compile`.
+    """
+
+    device: torch.device
+    mode: str = "inference"
+    precision: str = "fp32"
+    onednn: bool = False
+    prepack: bool = False
+    fused_qkv: bool = False
+    compile: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """True when the model's modules run as written (no trick applied)."""
+        return not (self.onednn or self.prepack or self.fused_qkv or self.compile)
+
+    def describe(self) -> str:
+        """A short label: device, mode, precision and tricks ("cpu inference fp32: oneDNN prepacked, fused QKV")."""
+        tricks = [name for name, on in (("oneDNN prepacked" if self.prepack else "oneDNN", self.onednn),
+                                        ("fused QKV", self.fused_qkv), ("torch.compile", self.compile)) if on]
+        return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The mixed-precision context to run the prepared model in (bf16 training), else a no-op."""
+        if self.mode == "train" and self.precision == "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """`model` made ready to run this way: moved to the device (in place), then a prepared copy.
+
+        The copy has new modules but shares the model's parameters and buffers, so training it trains
+        the model, and saving the model saves what it learned. Copies for inference may hold weights
+        converted once (prepacked, stacked, bf16 or int8): prepare again after changing the weights.
+        """
+        model.to(self.device)
+        if self.precision == "int8":
+            return cpu.quantized_copy(model).eval()
+        if self.precision == "bf16" and self.mode == "inference":
+            prepared = copy.deepcopy(model).to(torch.bfloat16)
+        else:
+            prepared = shared_copy(model)
+        product = cpu.onednn_linear if self.onednn else F.linear
+        if self.fused_qkv:
+            frozen = None
+            if self.mode == "inference":
+                frozen = cpu.PackedLinear if self.prepack else (lambda w, b: StackedLinear(w, b, product))
+            prepared = fuse_qkv(prepared, product=product, frozen=frozen)
+        if self.onednn:
+            cpu.use_onednn(prepared, prepack=self.prepack, skip=_stacked_away(prepared))
+        prepared.train(self.mode == "train")
+        return torch.compile(prepared) if self.compile else prepared
+
+
+def _stacked_away(model: nn.Module) -> frozenset[int]:
+    """Projections an inference copy never calls on their own: their weights are in a frozen Q/K/V stack."""
+    unused = set()
+    for m in model.modules():
+        if isinstance(m, FusedQKVAttention) and (m.qkv is not None or m.kv is not None):
+            unused.update((id(m.k_proj), id(m.v_proj)))
+            if m.kv is None:  # self-attention only: the query comes from the stack too
+                unused.add(id(m.q_proj))
+    return frozenset(unused)
+
+
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model`'s modules that shares its parameters and buffers (no tensor is copied)."""
+    memo = {id(t): t for t in (*model.parameters(), *model.buffers())}
+    return copy.deepcopy(model, memo=memo)
+
+
+def weights_version(model: nn.Module) -> tuple | None:
+    """Identity and version counter of every parameter: changes when a weight is replaced or written in place.
+
+    None for inference tensors, which have no version counter.
+    """
+    try:
+        return tuple((p.data_ptr(), p._version) for p in model.parameters())
+    except RuntimeError:
+        return None
+
+
+def select(device: str | torch.device | None = None, mode: str = "inference", precision: str | None = None, *,
+           plain: bool = False, compile: bool = False) -> Backend:
+    """Decide how to run on `device` (default: the best available) in `mode`, from what this machine can use.
+
+    Args:
+        device: "cpu", "cuda", "mps" (or "cuda:1"), None for the best available.
+        mode: "train" or "inference".
+        precision: "fp32", "bf16" or "int8"; None picks per device: bf16 on a CUDA GPU that has it, else fp32.
+        plain: run the modules as written (only the device and precision apply).
+        compile: also `torch.compile` the prepared model (CUDA and CPU; off by default).
+
+    Raises:
+        ValueError: an unknown mode or precision, a device this machine lacks, int8 outside CPU inference.
+    """
+    device = resolve_device(device)
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if precision is None:
+        precision = "bf16" if device.type == "cuda" and not plain and bf16_supported(device) else "fp32"
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision == "int8" and (mode != "inference" or device.type != "cpu"):
+        raise ValueError("int8 runs inference on CPU only; use --device cpu, or fp32 / bf16")
+    if precision == "bf16" and not bf16_supported(device):
+        log.warning("%s has no native bfloat16 support; bf16 will be slower than fp32 here", device.type)
+    backend = Backend(device, mode, precision)
+    if plain or precision == "int8":
+        return backend
+    onednn = device.type == "cpu" and precision == "fp32" and cpu.onednn_usable()
+    return replace(backend, onednn=onednn, prepack=onednn and mode == "inference", fused_qkv=True, compile=compile)
+

@@ -1,0 +1,182 @@
+"""CPU: linear layers on oneDNN (forward and backward; weights prepacked for inference), and int8.
+
+PyTorch sends a float32 `F.linear` on CPU to MKL. On AMD processors MKL does not take its AVX-512
+kernels: a matrix-vector product (one decoding step at batch 1) streams the weight at about a third
+of the memory bandwidth, and the products of a training step run at a half to a fifth of the speed
+oneDNN (PyTorch's other CPU library, `torch.ops.mkldnn`) reaches on the same tensors. oneDNN with
+the weight reordered once into its blocked layout ("prepacked", what inductor does for the same job)
+is faster again at inference. The sums run in another order, so results equal `F.linear`'s up to
+float32 rounding (about 1e-6); `aiayn verify` and the oracle tests check both paths.
+
+Nothing here decides when to use it: `aiayn.backends.select` does, once, from what the machine can
+use (`onednn_usable`), and `aiayn.backends.prepare` swaps these modules in.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+log = logging.getLogger(__name__)
+
+
+def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., in) @ weight (out, in)^T + bias (out,) -> (..., out) by oneDNN, unconditionally.
+
+    `weight` may be a plain (strided, even transposed) tensor or one prepacked by
+    `torch.ops.mkldnn._reorder_linear_weight`.
+    """
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+class _OneDnnLinearFunction(torch.autograd.Function):
+    """F.linear with oneDNN products in forward and backward: y = x W^T + b, dx = dy W, dW = dy^T x, db = sum dy."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x (N, in), weight (out, in), bias (out,) or None -> (N, out)."""
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return onednn_product(x, weight, bias)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()  # (N, out)
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = onednn_product(grad, weight.t())  # dy W: (N, in)
+        if ctx.needs_input_grad[1]:
+            grad_weight = onednn_product(grad.t(), x.t())  # dy^T x: (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad.sum(0)  # (out,)
+        return grad_x, grad_weight, grad_bias
+
+
+def _applies(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Plain float32 CPU tensors of linear shapes, outside autocast, tracing and compilation."""
+    if torch.is_autocast_enabled("cpu") or torch.jit.is_tracing() or torch.compiler.is_compiling():
+        return False
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    if any(type(t) not in (torch.Tensor, nn.Parameter) for t in tensors):
+        return False
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and x.dim() >= 2 and weight.dim() == 2 and x.shape[-1] == weight.shape[1] and x.numel() > 0)
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` on oneDNN where it applies (see `_applies`), else `F.linear` itself.
+
+    Under autograd the products of the backward pass run on oneDNN too.
+    """
+    if not _applies(x, weight, bias):
+        return F.linear(x, weight, bias)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
+        x_2d = x.reshape(-1, x.shape[-1]).contiguous()  # (N, in)
+        return _OneDnnLinearFunction.apply(x_2d, weight, bias).view(*x.shape[:-1], weight.shape[0])  # (..., out)
+    return onednn_product(x, weight, bias)
+
+
+class OneDnnLinear(nn.Linear):
+    """An `nn.Linear` whose product runs on oneDNN (forward and backward): the same parameters and state_dict."""
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> OneDnnLinear:
+        """A OneDnnLinear holding `linear`'s own weight and bias (no copy)."""
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None)
+        new.weight, new.bias = linear.weight, linear.bias
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., out_features)."""
+        return onednn_linear(x, self.weight, self.bias)
+
+
+class PackedLinear(nn.Module):
+    """An inference-only linear layer (float32, CPU) whose weight was reordered once into oneDNN's layout.
+
+    The packed weight is a copy taken when the layer is built: it has no gradient and does not follow
+    later changes of the original weight (prepare the model again after training it further).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # opaque (out, in)
+        self.bias = None if bias is None else bias.detach().clone()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., out_features)."""
+        if torch.is_grad_enabled():
+            raise RuntimeError("this model was prepared for inference (prepacked weights, no gradients): call it "
+                               "under torch.no_grad(), or prepare it with mode='train'")
+        return onednn_product(x, self.packed, self.bias)
+
+
+def use_onednn(model: nn.Module, *, prepack: bool, skip: frozenset[int] = frozenset()) -> None:
+    """Swap every plain `nn.Linear` in `model` for a `PackedLinear` (prepack) or a `OneDnnLinear`, in place.
+
+    Layers whose `id` is in `skip` stay as they are (for example projections an inference copy never calls).
+    """
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear and id(child) not in skip:
+                setattr(module, name, PackedLinear(child.weight, child.bias) if prepack
+                        else OneDnnLinear.from_linear(child))
+
+
+@functools.cache
+def onednn_usable() -> bool:
+    """Whether this build and CPU run oneDNN's products, prepacked and not, forward and backward, equal to F.linear.
+
+    Checked once per process on small tensors; anything missing or different means the plain path.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return False
+    gen = torch.Generator().manual_seed(0)
+    try:
+        with torch.inference_mode(False), torch.enable_grad():
+            x = torch.randn(5, 24, generator=gen, requires_grad=True)  # (N, in)
+            weight = torch.randn(16, 24, generator=gen, requires_grad=True)  # (out, in)
+            bias = torch.randn(16, generator=gen)
+            expected = F.linear(x, weight, bias)
+            grads = torch.autograd.grad(expected.square().sum(), (x, weight))
+            actual = onednn_linear(x, weight, bias)
+            fast_grads = torch.autograd.grad(actual.square().sum(), (x, weight))
+            with torch.no_grad():
+                packed = PackedLinear(weight, bias)(x)
+        pairs = [(actual, expected), (packed, expected), *zip(fast_grads, grads)]
+        ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs)
+    except (RuntimeError, NotImplementedError) as err:
+        log.info("oneDNN linear products unavailable (%s); using F.linear", err)
+        return False
+    if not ok:
+        log.warning("oneDNN linear products disagree with F.linear on this machine; using F.linear")
+    return ok
+
+
+def quantized_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` with int8 dynamically quantised Linear layers (CPU inference, approximate)."""
+    from torch.ao.quantization import QConfig, quantize_dynamic
+    from torch.ao.quantization.observer import PlaceholderObserver, per_channel_weight_observer_range_neg_127_to_127
+
+    # Per-channel weights and the full 8-bit activation range: the closest to fp32 this API gets.
+    qconfig = QConfig(
+        activation=PlaceholderObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=255, is_dynamic=True),
+        weight=per_channel_weight_observer_range_neg_127_to_127,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao's deprecation notice in favour of torchao
+        return quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8)  # a copy (inplace=False)

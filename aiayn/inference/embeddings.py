@@ -1,0 +1,199 @@
+"""Sentence embeddings with a pretrained encoder (the search index over them is `aiayn.inference.search`).
+
+`Embedder` tokenises ([CLS] text [SEP], truncated as Hugging Face truncates), batches texts
+sorted by length (little padding, and no mask at all for batches of one length), encodes,
+pools (mean over real tokens or the [CLS] state) and L2-normalises: the recipe of
+sentence-transformers' all-MiniLM-L6-v2 (Transformer -> Pooling(mean) -> Normalize).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.backends import PRECISIONS, select, weights_version
+from aiayn.config import POOLINGS
+from aiayn.nn.heads import pool
+from aiayn.tokenization import Tokenizer
+
+
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
+    """Ids of each text as `[CLS] ... [SEP]`, the text truncated so the whole fits `max_length` ids.
+
+    This is Hugging Face's `truncation=True, max_length=max_length` for single sequences.
+    """
+    if max_length < 3:
+        raise ValueError(f"max_length must be at least 3 ([CLS] token [SEP]), got {max_length}")
+    body = tokenizer.encode_batch(list(texts))
+    return [[tokenizer.bos_id, *ids[: max_length - 2], tokenizer.eos_id] for ids in body]
+
+
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of at most `batch_size`, longest first, so padding stays small."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+@dataclass(frozen=True)
+class SentenceSettings:
+    """How a checkpoint turns hidden states into a sentence vector (sentence-transformers' config files)."""
+
+    pooling: str = "mean"
+    normalize: bool = True
+    max_length: int = 512
+
+    @classmethod
+    def read(cls, directory: Path, *, model_max_len: int) -> SentenceSettings:
+        """Read `1_Pooling/config.json`, `modules.json` and `sentence_bert_config.json` where present."""
+        pooling_cfg = _read_json(directory / "1_Pooling" / "config.json")
+        pooling = "first" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
+        modules = directory / "modules.json"
+        normalize = True
+        if modules.is_file():
+            kinds = [m.get("type", "") for m in json.loads(modules.read_text(encoding="utf-8"))]
+            normalize = any(kind.endswith("Normalize") for kind in kinds)
+        max_length = _read_json(directory / "sentence_bert_config.json").get("max_seq_length") or model_max_len
+        return cls(pooling=pooling, normalize=normalize, max_length=min(int(max_length), model_max_len))
+
+
+class Embedder:
+    """Texts -> sentence vectors (N, d_model) with an encoder-only model.
+
+    Args:
+        model: an `EncoderModel` (its `encode` gives (B, L, d_model) hidden states); moved to `device`.
+        tokenizer: its tokenizer; bos/eos are wrapped around each text ([CLS]/[SEP] for BERT).
+        pooling: "mean" over real tokens or "first" (the [CLS] token's state).
+        normalize: L2-normalise each vector (cosine similarity becomes a dot product).
+        max_length: most ids per text, special tokens included; longer texts are truncated.
+        name: what the vectors come from (recorded in search indexes).
+        device: where to run (default: the best available).
+        precision: "fp32" (equal to the model up to float32 rounding), "bf16" or "int8" (faster, approximate).
+        plain: run the model's modules as written, without the device's fast path (`aiayn.backends`).
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, *, pooling: str = "mean", normalize: bool = True,
+                 max_length: int | None = None, name: str = "model", device: str | torch.device | None = None,
+                 precision: str = "fp32", plain: bool = False):
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        self.backend = select(device, "inference", precision, plain=plain)
+        self.model = model.to(self.backend.device).eval()
+        self.tokenizer = tokenizer
+        self.pooling = pooling
+        self.normalize = normalize
+        limit = model.config.max_len if model.config.positional == "learned" else 1 << 30
+        self.max_length = min(max_length or limit, limit)
+        self.name = name
+        self._prepared: tuple[tuple | None, nn.Module] | None = None  # (weights' version, prepared model)
+
+    @classmethod
+    def from_pretrained(cls, path_or_hub_id: str | Path | None = None, *, pooling: str | None = None,
+                        normalize: bool | None = None, max_length: int | None = None,
+                        device: str | torch.device | None = None) -> Embedder:
+        """An embedder for a BERT checkpoint (default all-MiniLM-L6-v2) or an aiayn model directory.
+
+        Pooling, normalisation and the length limit default to the checkpoint's
+        sentence-transformers settings where it has them (mean, normalised, 256 for MiniLM).
+        """
+        from aiayn.interop.bert import is_bert_checkpoint, load_pretrained, resolve_checkpoint
+
+        directory = resolve_checkpoint(path_or_hub_id)
+        if is_bert_checkpoint(directory):
+            model, tokenizer = load_pretrained(directory)
+        else:
+            from aiayn.io import load_model
+
+            model, tokenizer = load_model(directory), Tokenizer.load(directory)
+            if model.config.is_encoder_decoder:
+                raise ValueError(f"{directory} holds an encoder-decoder model; embedding needs an encoder-only one")
+        settings = SentenceSettings.read(directory, model_max_len=model.config.max_len)
+        return cls(model, tokenizer, pooling=pooling or settings.pooling,
+                   normalize=settings.normalize if normalize is None else normalize,
+                   max_length=max_length or settings.max_length,
+                   name=str(path_or_hub_id or "all-MiniLM-L6-v2"), device=device)
+
+    @property
+    def dim(self) -> int:
+        """Width of each vector."""
+        return self.model.config.d_model
+
+    def with_precision(self, precision: str) -> Embedder:
+        """This embedder in "fp32" (itself), "bf16" or "int8" (faster, approximate), on the same model."""
+        if precision == self.backend.precision:
+            return self
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        return Embedder(self.model, self.tokenizer, pooling=self.pooling, normalize=self.normalize,
+                        max_length=self.max_length, name=f"{self.name} ({precision})" if precision != "fp32"
+                        else self.name, device=self.backend.device, precision=precision, plain=self.backend.plain)
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of each text, `[CLS] ... [SEP]`, truncated to `max_length`."""
+        return encode_texts(self.tokenizer, texts, self.max_length)
+
+    def prepared_model(self) -> nn.Module:
+        """The model as the backend prepared it (once, and again whenever a weight changed since)."""
+        version = weights_version(self.model)
+        if self._prepared is None or self._prepared[0] != version:  # None: inference tensors, no versions to tell
+            self._prepared = (version, self.backend.prepare(self.model))
+        return self._prepared[1]
+
+    def embed_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Padded ids (B, L) and their (B, L) 0/1 mask -> sentence vectors (B, d_model), on the model's device."""
+        device = self.backend.device
+        ids = ids.to(device)
+        mask = None if attention_mask is None else attention_mask.to(device)
+        with torch.inference_mode():
+            hidden = self.prepared_model().encode(ids, attention_mask=mask).float()  # (B, L, d_model), fp32 pooling
+            vectors = pool(hidden, None if mask is None else mask.bool(), self.pooling)  # (B, d_model)
+            return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors
+
+    def embed(self, texts: Sequence[str], *, batch_size: int = 16,
+              progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """Vectors of `texts` as a float32 array (N, d_model), in the order given.
+
+        Args:
+            texts: the sentences.
+            batch_size: most texts per forward pass (they are sorted by length first); small batches
+                keep activations in cache and measured fastest on CPU.
+            progress: called with the number of texts done after each batch (a progress bar).
+        """
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        ids = self.tokenize(texts)
+        pad = self.tokenizer.pad_id
+        with torch.inference_mode():
+            for batch in length_sorted_batches([len(row) for row in ids], batch_size):
+                longest = len(ids[batch[0]])
+                rows = np.full((len(batch), longest), pad, dtype=np.int64)  # (B, L)
+                mask = np.zeros((len(batch), longest), dtype=np.int64)  # (B, L), 1 = real token
+                for r, index in enumerate(batch):
+                    rows[r, : len(ids[index])] = ids[index]
+                    mask[r, : len(ids[index])] = 1
+                out[batch] = self.embed_ids(torch.from_numpy(rows), torch.from_numpy(mask)).cpu().numpy()
+                if progress is not None:
+                    progress(len(batch))
+        return out
+
+    def similarity(self, a: str, b: str) -> float:
+        """Cosine similarity of two texts."""
+        va, vb = self.embed([a, b])
+        return float(np.dot(va, vb) / max(np.linalg.norm(va) * np.linalg.norm(vb), 1e-12))

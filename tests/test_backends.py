@@ -1,0 +1,171 @@
+"""The backend layer: it picks what this machine can use, prepares a model once, and stays equal to the plain path."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+from aiayn.backends import available_devices, resolve_device, select
+from aiayn.backends.cpu import OneDnnLinear, PackedLinear, onednn_linear, onednn_usable
+from aiayn.backends.fused import FusedQKVAttention
+from aiayn.config import ModelConfig, preset
+from aiayn.inference import GenerationConfig, generate
+from aiayn.nn.model import build_model
+from aiayn.training.loss import label_smoothed_loss
+from aiayn.training.objectives import forward
+
+needs_onednn = pytest.mark.skipif(not onednn_usable(), reason="this build or CPU does not run oneDNN's products")
+TINY = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, max_len=32)
+
+
+def seq2seq_batch(cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    src, tgt = torch.randint(4, cfg.vocab_size, (3, 7)), torch.randint(4, cfg.vocab_size, (3, 6))
+    src[0, 5:] = cfg.pad_id
+    labels = tgt.clone()
+    labels[1, 4:] = -100
+    return {"src": src, "tgt_in": tgt, "labels": labels}
+
+
+def operators(fn) -> set[str]:
+    """Names of the operators `fn()` runs (PyTorch's profiler)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {event.name for event in prof.events()}
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linear_forward_and_backward_match_f_linear(bias):
+    x = torch.randn(3, 5, 8, requires_grad=True)  # (B, L, in)
+    weight = torch.randn(6, 8, requires_grad=True)  # (out, in)
+    b = torch.randn(6, requires_grad=True) if bias else None
+    inputs = (x, weight) + ((b,) if bias else ())
+    expected = F.linear(x, weight, b)
+    expected_grads = torch.autograd.grad(expected.pow(2).sum(), inputs)
+    y = onednn_linear(x, weight, b)
+    grads = torch.autograd.grad(y.pow(2).sum(), inputs)
+    assert "OneDnn" in type(y.grad_fn.next_functions[0][0]).__name__
+    torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-5)
+    for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_other_dtypes_and_autocast_keep_f_linear():
+    x, weight = torch.randn(4, 8, dtype=torch.float64, requires_grad=True), torch.randn(6, 8, dtype=torch.float64)
+    assert type(onednn_linear(x, weight).grad_fn).__name__ == "MmBackward0"
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = onednn_linear(torch.randn(4, 8, requires_grad=True), torch.randn(6, 8))
+    assert y.dtype == torch.bfloat16
+
+
+def test_select_reports_what_applies_and_plain_turns_everything_off():
+    backend = select("cpu", "inference", "fp32")
+    assert backend.device.type == "cpu" and backend.fused_qkv and backend.onednn == onednn_usable()
+    assert backend.prepack == backend.onednn and "cpu inference fp32" in backend.describe()
+    assert not select("cpu", "train").prepack  # training keeps live weights
+    plain = select("cpu", "train", plain=True)
+    assert plain.plain and plain.describe() == "cpu train fp32: plain"
+    assert select(None).device.type == available_devices()[0]
+    with pytest.raises(ValueError, match="int8 runs inference on CPU only"):
+        select("cpu", "train", "int8")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        select("cpu", "serve")
+    with pytest.raises(ValueError, match="unknown device 'tpu'"):
+        resolve_device("tpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without a GPU")
+def test_a_missing_device_is_one_clear_error():
+    with pytest.raises(ValueError, match=r"device 'cuda' is not available on this machine \(it has: .*cpu\)"):
+        select("cuda")
+
+
+def test_a_train_copy_shares_the_parameters_and_state_dict_names():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**TINY, dropout=0.0))
+    prepared = select("cpu", "train").prepare(model)
+    assert prepared is not model and prepared.training
+    assert prepared.state_dict().keys() == model.state_dict().keys()
+    assert {id(p) for p in prepared.parameters()} == {id(p) for p in model.parameters()}
+    assert isinstance(prepared.encoder.layers[0].self_attn, FusedQKVAttention)
+    if onednn_usable():
+        assert isinstance(prepared.decoder.layers[0].feed_forward.linear1, OneDnnLinear)
+    assert type(model.encoder.layers[0].self_attn.q_proj) is torch.nn.Linear  # the model itself is untouched
+    batch = seq2seq_batch(model.config)
+    with torch.no_grad():
+        model.encoder.layers[0].self_attn.v_proj.weight.mul_(2.0)  # in place: the copy sees it at once
+        torch.testing.assert_close(forward(prepared, batch, "seq2seq")[0], forward(model.train(), batch, "seq2seq")[0],
+                                   atol=1e-5, rtol=0)
+
+
+def test_the_train_step_equals_the_plain_step_in_loss_and_gradients():
+    torch.manual_seed(0)
+    cfg = preset("tiny").replace(vocab_size=50, d_model=32, n_heads=4, d_ff=64)
+    model = build_model(cfg).train()
+    prepared = select("cpu", "train").prepare(model)
+    batch = seq2seq_batch(cfg)
+
+    def step(runner) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # the same dropout masks on both paths
+        logits, kept = forward(runner, batch, "seq2seq")
+        loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = step(model)
+    fast_loss, fast_grads = step(prepared)
+    torch.testing.assert_close(fast_loss, loss, rtol=1e-5, atol=0)
+    assert fast_grads.keys() == grads.keys()
+    scale = max(float(g.abs().max()) for g in grads.values())
+    for name, grad in grads.items():  # key biases get ~0 gradients (softmax ignores them): compare to the scale
+        torch.testing.assert_close(fast_grads[name], grad, rtol=1e-5, atol=1e-5 * scale, msg=name)
+
+
+@needs_onednn
+def test_an_inference_copy_is_prepacked_once_and_refuses_autograd():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**TINY)).eval()
+    prepared = select("cpu", "inference").prepare(model)
+    assert isinstance(prepared.decoder.layers[0].feed_forward.linear2, PackedLinear) and not prepared.training
+    src, tgt = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(prepared(src, tgt), model(src, tgt), atol=1e-5, rtol=0)
+        before = prepared(src, tgt)
+        model.decoder.layers[0].feed_forward.linear2.bias.add_(1.0)
+        assert torch.equal(prepared(src, tgt), before)  # a snapshot: prepare again after changing weights
+        torch.testing.assert_close(select("cpu").prepare(model)(src, tgt), model(src, tgt), atol=1e-5, rtol=0)
+    with pytest.raises(RuntimeError, match="prepared for inference .* torch.no_grad"):
+        prepared(src, tgt)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_lower_precisions_stay_close(precision):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0})).eval()
+    ids = torch.randint(4, 50, (2, 9))
+    prepared = select("cpu", "inference", precision).prepare(model)
+    with torch.no_grad():
+        expected, actual = model(ids), prepared(ids).float()
+    cosine = F.cosine_similarity(actual.flatten(1), expected.flatten(1))
+    assert cosine.min() > 0.98 and not torch.equal(actual, expected)
+
+
+@needs_onednn
+def test_generate_runs_the_model_as_given_the_plain_path_when_asked():
+    # generate() used to switch oneDNN on inside a caller's `onednn_linear(False)`: now it runs what it is given.
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**TINY, dropout=0.0)).eval()
+    src = torch.randint(4, 50, (3, 6))
+    config = GenerationConfig(max_len=6, beam_size=2)
+    outputs = {}
+
+    def run(runner, name):
+        outputs[name] = generate(runner, src, bos_id=1, eos_id=2, config=config)
+
+    plain_ops = operators(lambda: run(model, "plain"))
+    fast_ops = operators(lambda: run(select("cpu", "inference").prepare(model), "fast"))
+    assert not any("mkldnn" in name for name in plain_ops) and "aten::linear" in plain_ops
+    assert "mkldnn::_linear_pointwise" in fast_ops
+    assert outputs["plain"].tokens == outputs["fast"].tokens
+    torch.testing.assert_close(outputs["plain"].scores, outputs["fast"].scores, atol=1e-4, rtol=0)
