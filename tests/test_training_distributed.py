@@ -195,6 +195,14 @@ def test_fsdp_resumes_a_ddp_checkpoint_and_trains_the_same_model(killed, ddp, on
     proc = _torchrun(tmp_path, run_dir, ["distributed=fsdp", "--resume"])  # the saved config, sharded
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     _assert_weights_close(load_file(run_dir / "model.safetensors"), load_file(one_process / "model.safetensors"))
+    # rank 0 validated the gathered model: the same scores as the DDP run's (step 4's validation came
+    # after its checkpoint, so the resumed run did it again: the newest row of a step counts)
+    def valid(run):
+        rows = map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+        return {r["step"]: r["loss"] for r in rows if r["split"] == "valid"}
+    scores, reference = valid(run_dir), valid(ddp[0])
+    assert list(scores) == list(reference) == [2, 4, 6]
+    assert list(scores.values()) == pytest.approx(list(reference.values()), rel=1e-5)
     # its checkpoints hold the one-process optimizer state: equal to the DDP run's at the same step
     ours = torch.load(run_dir / "checkpoints" / "step-00000006" / "trainer_state.pt", weights_only=True)
     theirs = torch.load(ddp[0] / "checkpoints" / "step-00000006" / "trainer_state.pt", weights_only=True)
@@ -204,6 +212,19 @@ def test_fsdp_resumes_a_ddp_checkpoint_and_trains_the_same_model(killed, ddp, on
     for index, state in theirs["optimizer"]["state"].items():
         for key, value in state.items():
             torch.testing.assert_close(ours["optimizer"]["state"][index][key], value, rtol=0, atol=1e-5)
+
+
+def test_a_one_process_checkpoint_resumes_in_two_processes(one_process, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(one_process, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "step-00000006")  # back to step 4 (the newest left)
+    (run_dir / "model.safetensors").unlink()
+    proc = _torchrun(tmp_path, run_dir, ["--resume"])
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "resumed from" in proc.stdout + proc.stderr
+    _assert_weights_close(load_file(run_dir / "model.safetensors"), load_file(one_process / "model.safetensors"))
+    assert [r["step"] for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
+            if r["split"] == "train"] == list(range(1, STEPS + 1))
 
 
 def test_a_non_finite_loss_on_one_rank_stops_both_with_one_message(tmp_path):

@@ -183,7 +183,7 @@ class TrainConfig:
         if self.global_batches and self.accum_steps > 1:
             raise ValueError(f"accum_steps={self.accum_steps} and global_batches={self.global_batches} both size the "
                              "step: global_batches counts the batches of a step over all processes, accum_steps "
-                             "those of each process; keep one")
+                             "those of each process (a run keeps global_batches in its train_config.json); keep one")
         if not 0.0 < self.warmup_fraction <= 1.0:
             raise ValueError(f"warmup_fraction must be in (0, 1], got {self.warmup_fraction}")
         if self.epochs == 0 and self.max_steps == 0:
