@@ -1,8 +1,9 @@
 """Batching, collation and the built-in tasks."""
 
+import pytest
 import torch
 
-from aiayn.data.batching import token_batches
+from aiayn.data.batching import shard_steps, token_batches
 from aiayn.data.collate import collate_masked_lm, collate_seq2seq
 from aiayn.data.tasks import compare_task, copy_task, number_words, numbers_task
 
@@ -20,6 +21,55 @@ def test_token_batches_are_seeded_per_epoch():
     assert token_batches(lengths, 50, seed=1, epoch=2) == token_batches(lengths, 50, seed=1, epoch=2)
     assert token_batches(lengths, 50, seed=1, epoch=2) != token_batches(lengths, 50, seed=1, epoch=3)
     assert token_batches(lengths, 50, shuffle=False) == token_batches(lengths, 50, shuffle=False, seed=9)
+
+
+def _shards(n_batches, per_step, world, start=0):
+    """{rank: [(stop, micro-batch indices), ...]} of `shard_steps` for every rank."""
+    return {rank: list(shard_steps(n_batches, per_step, rank=rank, world=world, start=start)) for rank in range(world)}
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("per_step", [1, 2, 3, 5])
+@pytest.mark.parametrize("n_batches", [0, 1, 7, 12])
+def test_shard_steps_deal_every_batch_once_to_equal_micro_step_counts(world, per_step, n_batches):
+    shards = _shards(n_batches, per_step, world)
+    steps = {len(shards[rank]) for rank in shards}
+    assert steps == {-(-n_batches // per_step)}  # every process takes as many steps
+    seen = []
+    for step in range(steps.pop()):
+        stops = {shards[rank][step][0] for rank in shards}
+        assert len(stops) == 1  # the position after a step is global: the same on every process
+        micro = [shards[rank][step][1] for rank in shards]
+        assert len({len(m) for m in micro}) == 1  # as many micro-batches each: the reductions line up
+        taken = [i for m in micro for i in m if i is not None]
+        first = step * per_step
+        assert sorted(taken) == list(range(first, min(first + per_step, n_batches)))  # the step's own batches
+        seen += taken
+    assert sorted(seen) == list(range(n_batches))  # none twice, none dropped (the last step padded with None)
+
+
+def test_shard_steps_resume_at_a_global_position_on_any_number_of_processes():
+    one = [stop for stop, _ in shard_steps(11, 4, rank=0, world=1)]
+    for world in (1, 2, 3, 8):
+        resumed = _shards(11, 4, world, start=4)
+        assert [stop for stop, _ in resumed[0]] == one[1:]
+        assert sorted(i for r in resumed for _, m in resumed[r] for i in m if i is not None) == list(range(4, 11))
+    with pytest.raises(ValueError, match="rank"):
+        list(shard_steps(4, 2, rank=2, world=2))
+
+
+def test_sharded_token_batches_cover_the_epoch_once_and_reshuffle_per_epoch():
+    lengths = [((i * 7) % 23) + 1 for i in range(300)]
+    orders = []
+    for epoch in (0, 1):
+        batches = token_batches(lengths, 64, seed=5, epoch=epoch)  # every process builds the same list
+        assert len(batches) % 4  # the last step is short: padding is exercised
+        per_rank = {rank: [i for _, micro in shard_steps(len(batches), 4, rank=rank, world=2)
+                           for b in micro if b is not None for i in batches[b]] for rank in (0, 1)}
+        assert not set(per_rank[0]) & set(per_rank[1])  # each process a distinct shard
+        assert sorted(per_rank[0] + per_rank[1]) == list(range(300))
+        orders.append(per_rank[0])
+    assert orders[0] != orders[1]
 
 
 def test_teacher_forcing_shifts_the_target_right_behind_bos():

@@ -17,7 +17,7 @@ import threading
 import traceback
 
 from aiayn import __version__
-from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, UserError, describe, one_line
+from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, describe, one_line
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
 COMMAND_MODULES = ("core", "data", "train", "generate", "encoders", "verify", "bench")
@@ -107,13 +107,22 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, handler)
 
 
+def _echoed_by_rank0(code: int) -> bool:
+    """Under torchrun every process stops together on a non-finite loss or an interrupt; rank 0 says it once."""
+    return code in (NON_FINITE, INTERRUPTED) and os.environ.get("RANK", "0") != "0"
+
+
 def _interrupted(command: str) -> int:
+    if _echoed_by_rank0(INTERRUPTED):
+        return INTERRUPTED
     print(f"aiayn{' ' + command if command else ''}: interrupted", file=sys.stderr)
     return INTERRUPTED
 
 
 def _report(err: BaseException, command: str, debug: bool) -> int:
     code, line = describe(err)
+    if _echoed_by_rank0(code) and not debug:
+        return code
     if debug:
         traceback.print_exception(err)
     print(f"aiayn{' ' + command if command else ''}: error: {one_line(line)}", file=sys.stderr)

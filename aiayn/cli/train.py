@@ -74,6 +74,7 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = Fal
     from aiayn.cli.errors import SYSTEM, describe
     from aiayn.training import Trainer
     from aiayn.training.checkpoint import latest_checkpoint
+    from aiayn.training.distributed import launch_rank
 
     start = time.perf_counter()
     trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write, force=force,
@@ -87,6 +88,8 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = Fal
         print(f"aiayn train: error: {line}{hint}", file=sys.stderr)
         return code
     minutes = (time.perf_counter() - start) / 60
+    if launch_rank():  # under torchrun, rank 0 speaks for every process
+        return 0
     if result.interrupted:
         print(f"interrupted at step {result.step}; resume with: aiayn train --run {run_dir} --resume")
         return 130

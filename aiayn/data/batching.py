@@ -1,13 +1,16 @@
 """Token-count batching with length buckets (like fairseq's `--max-tokens`), shuffled per epoch from a seed.
 
 The batches of epoch `e` depend only on (lengths, max_tokens, seed, e), so a resumed run can
-rebuild them and skip the ones it has already trained on.
+rebuild them and skip the ones it has already trained on, and every process of a distributed run
+builds the same list; `shard_steps` deals them out to the processes step by step.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -53,3 +56,31 @@ def token_batches(lengths: list[int], max_tokens: int, *, seed: int = 0, epoch: 
     if shuffle:
         rng.shuffle(batches)
     return batches
+
+
+def shard_steps(n_batches: int, batches_per_step: int, *, rank: int = 0, world: int = 1,
+                start: int = 0) -> Iterator[tuple[int, list[int | None]]]:
+    """The distributed sampler over one epoch's batches: what process `rank` of `world` trains at each step.
+
+    Step k takes the `batches_per_step` consecutive batches from `start + k x batches_per_step` (the
+    last step of an epoch takes what is left); process r takes every world-th of them from the r-th.
+    Every process gets the same number of micro-batches per step, `None` where it has no batch left
+    (it then trains an empty batch, so that all join the same gradient reductions). Over an epoch the
+    processes' shards are disjoint and together hold every batch once, whatever `world` is: a
+    position `start` counted in batches means the same thing at any number of processes.
+
+    Args:
+        n_batches: batches in the epoch (`len(token_batches(...))`: every process builds the same list).
+        batches_per_step: batches per optimizer step over all processes (`global_batches`).
+        rank, world: this process and the number of processes.
+        start: global index of the first batch not trained yet (a resumed run's position).
+
+    Yields:
+        (global index after the step, this process's batch indices padded with None).
+    """
+    if batches_per_step < 1 or not 0 <= rank < world:
+        raise ValueError(f"need batches_per_step >= 1 and 0 <= rank < world, got {batches_per_step}, {rank}, {world}")
+    for first in range(start, n_batches, batches_per_step):
+        stop = min(first + batches_per_step, n_batches)
+        mine: list[int | None] = list(range(first + rank, stop, world))
+        yield stop, mine + [None] * (math.ceil((stop - first) / world) - len(mine))

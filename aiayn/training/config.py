@@ -50,7 +50,13 @@ class TrainConfig:
             over 9); they are counted and reported either way.
         max_tokens: padded tokens per batch (before accumulation); max_sentences caps the batch size.
         epochs, max_steps: stop after this many epochs or optimizer steps (0 = no step limit).
-        accum_steps: batches per optimizer step (gradient accumulation).
+        accum_steps: batches per optimizer step in each process (gradient accumulation).
+        global_batches: batches per optimizer step over all processes; 0 = accum_steps x processes. A run
+            fixes it when it starts (train_config.json keeps the number, with accum_steps 1), so a run
+            resumed on another number of processes makes the same updates: each process takes
+            global_batches / processes of them (rounded up; one with fewer trains an empty batch).
+        distributed: under torchrun, "ddp" (every process holds the model, gradients averaged) or "fsdp"
+            (parameters, gradients and optimizer state sharded across processes; PyTorch's fully_shard).
         optimizer: "auto", "adam" or "adamw"; schedule: "auto", "noam" (section 5.3), "linear" or "constant".
             "auto" is the paper's Adam and noam from scratch, and AdamW with linear decay when fine-tuning
             (`init_from`); see `aiayn.training.schedule`.
@@ -118,6 +124,8 @@ class TrainConfig:
     epochs: int = 10
     max_steps: int = 0
     accum_steps: int = 1
+    global_batches: int = 0
+    distributed: str = "ddp"
     optimizer: str = "auto"
     schedule: str = "auto"
     lr_scale: float = 1.0
@@ -156,7 +164,8 @@ class TrainConfig:
         for name, value, choices in (("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
                                      ("tokenizer", self.tokenizer, KINDS),
                                      ("target_tokenizer", self.target_tokenizer, ("", *KINDS)),
-                                     ("final_model", self.final_model, ("auto", "best", "last", "average"))):
+                                     ("final_model", self.final_model, ("auto", "best", "last", "average")),
+                                     ("distributed", self.distributed, ("ddp", "fsdp"))):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(c for c in choices if c)}, got {value!r}")
         metrics = VALID_METRICS[self.objective]
@@ -168,9 +177,13 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "max_steps", "keep_last", "average_last", "log_every", "eval_every",
                      "save_every", "threads", "max_sentences", "valid_max_examples", "patience", "show_examples",
-                     "lr", "weight_decay", "warmup"):
+                     "lr", "weight_decay", "warmup", "global_batches"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.global_batches and self.accum_steps > 1:
+            raise ValueError(f"accum_steps={self.accum_steps} and global_batches={self.global_batches} both size the "
+                             "step: global_batches counts the batches of a step over all processes, accum_steps "
+                             "those of each process (a run keeps global_batches in its train_config.json); keep one")
         if not 0.0 < self.warmup_fraction <= 1.0:
             raise ValueError(f"warmup_fraction must be in (0, 1], got {self.warmup_fraction}")
         if self.epochs == 0 and self.max_steps == 0:

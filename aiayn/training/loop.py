@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from aiayn.backends import resolve_device, select
-from aiayn.data.batching import token_batches
+from aiayn.data.batching import shard_steps, token_batches
 from aiayn.data.prepare import EncodedSplit, PreparedData, load_labels, prepare_data, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
@@ -51,10 +51,11 @@ from aiayn.training.checkpoint import (
     save_checkpoint,
 )
 from aiayn.training.config import RunConfig, load_run_config
+from aiayn.training.distributed import Replicas, data_parallel, init_distributed
 from aiayn.training.evaluate import EvalOptions, evaluate
 from aiayn.training.logbook import MetricsLog, plot_curves
 from aiayn.training.loss import label_smoothed_loss
-from aiayn.training.objectives import batch_tokens, forward, loss_units, make_batch, masking_generator, to_device
+from aiayn.training.objectives import batch_seed, batch_tokens, loss_units, make_batch, masking_generator, to_device
 from aiayn.training.optim import make_optimizer
 from aiayn.training.schedule import resolve_recipe
 
@@ -117,31 +118,6 @@ def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
     return load_pretrained(None if str(path) == "minilm" else str(path))
 
 
-def distributed_context(device: torch.device) -> tuple[int, int]:
-    """(rank, world size): under `torchrun` (WORLD_SIZE > 1) this joins the process group (NCCL on CUDA, else gloo)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return 0, 1
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
-class ObjectiveForward(nn.Module):
-    """The objective's forward as a module, for DistributedDataParallel: batch -> (logits, labels)."""
-
-    def __init__(self, model: nn.Module, objective: str):
-        super().__init__()
-        self.model = model
-        self.objective = objective
-
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `aiayn.training.objectives.forward`."""
-        return forward(self.model, batch, self.objective)
-
-
 class Trainer:
     """Trains one run.
 
@@ -184,7 +160,7 @@ class Trainer:
         self._stop_requested = False
         self._looping = False
         self.rank, self.world = 0, 1
-        self.ddp: nn.Module | None = None
+        self.parallel: Replicas | None = None  # the model as every process trains it (one, DDP or FSDP)
 
     # -- hooks -------------------------------------------------------------------------------
     def after_step(self) -> None:
@@ -195,8 +171,13 @@ class Trainer:
         cfg = self.cfg
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
-        self.rank, self.world = distributed_context(self.device)
+        self.rank, self.world = init_distributed(self.device)
         main = self.rank == 0
+        if not main:
+            self.report = logger.debug  # only rank 0 reports
+        if not cfg.global_batches:  # fixed now and saved with the config: a resume at any world size keeps it
+            self.run = replace(self.run, train=replace(cfg, global_batches=cfg.accum_steps * self.world, accum_steps=1))
+            self.cfg = cfg = self.run.train
         if not main:
             torch.distributed.barrier()  # rank 0 checks the run directory and writes the tokenizers first
         if main:  # refuses a directory the run cannot own, then holds its lock until fit() returns
@@ -224,14 +205,15 @@ class Trainer:
             text = json.dumps(self.run.to_dict(), indent=2) + "\n"
             atomic_write_bytes(self.run_dir / TRAIN_CONFIG, text.encode())
             save_data_artifacts(self.run_dir, self.data)
-        if self.world > 1:
-            if main:
-                torch.distributed.barrier()
-            from torch.nn.parallel import DistributedDataParallel
-
-            # DDP wraps the objective's forward, so gradients are averaged across processes in backward.
-            self.ddp = DistributedDataParallel(ObjectiveForward(self.prepared, cfg.objective),
-                                               device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if main and self.world > 1:
+            torch.distributed.barrier()
+            if cfg.global_batches % self.world:
+                self.report(f"{self.world} processes share {cfg.global_batches} batches a step (global_batches): "
+                            "some train an empty batch at each step")
+        self.parallel = data_parallel(self.model, cfg.objective, self.optimizer, mode=cfg.distributed, rank=self.rank,
+                                      world=self.world, make_optimizer=lambda ps: make_optimizer(ps, self.recipe),
+                                      device=self.device, runner=self.prepared)
+        self.optimizer = self.parallel.optimizer
 
     def _setup_data(self, main: bool, pretrained_tokenizer: Any | None) -> PreparedData:
         cfg = self.cfg
@@ -280,7 +262,7 @@ class Trainer:
             return cfg.max_steps
         batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=0,
                                 max_sentences=cfg.max_sentences)
-        return math.ceil(len(batches) / (cfg.accum_steps * self.world)) * cfg.epochs
+        return math.ceil(len(batches) / cfg.global_batches) * cfg.epochs
 
     def _restore(self) -> None:
         checkpoint, state, damaged = load_newest_intact(self.ckpt_dir, self.model)
@@ -292,7 +274,6 @@ class Trainer:
                 self.log.truncate_after(0)
             return
         self.optimizer.load_state_dict(state["optimizer"])
-        torch.set_rng_state(state["rng_torch"])
         self.step, self.epoch, self.batch_index = int(state["step"]), int(state["epoch"]), int(state["batch_index"])
         self.best_score = tuple(float(v) for v in state["best_score"])
         self.stale_validations = int(state["stale_validations"])
@@ -302,41 +283,54 @@ class Trainer:
         self.report(f"resumed from {checkpoint} (step {self.step}, epoch {self.epoch + 1}, batch {self.batch_index})")
 
     # -- one optimizer step --------------------------------------------------------------------
-    def _train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    def _train_step(self, micro_batches: list[dict[str, torch.Tensor]], dropout_seeds: list[int]) -> dict[str, float]:
+        """One optimizer step; every process calls it at once, with as many micro-batches as the others.
+
+        The summed loss is divided by the loss positions of the whole step over all processes (the
+        loss per token of section 5.4); DDP and FSDP average gradients over the processes, so the
+        factor `world` makes the update the one a single process makes on the same global batch.
+        """
         cfg = self.cfg
-        units = max(sum(loss_units(b) for b in micro_batches), 1)
+        units, tokens = self.parallel.total([sum(loss_units(b) for b in micro_batches),
+                                             sum(batch_tokens(b, self.data.source_tokenizer.pad_id)
+                                                 for b in micro_batches)])
+        scale = self.world / max(units, 1)
         lr = self.recipe.lr(self.step + 1)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = nll_sum = 0.0
-        for batch in micro_batches:
+        for number, (batch, seed) in enumerate(zip(micro_batches, dropout_seeds)):
+            torch.manual_seed(seed)  # dropout keyed by the batch, not the process: equal at any world size
             batch = to_device(batch, self.device)
-            with self.backend.autocast():
-                logits, labels = (self.ddp(batch) if self.ddp is not None
-                                  else forward(self.prepared, batch, cfg.objective))
-            loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
-            if not torch.isfinite(loss):
-                raise TrainingError(self._stop_message(f"non-finite loss ({float(loss.detach())})"))
-            (loss / units).backward()
+            # gradients are reduced across processes only after the step's last micro-batch
+            with self.parallel.micro_step(last=number == len(micro_batches) - 1):
+                with self.backend.autocast():
+                    logits, labels = self.parallel.module(batch)
+                loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
+                (loss * scale).backward()
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.clip_norm if cfg.clip_norm > 0 else math.inf)
-        if not torch.isfinite(norm):
-            raise TrainingError(self._stop_message(f"non-finite gradient norm ({float(norm)})"))
+        loss_sum, nll_sum = self.parallel.total([loss_sum, nll_sum])  # NaN on any process: NaN on all
+        if not math.isfinite(loss_sum):
+            raise TrainingError(self._stop_message(f"non-finite loss ({loss_sum})"))
+        norm = self.parallel.clip_grad_norm(cfg.clip_norm if cfg.clip_norm > 0 else math.inf)
+        if not math.isfinite(norm):
+            raise TrainingError(self._stop_message(f"non-finite gradient norm ({norm})"))
         self.optimizer.step()
         self.step += 1
-        return {"loss": loss_sum / units, "nll": nll_sum / units, "lr": lr, "grad_norm": float(norm)}
+        return {"loss": loss_sum / max(units, 1), "nll": nll_sum / max(units, 1), "lr": lr, "grad_norm": norm,
+                "tokens": tokens}
 
     def _stop_message(self, what: str) -> str:
         last = latest_checkpoint(self.ckpt_dir)
         kept = f"the last good checkpoint is {last}" if last else "no checkpoint was written yet"
-        return f"{what} at step {self.step + 1}: training stopped; {kept}"
+        return self.parallel.from_rank0(f"{what} at step {self.step + 1}: training stopped; {kept}")
 
     # -- checkpoints and validation ----------------------------------------------------------
     def _state(self) -> dict[str, Any]:
         return {"step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
-                "optimizer": self.optimizer.state_dict(), "rng_torch": torch.get_rng_state(),
-                "best_score": self.best_score, "stale_validations": self.stale_validations}
+                "optimizer": self.parallel.optimizer_state(), "best_score": self.best_score,
+                "stale_validations": self.stale_validations}
 
     def save(self, *, best: bool = False) -> Path:
         """Write a checkpoint of the current step (once per step); `best` marks it the best validated one."""
@@ -375,8 +369,15 @@ class Trainer:
             self.stale_validations += 1
         return result
 
+    def _save_on_rank0(self) -> None:
+        """Every process: the model comes together (FSDP), and rank 0 writes a checkpoint."""
+        self.parallel.gather()
+        if self.rank == 0:
+            self.save()
+
     def _validate_and_check_patience(self) -> bool:
         """Validate on rank 0; True on every rank when `patience` validations in a row brought no better score."""
+        self.parallel.gather()
         stop = False
         if self.rank == 0:
             self.validate()
@@ -384,11 +385,7 @@ class Trainer:
             if stop:
                 self.report(f"early stop at step {self.step}: {self.cfg.metric} has not improved for "
                             f"{self.cfg.patience} validations (best {abs(self.best_score[0]):.4g})")
-        if self.world > 1:
-            flag = torch.tensor([int(stop)])
-            torch.distributed.broadcast(flag, src=0)
-            stop = bool(flag.item())
-        return stop
+        return self.parallel.from_rank0(stop)
 
     # -- the loop ------------------------------------------------------------------------------
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -417,12 +414,13 @@ class Trainer:
             previous = {sig: signal.signal(sig, self._on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._setup()
-            finished = self._loop()
+            with self.parallel.peers_watched():
+                finished = self._loop()
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-        if self.world > 1:
-            torch.distributed.destroy_process_group()
+        self.parallel.gather()  # rank 0 finishes alone: validates, saves and evaluates the full model
+        self.parallel.close()
         if self.rank != 0:
             return TrainResult(self.run_dir, self.step)
         if not finished:
@@ -440,7 +438,6 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
-        pad_id = self.data.source_tokenizer.pad_id
         bar = tqdm(total=self.recipe.total_steps, initial=self.step, disable=not self.progress or self.rank != 0,
                    unit="step", dynamic_ncols=True, desc="train")
         tokens, clock, window = 0, time.perf_counter(), []
@@ -449,18 +446,15 @@ class Trainer:
             while not self._done():
                 batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=self.epoch,
                                         max_sentences=cfg.max_sentences)
-                # With N processes a step takes N x accum_steps batches, process r every N-th of them;
-                # the last batches of an epoch that cannot fill a step for every process are skipped.
-                per_step = cfg.accum_steps * self.world
-                usable = len(batches) if self.world == 1 else len(batches) - len(batches) % per_step
-                while self.batch_index < usable:
-                    group = range(self.batch_index, min(self.batch_index + per_step, usable))
-                    mine = group[self.rank::self.world]
-                    micro = [make_batch(self.data, self.data.train, batches[i], mlm_probability=cfg.mlm_probability,
-                                        generator=masking_generator(cfg.seed, self.epoch, i)) for i in mine]
-                    stats = self._train_step(micro)
-                    self.batch_index = group.stop
-                    tokens += sum(batch_tokens(b, pad_id) for b in micro)
+                # A step takes `global_batches` batches, process r every world-th of them (None: an empty batch)
+                for stop, mine in shard_steps(len(batches), cfg.global_batches, rank=self.rank, world=self.world,
+                                              start=self.batch_index):
+                    micro = [make_batch(self.data, self.data.train, batches[i] if i is not None else [],
+                                        mlm_probability=cfg.mlm_probability,
+                                        generator=masking_generator(cfg.seed, self.epoch, i or 0)) for i in mine]
+                    stats = self._train_step(micro, [batch_seed(cfg.seed, self.epoch, i or 0, stream=1) for i in mine])
+                    self.batch_index = stop
+                    tokens += stats["tokens"]
                     window.append(stats["loss"])
                     bar.update(1)
                     if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == 1):
@@ -474,8 +468,8 @@ class Trainer:
                         tokens, clock, window = 0, time.perf_counter(), []
                     if cfg.eval_every and self.step % cfg.eval_every == 0 and self._validate_and_check_patience():
                         return True
-                    if self.rank == 0 and cfg.save_every and self.step % cfg.save_every == 0:
-                        self.save()
+                    if cfg.save_every and self.step % cfg.save_every == 0:
+                        self._save_on_rank0()
                     self.after_step()
                     if self._stop_requested:
                         return False
@@ -485,8 +479,8 @@ class Trainer:
                 self.batch_index = 0
                 if not cfg.eval_every and self._validate_and_check_patience():
                     return True
-                if self.rank == 0 and not cfg.save_every:
-                    self.save()
+                if not cfg.save_every:
+                    self._save_on_rank0()
         finally:
             bar.close()
         return True

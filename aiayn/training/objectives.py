@@ -18,9 +18,15 @@ from aiayn.data.collate import (
 from aiayn.data.prepare import EncodedSplit, PreparedData
 
 
+def batch_seed(seed: int, epoch: int, batch_index: int, *, stream: int = 0) -> int:
+    """The seed of one batch's randomness, fixed by (seed, epoch, batch): the same in a resumed run and in
+    whichever process trains the batch. `stream` keeps masking (0) and dropout (1) draws apart."""
+    return seed * 1_000_003 + epoch * 100_003 + batch_index + (stream << 48)
+
+
 def masking_generator(seed: int, epoch: int, batch_index: int) -> torch.Generator:
     """A generator for masked-LM corruption fixed by (seed, epoch, batch): resumed runs mask the same way."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + epoch * 100_003 + batch_index)
+    return torch.Generator().manual_seed(batch_seed(seed, epoch, batch_index))
 
 
 def make_batch(data: PreparedData, split: EncodedSplit, indices: list[int], *, mlm_probability: float = 0.15,
