@@ -1,8 +1,16 @@
-"""Decoding speed: aiayn `generate()` beside Hugging Face `MarianMTModel.generate()` with the same weights.
+"""Decoding speed: aiayn `generate()` beside CTranslate2 and Hugging Face `MarianMTModel.generate()`, same weights.
 
-Random weights rarely emit `</s>`, so both sides are forced to produce exactly `--new-tokens` tokens
-(min length = max length) and do equal work. Also times single decoding steps at output position
-16 and 256: with the key/value cache a step costs work linear in the prefix, so the two are close.
+Contenders, each in fp32 and (where it has one) int8:
+- aiayn: the backend's prepared copy (`select(device, "inference", precision).prepare(model)`), as
+  `aiayn translate --precision P` runs it;
+- CTranslate2 (optional extra `ctranslate2`), the C++ engine behind OPUS-MT / Argos deployments:
+  the model goes through the Marian export and CTranslate2's own converter, `float32` and `int8`;
+- Hugging Face `MarianMTModel.generate()` (fp32).
+Random weights rarely emit `</s>`, so every side is forced to produce exactly `--new-tokens` tokens
+(min length = max length) and does equal work. Each setting times all contenders in turn, in a
+rotating order, `--repeats` times: tokens/s are the best repeat, ratios the median of the per-repeat
+ratios (the same moment's load on both sides). Also times single greedy steps at output position 16
+and 256: with the key/value cache a step costs work linear in the prefix, so the two are close.
 
     python benchmarks/generate.py [--quick] [--threads N] [--device D]     (or: aiayn bench generate --quick)
 """
@@ -10,7 +18,11 @@ Random weights rarely emit `</s>`, so both sides are forced to produce exactly `
 from __future__ import annotations
 
 import argparse
+import statistics
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -20,39 +32,86 @@ from aiayn.inference.generation import GenerationConfig, generate
 from aiayn.nn.model import build_model
 
 BOS, EOS, PAD = 1, 2, 0
+SEARCHES = (("greedy", 1), ("beam-4", 4))
 
 
-def _best_times(fns, repeats: int) -> list[float]:
-    """Fastest of `repeats` runs of each function, the functions taking turns (load hits both alike)."""
-    best = [float("inf")] * len(fns)
-    for _ in range(repeats):
-        for i, fn in enumerate(fns):
+def ctranslate2_export(model, directory: Path, quantization: str) -> Path:
+    """`model` as a CTranslate2 model directory, through the Marian export and CTranslate2's converter.
+
+    A stand-in until `aiayn export` writes CTranslate2 models (`aiayn.interop.ctranslate2`): the
+    vocabulary is made-up piece names. CTranslate2's Marian loader drops the last vocabulary row
+    (where Hugging Face's Marian keeps `<pad>`; it starts the decoder from a zero embedding instead),
+    so the last id is named `<pad>` here and CTranslate2's output layer has one row fewer (36,999 of
+    37,000: the same work within 0.003%). Sources must avoid that id.
+    """
+    from ctranslate2.converters import TransformersConverter
+
+    from aiayn.interop.marian import to_marian
+
+    hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=EOS)
+    vocab = {piece_name(i): i for i in range(model.config.vocab_size - 1)} | {"<pad>": model.config.vocab_size - 1}
+
+    class _Vocabulary:  # what the converter reads from a tokenizer
+        eos_token, unk_token = piece_name(EOS), piece_name(3)
+
+        @staticmethod
+        def get_vocab() -> dict[str, int]:
+            return vocab
+
+    class _Converter(TransformersConverter):
+        def load_model(self, *args, **kwargs):
+            return hf
+
+        def load_tokenizer(self, *args, **kwargs):
+            return _Vocabulary()
+
+    config_dir = directory / "marian-config"
+    hf.config.save_pretrained(config_dir)  # the converter reads the configuration from a directory
+    out = directory / f"ctranslate2-{quantization}"
+    _Converter(str(config_dir)).convert(str(out), quantization=quantization, force=True)
+    return out
+
+
+def piece_name(i: int) -> str:
+    """The made-up vocabulary entry of id `i` that CTranslate2 reads and writes."""
+    return {0: "<blank>", 1: "<s>", 2: "</s>", 3: "<unk>"}.get(i, f"t{i}")
+
+
+def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each function per repeat, the order rotating every repeat so that load hits each alike."""
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
             start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
-def _compare(model, hf, batch: int, beam: int, new_tokens: int, src_len: int, repeats: int) -> tuple[float, float]:
-    """Tokens/s (batch x new tokens / seconds) of aiayn and Hugging Face for one setting."""
-    src = torch.randint(4, model.config.vocab_size, (batch, src_len), device=hf.device)
+def _contenders(runners: dict, src: torch.Tensor, beam: int, new_tokens: int) -> dict[str, Callable[[], None]]:
+    """One call per contender decoding `src` with `beam` to exactly `new_tokens` tokens (checked)."""
     config = GenerationConfig(max_len=new_tokens, min_len=new_tokens, beam_size=beam, length_penalty=0.6)
-
-    def ours():
-        out = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
-        assert all(len(t) == new_tokens for t in out.tokens)
-
-    def theirs():
-        out = hf.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=beam, do_sample=False,
-                          max_new_tokens=new_tokens, min_new_tokens=new_tokens, length_penalty=0.6,
-                          early_stopping=True)
-        assert out.shape[1] == new_tokens + 1
-
-    with torch.inference_mode():
-        ours()  # warm up both
-        theirs()
-        t_ours, t_hf = _best_times([ours, theirs], repeats)
-    return batch * new_tokens / t_ours, batch * new_tokens / t_hf
+    pieces = [[piece_name(i) for i in row] for row in src.tolist()]
+    fns: dict[str, Callable[[], None]] = {}
+    for name, runner in runners.items():
+        if name.startswith("aiayn"):
+            def fn(model=runner):
+                out = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
+                assert all(len(t) == new_tokens for t in out.tokens)
+        elif name.startswith("CTranslate2"):
+            def fn(translator=runner):
+                out = translator.translate_batch(pieces, beam_size=beam, max_decoding_length=new_tokens,
+                                                 min_decoding_length=new_tokens, length_penalty=0.6)
+                assert all(len(r.hypotheses[0]) == new_tokens for r in out)
+        else:
+            def fn(hf=runner):
+                out = hf.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=beam,
+                                  do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                  length_penalty=0.6, early_stopping=True)
+                assert out.shape[1] == new_tokens + 1
+        fns[name] = fn
+    return fns
 
 
 @torch.inference_mode()
@@ -77,48 +136,107 @@ def _step_times(model, positions: tuple[int, ...], device: torch.device, window:
     return {p: sorted(v)[len(v) // 2] for p, v in times.items()}  # median of the window
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print a table; returns 0."""
-    parser = argparse.ArgumentParser(prog="benchmarks.generate", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of the decoding benchmark."""
+    parser = argparse.ArgumentParser(prog="aiayn bench generate", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer tokens and one repeat (under a minute)")
     parser.add_argument("--new-tokens", type=int, default=None, help="tokens generated per sentence (32; quick 8)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=None, help="torch (and CTranslate2) threads (default: torch's)")
     parser.add_argument("--batches", default="1,32", help="comma-separated batch sizes")
+    parser.add_argument("--searches", default="greedy,beam-4", help="greedy, beam-4 or both (default)")
     parser.add_argument("--preset", default="base", help="model size (base; tiny for a smoke run)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per setting, aiayn and HF in turn (3)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per setting, contenders in turn (5)")
+    parser.add_argument("--precisions", default="fp32,int8", help="fp32, int8 or both (int8: CPU only)")
+    parser.add_argument("--peers", default="ctranslate2,hf",
+                        help="ctranslate2 (if installed), hf (Hugging Face Marian), both (default) or none")
     parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _runners(plain, args, workdir: Path) -> tuple[dict, str]:
+    """The contenders' models by name, and a line saying what each is."""
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    peers = {p.strip() for p in args.peers.split(",") if p.strip()} - {"none"}
+    runners: dict = {}
+    notes = []
+    for precision in precisions:
+        backend = select(args.device, "inference", precision)
+        runners[f"aiayn {precision}"] = backend.prepare(plain)
+        notes.append(f"aiayn {precision}: {backend.describe()}")
+    device = select(args.device, "inference").device
+    if "ctranslate2" in peers:
+        try:
+            import ctranslate2
+        except ImportError:
+            notes.append("CTranslate2 not installed (pip install 'aiayn[ctranslate2]')")
+        else:
+            for precision in precisions:
+                quantization = {"fp32": "float32", "int8": "int8"}[precision]
+                path = ctranslate2_export(plain, workdir, quantization)
+                runners[f"CTranslate2 {precision}"] = ctranslate2.Translator(
+                    str(path), device="cuda" if device.type == "cuda" else "cpu", compute_type=quantization,
+                    intra_threads=torch.get_num_threads(), inter_threads=1)
+            notes.append(f"CTranslate2 {ctranslate2.__version__}")
+    if "hf" in peers:
+        import transformers
+
+        from aiayn.interop.marian import to_marian
+
+        transformers.logging.set_verbosity_error()
+        runners["HF fp32"] = to_marian(plain, decoder_start_token_id=BOS, eos_token_id=EOS).to(device)
+        notes.append(f"transformers {transformers.__version__}")
+    return runners, "; ".join(notes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print a table; returns 0."""
+    args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    import transformers
-
-    from aiayn.interop.marian import to_marian
-
-    transformers.logging.set_verbosity_error()
     new_tokens = args.new_tokens or (8 if args.quick else 32)
     repeats = 1 if args.quick else args.repeats
     torch.manual_seed(0)
     cfg = preset(args.preset).replace(pe_layout="split", dropout=0.0)
     plain = build_model(cfg).eval()
-    hf = to_marian(plain, decoder_start_token_id=BOS, eos_token_id=EOS)
-    backend = select(args.device, "inference")
-    model = backend.prepare(plain)  # as `aiayn translate` runs it
-    hf.to(backend.device)
-    print(f"{args.preset} model (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
-          f"vocab {cfg.vocab_size}), source 16 tokens, {new_tokens} new tokens forced, "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} threads, "
-          f"backend {backend.describe()}")
-    print(f"{'search':<8} {'batch':>5} {'aiayn tok/s':>12} {'HF tok/s':>10} {'speed-up':>9}")
-    for batch in (int(b) for b in args.batches.split(",")):
-        for name, beam in (("greedy", 1), ("beam-4", 4)):
-            ours, theirs = _compare(model, hf, batch, beam, new_tokens, 16, repeats)
-            print(f"{name:<8} {batch:>5} {ours:>12.1f} {theirs:>10.1f} {ours / theirs:>8.2f}x", flush=True)
+    searches = [(name, beam) for name, beam in SEARCHES if name in args.searches.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        runners, notes = _runners(plain, args, Path(tmp))
+        device = select(args.device, "inference").device
+        print(f"{args.preset} model (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
+              f"vocab {cfg.vocab_size}), source 16 tokens, {new_tokens} new tokens forced, torch {torch.__version__}, "
+              f"{torch.get_num_threads()} threads; {notes}")
+        print(f"tokens/s: best of {repeats} rotating repeats; ratios: median of per-repeat ratios")
+        names = list(runners)
+        print(f"{'search':<8} {'batch':>5} " + " ".join(f"{n:>17}" for n in names) + "   ratios")
+        for batch in (int(b) for b in args.batches.split(",")):
+            # The last id is CTranslate2's <pad> (see ctranslate2_export): sources avoid it.
+            src = torch.randint(4, cfg.vocab_size - 1, (batch, 16), device=device)
+            for search, beam in searches:
+                fns = _contenders(runners, src, beam, new_tokens)
+                with torch.inference_mode():
+                    for fn in fns.values():
+                        fn()  # warm up every contender
+                    times = _interleaved(fns, repeats)
+                rates = " ".join(f"{batch * new_tokens / min(times[n]):>17.1f}" for n in names)
+                print(f"{search:<8} {batch:>5} {rates}   {_ratios(times)}", flush=True)
     positions = (16, 64) if args.quick else (16, 256)
-    times = _step_times(model, positions, backend.device)
+    model = runners.get("aiayn fp32") or next(iter(runners.values()))
+    step = _step_times(model, positions, device)
     a, b = positions
-    print(f"greedy step time at output position {a}: {times[a] * 1e3:.2f} ms, at {b}: {times[b] * 1e3:.2f} ms "
-          f"(ratio {times[b] / times[a]:.2f} for {b / a:.0f}x the prefix)")
+    print(f"greedy step time at output position {a}: {step[a] * 1e3:.2f} ms, at {b}: {step[b] * 1e3:.2f} ms "
+          f"(ratio {step[b] / step[a]:.2f} for {b / a:.0f}x the prefix)")
     return 0
+
+
+def _ratios(times: dict[str, list[float]]) -> str:
+    """aiayn's speed over each peer's at the same precision (and int8 over fp32), per-repeat medians."""
+    def ratio(ours: str, theirs: str) -> float:
+        return statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
+
+    pairs = {"fp32 vs CT2": ("aiayn fp32", "CTranslate2 fp32"), "int8 vs CT2": ("aiayn int8", "CTranslate2 int8"),
+             "fp32 vs HF": ("aiayn fp32", "HF fp32"), "int8 vs fp32": ("aiayn int8", "aiayn fp32")}
+    return ", ".join(f"{label} {ratio(*pair):.2f}x" for label, pair in pairs.items()
+                     if pair[0] in times and pair[1] in times)
 
 
 if __name__ == "__main__":

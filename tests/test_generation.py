@@ -1,5 +1,7 @@
 """Generation: cached == recomputed, beam 1 == greedy, batch == one by one, EOS / lengths / empty input."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -173,6 +175,9 @@ def test_benchmark_runs(capsys):
     assert main(["--quick", "--preset", "tiny", "--batches", "1", "--new-tokens", "4"]) == 0
     out = capsys.readouterr().out
     assert "greedy" in out and "beam-4" in out and "step time" in out
+    assert "int8 vs fp32" in out and "fp32 vs HF" in out
+    if importlib.util.find_spec("ctranslate2") is not None:  # the optional extra: the same weights, converted
+        assert "CTranslate2 int8" in out and "int8 vs CT2" in out
 
 
 def test_tiny_vocabulary_beam():
