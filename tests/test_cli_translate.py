@@ -47,6 +47,15 @@ def test_translate_arguments_equal_the_python_api(run_dir, capsys):
         assert line == tok.decode(out.tokens[0])
 
 
+def test_translate_precision_int8_runs_the_int8_copy(run_dir, capsys):
+    code, lines, _ = _run(capsys, "--run", str(run_dir), "The cat sat on the mat.", "--beam", "2", "--max-len", "6",
+                          "--precision", "int8")
+    assert code == 0 and len(lines) == 1
+    with pytest.raises(SystemExit) as exit_info:
+        main(["translate", "--run", str(run_dir), "The cat", "--precision", "fp8"])
+    assert exit_info.value.code == 2 and "invalid choice: 'fp8'" in capsys.readouterr().err
+
+
 def test_translate_reads_a_file_or_stdin(run_dir, capsys, monkeypatch, tmp_path):
     text = "How are you today?\nThe dog sat on the rug.\n"
     source = tmp_path / "in.txt"

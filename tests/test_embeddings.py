@@ -104,7 +104,8 @@ def test_int8_embedder_stays_close(embedder):
     vectors = int8.embed(SENTENCES)
     ref = embedder.embed(SENTENCES)
     cos = (vectors * ref).sum(1)
-    assert vectors.shape == ref.shape and cos.mean() > 0.95
+    # the target int8 is held to (issue 12): every sentence within cosine 0.99 of the float32 vector
+    assert vectors.shape == ref.shape and cos.min() >= 0.99
     assert int8.name.endswith("(int8)")
 
 

@@ -7,8 +7,8 @@
 
 The tricks, by device (each is off with `plain=True`, which runs the modules of `aiayn.nn` as written):
 - CPU: linear layers on oneDNN (forward and backward; prepacked weights for inference), where this
-  build and processor run them and agree with `F.linear` (`cpu.onednn_usable`); int8 dynamic
-  quantisation for inference on request.
+  build and processor run them and agree with `F.linear` (`cpu.onednn_usable`); on request, int8
+  inference chosen layer by layer by its measured error (`int8`).
 - CUDA: bf16 mixed precision by default where the GPU has it, which lets PyTorch's
   `scaled_dot_product_attention` take its flash kernel; `torch.compile` on request.
 - Every device: self-attention's Q, K and V (and cross-attention's K and V) as one product (`fused`).
@@ -20,13 +20,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.backends import cpu
+from aiayn.backends import cpu, int8
 from aiayn.backends.devices import bf16_supported, resolve_device
 from aiayn.backends.fused import FusedQKVAttention, StackedLinear, fuse_qkv
 
@@ -44,7 +45,8 @@ class Backend:
         device: where the model runs.
         mode: "train" (autograd, dropout) or "inference" (no gradients).
         precision: "fp32"; "bf16" (training: autocast over float32 weights; inference: a bfloat16
-            copy of the weights); "int8" (inference on CPU: dynamically quantised linear layers).
+            copy of the weights); "int8" (inference on CPU: linear layers with int8 weights and
+            activations quantised per call, where the error measured on calibration inputs allows).
         onednn: linear layers on oneDNN (CPU).
         prepack: inference weights reordered once into oneDNN's layout (CPU).
         fused_qkv: Q, K and V from one stacked product.
@@ -66,7 +68,8 @@ class Backend:
 
     def describe(self) -> str:
         """A short label: device, mode, precision and tricks ("cpu inference fp32: oneDNN prepacked, fused QKV")."""
-        tricks = [name for name, on in (("oneDNN prepacked" if self.prepack else "oneDNN", self.onednn),
+        tricks = [name for name, on in (("int8 layer by layer, by measured error", self.precision == "int8"),
+                                        ("oneDNN prepacked" if self.prepack else "oneDNN", self.onednn),
                                         ("fused QKV", self.fused_qkv), ("torch.compile", self.compile)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
 
@@ -85,7 +88,7 @@ class Backend:
         """
         model.to(self.device)
         if self.precision == "int8":
-            return cpu.quantized_copy(model).eval()
+            return self._int8_copy(model)
         if self.precision == "bf16" and self.mode == "inference":
             prepared = copy.deepcopy(model).to(torch.bfloat16)
         else:
@@ -100,6 +103,25 @@ class Backend:
             cpu.use_onednn(prepared, prepack=self.prepack, skip=_stacked_away(prepared))
         prepared.train(self.mode == "train")
         return torch.compile(prepared) if self.compile else prepared
+
+
+    def _int8_copy(self, model: nn.Module) -> nn.Module:
+        """An inference copy whose linear layers run in int8 where the measured error allows (`backends.int8`)."""
+        prepared = shared_copy(model)
+        if self.fused_qkv:
+            prepared = fuse_qkv(prepared, product=F.linear, frozen=lambda w, b: StackedLinear(w, b, F.linear))
+        prepared.eval()
+        fallback = None
+        if bf16_supported(self.device) and cpu.onednn_usable():
+            fallback = int8.Bf16Linear
+        elif cpu.onednn_usable():
+            fallback = cpu.PackedLinear
+        with torch.no_grad():
+            choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
+                                    reduce_range=int8.int8_usable() == "reduced")
+        kinds = Counter(choice.kind for choice in choices)
+        log.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
+        return prepared
 
 
 def _stacked_away(model: nn.Module) -> frozenset[int]:
@@ -153,11 +175,15 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if precision == "int8" and (mode != "inference" or device.type != "cpu"):
         raise ValueError("int8 runs inference on CPU only; use --device cpu, or fp32 / bf16")
+    if precision == "int8" and int8.int8_usable() is None:
+        raise ValueError("this PyTorch build has no int8 products (quantized::linear_dynamic); use fp32 or bf16")
     if precision == "bf16" and not bf16_supported(device):
         log.warning("%s has no native bfloat16 support; bf16 will be slower than fp32 here", device.type)
     backend = Backend(device, mode, precision)
-    if plain or precision == "int8":
+    if plain:
         return backend
+    if precision == "int8":
+        return replace(backend, fused_qkv=True)
     onednn = device.type == "cpu" and precision == "fp32" and cpu.onednn_usable()
     return replace(backend, onednn=onednn, prepack=onednn and mode == "inference", fused_qkv=True, compile=compile)
 

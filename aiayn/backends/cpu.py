@@ -1,4 +1,4 @@
-"""CPU: linear layers on oneDNN (forward and backward; weights prepacked for inference), and int8.
+"""CPU: linear layers on oneDNN (forward and backward; weights prepacked for inference). int8: `backends.int8`.
 
 PyTorch sends a float32 `F.linear` on CPU to MKL. On AMD processors MKL does not take its AVX-512
 kernels: a matrix-vector product (one decoding step at batch 1) streams the weight at about a third
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -165,18 +164,3 @@ def onednn_usable() -> bool:
     if not ok:
         log.warning("oneDNN linear products disagree with F.linear on this machine; using F.linear")
     return ok
-
-
-def quantized_copy(model: nn.Module) -> nn.Module:
-    """A copy of `model` with int8 dynamically quantised Linear layers (CPU inference, approximate)."""
-    from torch.ao.quantization import QConfig, quantize_dynamic
-    from torch.ao.quantization.observer import PlaceholderObserver, per_channel_weight_observer_range_neg_127_to_127
-
-    # Per-channel weights and the full 8-bit activation range: the closest to fp32 this API gets.
-    qconfig = QConfig(
-        activation=PlaceholderObserver.with_args(dtype=torch.quint8, quant_min=0, quant_max=255, is_dynamic=True),
-        weight=per_channel_weight_observer_range_neg_127_to_127,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao's deprecation notice in favour of torchao
-        return quantize_dynamic(model, {nn.Linear: qconfig}, dtype=torch.qint8)  # a copy (inplace=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aiayn.cli.options import add_device_argument
+from aiayn.cli.options import add_device_argument, add_precision_argument
 from aiayn.config import POOLINGS
 
 PROGRESS_FROM = 256  # show a progress bar from this many texts on
@@ -26,8 +26,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors (no L2 normalisation)")
     p.add_argument("--max-length", type=int, help="most tokens per text, [CLS] and [SEP] included")
     p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
-    p.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
-                   help="fp32 (exact, default); bf16 or int8 dynamic quantisation (faster, approximate)")
+    add_precision_argument(p, default="fp32")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(p)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.cli.options import add_device_argument
+from aiayn.cli.options import add_device_argument, add_precision_argument
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--attention-layer", default="all",
                    help="'all' (one panel per layer), 'mean' (mean over layers) or a layer number; heads averaged")
     add_device_argument(p)
+    add_precision_argument(p)
     p.set_defaults(func=cmd_translate)
 
 
@@ -71,7 +72,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if not getattr(model.config, "is_encoder_decoder", False):
         raise ValueError(f"{args.run} holds an encoder-only model; translate needs an encoder-decoder")
     src_tok, tgt_tok = load_tokenizers(args.run)
-    backend = select(args.device, "inference")
+    backend = select(args.device, "inference", args.precision)
     runner = backend.prepare(model)  # once: the device's fast path (see aiayn.backends)
     config = GenerationConfig(
         max_len=args.max_len, min_len=args.min_len, beam_size=1 if args.sample else args.beam,

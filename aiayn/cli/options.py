@@ -9,3 +9,11 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """`--device cpu|cuda|mps` (or cuda:N); the default is the best this machine has."""
     parser.add_argument("--device", metavar="DEVICE",
                         help="cpu, cuda (cuda:N for one GPU of several) or mps; default: the best available")
+
+
+def add_precision_argument(parser: argparse.ArgumentParser, *, default: str | None = None) -> None:
+    """`--precision fp32|bf16|int8`: how the model's numbers run at inference (see `aiayn.backends`)."""
+    parser.add_argument("--precision", choices=["fp32", "bf16", "int8"], default=default,
+                        help="fp32 (exact); bf16; int8 on CPU: int8 weights and activations in the layers where "
+                             "the error measured on calibration inputs allows (faster, approximate); default: "
+                             f"{default or 'bf16 on a GPU that has it, else fp32'}")

@@ -1,0 +1,242 @@
+"""CPU int8 inference: linear layers with int8 weights and activations quantised per call, chosen layer by layer.
+
+- Weights: symmetric int8, one scale per output channel (row of W).
+- Activations: quantised when the layer is called (dynamic), unsigned 8 bits with one scale and zero
+  point per call, over the full 0..255 range where this CPU's int8 products do not saturate (VNNI;
+  `int8_usable` checks once), else PyTorch's reduced 7-bit range. The product is fbgemm's
+  (`quantized::linear_dynamic`), which quantises, multiplies and rescales in one call.
+- Smoothing (SmoothQuant, Xiao et al. 2022): a few input channels of a LayerNorm's output carry values
+  tens of times larger than the rest, and one scale per call then leaves the others a few levels.
+  Dividing input channel c by s_c = sqrt(max|x_c| / max|W_:,c|) and multiplying the weight's column c
+  by it moves that range into the weights, where every row has its own scale. max|x_c| comes from a
+  calibration pass on random token ids, so no data is needed.
+- Per layer, by measuring: each layer runs whichever of int8 and smoothed int8 is closer to float32 on
+  the calibration inputs; if even that is further than `tolerance` (relative error of the layer's
+  output), the layer stays in bfloat16 (CPUs with native bf16) or float32. In a sentence encoder the
+  layers fed by GELU (the FFN's second layer) are the ones that stay.
+
+`quantize` applies all of it to a copy `aiayn.backends.Backend.prepare` made; nothing else calls it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.backends.fused import StackedLinear
+from aiayn.nn.model import Encoder, EncoderDecoderModel, EncoderModel
+
+log = logging.getLogger(__name__)
+
+TOLERANCE = 0.025  # relative output error above which a layer is not run in int8 (see docs/pretrained.md)
+SMOOTHING_ALPHA = 0.5  # SmoothQuant's migration strength: the range split evenly between input and weight
+CALIBRATION_SHAPE = (8, 32)  # random sequences x tokens of the calibration pass
+
+
+@functools.cache
+def int8_usable() -> str | None:
+    """How this build and CPU run fbgemm's dynamic int8 product: "full" (0..255 activations, exact
+    sums), "reduced" (0..127, where 8-bit pairs would saturate 16-bit sums), or None (unavailable)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao's quantised tensors carry a deprecation notice
+            k = 64
+            x = torch.ones(1, k)
+            x[0, 0] = 0.0  # quantises to 255 everywhere but the first column
+            layer = Int8Linear(torch.ones(4, k), None, reduce_range=False)
+            exact = bool(torch.allclose(layer(x), torch.full((1, 4), float(k - 1)), rtol=1e-4))
+    except (RuntimeError, NotImplementedError, AttributeError) as err:
+        log.info("int8 products unavailable (%s)", err)
+        return None
+    return "full" if exact else "reduced"
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T + b with W in int8 (per output channel) and x quantised per call (fbgemm), inference only.
+
+    Args:
+        weight: (out, in) float weight; bias: (out,) or None.
+        smooth: (in,) positive factors s; the layer computes (x / s) (W diag(s))^T + b, the same map
+            with the input's range moved into the weight. None: no smoothing.
+        reduce_range: quantise activations to 0..127 (CPUs whose int8 sums saturate).
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, smooth: torch.Tensor | None = None,
+                 reduce_range: bool = False):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        weight = weight.detach().float()
+        if smooth is not None:
+            weight = weight * smooth  # column c times s_c
+        scales = weight.abs().amax(dim=1).clamp_min(1e-12) / 127  # (out,) symmetric, -127..127
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao's quantised tensors carry a deprecation notice
+            qweight = torch.quantize_per_channel(weight, scales.double(), torch.zeros_like(scales, dtype=torch.long),
+                                                 0, torch.qint8)
+            self.packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.detach().float())
+        self.inv_smooth = None if smooth is None else (1.0 / smooth).contiguous()
+        self.reduce_range = reduce_range
+        self.smoothed = smooth is not None
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, smoothed={self.smoothed}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) float32 -> (..., out_features) float32."""
+        x = x * self.inv_smooth if self.inv_smooth is not None else x.contiguous()
+        return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+
+
+class Bf16Linear(nn.Module):
+    """A float32-in, float32-out linear layer computed in bfloat16 on oneDNN (weight prepacked once)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().bfloat16(), None)
+        self.bias = None if bias is None else bias.detach().bfloat16()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) -> (..., out_features), float32."""
+        return torch.ops.mkldnn._linear_pointwise(x.bfloat16(), self.packed, self.bias, "none", [], "").float()
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """How one linear layer runs after `quantize`, and the relative error measured for int8."""
+
+    name: str
+    kind: str  # "int8", "int8 smoothed", or the fallback's name
+    int8_error: float
+
+
+def _weight_and_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return module.weight, module.bias
+
+
+def _linear_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """Every plain `nn.Linear` and frozen Q/K/V stack of `model`, by qualified name."""
+    return {name: m for name, m in model.named_modules() if type(m) in (nn.Linear, StackedLinear)}
+
+
+def calibration_run(model: nn.Module, seed: int = 0) -> Callable[[nn.Module], object] | None:
+    """A call of `model` on random inputs (token ids from the upper 90% of the vocabulary, past the
+    special and unused entries), or None for a module this does not know how to call."""
+    gen = torch.Generator().manual_seed(seed)
+    batch, length = CALIBRATION_SHAPE
+
+    def ids(vocab: int) -> torch.Tensor:
+        low = min(max(4, vocab // 10), vocab - 1)
+        return torch.randint(low, vocab, (batch, length), generator=gen)  # (B, L)
+
+    if isinstance(model, EncoderDecoderModel):
+        src, tgt = ids(model.config.vocab_size), ids(model.config.target_vocab_size)
+        return lambda m: m(src, tgt)
+    if isinstance(model, EncoderModel):
+        tokens = ids(model.config.vocab_size)
+        return lambda m: m(tokens)
+    if isinstance(model, Encoder) and len(model.layers):
+        x = torch.randn(batch, length, model.layers[0].self_attn.d_model, generator=gen)  # (B, L, d_model)
+        return lambda m: m(x)
+    return None
+
+
+def calibration_inputs(model: nn.Module, layers: dict[str, nn.Module],
+                       run: Callable[[nn.Module], object]) -> dict[str, torch.Tensor]:
+    """The inputs (N, in) each layer receives while `run(model)` executes (layers never called are absent)."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    hooks = [layer.register_forward_hook(
+        lambda module, args, out, name=name: seen.setdefault(name, []).append(
+            args[0].detach().reshape(-1, args[0].shape[-1]).float()))
+        for name, layer in layers.items()]
+    try:
+        with torch.no_grad():
+            run(model)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {name: torch.cat(rows) for name, rows in seen.items()}
+
+
+def smoothing_factors(x: torch.Tensor, weight: torch.Tensor, alpha: float = SMOOTHING_ALPHA) -> torch.Tensor:
+    """SmoothQuant's s_c = max|x_c| ** alpha / max|W_:,c| ** (1 - alpha) for inputs x (N, in), weight (out, in).
+
+    Both maxima are raised to at least their median over the channels: a channel that calibration saw
+    (nearly) silent, such as a ReLU unit that random inputs never open, would otherwise be multiplied
+    by a huge 1 / s_c and, on a real input that opens it, overflow the range of every other channel.
+    """
+    act = x.abs().amax(dim=0)  # (in,)
+    wmax = weight.detach().float().abs().amax(dim=0)  # (in,)
+    act = act.clamp_min(float(act.median().clamp_min(1e-5)))
+    wmax = wmax.clamp_min(float(wmax.median().clamp_min(1e-5)))
+    return act.pow(alpha) / wmax.pow(1 - alpha)
+
+
+def relative_error(layer: nn.Module, x: torch.Tensor, expected: torch.Tensor) -> float:
+    """||layer(x) - expected|| / ||expected||, Frobenius norms."""
+    with torch.no_grad():
+        return float((layer(x) - expected).norm() / expected.norm().clamp_min(1e-12))
+
+
+def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool, tolerance: float,
+           fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None) -> tuple[nn.Module, LayerChoice]:
+    """The layer to run in place of `module` (calibration inputs x (N, in)), and why."""
+    weight, bias = _weight_and_bias(module)
+    with torch.no_grad():
+        expected = F.linear(x, weight.float(), None if bias is None else bias.float())  # (N, out)
+    plain = Int8Linear(weight, bias, reduce_range=reduce_range)
+    smoothed = Int8Linear(weight, bias, smooth=smoothing_factors(x, weight), reduce_range=reduce_range)
+    errors = {"int8": relative_error(plain, x, expected), "int8 smoothed": relative_error(smoothed, x, expected)}
+    kind = min(errors, key=errors.get)
+    if errors[kind] <= tolerance or fallback is None:
+        return (plain if kind == "int8" else smoothed), LayerChoice(name, kind, errors[kind])
+    replacement = fallback(weight, bias)
+    return replacement, LayerChoice(name, type(replacement).__name__, errors[kind])
+
+
+def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, reduce_range: bool,
+             tolerance: float = TOLERANCE,
+             fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None) -> list[LayerChoice]:
+    """Replace, in place, the linear layers of `model` that `run(model)` calls by int8 (or fallback) layers.
+
+    Args:
+        model: an inference copy (its Q/K/V stacks already frozen); its own parameters are not changed.
+        run: calls the model on calibration inputs; None quantises every linear layer, unsmoothed, unmeasured.
+        reduce_range: see `Int8Linear`.
+        tolerance: largest relative output error of a layer run in int8.
+        fallback: builds the layer for those over the tolerance (bf16 or float32); None keeps them int8.
+
+    Returns:
+        What each replaced layer became.
+    """
+    layers = _linear_layers(model)
+    if run is None:
+        inputs = {}
+        targets = {name: None for name in layers}
+    else:
+        inputs = calibration_inputs(model, layers, run)
+        targets = inputs
+    choices = []
+    modules = dict(model.named_modules())
+    for name in targets:
+        if not name:
+            continue  # the model itself is one linear layer: nothing to replace it in
+        module = layers[name]
+        if name in inputs:
+            replacement, choice = choose(name, module, inputs[name], reduce_range=reduce_range, tolerance=tolerance,
+                                         fallback=fallback)
+        else:
+            replacement = Int8Linear(*_weight_and_bias(module), reduce_range=reduce_range)
+            choice = LayerChoice(name, "int8", float("nan"))
+        parent, _, child = name.rpartition(".")
+        setattr(modules[parent] if parent else model, child, replacement)
+        choices.append(choice)
+    return choices

@@ -1,0 +1,140 @@
+"""int8 inference on CPU: layers stay close to float32, smoothing is safe, the choice per layer follows the
+measured error, and a trained model decodes the same sentences as in float32."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.backends import select
+from aiayn.backends.fused import StackedLinear
+from aiayn.backends.int8 import (
+    Bf16Linear,
+    Int8Linear,
+    calibration_inputs,
+    calibration_run,
+    int8_usable,
+    quantize,
+    smoothing_factors,
+)
+from aiayn.config import ModelConfig
+from aiayn.inference import GenerationConfig, generate
+from aiayn.nn.model import build_encoder, build_model
+
+pytestmark = pytest.mark.skipif(int8_usable() is None, reason="this PyTorch build has no int8 products")
+BOS, EOS, PAD = 1, 2, 0
+
+
+def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).norm() / expected.norm())
+
+
+def test_int8_linear_is_close_to_float32_and_smoothing_computes_the_same_map():
+    weight, bias = torch.randn(48, 64) / 8, torch.randn(48)
+    x = torch.randn(2, 10, 64)  # (B, L, in)
+    expected = F.linear(x, weight, bias)
+    with torch.no_grad():
+        plain = Int8Linear(weight, bias)(x)
+        smoothed = Int8Linear(weight, bias, smooth=torch.rand(64) + 0.5)(x)
+    assert plain.shape == expected.shape == smoothed.shape
+    assert rel_error(plain, expected) < 0.02 and rel_error(smoothed, expected) < 0.02
+    assert not torch.equal(plain, expected)  # it really is approximate: no float path hiding behind it
+
+
+def test_smoothing_moves_an_outlier_channel_into_the_weights():
+    # LayerNorm outputs of trained models carry a few channels tens of times larger than the rest: one
+    # scale per call then leaves the others a few levels, unless the range moves into the weights.
+    weight = torch.randn(32, 64) / 8
+    x = torch.randn(256, 64)
+    x[:, 3] *= 60.0
+    expected = F.linear(x, weight)
+    with torch.no_grad():
+        plain = rel_error(Int8Linear(weight, None)(x), expected)
+        smoothed = rel_error(Int8Linear(weight, None, smooth=smoothing_factors(x, weight))(x), expected)
+    assert smoothed < plain / 2
+
+
+def test_a_channel_calibration_never_saw_cannot_blow_up_the_range():
+    # A ReLU unit that random calibration inputs never open has max |x| = 0 there; its factor must stay
+    # bounded, or a real input that opens it overflows every other channel (this once cost 12 BLEU).
+    weight = torch.randn(32, 64) / 8
+    calibration = torch.relu(torch.randn(256, 64))
+    calibration[:, 5] = 0.0
+    real = torch.relu(torch.randn(64, 64))
+    real[:, 5] = 3.0
+    factors = smoothing_factors(calibration, weight)
+    assert factors.max() / factors.min() < 20
+    with torch.no_grad():
+        assert rel_error(Int8Linear(weight, None, smooth=factors)(real), F.linear(real, weight)) < 0.03
+
+
+def test_quantize_follows_the_measured_error_per_layer():
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=0)
+    model = build_model(cfg).eval()
+    run = calibration_run(model)
+    float32 = lambda weight, bias: StackedLinear(weight, bias, F.linear)  # the layers that stay
+
+    def choices(tolerance):
+        copy = build_model(cfg).eval()
+        copy.load_state_dict(model.state_dict())
+        return copy, quantize(copy, run, reduce_range=False, tolerance=tolerance, fallback=float32)
+
+    everything, all_int8 = choices(float("inf"))
+    nothing, none_int8 = choices(0.0)
+    assert {c.kind for c in all_int8} <= {"int8", "int8 smoothed"} and len(all_int8) == 12  # 2 layers x 6
+    assert {c.kind for c in none_int8} == {"StackedLinear"}
+    assert all(0 < c.int8_error < 0.1 for c in all_int8)
+    assert sum(isinstance(m, Int8Linear) for m in everything.modules()) == 12
+    assert not any(isinstance(m, Int8Linear) for m in nothing.modules())
+    # Calibration sees every layer the forward pass calls, with (N, in) inputs.
+    inputs = calibration_inputs(model, {"ffn": model.encoder.layers[0].feed_forward.linear2}, run)
+    assert inputs["ffn"].shape == (8 * 32, 64)
+
+
+def test_an_int8_copy_shares_nothing_it_changes_and_calibrates_any_aiayn_stack():
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2)
+    model = build_model(cfg).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    prepared = select("cpu", "inference", "int8").prepare(model)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert type(model.encoder.layers[0].feed_forward.linear1) is nn.Linear  # the model itself is untouched
+    assert isinstance(prepared.head.proj, (Int8Linear, Bf16Linear))
+    assert "int8" in select("cpu", "inference", "int8").describe()
+    encoder = build_encoder(cfg).eval()
+    x = torch.randn(2, 7, 32)
+    with torch.no_grad():
+        out = select("cpu", "inference", "int8").prepare(encoder)(x)
+        assert F.cosine_similarity(out.flatten(1), encoder(x).flatten(1)).min() > 0.99
+
+
+def _copy_task_model() -> nn.Module:
+    """A tiny encoder-decoder trained to copy sequences of 3-7 tokens (a few seconds on one thread)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=24, d_model=64, n_heads=4, d_ff=128, n_encoder_layers=2, n_decoder_layers=2,
+                      dropout=0.0, max_len=16)
+    model = build_model(cfg)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(250):
+        length = int(torch.randint(3, 8, ()))
+        src = torch.randint(4, 24, (64, length))
+        tgt = torch.cat([torch.full((64, 1), BOS), src, torch.full((64, 1), EOS)], dim=1)
+        logits = model(src, tgt[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, 24), tgt[:, 1:].reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def test_a_trained_model_decodes_the_same_in_int8():
+    model = _copy_task_model()
+    gen = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 24, (40, 6), generator=gen)
+    int8 = select("cpu", "inference", "int8").prepare(model)
+    for beam in (1, 4):
+        config = GenerationConfig(max_len=8, beam_size=beam)
+        expected = generate(model, src, bos_id=BOS, eos_id=EOS, config=config).tokens
+        actual = generate(int8, src, bos_id=BOS, eos_id=EOS, config=config).tokens
+        assert sum(e == src_row.tolist() for e, src_row in zip(expected, src)) >= 30  # it learned the task
+        agreement = sum(a == e for a, e in zip(actual, expected)) / len(expected)
+        assert agreement >= 0.95, (beam, agreement)
