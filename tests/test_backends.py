@@ -139,6 +139,22 @@ def test_an_inference_copy_is_prepacked_once_and_refuses_autograd():
         prepared(src, tgt)
 
 
+@needs_onednn
+def test_a_packed_layer_computes_one_row_by_mkl_and_many_by_onednn_equally():
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+    layer = PackedLinear(weight, bias)
+    with torch.no_grad():
+        many = torch.randn(3, 5, 32)
+        torch.testing.assert_close(layer(many), F.linear(many, weight, bias), atol=1e-5, rtol=0)
+        assert layer.columns is None  # the transposed copy is made only for layers that see one row
+        for shape in ((1, 1, 32), (1, 32), (32,)):
+            one = torch.randn(*shape)
+            assert "aten::addmm" in operators(lambda x=one: layer(x))
+            torch.testing.assert_close(layer(one), F.linear(one, weight, bias), atol=1e-5, rtol=0)
+        assert layer.columns.shape == (32, 48) and layer.columns.is_contiguous()
+        torch.testing.assert_close(PackedLinear(weight, None)(one), F.linear(one, weight), atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_lower_precisions_stay_close(precision):
     torch.manual_seed(0)
