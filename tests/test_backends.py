@@ -10,7 +10,7 @@ from aiayn.backends.cpu import OneDnnLinear, PackedLinear, onednn_linear, onednn
 from aiayn.backends.fused import FusedQKVAttention
 from aiayn.config import ModelConfig, preset
 from aiayn.inference import GenerationConfig, generate
-from aiayn.nn.model import build_model
+from aiayn.nn.model import build_encoder, build_model
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import forward
 
@@ -153,6 +153,26 @@ def test_a_packed_layer_computes_one_row_by_mkl_and_many_by_onednn_equally():
             torch.testing.assert_close(layer(one), F.linear(one, weight, bias), atol=1e-5, rtol=0)
         assert layer.columns.shape == (32, 48) and layer.columns.is_contiguous()
         torch.testing.assert_close(PackedLinear(weight, None)(one), F.linear(one, weight), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_inference_encoder_never_holds_an_l_by_l_matrix(padded):
+    # Long sequences: the fused path (scaled_dot_product_attention's blocked CPU kernel) must not fall
+    # back to a kernel that materialises the scores, with or without a padding mask.
+    length = 1024
+    encoder = build_encoder(ModelConfig(**{**TINY, "n_decoder_layers": 0}, dropout=0.0)).eval()
+    prepared = select("cpu", "inference").prepare(encoder)
+    x = torch.randn(1, length, TINY["d_model"])
+    mask = None
+    if padded:
+        mask = torch.ones(1, 1, 1, length, dtype=torch.bool)
+        mask[..., -7:] = False
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        prepared(x, mask)
+    largest = max(event.cpu_memory_usage for event in prof.events())
+    one_head_scores = length * length * 4  # float32 bytes of one head's L x L matrix
+    assert 0 < largest < one_head_scores / 4
+    assert any("flash_attention" in event.name for event in prof.events())
 
 
 @pytest.mark.parametrize("precision", ["bf16", "int8"])

@@ -137,10 +137,19 @@ def test_bench_runs_the_scripts_of_the_source_tree(capsys):
     assert code == 0 and "backend cpu train fp32" in out and "aiayn / torch.nn.Transformer" in out
     from aiayn.cli.bench import BENCHMARK_DIR, load_benchmark
 
-    assert all((BENCHMARK_DIR / f"{name}.py").is_file() for name in ("encoder", "train", "generate", "embed"))
+    assert all((BENCHMARK_DIR / f"{name}.py").is_file() for name in ("encoder", "train", "generate", "embed", "long"))
     assert load_benchmark("embed").__name__ == "aiayn_benchmark_embed"
     with pytest.raises(FileNotFoundError, match="scripts in the aiayn source tree"):
         load_benchmark("nonexistent")
+
+
+def test_bench_long_measures_each_length_in_its_own_process(capsys):
+    code, out, _ = run(capsys, "bench", "long", "--preset", "tiny", "--lengths", "96", "--naive-max", "96")
+    assert code == 0
+    rows = {path: line.split() for line in out.splitlines() for path in ("fused", "written")
+            if line.strip().startswith("96") and path in line}
+    assert rows.keys() == {"fused", "written"}
+    assert all(float(row[-1]) > 0 for row in rows.values())  # a peak was measured for both paths
 
 
 def test_bench_encoder_rejects_bad_sizes(capsys):
