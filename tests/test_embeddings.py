@@ -138,9 +138,12 @@ def test_embed_benchmark_runs_end_to_end(capsys):
     main, make_corpus = script.main, script.make_corpus
     corpus = make_corpus(50)
     assert len(set(corpus)) == 50 and make_corpus(50) == corpus
-    assert main(["--sentences", "16", "--repeats", "1", "--latency-calls", "2", "--precisions", "fp32,bf16"]) == 0
+    real = script.real_sentences(8)
+    assert main(["--sentences", "16", "--repeats", "1", "--latency-calls", "2", "--precisions", "fp32,bf16",
+                 "--real", "8"]) == 0
     out = capsys.readouterr().out
     assert "sentence-transformers" in out and "aiayn throughput vs sentence-transformers" in out
+    assert ("min cos, 8 real" in out) == (len(real) == 8)  # real sentences where the machine has gettext catalogs
     assert "bf16: throughput vs aiayn fp32" in out
 
 
