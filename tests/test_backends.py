@@ -10,6 +10,7 @@ from aiayn.backends.cpu import OneDnnLinear, PackedLinear, onednn_linear, onednn
 from aiayn.backends.fused import FusedQKVAttention
 from aiayn.config import ModelConfig, preset
 from aiayn.inference import GenerationConfig, generate
+from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.model import build_encoder, build_model
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import forward
@@ -153,6 +154,25 @@ def test_a_packed_layer_computes_one_row_by_mkl_and_many_by_onednn_equally():
             torch.testing.assert_close(layer(one), F.linear(one, weight, bias), atol=1e-5, rtol=0)
         assert layer.columns.shape == (32, 48) and layer.columns.is_contiguous()
         torch.testing.assert_close(PackedLinear(weight, None)(one), F.linear(one, weight), atol=1e-5, rtol=0)
+
+
+def test_one_query_over_many_rows_is_written_out_and_equal():
+    # A decoding step at batch 32 x beam 4: one query per row; the backend skips SDPA's flash kernel there.
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(32, 4).eval()
+    fused = select("cpu", "inference").prepare(plain)
+    query, memory = torch.randn(16, 1, 32), torch.randn(16, 9, 32)  # 16 rows x 4 heads = 64
+    mask = torch.ones(16, 1, 1, 9, dtype=torch.bool)
+    mask[3, ..., 5:] = False
+    mask[7] = False  # a fully padded source: finite, zero output
+    with torch.no_grad():
+        for m in (None, mask):
+            expected, _ = plain(query, memory, mask=m)
+            actual, _ = fused(query, memory, mask=m)
+            torch.testing.assert_close(actual, expected, atol=1e-5, rtol=0)
+        ops = operators(lambda: fused(query, memory))
+        assert not any("flash" in name for name in ops)
+        assert any("flash" in name for name in operators(lambda: fused(query[:2], memory[:2])))  # few rows: SDPA
 
 
 @pytest.mark.parametrize("padded", [False, True])

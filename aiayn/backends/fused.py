@@ -15,11 +15,12 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from aiayn.nn.attention import MultiHeadAttention
+from aiayn.nn.attention import MultiHeadAttention, attend
 
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x, weight, bias) -> y
 Frozen = Callable[[torch.Tensor, torch.Tensor | None], nn.Module]  # (stacked weight, bias) -> an inference layer
 ROLES = {"self_attn": "self", "cross_attn": "cross"}  # the layers' attribute names in aiayn.nn.layers
+SINGLE_QUERY_WRITTEN_OUT = 64  # rows x heads from which one-query attention runs written out (measured, CPU)
 
 
 class FusedQKVAttention(MultiHeadAttention):
@@ -71,6 +72,19 @@ class FusedQKVAttention(MultiHeadAttention):
         """K and V of memory (B, S, d_model), each a view of one (B, S, 2 d_model) product."""
         y = self.kv(memory) if self.kv is not None else self.product(memory, *_stacked((self.k_proj, self.v_proj)))
         return y.split(self.d_model, dim=-1)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
+               dropout_p: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Equation 1; one query per row (a decoding step) over many rows and heads written out on CPU.
+
+        SDPA's flash kernel pays its blocking for every (row, head): at one query each, 128 rows x 8
+        heads over 16 keys took 451 us against 262 us for the two products and softmax written out
+        (32 keys: 1,227 vs 598 us); at 4 rows or fewer it is the faster one (docs/generation.md).
+        """
+        if (q.shape[2] == 1 and q.device.type == "cpu" and not need_weights
+                and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT):
+            return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=True)[0], None
+        return super().attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
 
 
 def _stacked(projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:

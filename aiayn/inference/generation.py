@@ -167,15 +167,35 @@ def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, e
 
 # -- shared steps ---------------------------------------------------------------------------------
 
-def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
-          memory_mask: torch.Tensor | None, cache: KVCache, record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Feed (N, 1) newest tokens: next-token log-probabilities (N, V) in float32 and, when `record`,
-    this step's cross-attention weights (N, n_layers, h, S)."""
+def _step_logits(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
+                 memory_mask: torch.Tensor | None, cache: KVCache,
+                 record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, when `record`, this step's
+    cross-attention weights (N, n_layers, h, S)."""
     out = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache, return_cross_attention=record)
     hidden, cross = out if record else (out, None)  # (N, 1, d_model), n_layers x (N, h, 1, S)
-    log_probs = F.log_softmax(model.head(hidden[:, -1]).float(), dim=-1)  # (N, V)
+    logits = model.head(hidden[:, -1]).float()  # (N, V)
     weights = None if cross is None else torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
-    return log_probs, weights
+    return logits, weights
+
+
+def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
+          memory_mask: torch.Tensor | None, cache: KVCache, record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`_step_logits` with the logits turned into log-probabilities (N, V)."""
+    logits, weights = _step_logits(model, next_input, memory, memory_mask, cache, record)
+    return F.log_softmax(logits, dim=-1), weights
+
+
+def _top_log_probs(logits: torch.Tensor, n: int, blocked: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n most likely tokens of each row of logits (N, V): their log-probabilities and ids, each (N, n).
+
+    `blocked` (</s> before min_len) gets probability zero after the normalisation. (One fused
+    log-softmax pass measured faster than logsumexp's five, whose result alone would do.)
+    """
+    log_probs = F.log_softmax(logits, dim=-1)  # (N, V)
+    if blocked is not None:
+        log_probs[:, blocked] = NEG_INF
+    return log_probs.topk(min(n, log_probs.shape[-1]), dim=-1)  # (N, n) each, best first
 
 
 def _warp(log_probs: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
@@ -255,10 +275,11 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
     beams = _Beams(batch, k, int(limits.max()), eos_id, config, device)
     next_input = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     for step in range(beams.steps):
-        log_probs, step_weights = _step(model, next_input, memory, mask, cache, config.return_attention)  # (B*k, V)
-        if step < config.min_len:
-            log_probs[:, eos_id] = float("-inf")
-        candidates = beams.candidates(log_probs, step, limits)
+        logits, step_weights = _step_logits(model, next_input, memory, mask, cache, config.return_attention)
+        # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
+        # are among the best 2k tokens of each of its beams: only those get log-probabilities.
+        top = _top_log_probs(logits, 2 * k, eos_id if step < config.min_len else None)  # 2 x (B*k, 2k)
+        candidates = beams.candidates(*top, step, limits)
         beams.finish(candidates, step, step_weights)
         parents = beams.advance(candidates, step, limits)
         if bool(beams.sentence_done.all()):
@@ -300,12 +321,14 @@ class _Beams:
         self.history: torch.Tensor | None = None  # (B*k, T, n_layers, h, S) attention of the running beams
         self.done_history: torch.Tensor | None = None
 
-    def candidates(self, log_probs: torch.Tensor, step: int, limits: torch.Tensor) -> _Candidates:
-        """The best 2k continuations of each sentence's running beams, from (B*k, V) log-probabilities."""
-        vocab = log_probs.shape[-1]
-        totals = (log_probs.view(self.batch, self.k, vocab) + self.running_scores[:, :, None])  # (B, k, V)
-        scores, index = totals.view(self.batch, self.k * vocab).topk(2 * self.k, dim=1)  # (B, 2k), best first
-        beam, token = index // vocab, index % vocab
+    def candidates(self, log_probs: torch.Tensor, tokens: torch.Tensor, step: int,
+                   limits: torch.Tensor) -> _Candidates:
+        """The best 2k continuations of each sentence's running beams, from each beam's best tokens:
+        log-probabilities and ids, each (B*k, n) with n >= 2k (or the whole vocabulary)."""
+        n = log_probs.shape[-1]
+        totals = (log_probs.view(self.batch, self.k, n) + self.running_scores[:, :, None])  # (B, k, n)
+        scores, index = totals.view(self.batch, self.k * n).topk(2 * self.k, dim=1)  # (B, 2k), best first
+        beam, token = index // n, tokens.view(self.batch, self.k * n).gather(1, index)
         tokens = self.running.gather(1, beam[:, :, None].expand(-1, -1, self.steps)).clone()  # (B, 2k, T)
         tokens[:, :, step] = token
         ends = (token == self.eos_id) | (step + 1 >= limits)[:, None]

@@ -175,10 +175,15 @@ class MultiHeadAttention(nn.Module):
             if is_causal and not (q_len == 1 and offset + 1 >= k_len):
                 causal = causal_mask(q_len, q.device, offset=offset)  # (1, 1, L_q, L_k)
                 mask = causal if mask is None else mask & causal
-            out, weights = attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
+            out, weights = self.attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
         b, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(b, length, self.d_model)  # (B, L_q, d_model): heads concatenated
         return self.out_proj(out), weights
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
+               dropout_p: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Equation 1 on split heads by `attend` (see there); `aiayn.backends` may pick another kernel."""
+        return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
 
     def _heads(self, query: torch.Tensor, key_value: torch.Tensor | None, cache: AttentionCache | None,
                static_kv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -194,8 +199,9 @@ class MultiHeadAttention(nn.Module):
         if cache is None:
             return q, k, v, 0
         if static_kv:
-            cache.key, cache.value = k, v
-            return q, k, v, 0
+            # Read at every later step: stored contiguous (B, h, S, d_k), so no step copies them again.
+            cache.key, cache.value = k.contiguous(), v.contiguous()
+            return q, cache.key, cache.value, 0
         offset = 0 if cache.key is None else cache.key.shape[2]
         k, v = cache.append(k, v)  # (B, h, offset + L_new, d_k)
         return q, k, v, offset
