@@ -180,6 +180,24 @@ def test_benchmark_runs(capsys):
         assert "CTranslate2 int8" in out and "int8 vs CT2" in out
 
 
+@pytest.mark.parametrize("vocab", [50, 2000, 37000])
+def test_topk_rows_equals_topk(vocab):
+    # Beam search takes each beam's best tokens through blocks' maxima: the same values and ids as topk.
+    from aiayn.inference.generation import topk_rows
+
+    x = torch.randn(6, vocab)
+    x[2] = float("-inf")
+    x[2, vocab - 1] = 0.5  # the best entry of a row past the last whole block
+    x[4, :] = x[4].abs() * -1
+    x[4, 3] = 9.0
+    values, ids = topk_rows(x, 8)
+    expected = x.topk(8, dim=-1)
+    torch.testing.assert_close(values, expected.values, atol=0, rtol=0)
+    for row in (0, 1, 3, 4, 5):  # row 2 ties at -inf after its first entry: any order of those is right
+        assert torch.equal(ids[row], expected.indices[row])
+    assert int(ids[2, 0]) == vocab - 1 and int(ids[4, 0]) == 3
+
+
 def test_tiny_vocabulary_beam():
     # More candidates (2 x beam) than the vocabulary offers on the first step: still a full-length answer.
     small = make_model(0, vocab=5)
