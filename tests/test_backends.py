@@ -156,6 +156,27 @@ def test_a_packed_layer_computes_one_row_by_mkl_and_many_by_onednn_equally():
         torch.testing.assert_close(PackedLinear(weight, None)(one), F.linear(one, weight), atol=1e-5, rtol=0)
 
 
+@needs_onednn
+@pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
+def test_the_ffn_activation_runs_inside_the_first_product(activation):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0}, activation=activation)).eval()
+    prepared = select("cpu", "inference").prepare(model)
+    ffn = prepared.encoder.layers[0].feed_forward
+    assert ffn.linear1.activation == activation and isinstance(ffn.activation, torch.nn.Identity)
+    assert not isinstance(model.encoder.layers[0].feed_forward.activation, torch.nn.Identity)  # model untouched
+    with torch.no_grad():
+        ops = operators(lambda: ffn(torch.randn(2, 3, 32)))
+    assert "mkldnn::_linear_pointwise" in ops and not ops & {"aten::gelu", "aten::relu", "aten::relu_"}
+    ids = torch.randint(4, 50, (2, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(prepared(ids), model(ids), atol=1e-5, rtol=0)
+        one = torch.randn(1, 1, 32)  # one row: MKL's product, then the activation
+        torch.testing.assert_close(ffn(one), model.encoder.layers[0].feed_forward(one), atol=1e-5, rtol=0)
+    assert isinstance(select("cpu", "train").prepare(model).encoder.layers[0].feed_forward.activation,
+                      type(model.encoder.layers[0].feed_forward.activation))  # training keeps it as written
+
+
 def test_one_query_over_many_rows_is_written_out_and_equal():
     # A decoding step at batch 32 x beam 4: one query per row; the backend skips SDPA's flash kernel there.
     torch.manual_seed(0)

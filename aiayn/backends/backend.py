@@ -101,6 +101,8 @@ class Backend:
             prepared = fuse_qkv(prepared, product=product, frozen=frozen)
         if self.onednn:
             cpu.use_onednn(prepared, prepack=self.prepack, skip=_stacked_away(prepared))
+            if self.prepack:
+                cpu.fuse_activations(prepared)
         prepared.train(self.mode == "train")
         return torch.compile(prepared) if self.compile else prepared
 

