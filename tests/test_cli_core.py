@@ -123,8 +123,10 @@ def test_bench_encoder_runs_on_a_tiny_configuration(capsys):
     # The real measurement (`aiayn bench encoder`, base sizes) is for a quiet machine, not a test;
     # this checks that the script runs end to end, agrees with torch's output and prints its ratios.
     code, out, _ = run(capsys, "bench", "encoder", "--preset", "tiny", "--batch", "2", "--length", "8",
-                       "--repeats", "2", "--warmup", "1", "--matmul-size", "64")
-    assert code == 0
+                       "--repeats", "2", "--warmup", "1", "--matmul-size", "64", "--profile")
+    assert code == 0 and "where aiayn's forward spends its time" in out
+    shares = [float(m) for m in re.findall(r"([\d.]+)% of the time", out)]
+    assert len(shares) >= 3 and abs(sum(shares) - 100) < 0.5
     diff = float(re.search(r"max \|aiayn - torch\| = ([\d.e+-]+)", out).group(1))
     assert diff < 1e-5
     for name in ("aiayn Encoder", "aiayn Encoder, plain modules"):
