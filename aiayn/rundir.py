@@ -225,6 +225,30 @@ def atomic_open(path: str | Path, mode: str = "wb", *, encoding: str | None = No
             handle.flush()
 
 
+@contextlib.contextmanager
+def atomic_files(directory: str | Path) -> Iterator[Path]:
+    """A hidden staging directory inside `directory` for writers that fill a folder (`save_pretrained`,
+    converters); when the block ends without an error each file is moved onto its place in `directory`
+    (one rename each, so every file is whole), and the staging directory goes either way."""
+    import shutil
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = directory / f".staging-{secrets.token_hex(4)}"
+    staging.mkdir()
+    try:
+        yield staging
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            target = directory / path.relative_to(staging)
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a directory, where a file belongs", str(target))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+        _fsync_dir(directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Write `data` to `path` atomically (a temporary file beside it, synced, then renamed)."""
     with atomic_open(path, "wb") as handle:

@@ -192,12 +192,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         config_to_bert(model.config)  # an option BERT cannot express: refused before anything is written
     out = claim_for_export(args.out, force=args.force, fmt="onnx" if args.onnx else "hf")
     if args.onnx:
-        from aiayn.interop.bert import _export_tokenizer
+        from aiayn.interop.bert import encoder_input_names
+        from aiayn.interop.hf_tokenizer import save_hf_tokenizer
         from aiayn.interop.onnx import export_onnx
 
         path = export_onnx(model, out / "model.onnx")
         if tokenizer is not None:
-            _export_tokenizer(tokenizer, out, max_len=model.config.max_len)
+            save_hf_tokenizer(tokenizer, out, template="encoder", max_len=model.config.max_len,
+                              model_input_names=encoder_input_names(model.config))
         print(f"wrote {path}")
     else:
         from aiayn.interop.bert import export_hf

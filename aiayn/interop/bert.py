@@ -21,6 +21,7 @@ import safetensors.torch
 import torch
 
 from aiayn.config import ModelConfig
+from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.io import atomic_write_bytes
 from aiayn.nn.model import EncoderModel, build_model
 from aiayn.tokenization import Tokenizer, read_backend
@@ -372,26 +373,11 @@ def export_hf(model: EncoderModel, tokenizer: Tokenizer | None, directory: str |
                        safetensors.torch.save(state, metadata={"format": "pt"}))
     atomic_write_bytes(directory / "config.json", (json.dumps(hf_config, indent=2) + "\n").encode())
     if tokenizer is not None:
-        _export_tokenizer(tokenizer, directory, max_len=model.config.max_len)
+        save_hf_tokenizer(tokenizer, directory, template="encoder", max_len=model.config.max_len,
+                          model_input_names=encoder_input_names(model.config))
     return directory
 
 
-def _export_tokenizer(tokenizer: Tokenizer, directory: Path, *, max_len: int) -> None:
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import processors
-
-    backend = HFTokenizer.from_str(tokenizer.backend.to_str())
-    cls, sep = tokenizer.special["bos"], tokenizer.special["eos"]
-    if backend.post_processor is None:  # aiayn tokenizers add specials in code; HF needs a template
-        backend.post_processor = processors.TemplateProcessing(
-            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-            special_tokens=[(cls, tokenizer.bos_id), (sep, tokenizer.eos_id)],
-        )
-    atomic_write_bytes(directory / "tokenizer.json", backend.to_str().encode())
-    special = {"unk_token": tokenizer.special["unk"], "sep_token": sep, "pad_token": tokenizer.special["pad"],
-               "cls_token": cls}
-    if tokenizer.special["mask"] is not None:
-        special["mask_token"] = tokenizer.special["mask"]
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **special}
-    atomic_write_bytes(directory / "tokenizer_config.json", (json.dumps(config, indent=2) + "\n").encode())
-    atomic_write_bytes(directory / "special_tokens_map.json", (json.dumps(special, indent=2) + "\n").encode())
+def encoder_input_names(cfg: ModelConfig) -> tuple[str, ...]:
+    """What an exported encoder takes: ids and mask, and segment ids only when it has segment embeddings."""
+    return ("input_ids", "token_type_ids", "attention_mask") if cfg.type_vocab_size else ("input_ids", "attention_mask")
