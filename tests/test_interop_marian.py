@@ -151,3 +151,37 @@ def test_hf_generate_returns_the_same_sequences(seed, run_on):
         seen.update(tuple(t) for t in ours.tokens)
     assert len(seen) > 2  # varied outputs, not one degenerate sequence
     assert ended > 0  # some sentences ended with </s> before the length limit
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_runaway_guards_equal_hf_generate(seed):
+    """repetition_penalty and no_repeat_ngram_size decode as Hugging Face's logits processors do."""
+    model = marian_like(seed)
+    src = padded()
+    eos = _emitted_token(model, src)
+    hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=eos)
+    plain = generate(model, src, bos_id=BOS, eos_id=eos, config=GenerationConfig(max_len=12))
+    changed = 0
+    for beam, penalty, ngram in [(1, 1.5, 0), (1, 1.0, 2), (4, 1.3, 0), (3, 1.0, 3), (4, 1.2, 2)]:
+        config = GenerationConfig(max_len=12, beam_size=beam, repetition_penalty=penalty, no_repeat_ngram_size=ngram)
+        ours = generate(model, src, bos_id=BOS, eos_id=eos, config=config)
+        with torch.no_grad():
+            out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=beam, do_sample=False,
+                              max_length=13, length_penalty=0.6, early_stopping=True, repetition_penalty=penalty,
+                              no_repeat_ngram_size=ngram)
+        assert ours.tokens == [_strip(row, eos) for row in out], (beam, penalty, ngram)
+        if ngram:
+            for tokens in ours.tokens:
+                grams = [tuple([BOS, *tokens][i : i + ngram]) for i in range(len(tokens) + 2 - ngram)]
+                assert len(grams) == len(set(grams))
+        changed += ours.tokens != plain.tokens if beam == 1 else 0
+    assert changed  # the guards changed some greedy output: the comparison is not vacuous
+
+
+def test_length_limit_relative_to_the_source():
+    model = marian_like(2)
+    src = padded()  # real lengths 7, 5, 3, 7
+    out = generate(model, src, bos_id=BOS, eos_id=BOS, config=GenerationConfig(length_ratio=1.5, extra_len=2))
+    assert [len(t) for t in out.tokens] == [12, 9, 6, 12]  # BOS never ends a sentence: every row runs to its limit
+    with pytest.raises(ValueError, match="length_ratio must be a positive number"):
+        GenerationConfig(length_ratio=0)
