@@ -90,7 +90,7 @@ def test_export_hf_default_model(capsys, tmp_path):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "minilm-hf"
     code, stdout, _ = run(capsys, "export", "--out", str(out))
-    assert code == 0 and "wrote Hugging Face BERT files" in stdout
+    assert code == 0 and "wrote sentence-transformers files" in stdout
     model = transformers.AutoModel.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     batch = tok(["A man is eating food."], return_tensors="pt")

@@ -54,7 +54,7 @@ def test_load_names_what_it_cannot_read(tmp_path):
     (tmp_path / "notes" / "todo.txt").write_text("x")
     with pytest.raises(ValueError, match="files aiayn did not write .*aiayn.load reads aiayn runs"):
         aiayn.load(tmp_path / "notes")
-    with pytest.raises(FileNotFoundError, match="no such directory"):
+    with pytest.raises(FileNotFoundError, match="nowhere: no such checkpoint directory"):
         aiayn.load(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="Hugging Face checkpoint .*aiayn.load"):
         load_model(tmp_path / "gpt")  # the low-level loader points to the right one

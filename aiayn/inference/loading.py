@@ -44,14 +44,12 @@ def _model_type(directory: Path) -> str | None:
 
 def task_class(path: str | Path) -> type:
     """The class `load` returns for `path` (a directory or a MiniLM name); ValueError names what is there instead."""
-    from aiayn.interop.bert import MINILM_NAMES
+    from aiayn.interop.bert import resolve_checkpoint
 
     directory = Path(path)
     info = inspect_dir(directory)
-    if info.kind == MISSING:
-        if str(path) in MINILM_NAMES:
-            return Embedder
-        raise FileNotFoundError(f"{directory}: no such directory; {_READS}")
+    if info.kind == MISSING:  # a MiniLM name, or a hub id where a network exists (a path is never sent there)
+        return task_class(resolve_checkpoint(path))
     model_type = _model_type(directory)
     if info.kind in (HF_CHECKPOINT, EXPORT) and model_type is not None:
         if model_type == "bert":

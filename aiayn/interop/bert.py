@@ -364,6 +364,10 @@ def bert_state_dict(model: EncoderModel) -> dict[str, torch.Tensor]:
         out["embeddings.position_embeddings.weight"] = model.embed.positions(cfg.max_len).detach()
     if not cfg.type_vocab_size:  # one all-zero segment embedding adds nothing
         out["embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.d_model)
+    # BertModel builds a pooler that aiayn has no weights for: zeros make its output 0 (not random numbers),
+    # and loaders do not report missing weights. Hidden states and sentence vectors never use it.
+    out["pooler.dense.weight"] = torch.zeros(cfg.d_model, cfg.d_model)
+    out["pooler.dense.bias"] = torch.zeros(cfg.d_model)
     return {key: value.detach().contiguous().clone() for key, value in out.items()}
 
 

@@ -81,7 +81,8 @@ def to_split_layout(model: EncoderDecoderModel) -> EncoderDecoderModel:
     return split
 
 
-def _check_mappable(cfg: ModelConfig) -> None:
+def check_mappable(cfg: ModelConfig) -> None:
+    """ValueError naming every option of `cfg` that Marian cannot express."""
     problems = []
     if not cfg.is_encoder_decoder:
         problems.append("it has no decoder (n_decoder_layers=0)")
@@ -103,7 +104,7 @@ def marian_config(cfg: ModelConfig, *, decoder_start_token_id: int | None = None
     """The `MarianConfig` of an aiayn config; the decoder starts from `<pad>` unless told otherwise."""
     from transformers import MarianConfig
 
-    _check_mappable(cfg)
+    check_mappable(cfg)
     start = cfg.pad_id if decoder_start_token_id is None else decoder_start_token_id
     return MarianConfig(
         vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.target_vocab_size, d_model=cfg.d_model,
@@ -167,7 +168,7 @@ def to_marian(model: EncoderDecoderModel, *, decoder_start_token_id: int | None 
     from transformers import MarianMTModel
 
     cfg: ModelConfig = model.config
-    _check_mappable(cfg)
+    check_mappable(cfg)
     if cfg.pe_layout != "split":
         model = to_split_layout(model)
     hf = MarianMTModel(marian_config(cfg, decoder_start_token_id=decoder_start_token_id,
