@@ -7,6 +7,7 @@ A run directory (`aiayn train --run RUN`):
     tokenizer.json, tokenizer_meta.json   one shared tokenizer, or the same names under source/ and target/
     labels.json                  class or tag names (classification and tagging runs)
     metrics.jsonl, metrics.csv, curves.png, eval.json   logs, plots and the test evaluation
+    tensorboard/                 TensorBoard event files of the same metrics (`log_to=tensorboard`)
     checkpoints/                 step-NNNNNNNN/ (model files + trainer_state.pt + meta.json), `latest`, `best`
     .aiayn.lock                  held (an OS lock) by the process that trains in RUN
 
@@ -44,6 +45,7 @@ METRICS_LOG = "metrics.jsonl"
 METRICS_CSV = "metrics.csv"
 CURVES = "curves.png"
 EVAL = "eval.json"
+TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_STATE = "trainer_state.pt"
 CHECKPOINT_META = "meta.json"

@@ -28,8 +28,8 @@ def _require_ctranslate2():
         import ctranslate2
         from ctranslate2.converters import transformers as converters
     except ImportError:
-        raise ImportError("the CTranslate2 export needs the ctranslate2 package: pip install ctranslate2 "
-                          "(or pip install 'aiayn[ctranslate2]')") from None
+        raise ModuleNotFoundError("the CTranslate2 export needs the ctranslate2 package: pip install ctranslate2 "
+                                  "(or pip install 'aiayn[ctranslate2]')") from None
     return ctranslate2, converters
 
 
