@@ -54,6 +54,8 @@ def test_load_names_what_it_cannot_read(tmp_path):
     (tmp_path / "notes" / "todo.txt").write_text("x")
     with pytest.raises(ValueError, match="files aiayn did not write .*aiayn.load reads aiayn runs"):
         aiayn.load(tmp_path / "notes")
+    with pytest.raises(ValueError, match="the path is empty"):
+        aiayn.load("")
     with pytest.raises(FileNotFoundError, match="nowhere: no such checkpoint directory"):
         aiayn.load(tmp_path / "nowhere")
     with pytest.raises(ValueError, match="Hugging Face checkpoint .*aiayn.load"):

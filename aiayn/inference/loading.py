@@ -46,6 +46,8 @@ def task_class(path: str | Path) -> type:
     """The class `load` returns for `path` (a directory or a MiniLM name); ValueError names what is there instead."""
     from aiayn.interop.bert import resolve_checkpoint
 
+    if not str(path).strip():
+        raise ValueError(f"the path is empty (it would mean the current directory); {_READS}")
     directory = Path(path)
     info = inspect_dir(directory)
     if info.kind == MISSING:  # a MiniLM name, or a hub id where a network exists (a path is never sent there)
