@@ -131,6 +131,44 @@ class Tokenizer:
         head, tail = ([self.bos_id] if add_bos else []), ([self.eos_id] if add_eos else [])
         return [head + enc.ids + tail for enc in out]
 
+    def __call__(self, texts: str | list[str], *, add_bos: bool = False, add_eos: bool = False,
+                 max_length: int | None = None, padding: bool = True, return_tensors: str | None = None) -> dict:
+        """Hugging Face style: `{"input_ids", "attention_mask"}` of one text or a batch.
+
+        Args:
+            texts: one text (flat lists back) or a list of texts (rows).
+            add_bos, add_eos: wrap each text in `<s>` ... `</s>` (encoders take both, translation
+                sources end with `</s>`; Hugging Face's tokenizers decide this from their template).
+            max_length: cut each row to this many ids, keeping a final `</s>` when `add_eos`.
+            padding: right-pad rows with `<pad>` to the longest (the mask marks real ids with 1).
+            return_tensors: None (lists), "pt" (torch int64) or "np" (numpy int64); tensors need padding.
+        """
+        if return_tensors not in (None, "pt", "np"):
+            raise ValueError(f"return_tensors must be None, 'pt' or 'np', got {return_tensors!r}")
+        single = isinstance(texts, str)
+        rows = self.encode_batch([texts] if single else list(texts), add_bos=add_bos, add_eos=add_eos)
+        if max_length is not None:
+            if max_length < add_bos + add_eos + 1:
+                raise ValueError(f"max_length {max_length} leaves no room for a token between the special ones")
+            rows = [r if len(r) <= max_length else r[: max_length - add_eos] + r[len(r) - add_eos:] for r in rows]
+        width = max((len(r) for r in rows), default=0) if padding else None
+        if return_tensors is not None and not padding and len({len(r) for r in rows}) > 1:
+            raise ValueError("rows of different lengths make no tensor: pass padding=True")
+        ids = [r + [self.pad_id] * (width - len(r)) if padding else r for r in rows]
+        mask = [[1] * len(r) + [0] * (len(i) - len(r)) for r, i in zip(rows, ids)]
+        out = {"input_ids": ids, "attention_mask": mask}
+        if single and return_tensors is None:
+            return {name: value[0] for name, value in out.items()}
+        if return_tensors == "pt":
+            import torch
+
+            return {name: torch.tensor(value, dtype=torch.long) for name, value in out.items()}
+        if return_tensors == "np":
+            import numpy as np
+
+            return {name: np.array(value, dtype=np.int64) for name, value in out.items()}
+        return out
+
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         """Text of `ids`; special tokens are dropped unless `skip_special=False`."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special)
