@@ -59,7 +59,7 @@ def load_config(directory: str | Path) -> ModelConfig:
         raise ValueError(f"{path}: expected a JSON object of model settings, got {type(data).__name__}")
     if "model_type" in data:
         raise ValueError(f"{directory} holds a Hugging Face checkpoint (model_type {data['model_type']!r}), "
-                         "not an aiayn model; BERT-family encoders load with aiayn.interop.bert.load_pretrained")
+                         "not an aiayn model; aiayn.load(path) reads BERT-family checkpoints and every aiayn directory")
     missing = sorted({f.name for f in fields(ModelConfig)} - set(data))
     if missing:
         raise ValueError(f"{path} lacks {', '.join(missing)}; a saved model names every setting (a default could "

@@ -7,6 +7,7 @@ A run directory (`aiayn train --run RUN`):
     tokenizer.json, tokenizer_meta.json   one shared tokenizer, or the same names under source/ and target/
     labels.json                  class or tag names (classification and tagging runs)
     metrics.jsonl, metrics.csv, curves.png, eval.json   logs, plots and the test evaluation
+    tensorboard/                 TensorBoard event files of the same metrics (`log_to=tensorboard`)
     checkpoints/                 step-NNNNNNNN/ (model files + trainer_state.pt + meta.json), `latest`, `best`
     .aiayn.lock                  held (an OS lock) by the process that trains in RUN
 
@@ -44,6 +45,7 @@ METRICS_LOG = "metrics.jsonl"
 METRICS_CSV = "metrics.csv"
 CURVES = "curves.png"
 EVAL = "eval.json"
+TENSORBOARD = "tensorboard"
 CHECKPOINTS = "checkpoints"
 CHECKPOINT_STATE = "trainer_state.pt"
 CHECKPOINT_META = "meta.json"
@@ -145,20 +147,25 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
     return lock
 
 
-def check_export_dir(out: str | Path, *, force: bool = False) -> Path:
-    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given."""
-    info = inspect_dir(check_path_given(out, "--out"))
+def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--out",
+                     force_hint: str = "pass --force") -> Path:
+    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given.
+
+    `option` and `force_hint` name the argument and the override in the message (the CLI's by default).
+    """
+    info = inspect_dir(check_path_given(out, option))
     if info.kind == FILE:
-        raise DirectoryRefused(f"{info.path} is a file, not a directory: give --out a directory")
+        raise DirectoryRefused(f"{info.path} is a file, not a directory: give {option} a directory")
     if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
         raise DirectoryRefused(f"{info.path} holds {info.description}; the export would replace files there: "
-                               "choose a new --out directory, or pass --force to write there anyway")
+                               f"choose a new {option} directory, or {force_hint} to write there anyway")
     return info.path
 
 
-def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf") -> Path:
+def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf", option: str = "--out",
+                     force_hint: str = "pass --force") -> Path:
     """`check_export_dir`, then create `out` and mark it as an aiayn export before any other file is written."""
-    path = check_export_dir(out, force=force)
+    path = check_export_dir(out, force=force, option=option, force_hint=force_hint)
     atomic_write_bytes(path / EXPORT_MARK, (json.dumps({"format": fmt}) + "\n").encode())
     return path
 
@@ -223,6 +230,30 @@ def atomic_open(path: str | Path, mode: str = "wb", *, encoding: str | None = No
         with open(tmp, mode, encoding=(encoding or "utf-8") if text else None, newline=newline) as handle:
             yield handle
             handle.flush()
+
+
+@contextlib.contextmanager
+def atomic_files(directory: str | Path) -> Iterator[Path]:
+    """A hidden staging directory inside `directory` for writers that fill a folder (`save_pretrained`,
+    converters); when the block ends without an error each file is moved onto its place in `directory`
+    (one rename each, so every file is whole), and the staging directory goes either way."""
+    import shutil
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    staging = directory / f".staging-{secrets.token_hex(4)}"
+    staging.mkdir()
+    try:
+        yield staging
+        for path in sorted(p for p in staging.rglob("*") if p.is_file()):
+            target = directory / path.relative_to(staging)
+            if target.is_dir():
+                raise IsADirectoryError(errno.EISDIR, "is a directory, where a file belongs", str(target))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, target)
+        _fsync_dir(directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

@@ -32,6 +32,10 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 KINDS = ("bpe", "unigram", "char", "subword-nmt", "wordpiece")
 LOSSLESS_KINDS = ("bpe", "unigram", "char")
 SPACE = "▁"  # U+2581, SentencePiece's symbol for a space
+# A literal "▁" in the text must not come back as a space (SentencePiece's own models lose it): before the
+# spaces become "▁", the normaliser writes it as ESCAPE + "\ue002" and ESCAPE itself as ESCAPE + "\ue001"
+# (private-use characters: ESCAPE then never stands alone, so the decoder undoes both exactly).
+ESCAPE, ESCAPED_ESCAPE, ESCAPED_SPACE = "\ue000", "\ue000\ue001", "\ue000\ue002"
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
 
 
@@ -131,6 +135,44 @@ class Tokenizer:
         head, tail = ([self.bos_id] if add_bos else []), ([self.eos_id] if add_eos else [])
         return [head + enc.ids + tail for enc in out]
 
+    def __call__(self, texts: str | list[str], *, add_bos: bool = False, add_eos: bool = False,
+                 max_length: int | None = None, padding: bool = True, return_tensors: str | None = None) -> dict:
+        """Hugging Face style: `{"input_ids", "attention_mask"}` of one text or a batch.
+
+        Args:
+            texts: one text (flat lists back) or a list of texts (rows).
+            add_bos, add_eos: wrap each text in `<s>` ... `</s>` (encoders take both, translation
+                sources end with `</s>`; Hugging Face's tokenizers decide this from their template).
+            max_length: cut each row to this many ids, keeping a final `</s>` when `add_eos`.
+            padding: right-pad rows with `<pad>` to the longest (the mask marks real ids with 1).
+            return_tensors: None (lists), "pt" (torch int64) or "np" (numpy int64); tensors need padding.
+        """
+        if return_tensors not in (None, "pt", "np"):
+            raise ValueError(f"return_tensors must be None, 'pt' or 'np', got {return_tensors!r}")
+        single = isinstance(texts, str)
+        rows = self.encode_batch([texts] if single else list(texts), add_bos=add_bos, add_eos=add_eos)
+        if max_length is not None:
+            if max_length < add_bos + add_eos + 1:
+                raise ValueError(f"max_length {max_length} leaves no room for a token between the special ones")
+            rows = [r if len(r) <= max_length else r[: max_length - add_eos] + r[len(r) - add_eos:] for r in rows]
+        width = max((len(r) for r in rows), default=0) if padding else None
+        if return_tensors is not None and not padding and len({len(r) for r in rows}) > 1:
+            raise ValueError("rows of different lengths make no tensor: pass padding=True")
+        ids = [r + [self.pad_id] * (width - len(r)) if padding else r for r in rows]
+        mask = [[1] * len(r) + [0] * (len(i) - len(r)) for r, i in zip(rows, ids)]
+        out = {"input_ids": ids, "attention_mask": mask}
+        if single and return_tensors is None:
+            return {name: value[0] for name, value in out.items()}
+        if return_tensors == "pt":
+            import torch
+
+            return {name: torch.tensor(value, dtype=torch.long) for name, value in out.items()}
+        if return_tensors == "np":
+            import numpy as np
+
+            return {name: np.array(value, dtype=np.int64) for name, value in out.items()}
+        return out
+
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         """Text of `ids`; special tokens are dropped unless `skip_special=False`."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special)
@@ -206,7 +248,25 @@ def display_pieces(tokens: list[str], *, prepended: bool = False) -> list[str]:
         out.append(token.replace(SPACE, " ").removesuffix("</w>").removeprefix("##"))
     if prepended and out and tokens[0].startswith(SPACE):
         out[0] = out[0][1:]  # the space the tokenizer put before the text (it is not in the text)
-    return out
+    return _unescape_pieces(out)
+
+
+def _unescape_pieces(pieces: list[str]) -> list[str]:
+    """Undo the ESCAPE codes, which may straddle two pieces: the character goes to the piece of its ESCAPE."""
+    if not any(ESCAPE in piece for piece in pieces):
+        return pieces
+    out: list[list[str]] = [[] for _ in pieces]
+    escaped_at = None  # the piece whose ESCAPE waits for its code character
+    for index, piece in enumerate(pieces):
+        for char in piece:
+            if escaped_at is not None:
+                out[escaped_at].append(SPACE if char == ESCAPED_SPACE[1] else ESCAPE)
+                escaped_at = None
+            elif char == ESCAPE:
+                escaped_at = index
+            else:
+                out[index].append(char)
+    return ["".join(chars) for chars in out]
 
 
 _BYTE_VALUE = {token: value for value, token in enumerate(BYTE_TOKENS)}
@@ -246,18 +306,30 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
     return tokenizer
 
 
+def _escape(text: str) -> str:
+    """What the lossless normalisers make of a literal ESCAPE and "▁" (see ESCAPE)."""
+    return text.replace(ESCAPE, ESCAPED_ESCAPE).replace(SPACE, ESCAPED_SPACE)
+
+
+def _unescaping_decoders() -> list:
+    """After the tokens are fused into one string: the escaped "▁" and ESCAPE back (see ESCAPE)."""
+    return [decoders.Fuse(), decoders.Replace(ESCAPED_SPACE, SPACE), decoders.Replace(ESCAPED_ESCAPE, ESCAPE)]
+
+
 def _train_lossless(texts: list[str], kind: str, vocab_size: int, special: list[str], lowercase: bool,
                     min_frequency: int) -> HFTokenizer:
     """SentencePiece-style: spaces kept as "▁", byte fallback, no normaliser that rewrites text."""
     norm = [normalizers.Lowercase()] if lowercase else []
+    norm += [normalizers.Replace(ESCAPE, ESCAPED_ESCAPE), normalizers.Replace(SPACE, ESCAPED_SPACE)]
     if kind == "char":
-        alphabet = sorted({ch for text in texts for ch in (text.lower() if lowercase else text)} - {" "})
+        alphabet = sorted({ch for text in texts for ch in _escape(text.lower() if lowercase else text)} - {" "})
         vocab = {tok: i for i, tok in enumerate([*special, SPACE, *alphabet])}
         backend = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, byte_fallback=True))
         backend.add_special_tokens(special)  # as the trainers do: skipped when decoding, never split
         backend.normalizer = normalizers.Sequence([*norm, normalizers.Replace(" ", SPACE)])
         backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-        backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+        backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
+                                             *_unescaping_decoders()])
         return _with_byte_tokens(backend, len(special))
     # One "▁" before the text and one for each space; the pre-tokenizer cuts before every "▁", so
     # pieces never span two words; the decoder maps "▁" back and strips the one it added.
@@ -272,8 +344,8 @@ def _train_lossless(texts: list[str], kind: str, vocab_size: int, special: list[
                                           show_progress=False)
     backend.normalizer = normalizers.Sequence(norm)
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="never", split=True)
-    backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse(),
-                                         decoders.Strip(" ", 1, 0)])
+    backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
+                                         *_unescaping_decoders(), decoders.Strip(" ", 1, 0)])
     backend.train_from_iterator(texts, trainer=trainer)
     return _with_byte_tokens(backend, len(special))
 
@@ -309,14 +381,15 @@ def _with_byte_tokens(backend: HFTokenizer, n_special: int) -> HFTokenizer:
     data = json.loads(backend.to_str())
     model = data["model"]
     if model["type"] == "Unigram":
-        # A literal "<s>" in the text must not match the special piece of that name: the special
-        # pieces get a score no path beats, and every printable ASCII character a piece of its own
-        # (scored below any learned piece), so such strings are always spelled out.
+        # The unigram model matches any piece inside the text: a literal "<s>" or "<0xE2>" must not become
+        # the special or byte-fallback piece of that name. Those pieces get a score no path beats, and
+        # every printable ASCII character a piece of its own (below any learned piece), so such strings
+        # are spelled out. Byte fallback itself does not look at scores.
         floor = min((score for _, score in model["vocab"][n_special:]), default=0.0) - 10.0
         known = {piece for piece, _ in model["vocab"]}
         ascii_chars = [chr(c) for c in range(0x21, 0x7F)]
         model["vocab"] += [[piece, floor] for piece in ascii_chars if piece not in known]
-        model["vocab"] += [[token, floor] for token in BYTE_TOKENS if token not in known]
+        model["vocab"] += [[token, -1e9] for token in BYTE_TOKENS if token not in known]
         for entry in model["vocab"][:n_special]:
             entry[1] = -1e9
         model["byte_fallback"] = True

@@ -1,21 +1,24 @@
-"""Training-step throughput: aiayn's encoder-decoder vs a step built on `torch.nn.Transformer`, and the matmul peak.
+"""Training-step throughput on the shapes of a real run: aiayn beside Hugging Face Marian and torch.nn.Transformer.
 
-Run: `aiayn bench train` or `python benchmarks/train.py [--preset base --batch 8 --src-len 32 --tgt-len 32]`.
+Run: `aiayn bench train` or `python benchmarks/train.py [--preset small --max-tokens 4096 --steps 12]`.
 
 In one run it measures, on the same machine and threads, a full training step (forward, label-smoothed
-cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Adam for both) of:
-- aiayn's model of the chosen preset (base: d_model 512, 6+6 layers, h 8, d_ff 2048, 37,000 shared vocabulary,
-  tied embeddings, dropout 0.1), through `aiayn.training`'s loss, prepared by the trainer's backend
-  (`aiayn.backends`: oneDNN linear layers and fused Q/K/V on CPU), and once more as the plain modules of
-  `aiayn.nn` (every product on PyTorch's default, MKL) for comparison;
+cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Adam for all) of:
+- aiayn's model of the chosen preset (small: d_model 256, 3+3 layers, h 4, d_ff 1024, an 8,000-token shared
+  vocabulary, tied embeddings, dropout 0.1), through `aiayn.training`'s loss, prepared by the trainer's
+  backend (`aiayn.backends`: oneDNN linear layers and fused Q/K/V on CPU), and once more as the plain
+  modules of `aiayn.nn` (every product on PyTorch's default, MKL) for comparison;
+- `transformers.MarianMTModel` of the same sizes (post-LN, ReLU, sinusoidal positions, tied embeddings), as
+  its users train it: logits over the padded batch, `F.cross_entropy(label_smoothing=0.1)`;
 - the same sizes built on `torch.nn.Transformer` (batch_first, post-LN, ReLU, dropout 0.1) with a shared,
-  tied embedding x sqrt(d_model), sinusoidal positions, a causal mask from `generate_square_subsequent_mask`,
-  and `F.cross_entropy(label_smoothing=0.1)`;
+  tied embedding x sqrt(d_model), sinusoidal positions and a causal mask;
 - the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP), by PyTorch's default and by oneDNN.
-Batches hold random tokens, source and target lengths drawn per sentence (right-padded), identical for both.
-Model FLOPs count the forward pass (projections, attention, FFN, vocabulary projection) x 3 for training.
-All three are timed in every repeat, in rotating order; times are medians, and the per-batch ratios
-(both steps on the same batch, back to back) show how much a noisy neighbour moved them.
+Batches are a real run's: sentence lengths drawn like short real sentences (source mean `--mean-len`
+tokens, the target 0.8-1.3 times as long), cut into batches of at most `--max-tokens` padded tokens by
+the trainer's own length bucketing, random ids; identical for every model. Model FLOPs count the
+forward pass (projections, attention, FFN, vocabulary projection over the real target tokens) x 3.
+All models are timed on every batch in rotating order; rates are medians, and the per-batch ratios
+(the same batch, back to back) show how much a noisy neighbour moved them.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import argparse
 import math
 import statistics
 import time
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -32,6 +36,7 @@ from torch import nn
 from aiayn.backends import select
 from aiayn.backends.cpu import onednn_product
 from aiayn.config import ModelConfig, preset
+from aiayn.data.batching import token_batches
 from aiayn.nn.embedding import sinusoidal_table
 from aiayn.nn.model import build_model
 from aiayn.training.loss import label_smoothed_loss
@@ -75,21 +80,42 @@ class TorchTransformerMT(nn.Module):
         return hidden @ self.embed.weight.T  # tied pre-softmax projection
 
 
-def make_batches(cfg: ModelConfig, n: int, batch: int, src_len: int, tgt_len: int, seed: int = 0):
-    """`n` batches of random ids with per-sentence lengths in [len/2, len], right-padded; labels -100 on padding."""
+def make_batches(cfg: ModelConfig, n: int, max_tokens: int, mean_len: float, seed: int = 0):
+    """`n` batches as the trainer builds them: lengths like short real sentences (a log-normal with mean
+    `mean_len`, 1..128 tokens; targets 0.8-1.3 x the source), bucketed into <= `max_tokens` padded tokens.
+
+    Returns (src (B, S), tgt_in (B, T), labels (B, T)) triples; source rows end with `</s>`, labels -100 on padding.
+    """
     gen = torch.Generator().manual_seed(seed)
+    pairs = 40 * n * max(1, max_tokens // max(int(mean_len), 1))
+    sigma = 0.6
+    src_lens = torch.exp(torch.randn(pairs, generator=gen) * sigma + math.log(mean_len) - sigma**2 / 2)
+    src_lens = src_lens.round().clamp(1, 128).long()
+    tgt_lens = (src_lens * (0.8 + 0.5 * torch.rand(pairs, generator=gen))).round().clamp(1, 128).long()
+    lengths = [max(int(s), int(t) + 1) for s, t in zip(src_lens, tgt_lens)]
     out = []
-    for _ in range(n):
-        s_lens = torch.randint(src_len // 2, src_len + 1, (batch,), generator=gen)
-        t_lens = torch.randint(tgt_len // 2, tgt_len + 1, (batch,), generator=gen)
-        src = torch.randint(4, cfg.vocab_size, (batch, src_len), generator=gen)
-        tgt = torch.randint(4, cfg.vocab_size, (batch, tgt_len + 1), generator=gen)
-        src[torch.arange(src_len)[None] >= s_lens[:, None]] = cfg.pad_id
+    for indices in token_batches(lengths, max_tokens, seed=seed)[:n]:
+        s_lens, t_lens = src_lens[indices], tgt_lens[indices]
+        width_s, width_t = int(s_lens.max()), int(t_lens.max()) + 1
+        src = torch.randint(4, cfg.vocab_size, (len(indices), width_s), generator=gen)
+        tgt = torch.randint(4, cfg.vocab_size, (len(indices), width_t + 1), generator=gen)
+        src[torch.arange(width_s)[None] >= s_lens[:, None]] = cfg.pad_id
         tgt_in, labels = tgt[:, :-1].clone(), tgt[:, 1:].clone()
-        tgt_in[torch.arange(tgt_len)[None] >= t_lens[:, None]] = cfg.pad_id
-        labels[torch.arange(tgt_len)[None] >= t_lens[:, None]] = -100
+        tgt_in[torch.arange(width_t)[None] > t_lens[:, None]] = cfg.pad_id
+        labels[torch.arange(width_t)[None] > t_lens[:, None]] = -100
         out.append((src, tgt_in, labels))
     return out
+
+
+def batch_flops(cfg: ModelConfig, src: torch.Tensor, tgt_in: torch.Tensor, labels: torch.Tensor) -> float:
+    """Training FLOPs of one batch on its padded shapes (the vocabulary projection over real target tokens)."""
+    batch, src_len = src.shape
+    tgt_len = tgt_in.shape[1]
+    head = 3 * 2.0 * int((labels != -100).sum()) * cfg.d_model * cfg.target_vocab_size
+    return step_flops(cfg.replace(tgt_vocab_size=1, share_embeddings=False), batch, src_len, tgt_len) + head
+
+
+PAD = 0
 
 
 def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -107,6 +133,29 @@ def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
     loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
     (loss / int((labels != -100).sum())).backward()
     opt.step()
+
+
+def marian_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+    """One `MarianMTModel` step as its users write it: logits over the padded batch, label-smoothed cross-entropy."""
+    src, tgt_in, labels = batch
+    opt.zero_grad(set_to_none=True)
+    logits = model(input_ids=src, attention_mask=src != PAD, decoder_input_ids=tgt_in,
+                   decoder_attention_mask=tgt_in != PAD).logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100,
+                           label_smoothing=0.1)
+    loss.backward()
+    opt.step()
+
+
+def marian_peer(cfg: ModelConfig) -> nn.Module | None:
+    """`MarianMTModel` of `cfg`'s sizes (None when transformers is not installed)."""
+    try:
+        from transformers import MarianMTModel
+    except ImportError:
+        return None
+    from aiayn.interop.marian import marian_config
+
+    return MarianMTModel(marian_config(cfg.replace(pe_layout="split")))
 
 
 def torch_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
@@ -142,72 +191,81 @@ def matmul_peak(n: int = 1024, repeats: int = 5, *, onednn: bool = False,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Print tokens/s for both steps, the ratio, and aiayn's FLOP/s as a fraction of the matmul peak."""
+    """Print tokens/s of each step, the ratios, and aiayn's FLOP/s as a fraction of the matmul peak."""
     parser = argparse.ArgumentParser(prog="aiayn bench train", description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="base")
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--src-len", type=int, default=32)
-    parser.add_argument("--tgt-len", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=20, help="timed steps of each model")
+    parser.add_argument("--preset", default="small", help="model sizes (default small; base for the paper's)")
+    parser.add_argument("--vocab", type=int, default=0, help="vocabulary size (default: the preset's)")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per batch, as the trainer's")
+    parser.add_argument("--mean-len", type=float, default=12.0, help="mean source sentence length in tokens")
+    parser.add_argument("--steps", type=int, default=12, help="timed steps of each model")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps of each model first")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                        help="aiayn's training precision (default: the backend's choice for the device)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = preset(args.preset)
-    backend = select(args.device, "train")
+    if args.vocab:
+        cfg = cfg.replace(vocab_size=args.vocab)
+    backend = select(args.device, "train", args.precision)
     device = backend.device
     ours, theirs = build_model(cfg).train(), TorchTransformerMT(cfg).to(device).train()
     plain = build_model(cfg).train()
     plain.load_state_dict(ours.state_dict())
     prepared = backend.prepare(ours)  # shares `ours`' parameters (moved to the device), as in the trainer
     plain.to(device)
-    opt_ours, opt_theirs, opt_plain = _optimizer(ours), _optimizer(theirs), _optimizer(plain)
+    steps = {"aiayn": (aiayn_step, prepared, _optimizer(ours), backend.autocast),
+             "aiayn, plain modules": (aiayn_step, plain, _optimizer(plain), nullcontext),
+             "torch.nn.Transformer": (torch_step, theirs, _optimizer(theirs), nullcontext)}
+    marian = marian_peer(cfg)
+    if marian is not None:
+        marian.to(device).train()
+        steps["Hugging Face Marian"] = (marian_step, marian, _optimizer(marian), nullcontext)
     batches = [tuple(t.to(device) for t in batch)
-               for batch in make_batches(cfg, args.repeats + args.warmup, args.batch, args.src_len, args.tgt_len)]
+               for batch in make_batches(cfg, args.steps + args.warmup, args.max_tokens, args.mean_len)]
     real_tokens = [int((s != cfg.pad_id).sum() + (lab != -100).sum()) for s, _, lab in batches]
     params = sum(p.numel() for p in ours.parameters())
-    print(f"train step, preset {args.preset} ({params / 1e6:.1f}M parameters), batch {args.batch}, "
-          f"source <= {args.src_len}, target <= {args.tgt_len} tokens, {torch.get_num_threads()} threads, "
-          f"backend {backend.describe()}")
-    steps = {"aiayn": (aiayn_step, prepared, opt_ours), "torch.nn.Transformer": (torch_step, theirs, opt_theirs),
-             "aiayn, plain modules": (aiayn_step, plain, opt_plain)}
-    times: dict[str, list[float]] = {name: [] for name in steps}
+    print(f"train step, preset {args.preset} ({params / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}), batches "
+          f"of <= {args.max_tokens} padded tokens (mean {statistics.mean(real_tokens):.0f} real source + target "
+          f"tokens), {torch.get_num_threads()} threads, aiayn backend {backend.describe()}")
     seconds: dict[str, list[float]] = {name: [] for name in steps}
-    peaks, peaks_onednn = [], []
+    peaks, peaks_onednn, flops = [], [], 0.0
     for i, batch in enumerate(batches):
         order = list(steps)[i % len(steps):] + list(steps)[:i % len(steps)]  # rotate who goes first
         for name in order:
-            step, model, opt = steps[name]
+            step, model, opt, precision = steps[name]
             _sync(device)
             start = time.perf_counter()
-            with backend.autocast():  # bf16 mixed precision on a CUDA GPU that has it, for both
+            with precision():
                 step(model, opt, batch)
             _sync(device)
             if i >= args.warmup:
                 seconds[name].append(time.perf_counter() - start)
-                times[name].append(seconds[name][-1] / real_tokens[i])
         if i >= args.warmup:
+            flops += batch_flops(cfg, *batch)
             peaks.append(matmul_peak(device=device))
             if backend.onednn:
                 peaks_onednn.append(matmul_peak(onednn=True))
     peak = max(statistics.median(peaks), statistics.median(peaks_onednn or peaks))
-    flops = step_flops(cfg, args.batch, args.src_len, args.tgt_len)  # on the padded shapes, as computed
-    rates = {name: 1.0 / statistics.median(t) for name, t in times.items()}
-    for name, rate in rates.items():
-        achieved = flops / statistics.median(seconds[name])
-        print(f"  {name:22s} {rate:10.0f} tokens/s (real source + target tokens)   {achieved / 1e9:7.1f} "
-              f"model GFLOP/s ({100 * achieved / peak:.0f}% of peak)")
+    tokens = sum(real_tokens[args.warmup:])
+    for name, times in seconds.items():
+        total = sum(times)
+        print(f"  {name:22s} {tokens / total:10.0f} tokens/s (real source + target tokens)   "
+              f"{flops / total / 1e9:7.1f} model GFLOP/s ({100 * flops / total / peak:.0f}% of peak)")
     onednn_peak = f", {statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN)" if peaks_onednn else ""
     print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default)"
           f"{onednn_peak}; peak = the higher")
-    for name in ("aiayn", "aiayn, plain modules"):
-        ratios = [t / o for o, t in zip(seconds[name], seconds["torch.nn.Transformer"])]
-        print(f"  {name} / torch.nn.Transformer: {rates[name] / rates['torch.nn.Transformer']:.2f}x "
-              f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "
-              f"range {min(ratios):.2f}-{max(ratios):.2f})")
+    for peer in ("Hugging Face Marian", "torch.nn.Transformer"):
+        if peer not in seconds:
+            continue
+        for name in ("aiayn", "aiayn, plain modules"):
+            ratios = [t / o for o, t in zip(seconds[name], seconds[peer])]
+            print(f"  {name} / {peer}: {sum(seconds[peer]) / sum(seconds[name]):.2f}x tokens/s "
+                  f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "
+                  f"range {min(ratios):.2f}-{max(ratios):.2f})")
     return 0
 
 

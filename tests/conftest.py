@@ -54,3 +54,62 @@ def run_on(request):
     from aiayn.backends import select
 
     return select("cpu", "inference", "fp32").prepare
+
+
+# A tiny translation run as `aiayn train` leaves it (the paper's interleaved positions, a shared BPE
+# vocabulary): 60 steps of the copy task, enough that some outputs end with </s> and others run to the
+# length limit. Shared by the tests of the task objects, `aiayn translate` and the exports.
+TINY_RUN = ["task=copy", "task_train=200", "task_valid=10", "task_test=10", "model.d_model=32", "model.d_ff=64",
+            "model.n_heads=4", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.dropout=0",
+            "model.max_len=64", "threads=1", "max_steps=60", "max_tokens=400", "vocab_size=60", "lr=3e-3",
+            "warmup=10", "show_examples=0"]
+# Inputs for translation runs: copy-task strings, other text, non-ASCII, a literal special token, an empty line.
+SAMPLE_LINES = ["a b c", "h g f e", "d d d d d", "c a", "The cat sat.", "naïve café", "literal <s> here", "",
+                "b h a g c f d e"]
+
+
+@pytest.fixture(scope="session")
+def translation_run(tmp_path_factory):
+    """The directory of a tiny trained translation run."""
+    from aiayn.cli.main import main
+
+    run = tmp_path_factory.mktemp("translation") / "run"
+    assert main(["train", *TINY_RUN, "--run", str(run), "--no-progress"]) == 0
+    return run
+
+
+WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
+GERMAN = ["eins", "zwei", "drei", "vier", "fünf", "sechs", "sieben", "acht", "neun", "zehn"]
+TINY_ENCODER = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.dropout=0",
+                "threads=1", "max_steps=40", "warmup=5", "lr=3e-3", "max_tokens=200", "vocab_size=60",
+                "show_examples=0"]
+# Texts the tiny classification run learns: odd-numbered words are "good" (pos), even ones "bad" (neg).
+CLASSIFIED = [(f"{WORDS[i % 10]} is {'good' if i % 2 else 'bad'}", "pos" if i % 2 else "neg") for i in range(60)]
+# Sentences the tiny tagging run learns: "Four visits Drei" -> B-PER O B-LOC.
+TAGGED = [[(WORDS[i % 10].title(), "B-PER"), ("visits", "O"), (GERMAN[i % 10].title(), "B-LOC")] for i in range(30)]
+
+
+def _train_run(tmp_path_factory, name: str, data_name: str, lines: list[str], objective: str):
+    from aiayn.cli.main import main
+
+    root = tmp_path_factory.mktemp(name)
+    data = root / data_name
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    run = root / "run"
+    assert main(["train", f"train={data}", f"objective={objective}", *TINY_ENCODER, "--run", str(run),
+                 "--no-progress"]) == 0
+    return run
+
+
+@pytest.fixture(scope="session")
+def classification_run(tmp_path_factory):
+    """A tiny trained sentiment-like classification run (labels neg, pos); 100% on its test split."""
+    return _train_run(tmp_path_factory, "classification", "train.csv",
+                      ["text,label", *(f"{text},{label}" for text, label in CLASSIFIED)], "sequence_classification")
+
+
+@pytest.fixture(scope="session")
+def tagging_run(tmp_path_factory):
+    """A tiny trained tagging run (tags B-LOC, B-PER, O) from CoNLL."""
+    lines = [line for sentence in TAGGED for line in [*(f"{w} {t}" for w, t in sentence), ""]]
+    return _train_run(tmp_path_factory, "tagging", "train.conll", lines, "token_classification")

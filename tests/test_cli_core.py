@@ -134,9 +134,10 @@ def test_bench_encoder_runs_on_a_tiny_configuration(capsys):
 
 
 def test_bench_runs_the_scripts_of_the_source_tree(capsys):
-    code, out, _ = run(capsys, "bench", "train", "--preset", "tiny", "--batch", "2", "--src-len", "6",
-                       "--tgt-len", "6", "--repeats", "1", "--warmup", "0", "--device", "cpu")
+    code, out, _ = run(capsys, "bench", "train", "--preset", "tiny", "--max-tokens", "64", "--mean-len", "5",
+                       "--steps", "1", "--warmup", "0", "--device", "cpu")
     assert code == 0 and "backend cpu train fp32" in out and "aiayn / torch.nn.Transformer" in out
+    assert "aiayn / Hugging Face Marian" in out
     from aiayn.cli.bench import BENCHMARK_DIR, load_benchmark
 
     assert all((BENCHMARK_DIR / f"{name}.py").is_file() for name in ("encoder", "train", "generate", "embed", "long"))

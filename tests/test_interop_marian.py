@@ -8,7 +8,7 @@ from aiayn.inference.generation import GenerationConfig, generate
 from aiayn.nn.model import build_model
 
 transformers = pytest.importorskip("transformers")
-from aiayn.interop.marian import from_marian, to_marian  # noqa: E402
+from aiayn.interop.marian import from_marian, to_marian, to_split_layout  # noqa: E402
 
 PAD, BOS = 0, 1
 transformers.logging.set_verbosity_error()
@@ -63,10 +63,41 @@ def test_logits_equal_marian_with_padded_sources(changes, run_on):
     assert back.config == model.config.replace(dropout=back.config.dropout)
 
 
+@pytest.mark.parametrize("changes", [{}, {"share_embeddings": False, "tgt_vocab_size": 30},
+                                     {"tie_embeddings": False}, {"norm_first": True}])
+def test_split_layout_is_the_same_function(changes):
+    """A permutation of the d_model basis turns the interleaved sinusoids into split ones: outputs stay equal."""
+    model = marian_like(0, **changes).to(torch.float64)
+    model = build_model(model.config.replace(pe_layout="interleaved")).to(torch.float64).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    split = to_split_layout(model).to(torch.float64)
+    assert split.config.pe_layout == "split" and split.config.replace(pe_layout="interleaved") == model.config
+    src, tgt = padded(), torch.randint(4, 24, (4, 6))
+    with torch.no_grad():
+        torch.testing.assert_close(split(src, tgt), model(src, tgt), atol=1e-10, rtol=0)
+    ours = split.state_dict()
+    changed = [name for name, value in model.state_dict().items() if not torch.equal(value, ours[name])]
+    assert changed and all("q_proj.bias" not in name and "linear1.bias" not in name for name in changed)
+
+
+def test_interleaved_model_generates_the_same_with_hf():
+    model = build_model(marian_like(1).config.replace(pe_layout="interleaved")).eval()
+    model.load_state_dict(marian_like(1).state_dict())
+    hf = to_marian(model, decoder_start_token_id=BOS)
+    src = padded()
+    ours = generate(model, src, bos_id=BOS, eos_id=2, config=GenerationConfig(max_len=10, beam_size=3))
+    with torch.no_grad():
+        out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=3, max_length=11,
+                          length_penalty=0.6, early_stopping=True)
+    assert ours.tokens == [_strip(row, 2) for row in out]
+
+
 def test_unmappable_models_are_refused_with_the_reason():
-    with pytest.raises(ValueError, match="split layout"):
+    with pytest.raises(ValueError, match="sinusoidal positions"):
         to_marian(build_model(ModelConfig(vocab_size=20, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
-                                          n_decoder_layers=1)))
+                                          n_decoder_layers=1, positional="learned")))
     with pytest.raises(ValueError, match="post-LN"):
         to_marian(marian_like(0, norm_first=True))
     hf = to_marian(marian_like(0))
@@ -120,3 +151,37 @@ def test_hf_generate_returns_the_same_sequences(seed, run_on):
         seen.update(tuple(t) for t in ours.tokens)
     assert len(seen) > 2  # varied outputs, not one degenerate sequence
     assert ended > 0  # some sentences ended with </s> before the length limit
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_runaway_guards_equal_hf_generate(seed):
+    """repetition_penalty and no_repeat_ngram_size decode as Hugging Face's logits processors do."""
+    model = marian_like(seed)
+    src = padded()
+    eos = _emitted_token(model, src)
+    hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=eos)
+    plain = generate(model, src, bos_id=BOS, eos_id=eos, config=GenerationConfig(max_len=12))
+    changed = 0
+    for beam, penalty, ngram in [(1, 1.5, 0), (1, 1.0, 2), (4, 1.3, 0), (3, 1.0, 3), (4, 1.2, 2)]:
+        config = GenerationConfig(max_len=12, beam_size=beam, repetition_penalty=penalty, no_repeat_ngram_size=ngram)
+        ours = generate(model, src, bos_id=BOS, eos_id=eos, config=config)
+        with torch.no_grad():
+            out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=beam, do_sample=False,
+                              max_length=13, length_penalty=0.6, early_stopping=True, repetition_penalty=penalty,
+                              no_repeat_ngram_size=ngram)
+        assert ours.tokens == [_strip(row, eos) for row in out], (beam, penalty, ngram)
+        if ngram:
+            for tokens in ours.tokens:
+                grams = [tuple([BOS, *tokens][i : i + ngram]) for i in range(len(tokens) + 2 - ngram)]
+                assert len(grams) == len(set(grams))
+        changed += ours.tokens != plain.tokens if beam == 1 else 0
+    assert changed  # the guards changed some greedy output: the comparison is not vacuous
+
+
+def test_length_limit_relative_to_the_source():
+    model = marian_like(2)
+    src = padded()  # real lengths 7, 5, 3, 7
+    out = generate(model, src, bos_id=BOS, eos_id=BOS, config=GenerationConfig(length_ratio=1.5, extra_len=2))
+    assert [len(t) for t in out.tokens] == [12, 9, 6, 12]  # BOS never ends a sentence: every row runs to its limit
+    with pytest.raises(ValueError, match="length_ratio must be a positive number"):
+        GenerationConfig(length_ratio=0)

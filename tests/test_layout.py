@@ -13,7 +13,7 @@ LAYERS = {
     "nn": 1, "reference": 1, "data": 1, "weights": 1,
     "backends": 2, "io": 2, "aiayn": 2,  # "aiayn": the package's own __init__ (build_model, load_model)
     "inference": 3, "training": 3, "interop": 3,
-    "inspect": 4, "verify": 4,
+    "inspect": 4, "verify": 4, "export": 4,
     "cli": 5, "__main__": 6,
 }
 

@@ -55,15 +55,21 @@ def small(request):
     return train_tokenizer(texts, vocab_size=300, kind=request.param)
 
 
+# Any Unicode, with the characters the tokenizer itself uses (the space symbol, its escapes) drawn often.
+SPECIAL_CHARS = st.sampled_from(["▁", "\ue000", "\ue001", "\ue002", " ", "<", "s", ">"])
+TEXT = st.text(alphabet=st.one_of(st.characters(exclude_categories=("Cs",)), SPECIAL_CHARS), max_size=40)
+
+
 @settings(max_examples=150, deadline=None)
-@given(text=st.text(max_size=40))
+@given(text=TEXT)
 def test_round_trip_is_exact_on_random_unicode(small, text):
     assert small.decode(small.encode(text)) == text
     assert "".join(small.pieces(text)) == text
 
 
 @pytest.mark.parametrize("text", ["", " ", "  two leading", "trailing  ", "a  b\tc\r\nd", "<s> and </s> as text",
-                                  "zero\u200bwidth", "Ω ☃ 🙂", "…", "Can't"])
+                                  "zero\u200bwidth", "Ω ☃ 🙂", "…", "Can't", "the symbol ▁ is text", "▁▁ ▁",
+                                  "\ue000\ue002 \ue000▁\ue001", "bytes such as <0xE2> are text"])
 def test_edge_cases_round_trip_and_show_as_text(small, text):
     ids = small.encode(text)
     assert small.decode(ids) == text
@@ -98,3 +104,26 @@ def test_save_and_load_keep_the_literal_special_handling(tmp_path):
     loaded = Tokenizer.load(tmp_path)
     assert loaded.encode("a <s> b") == tokenizer.encode("a <s> b")
     assert loaded.bos_id not in loaded.encode("a <s> b")
+
+
+def test_the_tokenizer_is_callable_like_hugging_faces():
+    import numpy as np
+    import torch
+
+    tok = train_tokenizer(["the cat sat on the mat", "a dog ran"] * 3, vocab_size=60)
+    texts = ["the cat", "a dog ran on the mat", ""]
+    batch = tok(texts, add_eos=True, return_tensors="pt")
+    rows = [tok.encode(t, add_eos=True) for t in texts]
+    width = max(len(r) for r in rows)
+    assert batch["input_ids"].shape == (3, width) and batch["input_ids"].dtype == torch.long
+    for i, row in enumerate(rows):
+        assert batch["input_ids"][i, : len(row)].tolist() == row
+        assert batch["attention_mask"][i].tolist() == [1] * len(row) + [0] * (width - len(row))
+        assert set(batch["input_ids"][i, len(row):].tolist()) <= {tok.pad_id}
+    one = tok("the cat", add_bos=True, add_eos=True)
+    assert one["input_ids"] == tok.encode("the cat", add_bos=True, add_eos=True) and set(one["attention_mask"]) == {1}
+    cut = tok("a dog ran on the mat", add_bos=True, add_eos=True, max_length=4, return_tensors="np")
+    assert cut["input_ids"].shape == (1, 4) and cut["input_ids"].dtype == np.int64
+    assert cut["input_ids"][0, 0] == tok.bos_id and cut["input_ids"][0, -1] == tok.eos_id
+    with pytest.raises(ValueError, match="padding=True"):
+        tok(texts, padding=False, return_tensors="pt")

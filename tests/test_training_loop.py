@@ -1,5 +1,7 @@
 """The training loop on tiny seeded configs: loss falls, copy is learned, non-finite loss stops cleanly."""
 
+import json
+
 import pytest
 import torch
 
@@ -76,3 +78,38 @@ def test_a_run_directory_is_not_overwritten(tmp_path):
     Trainer(run, tmp_path / "run").fit()
     with pytest.raises(ValueError, match="already holds a run; pass --resume"):
         Trainer(run, tmp_path / "run").fit()
+
+
+def test_metrics_go_to_tensorboard_when_asked(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from aiayn.cli.main import main
+
+    run = tmp_path / "run"
+    assert main(["train", "task=copy", "task_train=40", "task_valid=5", "task_test=5", "model.d_model=16",
+                 "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+                 "threads=1", "max_steps=3", "log_every=1", "max_tokens=200", "vocab_size=60", "log_to=tensorboard",
+                 "--run", str(run), "--no-progress"]) == 0
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert [(e.step, round(e.value, 5)) for e in events.Scalars("train/loss")] == [
+        (r["step"], round(r["loss"], 5)) for r in train]
+    assert {"valid/loss", "test/bleu", "train/lr"} <= set(events.Tags()["scalars"])
+    assert (run / "metrics.csv").is_file() and (run / "curves.png").is_file()  # beside the files, not instead
+
+
+def test_tensorboard_missing_is_one_line_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    import builtins
+
+    from aiayn.cli.main import main
+
+    real_import = builtins.__import__
+    monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
+                        if name == "tensorboard" else real_import(name, *a, **k))
+    assert main(["train", "task=copy", "log_to=tensorboard", "--run", str(tmp_path / "run")]) == 2
+    assert "pip install tensorboard" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    assert main(["train", "task=copy", "log_to=wandb", "--run", str(tmp_path / "run")]) == 2
+    assert "log_to must be one of tensorboard" in capsys.readouterr().err

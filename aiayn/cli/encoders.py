@@ -13,10 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from aiayn.cli.options import add_device_argument, add_precision_argument
+from aiayn.cli.options import add_device_argument, add_precision_argument, show_progress
 from aiayn.config import POOLINGS
-
-PROGRESS_FROM = 256  # show a progress bar from this many texts on
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -55,10 +53,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_model_args(q)
     q.set_defaults(func=cmd_search)
 
-    x = subparsers.add_parser("export", help="write an encoder in Hugging Face BERT format or as ONNX")
-    x.add_argument("--model", help="BERT checkpoint, hub id or aiayn encoder directory (default: all-MiniLM-L6-v2)")
+    x = subparsers.add_parser(
+        "export", help="write a trained model (or an encoder) for Hugging Face, sentence-transformers, CTranslate2 or "
+                       "ONNX, checked against aiayn",
+        description="A translation run becomes a Hugging Face Marian model (or, with --ctranslate2, a CTranslate2 "
+                    "model); an encoder a sentence-transformers model (or, with --onnx, an ONNX graph). Both come "
+                    "with their tokenizer, and the export is then checked: a fixed set of texts goes through the "
+                    "exported model and through aiayn, and the agreement is printed.")
+    x.add_argument("--model", "--run", dest="model",
+                   help="a run or model directory, BERT checkpoint or hub id (default: all-MiniLM-L6-v2)")
     x.add_argument("--out", "-o", required=True, help="output directory")
-    x.add_argument("--onnx", action="store_true", help="write OUT/model.onnx (+ tokenizer) instead of HF format")
+    kind = x.add_mutually_exclusive_group()
+    kind.add_argument("--onnx", action="store_true", help="an encoder as OUT/model.onnx (+ tokenizer)")
+    kind.add_argument("--ctranslate2", action="store_true",
+                      help="a translator as a CTranslate2 model (needs pip install ctranslate2)")
+    x.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float32, float16, ... (default float32)")
+    x.add_argument("--no-check", action="store_true", help="skip the comparison with aiayn")
     x.add_argument("--force", action="store_true",
                    help="write into a directory that holds something else than an earlier export (refused otherwise)")
     x.set_defaults(func=cmd_export)
@@ -81,7 +91,7 @@ def _read_lines(path: str, what: str = "input file") -> list[str]:
 
 
 def _embed_with_progress(embedder, texts: list[str], args: argparse.Namespace) -> np.ndarray:
-    if args.quiet or len(texts) < PROGRESS_FROM:
+    if not show_progress(len(texts), quiet=args.quiet):
         return embedder.embed(texts, batch_size=args.batch_size)
     from tqdm import tqdm
 
@@ -146,7 +156,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if index_path.is_dir():
         raise IsADirectoryError(f"--index {index_path} is a directory; give a file name")
     embedder = _embedder(args)
-    if args.quiet or len(corpus) < PROGRESS_FROM:
+    if not show_progress(len(corpus), quiet=args.quiet):
         index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size)
     else:
         from tqdm import tqdm
@@ -171,36 +181,17 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    """Export an encoder to Hugging Face BERT format or ONNX."""
-    from aiayn.interop.bert import is_bert_checkpoint, load_pretrained, resolve_checkpoint
-    from aiayn.rundir import check_export_dir, claim_for_export
+    """Export, then print where and how well the export agrees with aiayn."""
+    from aiayn.export import export
 
-    check_export_dir(args.out, force=args.force)  # before the model loads: refuse at once
-    source = resolve_checkpoint(args.model)
-    if is_bert_checkpoint(source):
-        model, tokenizer = load_pretrained(source)
-    else:
-        from aiayn.io import load_model
-        from aiayn.tokenization import Tokenizer
-
-        model = load_model(source)
-        tokenizer = Tokenizer.load(source) if (source / "tokenizer.json").is_file() else None
-    if not args.onnx:
-        from aiayn.interop.bert import config_to_bert
-
-        config_to_bert(model.config)  # an option BERT cannot express: refused before anything is written
-    out = claim_for_export(args.out, force=args.force, fmt="onnx" if args.onnx else "hf")
-    if args.onnx:
-        from aiayn.interop.bert import _export_tokenizer
-        from aiayn.interop.onnx import export_onnx
-
-        path = export_onnx(model, out / "model.onnx")
-        if tokenizer is not None:
-            _export_tokenizer(tokenizer, out, max_len=model.config.max_len)
-        print(f"wrote {path}")
-    else:
-        from aiayn.interop.bert import export_hf
-
-        export_hf(model, tokenizer, out)
-        print(f"wrote Hugging Face BERT files to {out}")
+    fmt = "onnx" if args.onnx else "ctranslate2" if args.ctranslate2 else "hf"
+    result = export(args.model, args.out, fmt=fmt, quantization=args.quantization, force=args.force,
+                    check=not args.no_check)
+    print(f"wrote {result.format} files to {result.path}")
+    for check in result.checks:
+        print(f"check: {check}")
+    disagreements = [check for check in result.checks if not check.complete]
+    if disagreements:
+        print(f"aiayn export: warning: the export differs from aiayn on some check inputs ({disagreements[0].what})",
+              file=sys.stderr)
     return 0

@@ -4,7 +4,8 @@
 | --- | --- |
 | 0 | done |
 | 1 | an internal error (a bug): the line names the exception; `--debug` shows the traceback |
-| 2 | bad input: arguments, config values, data, model / checkpoint / tokenizer files, a directory not its own |
+| 2 | bad input: arguments, config values, data, model / checkpoint / tokenizer files, a directory not its own; |
+|   | also an optional package the command needs and does not find (the line says what to install) |
 | 3 | training or evaluation produced non-finite numbers (NaN / Inf); checkpoints written before are kept |
 | 4 | the system refused: disk full, permission denied, read-only file system, out of memory, other I/O errors |
 | 5 | the run directory is in use: another process is training in it |
@@ -58,6 +59,8 @@ def describe(err: BaseException) -> tuple[int, str]:
         return code, _os_line(err)
     if isinstance(err, MemoryError):
         return SYSTEM, "out of memory; try a smaller --batch-size or max_tokens"
+    if isinstance(err, ModuleNotFoundError):  # an optional package: the message says what to install
+        return BAD_INPUT, str(err)
     if isinstance(err, KeyError):
         return BAD_INPUT, str(err.args[0]) if err.args else "a required key is missing"
     if isinstance(err, (UserError, ValueError, UnicodeError)):

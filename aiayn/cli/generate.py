@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from aiayn.cli.options import add_device_argument, add_precision_argument
+from aiayn.cli.options import add_device_argument, add_precision_argument, show_progress
 
 logger = logging.getLogger(__name__)
 
@@ -18,22 +20,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `aiayn translate`."""
     p = subparsers.add_parser(
         "translate", help="translate lines with a trained model (beam 4, alpha 0.6 by default, as the paper)",
-        description="Translate TEXT arguments, the lines of --input FILE, or stdin; one output line per input line.",
+        description="Translate TEXT arguments, the lines of --input FILE, or stdin; one output line per input line "
+                    "(to stdout, or --output FILE). Sentences are sorted by length and batched by token count.",
     )
     p.add_argument("text", nargs="*", help="sentences to translate (default: read --input or stdin)")
     p.add_argument("--run", required=True, help="model directory (config.json, model.safetensors, tokenizer.json)")
-    p.add_argument("--input", help="file of sentences, one per line")
+    p.add_argument("--input", "-i", help="file of sentences, one per line ('-' for stdin)")
+    p.add_argument("--output", "-o", help="write the translations here, one line per input line (default: stdout)")
     p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-len", type=int, default=None,
-                   help="most output tokens (default: source length + 50)")
+                   help="most output tokens (default: --length-ratio x source length + --extra-len)")
+    p.add_argument("--length-ratio", type=float, default=1.0,
+                   help="a in the output limit a x source length + b (default 1, the paper's)")
+    p.add_argument("--extra-len", type=int, default=50, help="b in that limit (default 50, the paper's)")
     p.add_argument("--min-len", type=int, default=0, help="fewest output tokens before </s>")
+    p.add_argument("--no-repeat-ngram-size", type=int, default=0,
+                   help="no n-gram of this size twice in an output, as Hugging Face generate() (default 0: off)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="divide the score of tokens already output by this, as Hugging Face generate() (1: off)")
     p.add_argument("--sample", action="store_true", help="sample instead of searching (uses --beam 1)")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None, help="seed for --sample")
-    p.add_argument("--batch-size", type=int, default=32, help="sentences decoded together")
+    p.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch (default 4096)")
+    p.add_argument("--batch-size", type=int, default=0, help="most sentences per batch (default: no cap)")
     p.add_argument("--truncate", action="store_true",
                    help="cut sources longer than the model's max_len instead of stopping with an error")
     p.add_argument("--scores", action="store_true", help="print each output's score before it, tab-separated")
@@ -41,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="save the cross-attention map (source x output tokens) of the first sentence")
     p.add_argument("--attention-layer", default="all",
                    help="'all' (one panel per layer), 'mean' (mean over layers) or a layer number; heads averaged")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(p)
     add_precision_argument(p)
     p.set_defaults(func=cmd_translate)
@@ -56,58 +69,77 @@ def _read_lines(args: argparse.Namespace) -> list[str]:
     return read_lines(args.input or "-")  # "-": stdin
 
 
-def cmd_translate(args: argparse.Namespace) -> int:
-    """Translate and print one line per input line."""
-    from aiayn.backends import select
-    from aiayn.inference.generation import GenerationConfig, generate
-    from aiayn.io import load_model, load_tokenizers
+def _search(args: argparse.Namespace):
+    from aiayn.inference.generation import GenerationConfig
 
-    if args.beam < 1:
-        raise ValueError(f"--beam must be at least 1, got {args.beam}")
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
+    for option, value in (("--beam", args.beam), ("--max-tokens", args.max_tokens)):
+        if value < 1:
+            raise ValueError(f"{option} must be at least 1, got {value}")
+    if args.batch_size < 0:
+        raise ValueError(f"--batch-size must not be negative, got {args.batch_size}")
+    return GenerationConfig(
+        max_len=args.max_len, length_ratio=args.length_ratio, extra_len=args.extra_len, min_len=args.min_len,
+        beam_size=1 if args.sample else args.beam, length_penalty=args.alpha, do_sample=args.sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+        repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+        return_attention=bool(args.show_attention),
+    )
+
+
+def _one_line(text: str) -> str:
+    """An output on one line: a line break the model wrote would shift every later line of the file."""
+    return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    """Translate; print (or write) one line per input line."""
+    from aiayn.inference.translator import Translator
+    from aiayn.rundir import atomic_open
+
+    config = _search(args)
     if args.show_attention and Path(args.show_attention).is_dir():
         raise IsADirectoryError(f"--show-attention {args.show_attention} is a directory; give a .png file name")
-    model = load_model(args.run)
-    if not getattr(model.config, "is_encoder_decoder", False):
-        raise ValueError(f"{args.run} holds an encoder-only model; translate needs an encoder-decoder")
-    src_tok, tgt_tok = load_tokenizers(args.run)
-    backend = select(args.device, "inference", args.precision)
-    runner = backend.prepare(model)  # once: the device's fast path (see aiayn.backends)
-    config = GenerationConfig(
-        max_len=args.max_len, min_len=args.min_len, beam_size=1 if args.sample else args.beam,
-        length_penalty=args.alpha, do_sample=args.sample, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, return_attention=bool(args.show_attention),
-    )
+    output = Path(args.output) if args.output else None
+    if output is not None and output.is_dir():
+        raise IsADirectoryError(f"--output {output} is a directory; give a file name")
+    translator = Translator.from_pretrained(args.run, device=args.device, precision=args.precision)
     lines = _read_lines(args)
-    limit = model.config.max_len
-    pad = model.config.pad_id
-    first = None
-    for start in range(0, len(lines), args.batch_size):
-        chunk = lines[start : start + args.batch_size]
-        # Sources end with </s>, as in Marian and fairseq; an empty line stays empty.
-        ids = [src_tok.encode(line, add_eos=True) if line.strip() else [] for line in chunk]
-        for i, row in enumerate(ids):
-            if len(row) > limit:
-                if not args.truncate:
-                    raise ValueError(f"line {start + i + 1} has {len(row)} tokens, more than the model's "
-                                     f"max_len ({limit}); shorten it or pass --truncate")
-                logger.warning("line %d truncated from %d to %d tokens", start + i + 1, len(row), limit)
-                ids[i] = row[: limit - 1] + [src_tok.eos_id]
-        width = max((len(row) for row in ids), default=0)
-        src = torch.full((len(ids), width), pad, dtype=torch.long)
-        for i, row in enumerate(ids):
-            src[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        out = generate(runner, src.to(backend.device), bos_id=tgt_tok.bos_id, eos_id=tgt_tok.eos_id, config=config)
-        for tokens, score in zip(out.tokens, out.scores.tolist()):
-            text = tgt_tok.decode(tokens)
-            print(f"{score:.4f}\t{text}" if args.scores else text, flush=True)
-        if start == 0 and out.attention is not None:
-            first = (out.attention[0], src_tok.id_pieces(ids[0]), tgt_tok.id_pieces(out.tokens[0]))
-    if args.show_attention and first is not None:
-        save_attention_plot(*first, args.show_attention, layer=args.attention_layer)
+    start = time.perf_counter()
+    with _progress(len(lines), show=show_progress(len(lines), quiet=args.quiet)) as bar:
+        results = translator.translations(lines, config, max_tokens=args.max_tokens, max_sentences=args.batch_size,
+                                          truncate=args.truncate, progress=bar)
+    seconds = time.perf_counter() - start
+    rows = [f"{r.score:.4f}\t{_one_line(r.text)}" if args.scores else _one_line(r.text) for r in results]
+    if output is None:
+        for row in rows:
+            print(row, flush=True)
+    else:
+        with atomic_open(output, "w") as handle:  # a failure leaves an earlier file whole
+            handle.writelines(row + "\n" for row in rows)
+    if output is not None or show_progress(len(lines), quiet=args.quiet):
+        print(f"translated {len(lines)} lines in {seconds:.1f} s ({len(lines) / max(seconds, 1e-9):.1f} sentences/s)"
+              + (f"; wrote {output}" if output is not None else ""), file=sys.stderr)
+    shown = [i for i, r in enumerate(results) if r.attention is not None][:1] if args.show_attention else []
+    for i in shown:  # the first sentence that was not empty
+        first = results[i]
+        source = translator.encode([lines[i]], truncate=True)[0]
+        save_attention_plot(first.attention, translator.source_tokenizer.id_pieces(source),
+                            translator.target_tokenizer.id_pieces(first.tokens), args.show_attention,
+                            layer=args.attention_layer)
         print(f"attention map saved to {args.show_attention}", file=sys.stderr)
     return 0
+
+
+@contextlib.contextmanager
+def _progress(total: int, *, show: bool):
+    """A tqdm bar on stderr counting sentences (with their rate), or a no-op."""
+    if not show:
+        yield None
+        return
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="sent", desc="translating", file=sys.stderr, dynamic_ncols=True) as bar:
+        yield bar.update
 
 
 def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[str], path: str | Path, *,

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from aiayn.cli.options import add_device_argument, add_precision_argument
+from aiayn.cli.options import add_device_argument, add_precision_argument, show_progress
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--beam", type=int, help="beam size for decoding (default: the run's)")
     e.add_argument("--examples", type=int, default=5, help="example predictions to print")
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(e)
     add_precision_argument(e)
     e.set_defaults(func=cmd_eval)
@@ -150,8 +151,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     split = data.valid if args.split == "valid" and not args.data else data.test
     options = EvalOptions.from_train_config(train_cfg, beam_size=args.beam or train_cfg.beam_size,
                                             examples=args.examples)
-    backend = select(args.device, "inference", args.precision or ("bf16" if options.bf16 else None))
-    result = evaluate(model, data, split, options, backend=backend)
     if "loss" in result and not math.isfinite(result["loss"]):
         print(f"aiayn eval: error: the loss on {args.data or args.split} is {result['loss']} (not finite): the "
               "model's numbers overflow; evaluate an earlier checkpoint with --checkpoint", file=sys.stderr)

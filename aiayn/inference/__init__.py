@@ -1,7 +1,12 @@
-"""Using a trained model: generation (greedy, beam, sampling on a KV cache), sentence embeddings and search."""
+"""Using a trained model: the task objects (`load`, Translator, Classifier, Tagger, Embedder), generation
+(greedy, beam, sampling on a KV cache), sentence embeddings and search."""
 
+from aiayn.inference.classifiers import Classifier, Prediction, Tagger, WordTag
 from aiayn.inference.embeddings import Embedder
 from aiayn.inference.generation import GenerationConfig, GenerationOutput, generate
+from aiayn.inference.loading import load
 from aiayn.inference.search import SearchIndex
+from aiayn.inference.translator import Translation, Translator
 
-__all__ = ["Embedder", "GenerationConfig", "GenerationOutput", "SearchIndex", "generate"]
+__all__ = ["Classifier", "Embedder", "GenerationConfig", "GenerationOutput", "Prediction", "SearchIndex", "Tagger",
+           "Translation", "Translator", "WordTag", "generate", "load"]

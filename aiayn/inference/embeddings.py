@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.backends import PRECISIONS, select, weights_version
+from aiayn.backends import PRECISIONS
 from aiayn.config import POOLINGS
+from aiayn.inference.runner import ModelRunner
 from aiayn.nn.heads import pool
 from aiayn.tokenization import Tokenizer
 
@@ -69,7 +70,7 @@ class SentenceSettings:
         return cls(pooling=pooling, normalize=normalize, max_length=min(int(max_length), model_max_len))
 
 
-class Embedder:
+class Embedder(ModelRunner):
     """Texts -> sentence vectors (N, d_model) with an encoder-only model.
 
     Args:
@@ -89,15 +90,13 @@ class Embedder:
                  precision: str = "fp32", plain: bool = False):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
-        self.backend = select(device, "inference", precision, plain=plain)
-        self.model = model.to(self.backend.device).eval()
+        super().__init__(model, device=device, precision=precision, plain=plain)
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.normalize = normalize
         limit = model.config.max_len if model.config.positional == "learned" else 1 << 30
         self.max_length = min(max_length or limit, limit)
         self.name = name
-        self._prepared: tuple[tuple | None, nn.Module] | None = None  # (weights' version, prepared model)
 
     @classmethod
     def from_pretrained(cls, path_or_hub_id: str | Path | None = None, *, pooling: str | None = None,
@@ -125,6 +124,29 @@ class Embedder:
                    max_length=max_length or settings.max_length,
                    name=str(path_or_hub_id or "all-MiniLM-L6-v2"), device=device)
 
+    def save_pretrained(self, directory: str | Path, *, force: bool = False) -> Path:
+        """Write the model, tokenizer and these settings (pooling, normalisation, max length) into `directory`.
+
+        `from_pretrained` loads it back; a BERT-layout encoder is written as a sentence-transformers
+        model, so `SentenceTransformer(directory)` gives the same vectors. Only a new or empty directory,
+        or one aiayn saved or exported before, is written to, unless `force`.
+        """
+        from aiayn.interop.bert import bert_problems
+        from aiayn.interop.sentence_transformers import export_sentence_transformer, write_sentence_settings
+        from aiayn.io import save_model
+        from aiayn.rundir import claim_for_export
+
+        cfg = self.model.config
+        sentence_transformer = not bert_problems(cfg)
+        directory = claim_for_export(directory, force=force, option="directory", force_hint="pass force=True",
+                                     fmt="sentence-transformers" if sentence_transformer else "aiayn")
+        settings = {"pooling": self.pooling, "normalize": self.normalize, "max_length": min(self.max_length,
+                                                                                             cfg.max_len)}
+        if sentence_transformer:
+            return export_sentence_transformer(self.model, self.tokenizer, directory, **settings)
+        save_model(self.model, directory, tokenizer=self.tokenizer)
+        return write_sentence_settings(directory, dim=cfg.d_model, **settings)
+
     @property
     def dim(self) -> int:
         """Width of each vector."""
@@ -144,13 +166,6 @@ class Embedder:
         """Ids of each text, `[CLS] ... [SEP]`, truncated to `max_length`."""
         return encode_texts(self.tokenizer, texts, self.max_length)
 
-    def prepared_model(self) -> nn.Module:
-        """The model as the backend prepared it (once, and again whenever a weight changed since)."""
-        version = weights_version(self.model)
-        if self._prepared is None or self._prepared[0] != version:  # None: inference tensors, no versions to tell
-            self._prepared = (version, self.backend.prepare(self.model))
-        return self._prepared[1]
-
     def embed_ids(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Padded ids (B, L) and their (B, L) 0/1 mask -> sentence vectors (B, d_model), on the model's device."""
         device = self.backend.device
@@ -161,16 +176,18 @@ class Embedder:
             vectors = pool(hidden, None if mask is None else mask.bool(), self.pooling)  # (B, d_model)
             return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors
 
-    def embed(self, texts: Sequence[str], *, batch_size: int = 16,
+    def embed(self, texts: str | Sequence[str], *, batch_size: int = 16,
               progress: Callable[[int], None] | None = None) -> np.ndarray:
-        """Vectors of `texts` as a float32 array (N, d_model), in the order given.
+        """Vectors of `texts` as a float32 array (N, d_model), in the order given; one string gives one (d_model,).
 
         Args:
-            texts: the sentences.
+            texts: the sentences, or one sentence.
             batch_size: most texts per forward pass (they are sorted by length first); small batches
                 keep activations in cache and measured fastest on CPU.
             progress: called with the number of texts done after each batch (a progress bar).
         """
+        if isinstance(texts, str):
+            return self.embed([texts], batch_size=batch_size, progress=progress)[0]
         texts = list(texts)
         for i, text in enumerate(texts):
             if not isinstance(text, str):

@@ -8,6 +8,11 @@ and the cross-attention keys/values are computed once per source. Beam search fo
 `generate()` (score = sum of log-probabilities / length ** length_penalty, the length counting `</s>`;
 the 2 x beam best candidates each step; finished hypotheses only from the top `beam` candidates), so
 the same weights give the same sequences there (tests/test_interop_marian.py).
+
+Guards against runaway output: a length limit relative to each source (`length_ratio` x source
+length + `extra_len`), and Hugging Face's `repetition_penalty` and `no_repeat_ngram_size`, applied as
+`generate()` applies them (to the logits for greedy decoding and sampling, to the log-probabilities in
+beam search; the decoder's start token counts as generated), so that the outputs stay equal.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ class GenerationConfig:
     """Decoding settings; the paper used beam 4, alpha 0.6, max length = source length + 50 (section 6.1).
 
     Attributes:
-        max_len: most new tokens per sentence, `</s>` included; None means the sentence's real
-            (unpadded) source length + `extra_len`. Never more than the model's `max_len` positions.
-        extra_len: added to the source length when `max_len` is None (50 in the paper).
+        max_len: most new tokens per sentence, `</s>` included; None means `length_ratio` x the
+            sentence's real (unpadded) source length + `extra_len`. Never more than the model's `max_len`.
+        length_ratio: a in the limit a x source length + b when `max_len` is None (1 in the paper;
+            fairseq's max_len_a); lower it to stop runaway repetitions sooner.
+        extra_len: b, added to the scaled source length when `max_len` is None (50 in the paper).
         min_len: fewest tokens before `</s>` may be chosen (its log-probability is set to -inf before).
         beam_size: 1 is greedy (or sampling); more runs beam search.
         length_penalty: alpha in score = sum(log p) / length ** alpha (beam search only).
@@ -39,11 +46,15 @@ class GenerationConfig:
             (Hugging Face's heuristic).
         do_sample: sample instead of taking the best token (beam_size must be 1).
         temperature, top_k, top_p: sampling warpers, applied in that order (0 / 1.0 disable top-k / top-p).
+        repetition_penalty: a token already generated gets its score divided by this (multiplied when
+            negative), as Hugging Face's `repetition_penalty` (CTRL, Keskar et al. 2019); 1.0 is off.
+        no_repeat_ngram_size: no n-gram of this size occurs twice in an output (0 is off).
         seed: seeds the sampling generator; None draws from torch's global generator.
         return_attention: also return the cross-attention weights of the chosen outputs.
     """
 
     max_len: int | None = None
+    length_ratio: float = 1.0
     extra_len: int = 50
     min_len: int = 0
     beam_size: int = 1
@@ -53,18 +64,24 @@ class GenerationConfig:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
     seed: int | None = None
     return_attention: bool = False
 
     def __post_init__(self) -> None:
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 1):
             raise ValueError(f"max_len must be a positive integer or None, got {self.max_len!r}")
-        for name in ("extra_len", "min_len", "top_k"):
+        for name in ("extra_len", "min_len", "top_k", "no_repeat_ngram_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
         if not isinstance(self.beam_size, int) or self.beam_size < 1:
             raise ValueError(f"beam_size must be a positive integer, got {self.beam_size!r}")
+        for name in ("length_ratio", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be positive, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
@@ -132,8 +149,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     if config.max_len is not None:
         limits = torch.full((len(rows),), config.max_len, dtype=torch.long)
     else:
-        limits = lengths[rows].cpu() + config.extra_len
-    limits = limits.clamp(max=cfg.max_len)
+        limits = (lengths[rows].cpu() * config.length_ratio).long() + config.extra_len
+    limits = limits.clamp(min=1, max=cfg.max_len)
     search = _beam_search if config.beam_size > 1 else _greedy_or_sample
     was_training = model.training
     model.eval()
@@ -167,35 +184,15 @@ def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, e
 
 # -- shared steps ---------------------------------------------------------------------------------
 
-def _step_logits(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
-                 memory_mask: torch.Tensor | None, cache: KVCache,
-                 record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, when `record`, this step's
-    cross-attention weights (N, n_layers, h, S)."""
+def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
+          memory_mask: torch.Tensor | None, cache: KVCache, record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, when `record`,
+    this step's cross-attention weights (N, n_layers, h, S)."""
     out = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache, return_cross_attention=record)
     hidden, cross = out if record else (out, None)  # (N, 1, d_model), n_layers x (N, h, 1, S)
     logits = model.head(hidden[:, -1]).float()  # (N, V)
     weights = None if cross is None else torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
     return logits, weights
-
-
-def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
-          memory_mask: torch.Tensor | None, cache: KVCache, record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`_step_logits` with the logits turned into log-probabilities (N, V)."""
-    logits, weights = _step_logits(model, next_input, memory, memory_mask, cache, record)
-    return F.log_softmax(logits, dim=-1), weights
-
-
-def _top_log_probs(logits: torch.Tensor, n: int, blocked: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The n most likely tokens of each row of logits (N, V): their log-probabilities and ids, each (N, n).
-
-    `blocked` (</s> before min_len) gets probability zero after the normalisation. (One fused
-    log-softmax pass measured faster than logsumexp's five, whose result alone would do.)
-    """
-    log_probs = F.log_softmax(logits, dim=-1)  # (N, V)
-    if blocked is not None:
-        log_probs[:, blocked] = NEG_INF
-    return topk_rows(log_probs, min(n, log_probs.shape[-1]))  # (N, n) each, best first
 
 
 def topk_rows(x: torch.Tensor, n: int, width: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,9 +216,32 @@ def topk_rows(x: torch.Tensor, n: int, width: int = 64) -> tuple[torch.Tensor, t
     return values, columns.gather(1, where)
 
 
-def _warp(log_probs: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
+def _constrain(scores: torch.Tensor, history: torch.Tensor, step: int, eos_id: int,
+               config: GenerationConfig) -> torch.Tensor:
+    """Hugging Face's logits processors on (N, V) scores, given each row's tokens so far (N, t), start included:
+    repetition penalty, n-gram blocking, and no `</s>` before `min_len`."""
+    if config.repetition_penalty != 1.0:
+        seen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, history, True)  # (N, V)
+        penalised = torch.where(scores < 0, scores * config.repetition_penalty, scores / config.repetition_penalty)
+        scores = torch.where(seen, penalised, scores)
+    n = config.no_repeat_ngram_size
+    if n and history.shape[1] >= n:
+        vocab = scores.shape[-1]
+        prefix = history[:, history.shape[1] + 1 - n :]  # (N, n-1): the n-gram the next token would complete
+        windows = history.unfold(1, n, 1)  # (N, W, n): every n-gram so far
+        matches = (windows[..., :-1] == prefix[:, None]).all(dim=-1)  # (N, W)
+        banned = torch.zeros(scores.shape[0], vocab + 1, dtype=torch.bool, device=scores.device)
+        banned.scatter_(1, torch.where(matches, windows[..., -1], vocab), True)  # column V: no match
+        scores = scores.masked_fill(banned[:, :vocab], float("-inf"))
+    if step < config.min_len:
+        scores = scores.clone()
+        scores[:, eos_id] = float("-inf")
+    return scores
+
+
+def _warp(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) filtering, as Hugging Face orders them; (N, V) -> (N, V)."""
-    logits = log_probs / config.temperature
+    logits = logits / config.temperature
     if config.top_k and config.top_k < logits.shape[-1]:
         kth = logits.topk(config.top_k, dim=-1).values[:, -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -253,16 +273,17 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     scores = torch.zeros(batch, device=device)
     weights: list[torch.Tensor] = []
-    next_input = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
+    start = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
+    next_input = start
     for step in range(steps):
-        log_probs, step_weights = _step(model, next_input, memory, src_mask, cache, config.return_attention)
-        if step < config.min_len:
-            log_probs[:, eos_id] = float("-inf")
+        logits, step_weights = _step(model, next_input, memory, src_mask, cache, config.return_attention)
+        log_probs = F.log_softmax(logits, dim=-1)  # (B, V): the score counts the model's own probabilities
+        logits = _constrain(logits, torch.cat([start, out[:, :step]], dim=1), step, eos_id, config)
         if config.do_sample:
-            probs = _warp(log_probs, config).softmax(dim=-1)
+            probs = _warp(logits, config).softmax(dim=-1)
             best = torch.multinomial(probs, 1, generator=sampler)[:, 0]  # (B,)
         else:
-            best = log_probs.argmax(dim=-1)  # (B,)
+            best = logits.argmax(dim=-1)  # (B,)
         best = best.masked_fill(finished, eos_id)
         scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(finished, 0.0)
         out[:, step] = best
@@ -294,12 +315,15 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
     cache = model.new_cache()
     limits = limits.to(device)
     beams = _Beams(batch, k, int(limits.max()), eos_id, config, device)
-    next_input = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
+    start = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
+    next_input = start
     for step in range(beams.steps):
-        logits, step_weights = _step_logits(model, next_input, memory, mask, cache, config.return_attention)
+        logits, step_weights = _step(model, next_input, memory, mask, cache, config.return_attention)  # (B*k, V)
+        history = torch.cat([start, beams.running.view(batch * k, -1)[:, :step]], dim=1)  # (B*k, 1 + step)
+        log_probs = _constrain(F.log_softmax(logits, dim=-1), history, step, eos_id, config)
         # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
-        # are among the best 2k tokens of each of its beams: only those get log-probabilities.
-        top = _top_log_probs(logits, 2 * k, eos_id if step < config.min_len else None)  # 2 x (B*k, 2k)
+        # are among the best 2k tokens of each of its beams: only those are scored.
+        top = topk_rows(log_probs, min(2 * k, log_probs.shape[-1]))  # 2 x (B*k, 2k)
         candidates = beams.candidates(*top, step, limits)
         beams.finish(candidates, step, step_weights)
         parents = beams.advance(candidates, step, limits)

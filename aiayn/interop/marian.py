@@ -5,6 +5,11 @@ positions (stored as a sin half then a cos half: aiayn's `pe_layout="split"`), e
 (`scale_embedding=True`), LayerNorm eps 1e-5, attention scaled by d_k ** -0.5. The only parameters
 aiayn lacks are Marian's `final_logits_bias` (zeros unless trained; `from_marian` refuses non-zero ones).
 
+A model in the paper's interleaved layout (sin on even, cos on odd dimensions: what `aiayn train`
+uses by default) maps too: `to_split_layout` permutes the d_model basis, which turns interleaved
+positions into split ones exactly (section 3.5's table is the same numbers in another order), and
+every weight that reads or writes the residual stream absorbs the same permutation.
+
 Generation settings: a `MarianConfig` defaults to `eos_token_id=0`, `forced_eos_token_id=0` and
 published checkpoints add `bad_words_ids=[[pad]]`; `to_marian` sets eos to aiayn's `</s>`, and turns
 forced EOS, bad words and n-gram blocking off, so `generate()` searches exactly as `aiayn.inference.generation` does.
@@ -12,25 +17,79 @@ forced EOS, bad words and n-gram blocking off, so `generate()` searches exactly 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
 from aiayn.config import ModelConfig
+from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.nn.model import EncoderDecoderModel, build_model
+from aiayn.rundir import atomic_files
+from aiayn.tokenization import Tokenizer
 
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
-def _check_mappable(cfg: ModelConfig) -> None:
+def layout_permutation(d_model: int) -> torch.Tensor:
+    """Indices `perm` with `split_table == interleaved_table[:, perm]`: the even dimensions (sines), then the odd."""
+    return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
+
+
+# How each weight meets the residual stream (d_model), by the end of its name: "in" reads it (columns of a
+# Linear, columns of an embedding table), "out" writes it (rows and bias of a Linear), "norm" is elementwise.
+# Q/K/V outputs and the feed-forward's inner width are not the residual stream: they keep their order.
+_RESIDUAL_ROLES = (
+    (r"(tokens|token_types|positions)\.weight", "in"),
+    (r"(q_proj|k_proj|v_proj|linear1)\.weight", "in"),
+    (r"(q_proj|k_proj|v_proj|linear1)\.bias", None),
+    (r"(out_proj|linear2)\.(weight|bias)", "out"),
+    (r"(norm|final_norm)\.(weight|bias)", "norm"),
+    (r"head\.proj\.weight", "in"),
+)
+
+
+def _permuted(name: str, value: torch.Tensor, perm: torch.Tensor) -> torch.Tensor:
+    for pattern, role in _RESIDUAL_ROLES:
+        if re.search(rf"(^|\.){pattern}$", name):
+            if role == "in":
+                return value[:, perm]
+            return value if role is None else value[perm]
+    raise ValueError(f"no rule for weight {name!r}: cannot move it to the split layout")
+
+
+@torch.no_grad()
+def to_split_layout(model: EncoderDecoderModel) -> EncoderDecoderModel:
+    """The same function of the input ids with `pe_layout="split"`: a new model (eval mode), weights permuted.
+
+    With x_split = x_interleaved[..., perm] everywhere in the residual stream, every Linear that
+    reads it takes its columns in the order `perm`, every Linear that writes it its rows and bias,
+    LayerNorm its gain and bias (its mean and variance do not depend on the order), and the
+    embedding tables their columns; attention scores, heads and the feed-forward's inner layer are
+    untouched. A model already split is returned as a copy.
+    """
+    cfg: ModelConfig = model.config
+    weight = next(model.parameters())
+    split = build_model(cfg.replace(pe_layout="split")).to(dtype=weight.dtype, device=weight.device).eval()
+    perm = layout_permutation(cfg.d_model).to(weight.device)
+    state = model.state_dict()
+    if cfg.pe_layout != "split":
+        state = {name: _permuted(name, value, perm) for name, value in state.items()}
+    split.load_state_dict(state)
+    return split
+
+
+def check_mappable(cfg: ModelConfig) -> None:
+    """ValueError naming every option of `cfg` that Marian cannot express."""
     problems = []
     if not cfg.is_encoder_decoder:
         problems.append("it has no decoder (n_decoder_layers=0)")
     if cfg.norm_first:
         problems.append("Marian is post-LN (set norm_first=false)")
-    if cfg.positional != "sinusoidal" or cfg.pe_layout != "split":
-        problems.append("Marian uses sinusoidal positions in the split layout (positional=sinusoidal, pe_layout=split)")
+    if cfg.positional != "sinusoidal":
+        problems.append("Marian uses sinusoidal positions (positional=sinusoidal)")
     if not cfg.bias:
         problems.append("Marian's projections have biases (bias=true)")
     if cfg.embedding_norm or cfg.type_vocab_size:
@@ -45,7 +104,7 @@ def marian_config(cfg: ModelConfig, *, decoder_start_token_id: int | None = None
     """The `MarianConfig` of an aiayn config; the decoder starts from `<pad>` unless told otherwise."""
     from transformers import MarianConfig
 
-    _check_mappable(cfg)
+    check_mappable(cfg)
     start = cfg.pad_id if decoder_start_token_id is None else decoder_start_token_id
     return MarianConfig(
         vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.target_vocab_size, d_model=cfg.d_model,
@@ -100,7 +159,8 @@ def to_marian(model: EncoderDecoderModel, *, decoder_start_token_id: int | None 
     """A `transformers.MarianMTModel` (eval mode) with `model`'s weights and plain generation settings.
 
     Args:
-        model: an aiayn encoder-decoder configured like Marian (post-LN, split sinusoidal positions).
+        model: an aiayn encoder-decoder configured like Marian (post-LN, sinusoidal positions); the
+            interleaved layout is moved to Marian's split one first (`to_split_layout`).
         decoder_start_token_id: the first decoder input; None means `<pad>`, as Marian does. Pass
             `<s>` for a model trained by `aiayn train`, whose targets start with `<s>`.
         eos_token_id: the end-of-sentence id (aiayn's `</s>` is 2).
@@ -108,6 +168,9 @@ def to_marian(model: EncoderDecoderModel, *, decoder_start_token_id: int | None 
     from transformers import MarianMTModel
 
     cfg: ModelConfig = model.config
+    check_mappable(cfg)
+    if cfg.pe_layout != "split":
+        model = to_split_layout(model)
     hf = MarianMTModel(marian_config(cfg, decoder_start_token_id=decoder_start_token_id,
                                      eos_token_id=eos_token_id)).eval()
     ours, theirs = model.state_dict(), hf.state_dict()
@@ -125,6 +188,28 @@ def to_marian(model: EncoderDecoderModel, *, decoder_start_token_id: int | None 
     gen.forced_eos_token_id, gen.bad_words_ids, gen.no_repeat_ngram_size = None, None, 0
     gen.num_beams, gen.max_length, gen.length_penalty = 1, cfg.max_len, 1.0
     return hf
+
+
+def export_marian(model: EncoderDecoderModel, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer,
+                  directory: str | Path, *, beam_size: int = 4, length_penalty: float = 0.6) -> Path:
+    """Write a trained translator as a Hugging Face Marian model and tokenizer into `directory`.
+
+    `MarianMTModel.from_pretrained(directory)` and `AutoTokenizer.from_pretrained(directory)` load it;
+    the decoder starts from `<s>` as in training, and `generate()` defaults to the search of
+    `aiayn translate` (beam 4, length penalty 0.6, early stopping). One shared vocabulary is one
+    tokenizer; separate ones put the target's in `directory/target` (decode outputs with it).
+    """
+    directory = Path(directory)
+    hf = to_marian(model, decoder_start_token_id=target_tokenizer.bos_id, eos_token_id=target_tokenizer.eos_id)
+    gen = hf.generation_config
+    gen.num_beams, gen.length_penalty, gen.early_stopping = beam_size, length_penalty, True
+    max_len = model.config.max_len
+    with atomic_files(directory) as staging:
+        hf.save_pretrained(staging)
+        save_hf_tokenizer(source_tokenizer, staging, template="seq2seq", max_len=max_len)
+        if target_tokenizer is not source_tokenizer:
+            save_hf_tokenizer(target_tokenizer, staging / "target", template="seq2seq", max_len=max_len)
+    return directory
 
 
 @torch.no_grad()

@@ -90,6 +90,8 @@ class TrainConfig:
             ("auto": average when average_last > 1, else best).
         show_examples: example translations/predictions printed after the test evaluation.
         init_from: a pretrained encoder directory (aiayn model dir or BERT checkpoint) for classification.
+        log_to: "" (metrics.jsonl, metrics.csv and curves.png) or "tensorboard" (those, and TensorBoard event
+            files in RUN/tensorboard; needs `pip install tensorboard`).
     """
 
     objective: str = "seq2seq"
@@ -156,6 +158,7 @@ class TrainConfig:
     final_model: str = "auto"
     show_examples: int = 5
     init_from: str = ""
+    log_to: str = ""
 
     def __post_init__(self) -> None:
         check_field_types(self, "training")
@@ -165,7 +168,8 @@ class TrainConfig:
                                      ("tokenizer", self.tokenizer, KINDS),
                                      ("target_tokenizer", self.target_tokenizer, ("", *KINDS)),
                                      ("final_model", self.final_model, ("auto", "best", "last", "average")),
-                                     ("distributed", self.distributed, ("ddp", "fsdp"))):
+                                     ("distributed", self.distributed, ("ddp", "fsdp")),
+                                     ("log_to", self.log_to, ("", "tensorboard"))):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(c for c in choices if c)}, got {value!r}")
         metrics = VALID_METRICS[self.objective]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -49,11 +50,12 @@ class EvalOptions:
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options: EvalOptions | None = None, *,
-             backend: Backend | None = None) -> dict:
+             backend: Backend | None = None, progress: Callable[[int], None] | None = None) -> dict:
     """Metrics of `model` on `split` (in eval mode, no dropout).
 
     The model runs as `backend` prepares it, once for the whole split (default: the fast inference
-    path of the model's device, in bf16 when `options.bf16`).
+    path of the model's device, in bf16 when `options.bf16`). `progress` is called with the number
+    of examples done after each batch (a progress bar).
 
     Returns:
         A dict with `loss` (unsmoothed NLL per token), `perplexity`, `token_accuracy` (percent), and
@@ -92,6 +94,8 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
                 predictions[i] = logits[row].argmax(-1)[keep].tolist()
         elif data.objective == "seq2seq" and options.decode:
             predictions.update(_decode(runner, data, batch["src"], indices, options))
+        if progress is not None:
+            progress(len(indices))
     mean_nll = nll_sum / max(units, 1)
     result: dict = {"loss": mean_nll, "perplexity": perplexity(mean_nll),
                     "token_accuracy": 100.0 * correct / max(counted, 1)}

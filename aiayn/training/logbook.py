@@ -1,4 +1,9 @@
-"""The run's metrics log (`metrics.jsonl`, copied to `metrics.csv`) and the loss / learning-rate plot."""
+"""The run's metrics log (`metrics.jsonl`, copied to `metrics.csv`), the loss / learning-rate plot, and TensorBoard.
+
+With `log_to=tensorboard` every row also goes to TensorBoard event files in RUN/tensorboard, one
+scalar per metric under `split/name` (`train/loss`, `valid/bleu`, `test/accuracy`) at the row's step:
+`tensorboard --logdir RUN/tensorboard`. TensorBoard is optional (`pip install tensorboard`).
+"""
 
 from __future__ import annotations
 
@@ -11,17 +16,68 @@ from typing import Any
 from aiayn.rundir import atomic_open, atomic_output, atomic_write_text
 
 
-class MetricsLog:
-    """Append-only JSONL log of metric rows; each row has `split` ("train", "valid", "test") and `step`."""
+def require_tensorboard() -> None:
+    """ModuleNotFoundError with the fix when TensorBoard is not installed (checked before a run starts)."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ModuleNotFoundError("log_to=tensorboard needs the tensorboard package: pip install tensorboard (or "
+                                  "drop log_to; metrics.jsonl, metrics.csv and curves.png are written either way)"
+                                  ) from None
 
-    def __init__(self, path: str | Path):
+
+class TensorBoardLog:
+    """Metric rows as TensorBoard scalars; the event file is opened at the first row (after the run began)."""
+
+    def __init__(self, directory: str | Path):
+        self.directory = Path(directory)
+        self.purge_step: int | None = None  # a resumed run drops the events it logs again
+        self._writer = None
+
+    def append(self, row: dict[str, Any]) -> None:
+        """Add every finite number of `row` as `split/name` at `row["step"]`."""
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(str(self.directory), purge_step=self.purge_step)
+        split, step = row.get("split", "train"), int(row.get("step", 0))
+        for name, value in row.items():
+            if name not in ("split", "step") and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                    and math.isfinite(value):
+                self._writer.add_scalar(f"{split}/{name}", value, step)
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Close the event file (the next row opens a new one)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+class MetricsLog:
+    """Append-only JSONL log of metric rows; each row has `split` ("train", "valid", "test") and `step`.
+
+    Args:
+        path: the JSONL file.
+        tensorboard: a directory for TensorBoard event files that receive every row too (None: none).
+    """
+
+    def __init__(self, path: str | Path, *, tensorboard: str | Path | None = None):
         self.path = Path(path)
+        self.tensorboard = None if tensorboard is None else TensorBoardLog(tensorboard)
 
     def append(self, row: dict[str, Any]) -> None:
         """Add one row (flushed at once, so a killed run keeps its log)."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(clean) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.append(row)
+
+    def close(self) -> None:
+        """Close what stays open between rows (TensorBoard's event file)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
     def rows(self) -> list[dict[str, Any]]:
         """Every row logged so far."""
@@ -42,6 +98,8 @@ class MetricsLog:
         """Drop rows logged after `step` (a resumed run logs them again)."""
         rows = [r for r in self.rows() if r.get("step", 0) <= step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in rows))
+        if self.tensorboard is not None:
+            self.tensorboard.purge_step = step + 1
 
     def write_csv(self, path: str | Path) -> None:
         """The same rows as CSV, one column per key seen."""

@@ -34,6 +34,7 @@ from aiayn.rundir import (
     METRICS_LOG,
     MODEL,
     RUN,
+    TENSORBOARD,
     TRAIN_CONFIG,
     check_path_given,
     inspect_dir,
@@ -53,7 +54,7 @@ from aiayn.training.checkpoint import (
 from aiayn.training.config import RunConfig, load_run_config
 from aiayn.training.distributed import Replicas, data_parallel, init_distributed
 from aiayn.training.evaluate import EvalOptions, evaluate
-from aiayn.training.logbook import MetricsLog, plot_curves
+from aiayn.training.logbook import MetricsLog, plot_curves, require_tensorboard
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import batch_seed, batch_tokens, loss_units, make_batch, masking_generator, to_device
 from aiayn.training.optim import make_optimizer
@@ -147,7 +148,10 @@ class Trainer:
         self.lock = None
         self.progress = progress
         self.report = report or logger.info
-        self.log = MetricsLog(self.run_dir / METRICS_LOG)
+        if self.cfg.log_to == "tensorboard":
+            require_tensorboard()  # before anything runs
+        self.log = MetricsLog(self.run_dir / METRICS_LOG,
+                              tensorboard=self.run_dir / TENSORBOARD if self.cfg.log_to == "tensorboard" else None)
         self.step = 0
         self.epoch = 0
         self.batch_index = 0
@@ -405,6 +409,7 @@ class Trainer:
         try:
             return self._fit()
         finally:
+            self.log.close()
             if self.lock is not None:
                 self.lock.release()
 
@@ -517,8 +522,14 @@ class Trainer:
                         f"({abs(self.best_score[0]):.4g})")
 
     def evaluate_test(self) -> dict[str, Any]:
-        """Evaluate the final model on the test split; writes `eval.json` and a `test` log row."""
-        result = evaluate(self.model, self.data, self.data.test, EvalOptions.from_train_config(self.cfg))
+        """Evaluate the final model on the test split (a progress bar with `progress`); writes `eval.json` and a
+        `test` log row."""
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(self.data.test.items), disable=not self.progress, unit="example", desc="test",
+                  dynamic_ncols=True) as bar:
+            result = evaluate(self.model, self.data, self.data.test, EvalOptions.from_train_config(self.cfg),
+                              progress=bar.update)
         if result:
             row = {k: v for k, v in result.items() if k != "examples"}
             self.log.append({"split": "test", "step": self.step, "epoch": self.epoch, **row})

@@ -1,0 +1,285 @@
+"""`aiayn export`: what aiayn trained (or loaded) in the ecosystem's formats, each export checked against aiayn.
+
+| the source | format | written by |
+| --- | --- | --- |
+| a translator (encoder-decoder) | Hugging Face Marian model + tokenizer | `interop.marian.export_marian` |
+| a translator, `ctranslate2` | CTranslate2 model (+ tokenizer files) | `interop.ctranslate2.to_ctranslate2` |
+| an encoder of BERT's layout | sentence-transformers / BERT model + tokenizer | `interop.sentence_transformers` |
+| any encoder, `onnx` | `model.onnx` + tokenizer | `interop.onnx.export_onnx` |
+
+Every export then runs a fixed set of texts through the exported model (loaded back from disk with
+its own library) and through aiayn with the same settings, and reports the agreement: tokens for
+translators (greedy and beam search), cosine similarity for encoders. Converted models that decode
+differently without a word are what users of converters meet most; here they are told.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aiayn.inference.embeddings import Embedder
+from aiayn.inference.generation import GenerationConfig
+from aiayn.inference.loading import task_class
+from aiayn.inference.translator import Translator
+from aiayn.rundir import check_export_dir, claim_for_export
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("hf", "onnx", "ctranslate2")
+# The fixed inputs every export is checked on: prose, numbers, accents, other scripts, a literal special token.
+CHECK_TEXTS = ("The cat sat on the mat.", "Attention is all you need.", "a b c d e", "twenty-one",
+               "three hundred and five", "naïve café, déjà vu", "Zürich 2017: 12.5% mehr!",
+               "literal <s> and </s> here", "日本語のテキスト", "one two three four five six seven eight nine ten")
+CHECK_MAX_NEW_TOKENS = 48
+
+
+@dataclass
+class Agreement:
+    """How many of the check inputs the export and aiayn agree on, and how close they are."""
+
+    what: str
+    agreed: int
+    total: int
+    detail: str = ""
+
+    @property
+    def complete(self) -> bool:
+        """True when every input agreed."""
+        return self.agreed == self.total
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.agreed}/{self.total} agree" + (f" ({self.detail})" if self.detail else "")
+
+
+@dataclass
+class ExportResult:
+    """Where the export went, in which format, and its agreement with aiayn."""
+
+    path: Path
+    format: str
+    checks: list[Agreement]
+
+
+@contextlib.contextmanager
+def _transformers_quiet():
+    """transformers' own progress bars and notes off while exporting and checking (restored afterwards)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def export(source: str | Path | None, out: str | Path, *, fmt: str = "hf", quantization: str | None = None,
+           force: bool = False, check: bool = True) -> ExportResult:
+    """Export the model of `source` (a run, model directory, BERT checkpoint, or None / "minilm") into `out`.
+
+    Args:
+        fmt: "hf" (Marian for translators, sentence-transformers / BERT for encoders), "onnx" (encoders)
+            or "ctranslate2" (translators).
+        quantization: CTranslate2's weight type ("int8", "float16", ...); None keeps float32.
+        force: write into a directory that holds something aiayn did not export (refused otherwise).
+        check: run the fixed check texts through both models and report the agreement.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if quantization is not None and fmt != "ctranslate2":
+        raise ValueError("quantization applies to the CTranslate2 export only")
+    check_export_dir(out, force=force)  # before the model loads: refuse at once
+    source = "minilm" if source is None else source
+    kind = task_class(source)
+    with _transformers_quiet():
+        if kind is Translator:
+            return _export_translator(Translator.from_pretrained(source, device="cpu"), out, fmt=fmt,
+                                      quantization=quantization, force=force, check=check)
+        return _export_encoder(_encoder_of(source, kind), out, fmt=fmt, force=force, check=check)
+
+
+def _encoder_of(source: str | Path, kind: type) -> Embedder:
+    """An Embedder over the encoder of any encoder-only source (a task head is not exported)."""
+    if kind is Embedder:
+        return Embedder.from_pretrained(source, device="cpu")
+    from aiayn.io import load_model, load_tokenizers
+
+    model = load_model(source)
+    logger.warning("the %s head is not exported: the export is the encoder (sentence vectors, hidden states)",
+                   model.config.head)
+    return Embedder(model, load_tokenizers(source)[0], pooling=model.config.pooling, device="cpu")
+
+
+# -- translators -----------------------------------------------------------------------------------
+
+def _export_translator(translator: Translator, out: str | Path, *, fmt: str, quantization: str | None, force: bool,
+                       check: bool) -> ExportResult:
+    from aiayn.interop.marian import check_mappable
+
+    if fmt == "onnx":
+        raise ValueError("the ONNX export takes encoders; a translator exports to Hugging Face Marian (the default) "
+                         "or to CTranslate2 (--ctranslate2)")
+    check_mappable(translator.model.config)  # refused before anything is written
+    out = claim_for_export(out, force=force, fmt="marian" if fmt == "hf" else fmt)
+    source, target = translator.source_tokenizer, translator.target_tokenizer
+    if fmt == "hf":
+        from aiayn.interop.marian import export_marian
+
+        export_marian(translator.model, source, target, out)
+        checks = check_marian(translator, out) if check else []
+    else:
+        from aiayn.interop.ctranslate2 import to_ctranslate2
+
+        to_ctranslate2(translator.model, source, out, target_tokenizer=target, quantization=quantization)
+        checks = check_ctranslate2(translator, out, quantized=quantization is not None) if check else []
+    return ExportResult(out, fmt if fmt != "hf" else "marian", checks)
+
+
+def _check_limit(translator: Translator) -> int:
+    return min(CHECK_MAX_NEW_TOKENS, translator.model.config.max_len - 1)
+
+
+def _aiayn_tokens(translator: Translator, texts: list[str], beam_size: int) -> list[list[int]]:
+    config = GenerationConfig(beam_size=beam_size, max_len=_check_limit(translator), length_penalty=0.6)
+    return [t.tokens for t in translator.translations(texts, config)]
+
+
+def check_marian(translator: Translator, directory: str | Path) -> list[Agreement]:
+    """Load the Marian export back with `transformers` and compare its tokenizer and `generate()` with aiayn's."""
+    from transformers import AutoTokenizer, MarianMTModel
+
+    directory = Path(directory)
+    hf_model = MarianMTModel.from_pretrained(directory).eval()
+    hf_source = AutoTokenizer.from_pretrained(directory)
+    hf_target = AutoTokenizer.from_pretrained(directory / "target") if (directory / "target").is_dir() else hf_source
+    source, target = translator.source_tokenizer, translator.target_tokenizer
+    texts = list(CHECK_TEXTS)
+    same_ids = sum(hf_source(text).input_ids == source.encode(text, add_eos=True) for text in texts)
+    round_trips = sum(hf_target.decode(target.encode(text), skip_special_tokens=True) == target.decode(
+        target.encode(text)) for text in texts)
+    checks = [Agreement("tokenizer ids (AutoTokenizer vs aiayn)", same_ids, len(texts)),
+              Agreement("tokenizer decoding", round_trips, len(texts))]
+    batch = hf_source(texts, padding=True, return_tensors="pt")
+    for beam in (1, 4):
+        with torch.no_grad():
+            out = hf_model.generate(**batch, num_beams=beam, max_new_tokens=_check_limit(translator),
+                                    length_penalty=0.6, early_stopping=True, do_sample=False)
+        theirs = [_until(row[1:].tolist(), target.eos_id) for row in out]
+        ours = _aiayn_tokens(translator, texts, beam)
+        checks.append(Agreement(f"MarianMTModel.generate(), {'greedy' if beam == 1 else f'beam {beam}'}, tokens",
+                                sum(a == b for a, b in zip(ours, theirs)), len(texts)))
+    return checks
+
+
+def check_ctranslate2(translator: Translator, directory: str | Path, *, quantized: bool = False) -> list[Agreement]:
+    """Load the CTranslate2 export back and compare its greedy outputs with aiayn's."""
+    import ctranslate2
+
+    from aiayn.interop.ctranslate2 import translate_tokens
+
+    texts = list(CHECK_TEXTS)
+    model = ctranslate2.Translator(str(directory), device="cpu")
+    theirs = translate_tokens(model, translator.source_tokenizer, texts, target_tokenizer=translator.target_tokenizer,
+                              beam_size=1, max_len=_check_limit(translator))
+    ours = _aiayn_tokens(translator, texts, 1)
+    note = "quantized weights: some difference is expected" if quantized else ""
+    return [Agreement("ctranslate2.Translator, greedy, tokens", sum(a == b for a, b in zip(ours, theirs)),
+                      len(texts), note)]
+
+
+def _until(row: list[int], eos: int) -> list[int]:
+    return row[: row.index(eos)] if eos in row else row
+
+
+# -- encoders --------------------------------------------------------------------------------------
+
+def _encoder_check_texts(embedder: Embedder) -> list[str]:
+    """The check texts plus one longer than the embedder's length limit (truncation is part of what must agree)."""
+    long = " ".join(CHECK_TEXTS) * max(1, min(embedder.max_length, embedder.model.config.max_len) // 40 + 1)
+    return [*CHECK_TEXTS, long]
+
+
+def _export_encoder(embedder: Embedder, out: str | Path, *, fmt: str, force: bool, check: bool) -> ExportResult:
+    from aiayn.interop.bert import bert_problems
+
+    cfg = embedder.model.config
+    if fmt == "ctranslate2":
+        raise ValueError("the CTranslate2 export takes translators (encoder-decoders); export an encoder to "
+                         "Hugging Face format (the default) or --onnx")
+    if fmt == "hf" and bert_problems(cfg):  # refused before anything is written
+        raise ValueError(f"cannot export to BERT format: {'; '.join(bert_problems(cfg))} (--onnx exports any encoder)")
+    out = claim_for_export(out, force=force, fmt=fmt)
+    max_length = min(embedder.max_length, cfg.max_len)
+    if fmt == "hf":
+        from aiayn.interop.sentence_transformers import export_sentence_transformer
+
+        export_sentence_transformer(embedder.model, embedder.tokenizer, out, pooling=embedder.pooling,
+                                    normalize=embedder.normalize, max_length=max_length)
+        checks = check_sentence_transformer(embedder, out) if check else []
+        return ExportResult(out, "sentence-transformers", checks)
+    from aiayn.interop.bert import encoder_input_names
+    from aiayn.interop.hf_tokenizer import save_hf_tokenizer
+    from aiayn.interop.onnx import export_onnx
+
+    export_onnx(embedder.model, out / "model.onnx")
+    save_hf_tokenizer(embedder.tokenizer, out, template="encoder", max_len=max_length,
+                      model_input_names=encoder_input_names(cfg))
+    return ExportResult(out, "onnx", check_onnx(embedder, out) if check else [])
+
+
+def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+
+
+def _cosine_agreement(what: str, theirs: np.ndarray, ours: np.ndarray, threshold: float = 0.99999) -> Agreement:
+    cos = _cosines(theirs, ours)
+    return Agreement(what, int((cos >= threshold).sum()), len(cos), f"min cosine {cos.min():.7f}")
+
+
+def check_sentence_transformer(embedder: Embedder, directory: str | Path) -> list[Agreement]:
+    """`SentenceTransformer(directory).encode` against `Embedder.embed` (when sentence-transformers is installed)."""
+    texts = _encoder_check_texts(embedder)
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return [Agreement("SentenceTransformer.encode: not checked (pip install sentence-transformers)", 0,
+                          len(texts))]
+    model = SentenceTransformer(str(directory), device="cpu")
+    return [_cosine_agreement("SentenceTransformer.encode, cosine >= 0.99999", model.encode(texts),
+                              embedder.embed(texts))]
+
+
+def check_onnx(embedder: Embedder, directory: str | Path) -> list[Agreement]:
+    """ONNX Runtime fed exactly what the exported tokenizer returns, pooled as aiayn pools, against `Embedder.embed`."""
+    texts = _encoder_check_texts(embedder)
+    try:
+        import onnxruntime
+        from transformers import AutoTokenizer
+    except ImportError:
+        return [Agreement("ONNX Runtime: not checked (pip install onnxruntime transformers)", 0, len(texts))]
+    from aiayn.nn.heads import pool
+
+    directory = Path(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    batch = dict(tokenizer(texts, padding=True, truncation=True, return_tensors="np"))
+    session = onnxruntime.InferenceSession(str(directory / "model.onnx"), providers=["CPUExecutionProvider"])
+    (hidden,) = session.run(None, batch)  # (B, L, d_model)
+    mask = torch.from_numpy(batch["attention_mask"]).bool()
+    vectors = pool(torch.from_numpy(hidden), mask, embedder.pooling)
+    if embedder.normalize:
+        vectors = torch.nn.functional.normalize(vectors, dim=1)
+    inputs = ", ".join(batch)
+    return [_cosine_agreement(f"ONNX Runtime on the tokenizer's own outputs ({inputs}), cosine >= 0.99999",
+                              vectors.numpy(), embedder.embed(texts))]

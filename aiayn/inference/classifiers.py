@@ -1,0 +1,158 @@
+"""`Classifier` (a label per text) and `Tagger` (a tag per word): what classification and tagging runs predict.
+
+Texts are encoded as in training (`aiayn.data.prepare`): `<s>` ids `</s>`, truncated to the model's
+`max_len`; a tagger splits a text at whitespace into words and reads each word's tag on its first
+subword. Label names come from the run's `labels.json`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from aiayn.data.collate import pad
+from aiayn.inference.embeddings import encode_texts, length_sorted_batches
+from aiayn.inference.runner import ModelRunner
+from aiayn.tokenization import Tokenizer
+
+
+@dataclass
+class Prediction:
+    """A text's label, its probability, and every label's probability (summing to 1)."""
+
+    label: str
+    score: float
+    scores: dict[str, float]
+
+
+@dataclass
+class WordTag:
+    """One word of a text, its tag and the tag's probability; words cut off by `max_len` get tag None."""
+
+    word: str
+    tag: str | None
+    score: float
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    texts = list(texts)
+    for number, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"text {number} is a {type(text).__name__}, not a string")
+    return texts
+
+
+class _LabelledModel(ModelRunner):
+    """An encoder with a classification head, its tokenizer and its label names."""
+
+    head_kind = ""
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, labels: Sequence[str] | None = None, *,
+                 device: str | torch.device | None = None, precision: str = "fp32", plain: bool = False):
+        cfg = model.config
+        if cfg.head != self.head_kind:
+            raise ValueError(f"a {type(self).__name__} needs a {self.head_kind} model; this one has head {cfg.head!r}")
+        labels = list(labels) if labels else [f"LABEL_{i}" for i in range(cfg.num_labels)]
+        if len(labels) != cfg.num_labels:
+            raise ValueError(f"{len(labels)} label names for a model with {cfg.num_labels} labels")
+        super().__init__(model, device=device, precision=precision, plain=plain)
+        self.tokenizer = tokenizer
+        self.labels = labels
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, *, device: str | torch.device | None = None,
+                        precision: str = "fp32"):
+        """The object of a run or model directory (config.json, model.safetensors, tokenizer, labels.json)."""
+        from aiayn.data.prepare import load_labels
+        from aiayn.io import load_model, load_tokenizers
+
+        return cls(load_model(directory), load_tokenizers(directory)[0], load_labels(directory), device=device,
+                   precision=precision)
+
+    def save_pretrained(self, directory: str | Path, *, force: bool = False) -> Path:
+        """Write model, tokenizer and `labels.json` where `from_pretrained` reads them (a new or empty
+        directory, or one aiayn saved before, unless `force`)."""
+        from aiayn.io import save_model
+        from aiayn.rundir import LABELS, atomic_write_text, claim_for_export
+
+        directory = claim_for_export(directory, force=force, fmt="aiayn", option="directory",
+                                     force_hint="pass force=True")
+        save_model(self.model, directory, tokenizer=self.tokenizer)
+        atomic_write_text(directory / LABELS, json.dumps(self.labels, indent=2) + "\n")
+        return directory
+
+    def _logits(self, rows: list[list[int]], batch_size: int):
+        """(index, logits) per batch of id rows, longest first; logits as the head gives them, in float32."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        runner, pad_id = self.prepared_model(), self.tokenizer.pad_id
+        for batch in length_sorted_batches([len(row) for row in rows], batch_size):
+            ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
+            mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
+            with torch.inference_mode():
+                yield batch, runner(ids, attention_mask=mask).float()
+
+
+class Classifier(_LabelledModel):
+    """Texts -> a label each, with probabilities (a `sequence_classification` model)."""
+
+    head_kind = "sequence_classification"
+
+    def probabilities(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
+        """(N, num_labels) float32 probabilities, rows in the order of `texts`, columns in that of `labels`."""
+        texts = _check_texts(texts)
+        rows = encode_texts(self.tokenizer, texts, self.model.config.max_len)
+        out = np.zeros((len(rows), len(self.labels)), dtype=np.float32)
+        for batch, logits in self._logits(rows, batch_size):
+            out[batch] = logits.softmax(dim=-1).cpu().numpy()  # (B, num_labels)
+        return out
+
+    def predict(self, texts: str | Sequence[str], *, batch_size: int = 32) -> Prediction | list[Prediction]:
+        """The most likely label of each text (one string gives one `Prediction`)."""
+        single = isinstance(texts, str)
+        probs = self.probabilities([texts] if single else texts, batch_size=batch_size)
+        out = [Prediction(self.labels[int(row.argmax())], float(row.max()),
+                          {label: float(p) for label, p in zip(self.labels, row)}) for row in probs]
+        return out[0] if single else out
+
+
+class Tagger(_LabelledModel):
+    """Texts -> a tag per whitespace-separated word, with its probability (a `token_classification` model)."""
+
+    head_kind = "token_classification"
+
+    def _encode(self, words: list[str]) -> tuple[list[int], list[int]]:
+        """`<s>` ids `</s>` of the words (cut to `max_len`) and the position of each word's first subword."""
+        tok, limit = self.tokenizer, self.model.config.max_len
+        if not words:
+            return [tok.bos_id, tok.eos_id], []
+        enc = tok.backend.encode(words, is_pretokenized=True, add_special_tokens=False)
+        ids = [tok.bos_id, *enc.ids[: limit - 2], tok.eos_id]
+        firsts, previous = [], None
+        for position, word in enumerate(enc.word_ids[: limit - 2], start=1):
+            if word is not None and word != previous:
+                firsts.append(position)
+            previous = word
+        return ids, firsts
+
+    def predict(self, texts: str | Sequence[str], *, batch_size: int = 32) -> list[WordTag] | list[list[WordTag]]:
+        """The tag of every word of each text (one string gives one list)."""
+        single = isinstance(texts, str)
+        texts = _check_texts([texts] if single else texts)
+        words = [text.split() for text in texts]
+        encoded = [self._encode(w) for w in words]
+        out: list[list[WordTag]] = [[] for _ in texts]
+        for batch, logits in self._logits([ids for ids, _ in encoded], batch_size):
+            probs = logits.softmax(dim=-1).cpu()  # (B, L, num_labels)
+            for row, i in enumerate(batch):
+                firsts = encoded[i][1]
+                best, index = probs[row, firsts].max(dim=-1) if firsts else (torch.zeros(0), torch.zeros(0))
+                tagged = [WordTag(w, self.labels[int(t)], float(p)) for w, t, p in zip(words[i], index, best)]
+                out[i] = tagged + [WordTag(w, None, 0.0) for w in words[i][len(tagged):]]
+        return out[0] if single else out

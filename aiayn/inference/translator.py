@@ -1,0 +1,181 @@
+"""`Translator`: text in, text out, with a trained encoder-decoder (what `aiayn translate` runs).
+
+It tokenizes (each source ends with `</s>`, as in training), sorts the sentences by length and cuts
+them into batches of at most `max_tokens` padded source tokens (little padding, and outputs come
+back in the order given), decodes on the key/value cache (`aiayn.inference.generation`) and
+detokenizes. Decoding keywords follow Hugging Face `generate()` where it has a name for them:
+`num_beams`, `max_new_tokens`, `min_new_tokens`, `length_penalty`, `repetition_penalty`,
+`no_repeat_ngram_size`, `do_sample`, `temperature`, `top_k`, `top_p`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aiayn.data.batching import token_batches
+from aiayn.data.collate import pad
+from aiayn.inference.generation import GenerationConfig, generate
+from aiayn.inference.runner import ModelRunner
+from aiayn.tokenization import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# The paper's search (section 6.1): beam 4, length penalty 0.6, at most source length + 50 tokens.
+DEFAULT_SEARCH = GenerationConfig(beam_size=4, length_penalty=0.6)
+# Hugging Face's names for `GenerationConfig` fields.
+_HF_NAMES = {"num_beams": "beam_size", "max_new_tokens": "max_len", "min_new_tokens": "min_len"}
+
+
+@dataclass
+class Translation:
+    """One output: its text, its ids (no `<s>` / `</s>`), its score and, on request, its cross-attention
+    (n_layers, n_heads, output length, source length)."""
+
+    text: str
+    tokens: list[int]
+    score: float
+    attention: torch.Tensor | None = None
+
+
+def search_settings(config: GenerationConfig | None = None, **changes: object) -> GenerationConfig:
+    """`config` (default: the paper's beam 4) with `changes` (Hugging Face's names too; None: unchanged)."""
+    config = config or DEFAULT_SEARCH
+    fields = {f.name for f in dataclasses.fields(GenerationConfig)}
+    updates = {}
+    for name, value in changes.items():
+        if value is None:
+            continue
+        field = _HF_NAMES.get(name, name)
+        if field not in fields:
+            raise TypeError(f"unknown decoding setting {name!r}")
+        if field in updates and updates[field] != value:
+            raise ValueError(f"{name}={value!r} contradicts another setting of {field} ({updates[field]!r})")
+        updates[field] = value
+    return dataclasses.replace(config, **updates)
+
+
+class Translator(ModelRunner):
+    """Translate text with an encoder-decoder model.
+
+    Args:
+        model: an `EncoderDecoderModel`.
+        source_tokenizer: the tokenizer of the source side.
+        target_tokenizer: the target side's (default: the same, one shared vocabulary).
+        device, precision, plain: where and how the model runs (`ModelRunner`).
+    """
+
+    def __init__(self, model: nn.Module, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer | None = None, *,
+                 device: str | torch.device | None = None, precision: str = "fp32", plain: bool = False):
+        if not getattr(model.config, "is_encoder_decoder", False):
+            raise ValueError("a Translator needs an encoder-decoder model; this one is encoder-only")
+        super().__init__(model, device=device, precision=precision, plain=plain)
+        self.source_tokenizer = source_tokenizer
+        self.target_tokenizer = target_tokenizer or source_tokenizer
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, *, device: str | torch.device | None = None,
+                        precision: str = "fp32") -> Translator:
+        """The translator of a run or model directory (config.json, model.safetensors, tokenizer(s))."""
+        from aiayn.io import load_model, load_tokenizers
+
+        model = load_model(directory)
+        if not model.config.is_encoder_decoder:
+            raise ValueError(f"{directory} holds an encoder-only model; translate needs an encoder-decoder "
+                             "(aiayn.load picks the right object for any directory)")
+        return cls(model, *load_tokenizers(directory), device=device, precision=precision)
+
+    def save_pretrained(self, directory: str | Path, *, force: bool = False) -> Path:
+        """Write the model and tokenizer(s) as a model directory `from_pretrained` loads (a new or empty
+        directory, or one aiayn saved before, unless `force`)."""
+        from aiayn.io import save_model
+        from aiayn.rundir import claim_for_export
+
+        directory = claim_for_export(directory, force=force, fmt="aiayn", option="directory",
+                                     force_hint="pass force=True")
+        if self.source_tokenizer is self.target_tokenizer:
+            return save_model(self.model, directory, tokenizer=self.source_tokenizer)
+        save_model(self.model, directory)
+        self.source_tokenizer.save(directory / "source")
+        self.target_tokenizer.save(directory / "target")
+        return directory
+
+    def translate(self, texts: str | Sequence[str], config: GenerationConfig | None = None, *,
+                  num_beams: int | None = None, beam_size: int | None = None, max_new_tokens: int | None = None,
+                  min_new_tokens: int | None = None, length_penalty: float | None = None,
+                  length_ratio: float | None = None, extra_len: int | None = None,
+                  repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
+                  early_stopping: bool | None = None, do_sample: bool | None = None, temperature: float | None = None,
+                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                  max_tokens: int = 4096, max_sentences: int = 0, truncate: bool = False,
+                  progress: Callable[[int], None] | None = None) -> str | list[str]:
+        """Translations of `texts` (one string gives one string); an empty text gives an empty translation.
+
+        Args:
+            texts: the sentences, or one sentence.
+            config: the search; default beam 4, length penalty 0.6, at most source length + 50 tokens.
+            num_beams (or beam_size), max_new_tokens, ...: change one setting of `config` (see
+                `GenerationConfig`; `length_ratio` and `extra_len` bound the output by the source's length).
+            max_tokens: padded source tokens per batch (sentences are sorted by length first);
+                max_sentences caps the sentences per batch (0: no cap).
+            truncate: cut sources longer than the model's `max_len` instead of raising ValueError.
+            progress: called with the number of sentences done after each batch (a progress bar).
+        """
+        settings = search_settings(config, num_beams=num_beams, beam_size=beam_size, max_new_tokens=max_new_tokens,
+                                   min_new_tokens=min_new_tokens, length_penalty=length_penalty,
+                                   length_ratio=length_ratio, extra_len=extra_len,
+                                   repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                   early_stopping=early_stopping, do_sample=do_sample, temperature=temperature,
+                                   top_k=top_k, top_p=top_p, seed=seed)
+        single = isinstance(texts, str)
+        results = self.translations([texts] if single else texts, settings, max_tokens=max_tokens,
+                                    max_sentences=max_sentences, truncate=truncate, progress=progress)
+        return results[0].text if single else [r.text for r in results]
+
+    def encode(self, texts: Sequence[str], *, truncate: bool = False) -> list[list[int]]:
+        """Source ids of each text, ending with `</s>`; an empty (or all-space) text gives no ids."""
+        limit = self.model.config.max_len
+        eos = self.source_tokenizer.eos_id
+        rows = []
+        for number, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"text {number} is a {type(text).__name__}, not a string")
+            ids = self.source_tokenizer.encode(text, add_eos=True) if text.strip() else []
+            if len(ids) > limit:
+                if not truncate:
+                    raise ValueError(f"text {number + 1} has {len(ids)} tokens, more than the model's max_len "
+                                     f"({limit}); shorten it or pass truncate=True (--truncate)")
+                logger.warning("text %d truncated from %d to %d tokens", number + 1, len(ids), limit)
+                ids = ids[: limit - 1] + [eos]
+            rows.append(ids)
+        return rows
+
+    def translations(self, texts: Sequence[str], config: GenerationConfig | None = None, *, max_tokens: int = 4096,
+                     max_sentences: int = 0, truncate: bool = False,
+                     progress: Callable[[int], None] | None = None) -> list[Translation]:
+        """`Translation`s (text, ids, score, attention) of `texts` in the order given; see `translate`."""
+        config = config or DEFAULT_SEARCH
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        ids = self.encode(list(texts), truncate=truncate)
+        out: list[Translation] = [Translation("", [], 0.0) for _ in ids]
+        runner = self.prepared_model()
+        target = self.target_tokenizer
+        for batch in token_batches([len(row) for row in ids], max_tokens, shuffle=False, max_sentences=max_sentences):
+            real = [i for i in batch if ids[i]]
+            if real:
+                src = pad([ids[i] for i in real], self.model.config.pad_id).to(self.device)  # (B, S)
+                result = generate(runner, src, bos_id=target.bos_id, eos_id=target.eos_id, config=config)
+                texts_out = target.decode_batch(result.tokens)
+                for j, i in enumerate(real):
+                    attention = None if result.attention is None else result.attention[j]
+                    out[i] = Translation(texts_out[j], result.tokens[j], float(result.scores[j]), attention)
+            if progress is not None:
+                progress(len(batch))
+        return out

@@ -1,0 +1,291 @@
+"""Real-data translation: aiayn beside a Hugging Face `MarianMTModel`, both trained from scratch on this machine.
+
+The data is English -> French from the system's compiled gettext catalogs (`aiayn corpus`: msgid -> msgstr,
+templates dropped, one translation per English source, seeded train / valid / test split). In one run:
+
+- aiayn trains exactly as `aiayn train examples/gettext-en-fr.toml` does (its `Trainer`: lossless BPE, the
+  recipe, validation BLEU every `eval_every` steps choosing the final model), then decodes the test split;
+- the peer is `transformers.MarianMTModel` of the same sizes (d_model, heads, d_ff, layers, vocabulary size,
+  tied embeddings, sinusoidal positions, post-LN, ReLU, dropout), with the tokenizer its users would choose
+  (`tokenizers.SentencePieceBPETokenizer`, the SentencePiece-style BPE that Marian models ship), trained on
+  token-count batches of the same budget built by the same bucketing, for the same steps, with the same Adam
+  settings, learning-rate schedule and label smoothing, validated at the same steps (greedy BLEU; the best
+  weights are kept, as aiayn keeps its best checkpoint), then decoded with the same beam and length penalty.
+
+Reported for each: sacreBLEU and chrF on the test split (the raw French references), training time (the
+optimizer steps only; validation, checkpoints and test decoding are timed apart) as wall-clock seconds and
+as this process's CPU seconds (which other jobs on the machine disturb less), and real tokens per second.
+
+    aiayn bench translate [--steps 1500] [--threads 2] [--work DIR] [--skip-marian]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from aiayn.data.batching import token_batches
+from aiayn.data.gettext import catalog_files, read_gettext, write_tsv
+from aiayn.training.config import example_config, load_run_config
+from aiayn.training.loop import Trainer
+from aiayn.training.metrics import translation_scores
+from aiayn.training.schedule import resolve_recipe
+
+
+def prepare_corpus(directory: Path, lang: str) -> bool:
+    """Write the gettext corpus into `directory` unless it is there; False when this machine has no catalogs."""
+    if all((directory / f"{name}.tsv").is_file() for name in ("train", "valid", "test")):
+        return True
+    if not catalog_files(lang):
+        return False
+    corpus = read_gettext(lang)
+    for name in ("train", "valid", "test"):
+        write_tsv(directory / f"{name}.tsv", getattr(corpus, name))
+    return True
+
+
+def read_pairs(path: Path) -> list[tuple[str, str]]:
+    """The (source, target) rows of a TSV file the corpus step wrote."""
+    return [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+class TimedTrainer(Trainer):
+    """aiayn's trainer, unchanged, with the time spent validating, checkpointing and testing recorded apart."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.side_seconds = {"setup": 0.0, "validate": 0.0, "save": 0.0, "test": 0.0}
+        self.side_cpu = 0.0
+
+    def _timed(self, name, fn, *args, **kwargs):
+        start, cpu = time.perf_counter(), time.process_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.side_seconds[name] += time.perf_counter() - start
+            self.side_cpu += time.process_time() - cpu
+
+    def _setup(self):
+        return self._timed("setup", super()._setup)
+
+    def validate(self):
+        return self._timed("validate", super().validate)
+
+    def save(self, **kwargs):
+        return self._timed("save", super().save, **kwargs)
+
+    def evaluate_test(self):
+        return self._timed("test", super().evaluate_test)
+
+
+def train_aiayn(run, run_dir: Path) -> dict:
+    """Train and test aiayn through its `Trainer`; BLEU, chrF, seconds, tokens."""
+    trainer = TimedTrainer(run, run_dir, report=lambda line: print(f"  aiayn: {line}", flush=True))
+    start, cpu = time.perf_counter(), time.process_time()
+    result = trainer.fit()
+    total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    train_rows = [r for r in rows if r["split"] == "train"]
+    side = sum(trainer.side_seconds.values())
+    # Training time = the run minus data preparation (tokenizer training, encoding: the peer's is outside
+    # its timing too), validation, checkpoints and the test decoding.
+    return {"bleu": result.test["bleu"], "chrf": result.test["chrf"], "steps": result.step,
+            "train_s": total - side, "train_cpu_s": total_cpu - trainer.side_cpu, "side_s": side, "total_s": total,
+            "valid": [(r["step"], r.get("bleu")) for r in rows if r["split"] == "valid"],
+            "loss": train_rows[-1]["loss"] if train_rows else math.nan}
+
+
+# -- the peer ------------------------------------------------------------------------------------------
+
+def marian_tokenizer(texts: list[str], vocab_size: int, min_frequency: int):
+    """A SentencePiece-style BPE from `tokenizers` (NFKC, "▁" for spaces), with Marian's <pad>, </s>, <unk>."""
+    from tokenizers import SentencePieceBPETokenizer
+
+    tokenizer = SentencePieceBPETokenizer()
+    tokenizer.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False)
+    return tokenizer
+
+
+def marian_model(model_cfg, vocab_size: int, pad: int, eos: int):
+    """`MarianMTModel` with aiayn's sizes and options (post-LN, ReLU, sinusoidal positions, tied embeddings)."""
+    from transformers import MarianMTModel
+
+    from aiayn.interop.marian import marian_config
+
+    # Marian is post-LN with split sinusoids whatever aiayn uses (interleaved is a permutation of split)
+    cfg = model_cfg.replace(vocab_size=vocab_size, tgt_vocab_size=None, pad_id=pad, pe_layout="split", norm_first=False)
+    return MarianMTModel(marian_config(cfg, eos_token_id=eos))
+
+
+def marian_decode(model, tokenizer, sources: list[str], *, beams: int, length_penalty: float, pad: int,
+                  eos: int, max_tokens: int) -> list[str]:
+    """Translate `sources` in length-sorted batches with `generate()`."""
+    encoded = [tokenizer.encode(s).ids + [eos] for s in sources]
+    out: dict[int, str] = {}
+    model.eval()
+    with torch.inference_mode():
+        for batch in token_batches([len(e) for e in encoded], max_tokens // max(beams, 1), shuffle=False):
+            width = max(len(encoded[i]) for i in batch)
+            ids = torch.full((len(batch), width), pad, dtype=torch.long)
+            for row, i in enumerate(batch):
+                ids[row, : len(encoded[i])] = torch.tensor(encoded[i])
+            generated = model.generate(input_ids=ids, attention_mask=ids != pad, num_beams=beams, do_sample=False,
+                                       max_new_tokens=width + 50, length_penalty=length_penalty,
+                                       early_stopping=True)
+            for row, i in enumerate(batch):
+                out[i] = tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)
+    return [out[i] for i in range(len(sources))]
+
+
+def train_marian(run, corpus: Path) -> dict:
+    """Train and test the peer with the run's sizes, batches, steps and recipe; BLEU, chrF, seconds, tokens."""
+    cfg = run.train
+    train, valid, test = (read_pairs(corpus / f"{name}.tsv") for name in ("train", "valid", "test"))
+    tokenizer = marian_tokenizer([s for pair in train for s in pair], cfg.vocab_size, cfg.vocab_min_frequency)
+    pad, eos = tokenizer.token_to_id("<pad>"), tokenizer.token_to_id("</s>")
+    vocab = tokenizer.get_vocab_size()
+    src = [e.ids + [eos] for e in tokenizer.encode_batch([s for s, _ in train])]
+    tgt = [e.ids + [eos] for e in tokenizer.encode_batch([t for _, t in train])]
+    keep = [i for i in range(len(train)) if len(src[i]) <= cfg.max_source_len and len(tgt[i]) <= cfg.max_target_len]
+    src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
+    lengths = [max(len(s), len(t)) for s, t in zip(src, tgt)]
+    torch.manual_seed(cfg.seed)
+    model_cfg = run.model_config(vocab_size=vocab)
+    model = marian_model(model_cfg, vocab, pad, eos)
+    steps_per_epoch = len(token_batches(lengths, cfg.max_tokens, seed=cfg.seed, epoch=0))
+    total = cfg.max_steps or steps_per_epoch * cfg.epochs
+    recipe, _ = resolve_recipe(cfg, total_steps=total, d_model=model_cfg.d_model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr(1), betas=recipe.betas, eps=recipe.eps,
+                                 weight_decay=recipe.weight_decay, fused=True)
+    print(f"  marian: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab}, "
+          f"{len(src)} pairs, {total} steps; {recipe.describe()}", flush=True)
+    step, epoch, train_s, train_cpu, side_s, tokens = 0, 0, 0.0, 0.0, 0.0, 0
+    best, best_state, valid_curve = -1.0, None, []
+    valid_sources = [s for s, _ in valid][: cfg.valid_max_examples or None]
+    valid_refs = [t for _, t in valid][: cfg.valid_max_examples or None]
+    while step < total:
+        for batch in token_batches(lengths, cfg.max_tokens, seed=cfg.seed, epoch=epoch):
+            start, cpu = time.perf_counter(), time.process_time()
+            model.train()
+            width_s, width_t = max(len(src[i]) for i in batch), max(len(tgt[i]) for i in batch)
+            ids = torch.full((len(batch), width_s), pad, dtype=torch.long)
+            labels = torch.full((len(batch), width_t), -100, dtype=torch.long)
+            dec_in = torch.full((len(batch), width_t), pad, dtype=torch.long)
+            for row, i in enumerate(batch):
+                ids[row, : len(src[i])] = torch.tensor(src[i])
+                labels[row, : len(tgt[i])] = torch.tensor(tgt[i])
+                dec_in[row, 1 : len(tgt[i])] = torch.tensor(tgt[i][:-1])  # shifted right behind <pad>
+            for group in optimizer.param_groups:
+                group["lr"] = recipe.lr(step + 1)
+            optimizer.zero_grad(set_to_none=True)
+            logits = model(input_ids=ids, attention_mask=ids != pad, decoder_input_ids=dec_in,
+                           decoder_attention_mask=dec_in != pad).logits
+            n = int((labels != -100).sum())
+            loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100,
+                                   label_smoothing=cfg.label_smoothing, reduction="sum") / n
+            loss.backward()
+            if cfg.clip_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            optimizer.step()
+            step += 1
+            train_s += time.perf_counter() - start
+            train_cpu += time.process_time() - cpu
+            tokens += int((ids != pad).sum()) + n
+            if step % cfg.log_every == 0:
+                print(f"  marian: step {step} loss {float(loss):.3f} lr {recipe.lr(step):.2e} "
+                      f"{tokens / train_s:.0f} tokens/s", flush=True)
+            if cfg.eval_every and step % cfg.eval_every == 0 or step == total:
+                start = time.perf_counter()
+                hyps = marian_decode(model, tokenizer, valid_sources, beams=1, length_penalty=cfg.length_penalty,
+                                     pad=pad, eos=eos, max_tokens=cfg.max_tokens)
+                bleu = translation_scores(hyps, valid_refs, bleu_tokenize=cfg.bleu_tokenize)["bleu"]
+                valid_curve.append((step, bleu))
+                if bleu > best:
+                    best, best_state = bleu, {k: v.clone() for k, v in model.state_dict().items()}
+                side_s += time.perf_counter() - start
+                print(f"  marian: step {step} valid BLEU {bleu:.2f}", flush=True)
+            if step >= total:
+                break
+        epoch += 1
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    start = time.perf_counter()
+    hyps = marian_decode(model, tokenizer, [s for s, _ in test], beams=cfg.beam_size,
+                         length_penalty=cfg.length_penalty, pad=pad, eos=eos, max_tokens=cfg.max_tokens)
+    side_s += time.perf_counter() - start
+    scores = translation_scores(hyps, [t for _, t in test], bleu_tokenize=cfg.bleu_tokenize)
+    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "steps": step, "train_s": train_s,
+            "train_cpu_s": train_cpu, "side_s": side_s,
+            "total_s": train_s + side_s, "valid": valid_curve, "loss": float(loss.detach()), "tokens": tokens,
+            "examples": list(zip([s for s, _ in test][:5], hyps[:5]))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; prints a table and writes `results.json` into the work directory."""
+    parser = argparse.ArgumentParser(prog="aiayn bench translate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default=None, help="aiayn run config (default: examples/gettext-en-fr.toml)")
+    parser.add_argument("--steps", type=int, default=0, help="optimizer steps for both (default: the config's)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: the config's)")
+    parser.add_argument("--lang", default="fr", help="target language of the catalogs (default: fr)")
+    parser.add_argument("--work", default=None, help="a new directory for the corpus, runs and results "
+                                                     "(default: runs/bench-translate-N)")
+    parser.add_argument("--corpus", default=None, help="an existing corpus directory (train/valid/test.tsv)")
+    parser.add_argument("--skip-marian", action="store_true", help="train aiayn only")
+    parser.add_argument("--skip-aiayn", action="store_true", help="train the peer only")
+    parser.add_argument("overrides", nargs="*", help="aiayn config overrides, applied to both (KEY=VALUE)")
+    args = parser.parse_args(argv)
+    work = Path(args.work) if args.work else _new_dir(Path("runs"), "bench-translate")
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = Path(args.corpus) if args.corpus else work / "corpus"
+    if not prepare_corpus(corpus, args.lang):
+        print(f"skipped: no compiled gettext catalogs for {args.lang!r} on this machine "
+              f"(/usr/share/locale/{args.lang}/LC_MESSAGES/*.mo); nothing to train on", file=sys.stderr)
+        return 0
+    overrides = [f"train={corpus / 'train.tsv'}", f"valid={corpus / 'valid.tsv'}", f"test={corpus / 'test.tsv'}",
+                 *args.overrides]
+    if args.steps:
+        overrides.append(f"max_steps={args.steps}")
+    if args.threads:
+        overrides.append(f"threads={args.threads}")
+    run = load_run_config(args.config or example_config("gettext-en-fr"), overrides)
+    if run.train.threads:
+        torch.set_num_threads(run.train.threads)
+    results = {"config": run.to_dict(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    if not args.skip_aiayn:
+        print("aiayn:", flush=True)
+        results["aiayn"] = train_aiayn(run, work / "aiayn")
+    if not args.skip_marian:
+        print("Hugging Face MarianMTModel:", flush=True)
+        results["marian"] = train_marian(run, corpus)
+    (work / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(f"\nEnglish -> French, gettext catalogs; {torch.get_num_threads()} threads; beam {run.train.beam_size}")
+    print(f"{'':8} {'steps':>6} {'BLEU':>6} {'chrF':>6} {'train s':>8} {'train CPU s':>12} {'valid+test s':>13}")
+    for name in ("aiayn", "marian"):
+        if name in results:
+            r = results[name]
+            print(f"{name:8} {r['steps']:>6} {r['bleu']:>6.2f} {r['chrf']:>6.2f} {r['train_s']:>8.0f} "
+                  f"{r['train_cpu_s']:>12.0f} {r['side_s']:>13.0f}")
+    if "aiayn" in results and "marian" in results:
+        a, m = results["aiayn"], results["marian"]
+        print(f"BLEU difference {a['bleu'] - m['bleu']:+.2f}; training time aiayn / Marian: wall "
+              f"{a['train_s'] / m['train_s']:.2f}, CPU {a['train_cpu_s'] / m['train_cpu_s']:.2f}")
+    return 0
+
+
+def _new_dir(root: Path, stem: str) -> Path:
+    n = 1
+    while (root / f"{stem}-{n}").exists():
+        n += 1
+    return root / f"{stem}-{n}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
