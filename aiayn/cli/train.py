@@ -151,6 +151,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     split = data.valid if args.split == "valid" and not args.data else data.test
     options = EvalOptions.from_train_config(train_cfg, beam_size=args.beam or train_cfg.beam_size,
                                             examples=args.examples)
+    backend = select(args.device, "inference", args.precision or ("bf16" if options.bf16 else None))
+    from tqdm import tqdm
+
+    shown = show_progress(len(split.items), quiet=args.quiet)
+    with tqdm(total=len(split.items), disable=not shown, unit="example", desc=f"evaluating {args.data or args.split}",
+              file=sys.stderr, dynamic_ncols=True) as bar:
+        result = evaluate(model, data, split, options, backend=backend, progress=bar.update)
     if "loss" in result and not math.isfinite(result["loss"]):
         print(f"aiayn eval: error: the loss on {args.data or args.split} is {result['loss']} (not finite): the "
               "model's numbers overflow; evaluate an earlier checkpoint with --checkpoint", file=sys.stderr)
