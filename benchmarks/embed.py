@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
+from interleave import interleaved  # benchmarks/interleave.py
 
 _SUBJECTS = ["The committee", "A small café in Zürich", "My neighbour's dog", "The quantum computer",
              "Every student", "The old lighthouse keeper", "This algorithm", "The orchestra", "Nobody",
@@ -57,19 +57,6 @@ def real_sentences(n: int) -> list[str]:
         return []
     texts = {ex.source for split in (corpus.train, corpus.valid, corpus.test) for ex in split}
     return sorted(t for t in texts if len(t.split()) >= 3)[:n]
-
-
-def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds of each call per repeat, the order rotating each repeat so that a busy moment on a
-    shared machine hits every pipeline alike; ratios are then taken within a repeat."""
-    names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def _compare(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
@@ -145,11 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"corpus: {len(corpus)} sentences, {tokens} tokens; torch threads {torch.get_num_threads()}; "
           f"{args.repeats} interleaved repeats (throughput: best repeat; ratios: median of per-repeat ratios)")
     agreement = {name: _compare(fn(corpus), reference) for name, fn in runs.items()}
-    throughput = _interleaved({name: (lambda fn=fn: fn(corpus)) for name, fn in runs.items()}, args.repeats)
+    throughput = interleaved({name: (lambda fn=fn: fn(corpus)) for name, fn in runs.items()}, args.repeats)
     for _ in range(3):  # warm-up for the latency runs
         for fn in runs.values():
             fn([short])
-    latency = _interleaved({name: (lambda fn=fn: fn([short])) for name, fn in runs.items()}, args.latency_calls)
+    latency = interleaved({name: (lambda fn=fn: fn([short])) for name, fn in runs.items()}, args.latency_calls)
     real = real_sentences(args.real) if args.real else []
     real_cos: dict[str, float] = {}
     if real:

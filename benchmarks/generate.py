@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from interleave import interleaved  # benchmarks/interleave.py
 
 from aiayn.backends import select
 from aiayn.config import preset
@@ -75,18 +76,6 @@ def ctranslate2_export(model, directory: Path, quantization: str) -> Path:
 def piece_name(i: int) -> str:
     """The made-up vocabulary entry of id `i` that CTranslate2 reads and writes."""
     return {0: "<blank>", 1: "<s>", 2: "</s>", 3: "<unk>"}.get(i, f"t{i}")
-
-
-def _interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds of each function per repeat, the order rotating every repeat so that load hits each alike."""
-    names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
 
 
 def _contenders(runners: dict, src: torch.Tensor, beam: int, new_tokens: int) -> dict[str, Callable[[], None]]:
@@ -216,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 with torch.inference_mode():
                     for fn in fns.values():
                         fn()  # warm up every contender
-                    times = _interleaved(fns, repeats)
+                    times = interleaved(fns, repeats)
                 rates = " ".join(f"{batch * new_tokens / min(times[n]):>17.1f}" for n in names)
                 print(f"{search:<8} {batch:>5} {rates}   {_ratios(times)}", flush=True)
     positions = (16, 64) if args.quick else (16, 256)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -42,6 +43,8 @@ def load_benchmark(name: str) -> ModuleType:
     if name not in BENCHMARKS or not path.is_file():
         raise FileNotFoundError(f"benchmark script {path} not found: benchmarks are scripts in the aiayn source "
                                 "tree, not installed with the package; run aiayn from a checkout (pip install -e .)")
+    if str(BENCHMARK_DIR) not in sys.path:  # the scripts share benchmarks/interleave.py, as when run directly
+        sys.path.insert(0, str(BENCHMARK_DIR))
     spec = importlib.util.spec_from_file_location(f"aiayn_benchmark_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
