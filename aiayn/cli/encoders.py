@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aiayn.cli.options import add_device_argument, add_precision_argument, show_progress
+from aiayn.cli.options import add_device_argument, add_precision_argument, progress_bar
 from aiayn.config import POOLINGS
 
 
@@ -91,12 +91,8 @@ def _read_lines(path: str, what: str = "input file") -> list[str]:
 
 
 def _embed_with_progress(embedder, texts: list[str], args: argparse.Namespace) -> np.ndarray:
-    if not show_progress(len(texts), quiet=args.quiet):
-        return embedder.embed(texts, batch_size=args.batch_size)
-    from tqdm import tqdm
-
-    with tqdm(total=len(texts), unit="text", desc="embedding", file=sys.stderr) as bar:
-        return embedder.embed(texts, batch_size=args.batch_size, progress=bar.update)
+    with progress_bar(len(texts), quiet=args.quiet, unit="text", desc="embedding") as bar:
+        return embedder.embed(texts, batch_size=args.batch_size, progress=bar)
 
 
 def cmd_embed(args: argparse.Namespace) -> int:
@@ -156,14 +152,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     if index_path.is_dir():
         raise IsADirectoryError(f"--index {index_path} is a directory; give a file name")
     embedder = _embedder(args)
-    if not show_progress(len(corpus), quiet=args.quiet):
-        index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size)
-    else:
-        from tqdm import tqdm
-
-        with tqdm(total=len(corpus), unit="text", desc="indexing", file=sys.stderr) as bar:
-            index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size,
-                                                       progress=bar.update)
+    with progress_bar(len(corpus), quiet=args.quiet, unit="text", desc="indexing") as bar:
+        index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size,
+                                                   progress=bar)
     print(f"{'built' if rebuilt else 'reused'} index {index_path} ({len(corpus)} lines)", file=sys.stderr)
     queries = embedder.embed(args.query)
     for query, vector in zip(args.query, queries):

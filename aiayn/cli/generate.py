@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
 import time
@@ -11,7 +10,13 @@ from pathlib import Path
 
 import torch
 
-from aiayn.cli.options import add_device_argument, add_precision_argument, show_progress
+from aiayn.cli.options import (
+    add_device_argument,
+    add_precision_argument,
+    input_lines,
+    progress_bar,
+    show_progress,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -59,16 +64,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_translate)
 
 
-def _read_lines(args: argparse.Namespace) -> list[str]:
-    if args.text and args.input:
-        raise ValueError("give sentences either as arguments or with --input, not both")
-    if args.text:
-        return list(args.text)
-    from aiayn.data.readers import read_lines
-
-    return read_lines(args.input or "-")  # "-": stdin
-
-
 def _search(args: argparse.Namespace):
     from aiayn.inference.generation import GenerationConfig
 
@@ -103,9 +98,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     if output is not None and output.is_dir():
         raise IsADirectoryError(f"--output {output} is a directory; give a file name")
     translator = Translator.from_pretrained(args.run, device=args.device, precision=args.precision)
-    lines = _read_lines(args)
+    lines = input_lines(args, "sentences")
     start = time.perf_counter()
-    with _progress(len(lines), show=show_progress(len(lines), quiet=args.quiet)) as bar:
+    with progress_bar(len(lines), quiet=args.quiet, unit="sent", desc="translating") as bar:
         results = translator.translations(lines, config, max_tokens=args.max_tokens, max_sentences=args.batch_size,
                                           truncate=args.truncate, progress=bar)
     seconds = time.perf_counter() - start
@@ -128,18 +123,6 @@ def cmd_translate(args: argparse.Namespace) -> int:
                             layer=args.attention_layer)
         print(f"attention map saved to {args.show_attention}", file=sys.stderr)
     return 0
-
-
-@contextlib.contextmanager
-def _progress(total: int, *, show: bool):
-    """A tqdm bar on stderr counting sentences (with their rate), or a no-op."""
-    if not show:
-        yield None
-        return
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="sent", desc="translating", file=sys.stderr, dynamic_ncols=True) as bar:
-        yield bar.update
 
 
 def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[str], path: str | Path, *,

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from aiayn.cli.options import add_device_argument
+from aiayn.cli.options import add_device_argument, input_lines
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -23,16 +23,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
     add_device_argument(p)
     p.set_defaults(func=cmd_predict)
-
-
-def _read_lines(args: argparse.Namespace) -> list[str]:
-    if args.text and args.input:
-        raise ValueError("give texts either as arguments or with --input, not both")
-    if args.text:
-        return list(args.text)
-    from aiayn.data.readers import read_lines
-
-    return read_lines(args.input or "-")
 
 
 def _classified(text: str, prediction, as_json: bool) -> str:
@@ -64,7 +54,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.run} holds a model for a {cls.__name__}, not a classification or tagging run; "
                          f"use {hint} {args.run}")
     model = cls.from_pretrained(args.run, device=args.device)
-    lines = _read_lines(args)
+    lines = input_lines(args)
     filled = [i for i, line in enumerate(lines) if line.strip()]
     predictions = model.predict([lines[i] for i in filled], batch_size=args.batch_size)
     found = dict(zip(filled, predictions))

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from aiayn.cli.options import add_device_argument, add_precision_argument, show_progress
+from aiayn.cli.options import add_device_argument, add_precision_argument, progress_bar
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -152,12 +152,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     options = EvalOptions.from_train_config(train_cfg, beam_size=args.beam or train_cfg.beam_size,
                                             examples=args.examples)
     backend = select(args.device, "inference", args.precision or ("bf16" if options.bf16 else None))
-    from tqdm import tqdm
-
-    shown = show_progress(len(split.items), quiet=args.quiet)
-    with tqdm(total=len(split.items), disable=not shown, unit="example", desc=f"evaluating {args.data or args.split}",
-              file=sys.stderr, dynamic_ncols=True) as bar:
-        result = evaluate(model, data, split, options, backend=backend, progress=bar.update)
+    with progress_bar(len(split.items), quiet=args.quiet, unit="example",
+                      desc=f"evaluating {args.data or args.split}") as bar:
+        result = evaluate(model, data, split, options, backend=backend, progress=bar)
     if "loss" in result and not math.isfinite(result["loss"]):
         print(f"aiayn eval: error: the loss on {args.data or args.split} is {result['loss']} (not finite): the "
               "model's numbers overflow; evaluate an earlier checkpoint with --checkpoint", file=sys.stderr)
