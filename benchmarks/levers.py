@@ -17,6 +17,7 @@ import sacrebleu
 import torch
 
 import aiayn
+from aiayn.data.readers import read_parallel
 from aiayn.training.checkpoint import average_checkpoints
 
 
@@ -29,15 +30,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    lines = (Path(args.corpus) / f"{args.split}.tsv").read_text(encoding="utf-8").splitlines()[: args.pairs]
-    sources, references = zip(*(line.split("\t")[:2] for line in lines))
+    pairs = read_parallel(str(Path(args.corpus) / f"{args.split}.tsv"))[0][: args.pairs]  # as `aiayn eval` reads
+    sources, references = [p.source for p in pairs], [p.target for p in pairs]
     translator = aiayn.load(args.run)
 
     def score(name: str, **search) -> None:
         start = time.perf_counter()
-        hypotheses = translator.translate(list(sources), **search)
+        hypotheses = translator.translate(sources, **search)
         seconds = time.perf_counter() - start
-        refs = [list(references)]
+        refs = [references]
         print(json.dumps({"setting": name, "bleu": round(sacrebleu.corpus_bleu(hypotheses, refs).score, 2),
                           "chrf": round(sacrebleu.corpus_chrf(hypotheses, refs).score, 2),
                           "seconds": round(seconds, 1)}), flush=True)

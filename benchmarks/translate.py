@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn.data.batching import token_batches
-from aiayn.data.gettext import catalog_files, read_gettext, write_tsv
+from aiayn.data.gettext import catalog_files, read_gettext
 from aiayn.training.config import example_config, load_run_config
 from aiayn.training.loop import Trainer
 from aiayn.training.metrics import translation_scores
@@ -45,9 +45,7 @@ def prepare_corpus(directory: Path, lang: str) -> bool:
         return True
     if not catalog_files(lang):
         return False
-    corpus = read_gettext(lang)
-    for name in ("train", "valid", "test"):
-        write_tsv(directory / f"{name}.tsv", getattr(corpus, name))
+    read_gettext(lang).write(directory)
     return True
 
 

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Write the gettext corpus."""
-    from aiayn.data.gettext import read_gettext, write_tsv
+    from aiayn.data.gettext import read_gettext
 
     out = Path(args.out)
     names = ("train.tsv", "valid.tsv", "test.tsv", "corpus.json")
@@ -33,8 +33,7 @@ def cmd_corpus(args: argparse.Namespace) -> int:
         raise ValueError(f"{out} exists and holds other files; choose a new --out directory")
     corpus = read_gettext(args.lang, locale_dir=args.locale_dir, seed=args.seed, n_valid=args.valid,
                           n_test=args.test)
-    for name in ("train", "valid", "test"):
-        write_tsv(out / f"{name}.tsv", getattr(corpus, name))
+    corpus.write(out)
     info = {"lang": args.lang, "locale_dir": args.locale_dir, "seed": args.seed, "catalogs": corpus.catalogs,
             "messages": corpus.messages, "templates_dropped": corpus.templates,
             "pairs": {name: len(getattr(corpus, name)) for name in ("train", "valid", "test")}}

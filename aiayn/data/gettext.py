@@ -41,6 +41,11 @@ class GettextCorpus:
     messages: int = 0  # entries read, before filtering and deduplication
     templates: int = 0  # entries dropped as format templates
 
+    def write(self, directory: str | Path) -> None:
+        """train.tsv, valid.tsv and test.tsv in `directory`, each written atomically."""
+        for name in ("train", "valid", "test"):
+            write_tsv(Path(directory) / f"{name}.tsv", getattr(self, name))
+
 
 def catalog_files(lang: str, locale_dir: str | Path = LOCALE_DIR) -> list[Path]:
     """The compiled catalogs of `lang` (`LOCALE/lang/LC_MESSAGES/*.mo`), sorted."""
