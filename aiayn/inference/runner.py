@@ -14,11 +14,12 @@ class ModelRunner:
     Args:
         model: the model; moved to the backend's device.
         device: "cpu", "cuda", "mps" or None for the best available.
-        precision: "fp32" (the model up to float32 rounding), "bf16" or "int8" (faster, approximate).
+        precision: "fp32" (the model up to float32 rounding), "bf16" or "int8" (faster, approximate);
+            None: the device's default (bf16 on a GPU that has it, else fp32).
         plain: run the modules as written, without the device's fast path.
     """
 
-    def __init__(self, model: nn.Module, *, device: str | torch.device | None = None, precision: str = "fp32",
+    def __init__(self, model: nn.Module, *, device: str | torch.device | None = None, precision: str | None = "fp32",
                  plain: bool = False):
         self.backend = select(device, "inference", precision, plain=plain)
         self.model = model.to(self.backend.device).eval()

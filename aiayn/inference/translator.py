@@ -72,7 +72,7 @@ class Translator(ModelRunner):
     """
 
     def __init__(self, model: nn.Module, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer | None = None, *,
-                 device: str | torch.device | None = None, precision: str = "fp32", plain: bool = False):
+                 device: str | torch.device | None = None, precision: str | None = "fp32", plain: bool = False):
         if not getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("a Translator needs an encoder-decoder model; this one is encoder-only")
         super().__init__(model, device=device, precision=precision, plain=plain)
@@ -81,7 +81,7 @@ class Translator(ModelRunner):
 
     @classmethod
     def from_pretrained(cls, directory: str | Path, *, device: str | torch.device | None = None,
-                        precision: str = "fp32") -> Translator:
+                        precision: str | None = "fp32") -> Translator:
         """The translator of a run or model directory (config.json, model.safetensors, tokenizer(s))."""
         from aiayn.io import load_model, load_tokenizers
 
