@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 TORCH_VERSION := 2.13.0
 
-.PHONY: demo test lint venv install install-dev bench clean
+.PHONY: demo test test-avx2 gpu-check lint venv install install-dev bench clean
 
 $(VENV)/bin/activate:
 	$(PYTHON) -m venv $(VENV)
@@ -33,8 +33,19 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check aiayn tests benchmarks
 
+# The backend's tests again as an AVX2-only CPU without VNNI runs them (oneDNN, MKL and ATen limited to
+# AVX2, int8 on its reduced range), so that an AVX-512 machine checks that path too; on an AVX2-only
+# CPU this is the native run once more. `make test-avx2` runs only this part.
+AVX2_ENV   := ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 AIAYN_INT8_RANGE=reduced
+AVX2_TESTS := tests/test_backends.py tests/test_backends_int8.py tests/test_embeddings.py tests/test_verify.py \
+              tests/test_host_reads.py
+
 test: $(VENV)/.dev lint
 	$(VENV)/bin/pytest
+	$(MAKE) --no-print-directory test-avx2
+
+test-avx2: $(VENV)/.dev
+	$(AVX2_ENV) $(VENV)/bin/pytest $(AVX2_TESTS)
 
 # `make bench` runs every benchmark script (minutes each, on a quiet machine); `make bench BENCH=encoder` one.
 BENCH ?= encoder train generate embed

@@ -45,14 +45,40 @@ def frozen():
     return take
 
 
-@pytest.fixture(params=["plain", "backend"])
-def run_on(request):
-    """How the module under test runs: as written ("plain"), or as this machine's CPU inference backend
-    prepares it ("backend": oneDNN prepacked weights where usable, stacked Q/K/V). Call under no_grad."""
+def force_choices(monkeypatch, *, one: str = "columns", few: str = "packed", many: str = "packed",
+                  train_onednn: bool = True, fused_qkv: bool = True):
+    """Make `select` see these measured choices (whatever this machine measured): every kernel can be
+    tested on every machine. Returns the forced `calibrate.Choices`."""
+    import dataclasses
+
+    from aiayn.backends import calibrate
+
+    forced = dataclasses.replace(calibrate.choices(), inference={"one": one, "few": few, "many": many},
+                                 train_onednn=train_onednn, fused_qkv_inference=fused_qkv, fused_qkv_train=fused_qkv)
+    monkeypatch.setattr(calibrate, "choices", lambda refresh=False: forced)
+    return forced
+
+
+@pytest.fixture
+def measured(monkeypatch):
+    """`measured(one=..., few=..., many=..., train_onednn=..., fused_qkv=...)`: see `force_choices`."""
+    return lambda **choices: force_choices(monkeypatch, **choices)
+
+
+@pytest.fixture(params=["plain", "backend", "oneDNN"])
+def run_on(request, monkeypatch):
+    """How the module under test runs: as written ("plain"), as this machine's CPU inference backend
+    prepares it ("backend": the kernels measured fastest here, stacked Q/K/V where faster), or with every
+    product on oneDNN's prepacked kernel and MKL for one row ("oneDNN": what an AVX-512 machine measures).
+    Call under no_grad."""
     if request.param == "plain":
         return lambda module: module
-    from aiayn.backends import select
+    from aiayn.backends import cpu, select
 
+    if request.param == "oneDNN":
+        if not cpu.onednn_usable():
+            pytest.skip("this build or CPU does not run oneDNN's products")
+        force_choices(monkeypatch)
     return select("cpu", "inference", "fp32").prepare
 
 

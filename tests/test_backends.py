@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from aiayn.backends import available_devices, resolve_device, select
+from aiayn.backends import available_devices, calibrate, resolve_device, select
 from aiayn.backends.cpu import OneDnnLinear, PackedLinear, onednn_linear, onednn_usable
 from aiayn.backends.fused import FusedQKVAttention
 from aiayn.config import ModelConfig, preset
@@ -59,11 +59,16 @@ def test_other_dtypes_and_autocast_keep_f_linear():
     assert y.dtype == torch.bfloat16
 
 
-def test_select_reports_what_applies_and_plain_turns_everything_off():
+def test_select_takes_what_this_machine_measured_and_plain_turns_everything_off():
+    measured = calibrate.choices()
     backend = select("cpu", "inference", "fp32")
-    assert backend.device.type == "cpu" and backend.fused_qkv and backend.onednn == onednn_usable()
-    assert backend.prepack == backend.onednn and "cpu inference fp32" in backend.describe()
-    assert not select("cpu", "train").prepack  # training keeps live weights
+    assert backend.device.type == "cpu" and backend.fused_qkv == measured.fused_qkv_inference
+    assert dict(backend.kernels) == measured.inference
+    assert backend.prepack == backend.onednn == any(k != "dense" for k in measured.inference.values())
+    assert "cpu inference fp32" in backend.describe()
+    train = select("cpu", "train")
+    assert not train.prepack  # training keeps live weights
+    assert train.onednn == (measured.train_onednn and onednn_usable()) and train.fused_qkv == measured.fused_qkv_train
     plain = select("cpu", "train", plain=True)
     assert plain.plain and plain.describe() == "cpu train fp32: plain"
     assert select(None).device.type == available_devices()[0]
@@ -81,7 +86,8 @@ def test_a_missing_device_is_one_clear_error():
         select("cuda")
 
 
-def test_a_train_copy_shares_the_parameters_and_state_dict_names():
+def test_a_train_copy_shares_the_parameters_and_state_dict_names(measured):
+    measured(train_onednn=onednn_usable(), fused_qkv=True)
     torch.manual_seed(0)
     model = build_model(ModelConfig(**TINY, dropout=0.0))
     prepared = select("cpu", "train").prepare(model)
@@ -124,7 +130,8 @@ def test_the_train_step_equals_the_plain_step_in_loss_and_gradients():
 
 
 @needs_onednn
-def test_an_inference_copy_is_prepacked_once_and_refuses_autograd():
+def test_an_inference_copy_is_prepacked_once_and_refuses_autograd(measured):
+    measured()
     torch.manual_seed(0)
     model = build_model(ModelConfig(**TINY)).eval()
     prepared = select("cpu", "inference").prepare(model)
@@ -158,7 +165,8 @@ def test_a_packed_layer_computes_one_row_by_mkl_and_many_by_onednn_equally():
 
 @needs_onednn
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
-def test_the_ffn_activation_runs_inside_the_first_product(activation):
+def test_the_ffn_activation_runs_inside_the_first_product(activation, measured):
+    measured()
     torch.manual_seed(0)
     model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0}, activation=activation)).eval()
     prepared = select("cpu", "inference").prepare(model)
@@ -177,8 +185,9 @@ def test_the_ffn_activation_runs_inside_the_first_product(activation):
                       type(model.encoder.layers[0].feed_forward.activation))  # training keeps it as written
 
 
-def test_one_query_over_many_rows_is_written_out_and_equal():
+def test_one_query_over_many_rows_is_written_out_and_equal(measured):
     # A decoding step at batch 32 x beam 4: one query per row; the backend skips SDPA's flash kernel there.
+    measured(fused_qkv=True)
     torch.manual_seed(0)
     plain = MultiHeadAttention(32, 4).eval()
     fused = select("cpu", "inference").prepare(plain)
@@ -229,7 +238,8 @@ def test_lower_precisions_stay_close(precision):
 
 
 @needs_onednn
-def test_generate_runs_the_model_as_given_the_plain_path_when_asked():
+def test_generate_runs_the_model_as_given_the_plain_path_when_asked(measured):
+    measured()
     # generate() used to switch oneDNN on inside a caller's `onednn_linear(False)`: now it runs what it is given.
     torch.manual_seed(0)
     model = build_model(ModelConfig(**TINY, dropout=0.0)).eval()
@@ -246,3 +256,55 @@ def test_generate_runs_the_model_as_given_the_plain_path_when_asked():
     assert "mkldnn::_linear_pointwise" in fast_ops
     assert outputs["plain"].tokens == outputs["fast"].tokens
     torch.testing.assert_close(outputs["plain"].scores, outputs["fast"].scores, atol=1e-4, rtol=0)
+
+
+@needs_onednn
+@pytest.mark.parametrize("kernel", ["packed", "columns", "dense"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_every_measured_kernel_computes_f_linear(kernel, activation):
+    weight, bias = torch.randn(48, 32), torch.randn(48)
+    layer = PackedLinear(weight, bias, activation=activation, kernels={"one": kernel, "few": kernel, "many": kernel})
+    act = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu}[activation]
+    with torch.no_grad():
+        for shape in ((32,), (1, 1, 32), (4, 32), (3, 5, 32), (40, 32)):
+            x = torch.randn(*shape)
+            torch.testing.assert_close(layer(x), act(F.linear(x, weight, bias)), atol=1e-5, rtol=0)
+    assert (layer.packed is None) == (kernel != "packed")
+
+
+def test_a_layer_holds_only_the_weight_forms_its_kernels_use():
+    weight = torch.randn(8, 4)
+    dense = PackedLinear(weight, None, kernels={"one": "dense", "few": "dense", "many": "dense"})
+    assert dense.packed is None and dense.columns is None and dense.weight.data_ptr() == weight.data_ptr()
+    with pytest.raises(ValueError, match="kernels must map one, few, many"):
+        PackedLinear(weight, None, kernels={"one": "fast"})
+
+
+def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "REPEATS", 2)
+    first = calibrate._load_or_measure(refresh=False)
+    files = list(tmp_path.glob("cpu-products-*.json"))
+    assert len(files) == 1 and set(first.inference) == {"one", "few", "many"}
+    assert {k.split(": ")[0] for k in first.seconds} == {"one", "few", "many", "qkv", "train", "qkv train"}
+    assert all(kernel in ("packed", "columns", "dense") for kernel in first.inference.values())
+    assert "inference products: one row" in first.describe()
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("measured again"))
+    assert calibrate._load_or_measure(refresh=False) == first  # read back, not measured
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # another kind of machine: another key
+    assert calibrate.cache_path(calibrate.machine()) != files[0]
+
+
+def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
+    assert calibrate._pick({"dense": 1.0, "packed": 0.97}, "dense") == "dense"  # within MARGIN: the plain one
+    assert calibrate._pick({"dense": 1.0, "packed": 0.5, "columns": 0.7}, "dense") == "packed"
+    assert calibrate.row_class(1) == "one" and calibrate.row_class(4) == "few" and calibrate.row_class(17) == "many"
+
+
+def test_an_unwritable_cache_only_costs_a_measurement(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(blocker / "aiayn"))
+    monkeypatch.setattr(calibrate, "REPEATS", 1)
+    assert set(calibrate._load_or_measure(refresh=False).inference) == {"one", "few", "many"}
+    assert blocker.read_text() == "not a directory"

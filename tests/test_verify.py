@@ -17,12 +17,14 @@ def test_verify_passes_on_this_machine(capsys):
     out = capsys.readouterr().out
     assert "== cpu inference fp32: plain" in out and "== cpu train fp32" in out and "FAIL" not in out
     assert "encoder layer = torch.nn.TransformerEncoderLayer" in out and "NumPy reference" in out
-    assert ("oneDNN prepacked, fused QKV" in out) == onednn_usable()
+    assert ("kernels by rows (one columns, few packed, many packed), fused QKV" in out) == onednn_usable()
+    assert "measured here" in out and "inference products: one row" in out
     total = sum(1 for line in out.splitlines() if line.startswith("  "))
     assert f"{total} of {total} checks passed" in out
 
 
-def test_a_broken_fast_path_fails_verify(monkeypatch, capsys):
+def test_a_broken_fast_path_fails_verify(monkeypatch, capsys, measured):
+    measured(fused_qkv=True)
     def swapped(self, x):  # Q and V exchanged: still runs, no longer the paper's attention
         q, k, v = MultiHeadAttention.project_qkv(self, x)
         return v, k, q

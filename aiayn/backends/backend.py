@@ -6,12 +6,14 @@
         logits = runner(src, tgt)
 
 The tricks, by device (each is off with `plain=True`, which runs the modules of `aiayn.nn` as written):
-- CPU: linear layers on oneDNN (forward and backward; prepacked weights for inference), where this
-  build and processor run them and agree with `F.linear` (`cpu.onednn_usable`); on request, int8
-  inference chosen layer by layer by its measured error (`int8`).
+- CPU: each float32 product on the kernel measured fastest on this machine (`calibrate`: oneDNN with
+  prepacked weights, MKL over transposed weights, or PyTorch's default; per number of rows for
+  inference, forward and backward for training), among those that agree with `F.linear`
+  (`cpu.onednn_usable`); on request, int8 inference chosen layer by layer by its measured error (`int8`).
 - CUDA: bf16 mixed precision by default where the GPU has it, which lets PyTorch's
   `scaled_dot_product_attention` take its flash kernel; `torch.compile` on request.
-- Every device: self-attention's Q, K and V (and cross-attention's K and V) as one product (`fused`).
+- Every device: self-attention's Q, K and V (and cross-attention's K and V) as one product (`fused`),
+  on CPU where measured faster.
 The optimiser's fused kernel (`torch.optim.Adam(fused=True)`) is chosen by `aiayn.training.optim`.
 """
 
@@ -27,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.backends import cpu, int8
+from aiayn.backends import calibrate, cpu, int8
 from aiayn.backends.devices import bf16_supported, resolve_device
 from aiayn.backends.fused import FusedQKVAttention, StackedLinear, fuse_qkv
 
@@ -47,8 +49,10 @@ class Backend:
         precision: "fp32"; "bf16" (training: autocast over float32 weights; inference: a bfloat16
             copy of the weights); "int8" (inference on CPU: linear layers with int8 weights and
             activations quantised per call, where the error measured on calibration inputs allows).
-        onednn: linear layers on oneDNN (CPU).
-        prepack: inference weights reordered once into oneDNN's layout (CPU).
+        onednn: linear layers on oneDNN (CPU training), or on the measured kernels (CPU inference).
+        prepack: inference linear layers run the kernel measured fastest for their number of rows
+            (`kernels`), with the weight forms those kernels need made once (CPU).
+        kernels: the inference kernel per row class (`calibrate.ROW_CLASSES`), as (class, kernel) pairs.
         fused_qkv: Q, K and V from one stacked product.
         compile: run the prepared model through `torch.compile`.
     """
@@ -60,6 +64,7 @@ class Backend:
     prepack: bool = False
     fused_qkv: bool = False
     compile: bool = False
+    kernels: tuple[tuple[str, str], ...] | None = None
 
     @property
     def plain(self) -> bool:
@@ -67,9 +72,11 @@ class Backend:
         return not (self.onednn or self.prepack or self.fused_qkv or self.compile)
 
     def describe(self) -> str:
-        """A short label: device, mode, precision and tricks ("cpu inference fp32: oneDNN prepacked, fused QKV")."""
+        """A short label: device, mode, precision and tricks
+        ("cpu inference fp32: kernels by rows (one columns, few packed, many packed), fused QKV")."""
+        measured = "kernels by rows (" + ", ".join(f"{rows} {k}" for rows, k in self.kernels or ()) + ")"
         tricks = [name for name, on in (("int8 layer by layer, by measured error", self.precision == "int8"),
-                                        ("oneDNN prepacked" if self.prepack else "oneDNN", self.onednn),
+                                        (measured if self.prepack else "oneDNN", self.onednn),
                                         ("fused QKV", self.fused_qkv), ("torch.compile", self.compile)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
 
@@ -97,10 +104,10 @@ class Backend:
         if self.fused_qkv:
             frozen = None
             if self.mode == "inference":
-                frozen = cpu.PackedLinear if self.prepack else (lambda w, b: StackedLinear(w, b, product))
+                frozen = self._packed if self.prepack else (lambda w, b: StackedLinear(w, b, product))
             prepared = fuse_qkv(prepared, product=product, frozen=frozen)
         if self.onednn:
-            cpu.use_onednn(prepared, prepack=self.prepack, skip=_stacked_away(prepared))
+            cpu.use_onednn(prepared, prepack=self._packed if self.prepack else None, skip=_stacked_away(prepared))
             if self.prepack:
                 cpu.fuse_activations(prepared)
         prepared.train(self.mode == "train")
@@ -113,17 +120,24 @@ class Backend:
         if self.fused_qkv:
             prepared = fuse_qkv(prepared, product=F.linear, frozen=lambda w, b: StackedLinear(w, b, F.linear))
         prepared.eval()
-        fallback = None
+        fallback = None  # where int8 is too far: bf16 where the CPU has it natively, else float32
         if bf16_supported(self.device) and cpu.onednn_usable():
             fallback = int8.Bf16Linear
-        elif cpu.onednn_usable():
-            fallback = cpu.PackedLinear
+        elif self.kernels is not None:
+            fallback = self._packed
+        else:
+            fallback = lambda w, b: StackedLinear(w, b, F.linear)  # noqa: E731
         with torch.no_grad():
             choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
-                                    reduce_range=int8.int8_usable() == "reduced")
+                                    reduce_range=int8.int8_range() == "reduced")
         kinds = Counter(choice.kind for choice in choices)
         log.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
         return prepared
+
+
+    def _packed(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        """An inference linear layer running this backend's measured kernels."""
+        return cpu.PackedLinear(weight, bias, kernels=dict(self.kernels or cpu.DEFAULT_KERNELS))
 
 
 def _stacked_away(model: nn.Module) -> frozenset[int]:
@@ -184,8 +198,17 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     backend = Backend(device, mode, precision)
     if plain:
         return backend
-    if precision == "int8":
-        return replace(backend, fused_qkv=True)
-    onednn = device.type == "cpu" and precision == "fp32" and cpu.onednn_usable()
-    return replace(backend, onednn=onednn, prepack=onednn and mode == "inference", fused_qkv=True, compile=compile)
+    if device.type != "cpu" or precision == "bf16":
+        return replace(backend, fused_qkv=True, compile=compile)
+    measured = calibrate.choices()
+    log.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
+    kernels = tuple(measured.inference.items())
+    if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels
+        return replace(backend, fused_qkv=True, kernels=kernels)
+    if mode == "train":
+        return replace(backend, onednn=measured.train_onednn and cpu.onednn_usable(),
+                       fused_qkv=measured.fused_qkv_train, compile=compile)
+    swap = any(kernel != "dense" for _, kernel in kernels)
+    return replace(backend, onednn=swap, prepack=swap, kernels=kernels, fused_qkv=measured.fused_qkv_inference,
+                   compile=compile)
 

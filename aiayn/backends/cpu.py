@@ -16,16 +16,22 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
+from aiayn.backends.calibrate import ROW_CLASSES, row_class
 from aiayn.nn.feedforward import PositionwiseFeedForward
 
 log = logging.getLogger(__name__)
 
+
+KERNELS = ("packed", "columns", "dense")  # see aiayn.backends.calibrate
+# What a PackedLinear runs where no measurement says otherwise: oneDNN, but MKL for one row.
+DEFAULT_KERNELS = {"one": "columns", "few": "packed", "many": "packed"}
 
 # Activations oneDNN applies inside a product: name -> (post-op, algorithm, the same function in torch)
 POST_OPS = {
@@ -110,52 +116,67 @@ class OneDnnLinear(nn.Linear):
 
 
 class PackedLinear(nn.Module):
-    """An inference-only linear layer (float32, CPU) whose weight was reordered once into oneDNN's layout.
+    """An inference-only float32 CPU linear layer whose product runs the kernel measured fastest for its rows.
 
-    The packed weight is a copy taken when the layer is built: it has no gradient and does not follow
-    later changes of the original weight (prepare the model again after training it further).
-
-    One input row (a decoding step at batch 1) is a matrix-vector product, which oneDNN runs slower
-    than MKL's over the weight transposed, (in, out) contiguous: measured over a base decoder's
-    layers with cold weights, 30% less time (docs/generation.md). That transposed copy is made on the
-    first one-row call, so only the layers that see one row (the decoder's, the output layer) hold it.
+    `kernels` maps each row class of `calibrate.ROW_CLASSES` ("one", "few", "many") to a kernel:
+    "packed" (oneDNN over the weight reordered once into its blocked layout), "columns" (MKL over
+    the weight transposed, (in, out) contiguous, made on first use) or "dense" (F.linear over the
+    weight as given). Only the forms some row class uses are held. Weights are copies taken when the
+    layer is built: they have no gradient and do not follow later changes of the original weight
+    (prepare the model again after training it further).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, activation: str | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, activation: str | None = None,
+                 kernels: dict[str, str] | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.kernels = dict(kernels or DEFAULT_KERNELS)
+        if not set(self.kernels.values()) <= set(KERNELS) or set(self.kernels) != {n for n, _ in ROW_CLASSES}:
+            raise ValueError(f"kernels must map {', '.join(n for n, _ in ROW_CLASSES)} to one of "
+                             f"{', '.join(KERNELS)}, got {self.kernels}")
+        used = set(self.kernels.values())
         with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)  # opaque (out, in)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if "packed" in used else None
+        self.weight = weight.detach() if "dense" in used else None  # (out, in), shared with the model
         self.bias = None if bias is None else bias.detach().clone()
-        self.columns: torch.Tensor | None = None  # (in, out): the weight transposed, for one-row calls
+        self.columns: torch.Tensor | None = None  # (in, out): the weight transposed, made on first use
+        if "columns" in used and self.packed is None and self.weight is None:
+            self.columns = weight.detach().t().contiguous()
         if activation is not None and activation not in POST_OPS:
             raise ValueError(f"no oneDNN post-op for activation {activation!r}; choose one of {', '.join(POST_OPS)}")
         self.activation = activation
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
-                + (f", activation={self.activation}" if self.activation else ""))
+        kernels = ", ".join(f"{rows}={kernel}" for rows, kernel in self.kernels.items())
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"kernels=({kernels})" + (f", activation={self.activation}" if self.activation else ""))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in_features) -> (..., out_features)."""
         if torch.is_grad_enabled():
             raise RuntimeError("this model was prepared for inference (prepacked weights, no gradients): call it "
                                "under torch.no_grad(), or prepare it with mode='train'")
-        if x.numel() == self.in_features:
-            return self._one_row(x)
-        if self.activation is None:
-            return onednn_product(x, self.packed, self.bias)
-        name, algorithm, _ = POST_OPS[self.activation]
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, name, [], algorithm)
+        kernel = self.kernels[row_class(x.numel() // max(self.in_features, 1))]
+        if kernel == "packed":
+            name, algorithm, _ = POST_OPS[self.activation] if self.activation else ("none", "", None)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, name, [], algorithm)
+        if kernel == "columns":
+            out = self._by_columns(x)
+        else:
+            weight = self.weight if self.weight is not None else self._dense()
+            out = F.linear(x, weight, self.bias)
+        return POST_OPS[self.activation][2](out) if self.activation is not None else out
 
-    def _one_row(self, x: torch.Tensor) -> torch.Tensor:
-        """x (..., in) holding one row -> (..., out) by MKL's matrix-vector product."""
+    def _dense(self) -> torch.Tensor:
+        """The weight (out, in) as a plain tensor, from whichever form the layer holds."""
+        return self.packed.to_dense() if self.packed is not None else self.columns.t()
+
+    def _by_columns(self, x: torch.Tensor) -> torch.Tensor:
+        """x (..., in) -> (..., out) by MKL's product over the weight transposed."""
         if self.columns is None:
-            self.columns = self.packed.to_dense().t().contiguous()  # (in, out)
-        row = x.reshape(1, self.in_features)  # (1, in)
-        out = torch.mm(row, self.columns) if self.bias is None else torch.addmm(self.bias, row, self.columns)
-        if self.activation is not None:
-            out = POST_OPS[self.activation][2](out)
+            self.columns = self._dense().t().contiguous()  # (in, out)
+        rows = x.reshape(-1, self.in_features)  # (N, in)
+        out = torch.mm(rows, self.columns) if self.bias is None else torch.addmm(self.bias, rows, self.columns)
         return out.view(*x.shape[:-1], self.out_features)  # (..., out)
 
 
@@ -185,15 +206,17 @@ def activation_name(module: nn.Module) -> str | None:
     return None
 
 
-def use_onednn(model: nn.Module, *, prepack: bool, skip: frozenset[int] = frozenset()) -> None:
-    """Swap every plain `nn.Linear` in `model` for a `PackedLinear` (prepack) or a `OneDnnLinear`, in place.
+def use_onednn(model: nn.Module, *, prepack: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None,
+               skip: frozenset[int] = frozenset()) -> None:
+    """Swap every plain `nn.Linear` in `model` for `prepack(weight, bias)` (inference) or a `OneDnnLinear`
+    (training, prepack None), in place.
 
     Layers whose `id` is in `skip` stay as they are (for example projections an inference copy never calls).
     """
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear and id(child) not in skip:
-                setattr(module, name, PackedLinear(child.weight, child.bias) if prepack
+                setattr(module, name, prepack(child.weight, child.bias) if prepack is not None
                         else OneDnnLinear.from_linear(child))
 
 

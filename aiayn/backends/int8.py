@@ -3,7 +3,8 @@
 - Weights: symmetric int8, one scale per output channel (row of W).
 - Activations: quantised when the layer is called (dynamic), unsigned 8 bits with one scale and zero
   point per call, over the full 0..255 range where this CPU's int8 products do not saturate (VNNI;
-  `int8_usable` checks once), else PyTorch's reduced 7-bit range. The product is fbgemm's
+  `int8_usable` checks once), else PyTorch's reduced 7-bit range, where fewer layers stay int8
+  (`tolerance_for`). The product is fbgemm's
   (`quantized::linear_dynamic`), which quantises, multiplies and rescales in one call.
 - Smoothing (SmoothQuant, Xiao et al. 2022): a few input channels of a LayerNorm's output carry values
   tens of times larger than the rest, and one scale per call then leaves the others a few levels.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +37,11 @@ from aiayn.nn.model import Encoder, EncoderDecoderModel, EncoderModel
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = 0.025  # relative output error above which a layer is not run in int8 (see docs/pretrained.md)
+TOLERANCE = 0.025  # relative output error above which a layer is not run in int8, full range (docs/pretrained.md)
+# Activation levels of each range. A layer's int8 error is dominated by the activation step (range / levels),
+# so on the reduced range every int8 layer is about twice as far from float32: the tolerance shrinks by the
+# same factor, which keeps the model's summed error where full-range int8 has it (more layers stay float).
+LEVELS = {"full": 255, "reduced": 127}
 SMOOTHING_ALPHA = 0.5  # SmoothQuant's migration strength: the range split evenly between input and weight
 CALIBRATION_SHAPE = (8, 32)  # random sequences x tokens of the calibration pass
 
@@ -56,6 +62,18 @@ def int8_usable() -> str | None:
         log.info("int8 products unavailable (%s)", err)
         return None
     return "full" if exact else "reduced"
+
+
+def int8_range() -> str | None:
+    """The activation range int8 layers use on this machine: `int8_usable()`, or "reduced" where
+    `AIAYN_INT8_RANGE=reduced` asks for it (to check the reduced path on a CPU that has the full one)."""
+    usable = int8_usable()
+    return "reduced" if usable and os.environ.get("AIAYN_INT8_RANGE") == "reduced" else usable
+
+
+def tolerance_for(reduce_range: bool) -> float:
+    """The largest relative error of a layer kept in int8 on the given activation range (see `LEVELS`)."""
+    return TOLERANCE * LEVELS["reduced" if reduce_range else "full"] / LEVELS["full"]
 
 
 class Int8Linear(nn.Module):
@@ -203,7 +221,7 @@ def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool,
 
 
 def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, reduce_range: bool,
-             tolerance: float = TOLERANCE,
+             tolerance: float | None = None,
              fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None) -> list[LayerChoice]:
     """Replace, in place, the linear layers of `model` that `run(model)` calls by int8 (or fallback) layers.
 
@@ -211,12 +229,13 @@ def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, red
         model: an inference copy (its Q/K/V stacks already frozen); its own parameters are not changed.
         run: calls the model on calibration inputs; None quantises every linear layer, unsmoothed, unmeasured.
         reduce_range: see `Int8Linear`.
-        tolerance: largest relative output error of a layer run in int8.
+        tolerance: largest relative output error of a layer run in int8 (default: `tolerance_for(reduce_range)`).
         fallback: builds the layer for those over the tolerance (bf16 or float32); None keeps them int8.
 
     Returns:
         What each replaced layer became.
     """
+    tolerance = tolerance_for(reduce_range) if tolerance is None else tolerance
     layers = _linear_layers(model)
     if run is None:
         inputs = {}

@@ -234,12 +234,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     # A query row with no key to attend to (a fully padded sequence) would give NaN in the
     # softmax; let it attend everywhere and zero its output instead, so values and gradients
     # stay finite.
+    # Done on the device whether or not such a row exists: asking would read a value back to the host.
     empty_rows = None
     if mask is not None:
-        has_key = mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)
-        if not bool(has_key.all()):
-            empty_rows = ~has_key
-            mask = mask | empty_rows
+        empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)
+        mask = mask | empty_rows
     if need_weights:
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L_q, L_k)
         if mask is not None:

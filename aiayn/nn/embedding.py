@@ -24,20 +24,31 @@ class TokenEmbedding(nn.Module):
         nn.init.normal_(self.weight, mean=0.0, std=d_model**-0.5)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        """(B, L) int ids -> (B, L, d_model). Raises ValueError on ids outside the vocabulary."""
-        check_ids(ids, self.vocab_size)
-        out = nn.functional.embedding(ids, self.weight)  # (B, L, d_model)
+        """(B, L) int ids -> (B, L, d_model). Raises ValueError on ids outside the vocabulary.
+
+        No id is read back to the host on the way (this runs at every decoding step): the lookup
+        itself rejects an id outside the table on CPU, and only then are the ids read to name it; on
+        other devices the range is asserted on the device, asynchronously.
+        """
+        check_ids(ids, self.vocab_size, read_values=False)
+        if ids.device.type != "cpu":
+            torch._assert_async(((ids >= 0) & (ids < self.vocab_size)).all())
+        try:
+            out = nn.functional.embedding(ids, self.weight)  # (B, L, d_model)
+        except IndexError:
+            check_ids(ids, self.vocab_size)  # names the id
+            raise
         return out * self.scale if self.scale != 1.0 else out
 
 
-def check_ids(ids: torch.Tensor, vocab_size: int, name: str = "token id") -> None:
-    """Reject non-integer ids, wrong rank, and ids outside [0, vocab_size)."""
+def check_ids(ids: torch.Tensor, vocab_size: int, name: str = "token id", *, read_values: bool = True) -> None:
+    """Reject non-integer ids, wrong rank, and (`read_values`) ids outside [0, vocab_size)."""
     if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32):
         dtype = getattr(ids, "dtype", type(ids).__name__)
         raise ValueError(f"{name}s must be an int64 or int32 tensor, got {dtype}")
     if ids.dim() != 2:
         raise ValueError(f"{name}s must have shape (batch, length), got {tuple(ids.shape)}")
-    if ids.numel():
+    if read_values and ids.numel():
         low, high = int(ids.min()), int(ids.max())
         if low < 0:
             raise ValueError(f"{name} {low} is negative")

@@ -124,7 +124,9 @@ def _source_mask(ids: torch.Tensor, pad_id: int, attention_mask: torch.Tensor | 
                 else check_mask(attention_mask, ids.shape[0], ids.shape[1], ids.shape[1]))
     else:
         mask = padding_mask(ids, pad_id)
-    return None if bool(mask.all()) else mask
+    # Nothing padded: no mask, which lets attention take its fastest kernel. Asked only of a CPU tensor,
+    # where the answer is read without stalling a device.
+    return None if mask.device.type == "cpu" and bool(mask.all()) else mask
 
 
 class EncoderDecoderModel(nn.Module):

@@ -1,0 +1,237 @@
+"""Which CPU products are faster on this machine: measured once, cached per machine, read by `select`.
+
+What is fast on one CPU is slow on another. On AMD processors with AVX-512, MKL (PyTorch's default
+for a float32 `F.linear`) skips its AVX-512 kernels and oneDNN runs about twice as fast; on an
+AVX2-only CPU PyTorch's default wins. A one-row product (a decoding step at batch 1) and a few-row
+one (beam 4) can go either way again. So nothing is assumed: `choices()` times each candidate on
+the shapes of a base model's layers (d_model 512, d_ff 2048) and keeps the plain kernel unless
+another is at least `MARGIN` faster.
+
+    kernel      computes x W^T + b with
+    "dense"     F.linear over W as stored (out, in): PyTorch's default, the plain path
+    "columns"   torch.mm over a copy of W transposed, (in, out) contiguous (MKL's matrix-vector product)
+    "packed"    oneDNN over W reordered once into its blocked layout (`torch.ops.mkldnn`)
+
+Inference products are chosen per number of rows (`ROW_CLASSES`: one, a few, many); training
+products (forward and backward) are oneDNN or F.linear; fused Q/K/V (one stacked product instead of
+three) is kept only where measured faster, in each mode.
+
+The result is cached in `cache_dir()` under a key of what changes it: the CPU model and features,
+the PyTorch version, the thread count and the ISA-limiting environment variables. Measure again
+with `choices(refresh=True)`, `aiayn verify --recalibrate` or `AIAYN_RECALIBRATE=1`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from aiayn.rundir import atomic_write_text
+
+log = logging.getLogger(__name__)
+
+MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
+ROW_CLASSES = (("one", 1), ("few", 4), ("many", 256))  # (name, rows measured); few = 2..16 rows
+FEW_ROWS_MAX = 16
+# A base layer's products: attention projection, FFN up, FFN down (in_features, out_features).
+SHAPES = ((512, 512), (512, 2048), (2048, 512))
+TRAIN_ROWS = 256
+REPEATS = 7
+ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
+FORMAT = 1  # bump when what is measured changes
+
+
+def row_class(rows: int) -> str:
+    """The row class ("one", "few", "many") of a product over `rows` input rows."""
+    return "one" if rows == 1 else "few" if rows <= FEW_ROWS_MAX else "many"
+
+
+@dataclass(frozen=True)
+class Choices:
+    """What `select` uses on this machine, and the timings that decided it.
+
+    Attributes:
+        inference: kernel per row class ("one", "few", "many") for float32 inference products.
+        train_onednn: float32 training products (forward and backward) on oneDNN instead of F.linear.
+        fused_qkv_inference, fused_qkv_train: Q, K and V as one stacked product, by mode.
+        seconds: the best time of each candidate, by "what: kernel".
+        machine: the description the cache key was made from.
+    """
+
+    inference: dict[str, str]
+    train_onednn: bool
+    fused_qkv_inference: bool
+    fused_qkv_train: bool
+    seconds: dict[str, float]
+    machine: dict[str, str]
+
+    def describe(self) -> str:
+        """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
+        def ratio(what: str, chosen: str, plain: str) -> str:
+            faster = self.seconds[f"{what}: {plain}"] / self.seconds[f"{what}: {chosen}"]
+            return f"{faster:.2f}x" if faster > 0 else "unavailable"
+
+        rows = ", ".join(f"{name} row{'s' if name != 'one' else ''} {kernel}"
+                         + (f" ({ratio(name, kernel, 'dense')} dense)" if kernel != "dense" else "")
+                         for name, kernel in self.inference.items())
+        train = "oneDNN" if self.train_onednn else "F.linear"
+        return (f"inference products: {rows}; training products: {train} "
+                f"({ratio('train', 'onednn', 'dense')} F.linear's speed); fused QKV: inference "
+                f"{'yes' if self.fused_qkv_inference else 'no'} ({ratio('qkv', 'fused', 'separate')}), training "
+                f"{'yes' if self.fused_qkv_train else 'no'} ({ratio('qkv train', 'fused', 'separate')})")
+
+
+def machine() -> dict[str, str]:
+    """What the measurements depend on: CPU model and features, PyTorch, threads, ISA-limiting variables."""
+    flags, model = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            if key.strip() == "flags":
+                flags = " ".join(sorted(f for f in value.split() if f.startswith(("avx", "amx", "fma", "sse4"))))
+                break
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor(), "flags": flags, "torch": torch.__version__,
+            "capability": torch.backends.cpu.get_cpu_capability(), "threads": str(torch.get_num_threads()),
+            **{name: os.environ.get(name, "") for name in ENVIRONMENT}}
+
+
+def cache_dir() -> Path:
+    """`$AIAYN_CACHE_DIR`, else `$XDG_CACHE_HOME/aiayn`, else `~/.cache/aiayn`."""
+    if os.environ.get("AIAYN_CACHE_DIR"):
+        return Path(os.environ["AIAYN_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "aiayn"
+
+
+def cache_path(description: dict[str, str]) -> Path:
+    """The cache file for one machine description."""
+    digest = hashlib.sha256(json.dumps([FORMAT, description], sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"cpu-products-{digest}.json"
+
+
+@functools.cache
+def _cached_choices() -> Choices:
+    return _load_or_measure(refresh=bool(os.environ.get("AIAYN_RECALIBRATE")))
+
+
+def choices(*, refresh: bool = False) -> Choices:
+    """This machine's choices: from the cache, else measured (about two seconds) and cached.
+
+    `refresh=True` measures again and replaces the cached result.
+    """
+    if refresh:
+        _cached_choices.cache_clear()
+        result = _load_or_measure(refresh=True)
+        _cached_choices.cache_clear()
+        return result
+    return _cached_choices()
+
+
+def _load_or_measure(*, refresh: bool) -> Choices:
+    description = machine()
+    path = cache_path(description)
+    if not refresh:
+        try:
+            found = Choices(**json.loads(path.read_text(encoding="utf-8")))
+            if found.machine == description:
+                return found
+        except (OSError, ValueError, TypeError):
+            pass
+    with torch.inference_mode(False):
+        found = measure(description)
+    try:
+        atomic_write_text(path, json.dumps(asdict(found), indent=1))
+    except OSError as err:  # a read-only home: measure again next time
+        log.info("could not cache the CPU product measurements in %s (%s)", path, err)
+    log.info("CPU products measured (%s): %s", path, found.describe())
+    return found
+
+
+def _best(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, float]:
+    """The best of `repeats` timings of each candidate, taken in rotating order so that noise hits all alike."""
+    for fn in candidates.values():
+        fn()
+    best = {name: float("inf") for name in candidates}
+    names = list(candidates)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = time.perf_counter()
+            candidates[name]()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return best
+
+
+def _pick(seconds: dict[str, float], plain: str) -> str:
+    """The fastest candidate if it beats `plain` by MARGIN, else `plain`."""
+    fastest = min(seconds, key=seconds.get)
+    return fastest if seconds[fastest] < (1 - MARGIN) * seconds[plain] else plain
+
+
+def measure(description: dict[str, str] | None = None) -> Choices:
+    """Time every candidate kernel on this machine now (no cache)."""
+    from aiayn.backends import cpu  # the kernels measured live there
+
+    gen = torch.Generator().manual_seed(0)
+    weights = [(torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
+               for n_in, n_out in SHAPES]
+    usable = cpu.onednn_usable()
+    seconds: dict[str, float] = {}
+    inference = {}
+    with torch.no_grad():
+        layers = {"dense": [lambda x, w=w, b=b: F.linear(x, w, b) for w, b in weights]}
+        if usable:
+            layers["packed"] = [cpu.PackedLinear(w, b, kernels={"one": "packed", "few": "packed", "many": "packed"})
+                                for w, b in weights]
+        columns = [(w.t().contiguous(), b) for w, b in weights]
+        layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
+        for name, rows in ROW_CLASSES:
+            xs = [torch.randn(rows, n_in, generator=gen) for n_in, _ in SHAPES]
+            kinds = {k: v for k, v in layers.items() if k != "columns" or name == "one"}
+            timed = _best({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)]) for k, fs in kinds.items()})
+            seconds.update({f"{name}: {k}": t for k, t in timed.items()})
+            inference[name] = _pick(timed, "dense")
+        d = SHAPES[0][0]
+        q, k, v = (weights[0][0].clone() for _ in range(3))
+        stacked = torch.cat([q, k, v])
+        x = torch.randn(ROW_CLASSES[-1][1], d, generator=gen)
+        timed = _best({"separate": lambda: [F.linear(x, w) for w in (q, k, v)], "fused": lambda: F.linear(x, stacked)})
+        seconds.update({f"qkv: {k}": t for k, t in timed.items()})
+        fused_inference = _pick(timed, "separate") == "fused"
+    with torch.enable_grad():
+        params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in weights]
+        xs = [torch.randn(TRAIN_ROWS, n_in, generator=gen, requires_grad=True) for n_in, _ in SHAPES]
+
+        def train_step(product: Callable) -> Callable[[], None]:
+            return lambda: torch.autograd.backward([product(x, w, b).sum() for x, (w, b) in zip(xs, params)])
+
+        candidates = {"dense": train_step(F.linear)}
+        if usable:
+            candidates["onednn"] = train_step(cpu.onednn_linear)
+        timed = _best(candidates)
+        seconds.update({f"train: {k}": t for k, t in timed.items()})
+        seconds.setdefault("train: onednn", float("inf"))
+        train_onednn = _pick(timed, "dense") == "onednn"
+        wq, wk, wv = (p.clone().detach().requires_grad_() for p in (q, k, v))
+        xq = torch.randn(TRAIN_ROWS, d, generator=gen, requires_grad=True)
+        timed = _best({
+            "separate": lambda: torch.autograd.backward([sum(F.linear(xq, w).sum() for w in (wq, wk, wv))]),
+            "fused": lambda: torch.autograd.backward([F.linear(xq, torch.cat([wq, wk, wv])).sum()]),
+        })
+        seconds.update({f"qkv train: {k}": t for k, t in timed.items()})
+        fused_train = _pick(timed, "separate") == "fused"
+    return Choices(inference=inference, train_onednn=train_onednn, fused_qkv_inference=fused_inference,
+                   fused_qkv_train=fused_train, seconds=seconds, machine=description or machine())
