@@ -47,6 +47,11 @@ test: $(VENV)/.dev lint
 test-avx2: $(VENV)/.dev
 	$(AVX2_ENV) $(VENV)/bin/pytest $(AVX2_TESTS)
 
+# On a machine with a CUDA GPU: the CUDA tests, `aiayn verify --device cuda` and short CUDA benchmarks, as a table.
+GPU_PYTHON ?= $(PY)
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py
+
 # `make bench` runs every benchmark script (minutes each, on a quiet machine); `make bench BENCH=encoder` one.
 BENCH ?= encoder train generate embed
 bench: $(VENV)/.dev

@@ -92,8 +92,9 @@ class Choices:
                 f"{'yes' if self.fused_qkv_train else 'no'} ({ratio('qkv train', 'fused', 'separate')})")
 
 
-def machine() -> dict[str, str]:
-    """What the measurements depend on: CPU model and features, PyTorch, threads, ISA-limiting variables."""
+@functools.cache
+def _processor() -> tuple[str, str]:
+    """(CPU model name, its vector features) from /proc/cpuinfo where there is one."""
     flags, model = "", ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -105,7 +106,13 @@ def machine() -> dict[str, str]:
                 break
     except OSError:
         pass
-    return {"cpu": model or platform.processor(), "flags": flags, "torch": torch.__version__,
+    return model or platform.processor(), flags
+
+
+def machine() -> dict[str, str]:
+    """What the measurements depend on: CPU model and features, PyTorch, threads, ISA-limiting variables."""
+    model, flags = _processor()
+    return {"cpu": model, "flags": flags, "torch": torch.__version__,
             "capability": torch.backends.cpu.get_cpu_capability(), "threads": str(torch.get_num_threads()),
             **{name: os.environ.get(name, "") for name in ENVIRONMENT}}
 
@@ -124,25 +131,22 @@ def cache_path(description: dict[str, str]) -> Path:
 
 
 @functools.cache
-def _cached_choices() -> Choices:
-    return _load_or_measure(refresh=bool(os.environ.get("AIAYN_RECALIBRATE")))
+def _choices_for(key: str) -> Choices:
+    return _load_or_measure(refresh=bool(os.environ.get("AIAYN_RECALIBRATE")), description=json.loads(key))
 
 
 def choices(*, refresh: bool = False) -> Choices:
-    """This machine's choices: from the cache, else measured (about two seconds) and cached.
-
-    `refresh=True` measures again and replaces the cached result.
-    """
+    """This machine's choices (for its current thread count): from the cache, else measured (a few seconds) and
+    cached. `refresh=True` measures again and replaces the cached result."""
+    key = json.dumps(machine(), sort_keys=True)
     if refresh:
-        _cached_choices.cache_clear()
-        result = _load_or_measure(refresh=True)
-        _cached_choices.cache_clear()
-        return result
-    return _cached_choices()
+        _choices_for.cache_clear()
+        _load_or_measure(refresh=True, description=json.loads(key))
+    return _choices_for(key)
 
 
-def _load_or_measure(*, refresh: bool) -> Choices:
-    description = machine()
+def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None) -> Choices:
+    description = description or machine()
     path = cache_path(description)
     if not refresh:
         try:
