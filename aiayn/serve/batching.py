@@ -93,7 +93,7 @@ class Batcher:
     @property
     def queued_texts(self) -> int:
         """Texts waiting for a batch."""
-        return sum(len(job.texts) for job in self.queue)
+        return sum(len(job.texts) for job in self.queue if not job.future.done())
 
     async def submit(self, texts: list, tokens: int) -> list:
         """The results of `texts` (one per text), computed in a batch with whatever else is queued.
@@ -109,11 +109,11 @@ class Batcher:
         self._arrived.set()
         try:
             return await job.future
-        finally:
-            if not job.future.done():  # cancelled while waiting: free its place
-                job.future.cancel()
-                if job in self.queue:
-                    self.queue.remove(job)
+        except asyncio.CancelledError:  # the caller went away (the future is cancelled with it): free its place
+            job.future.cancel()
+            if job in self.queue:
+                self.queue.remove(job)
+            raise
 
     def _start(self) -> None:
         if self._loop_task is None or self._loop_task.done():
