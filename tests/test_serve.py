@@ -223,7 +223,8 @@ def test_an_error_in_one_request_fails_only_that_request(small, objects):
         blocker = pool.submit(httpx.post, f"{url}/translate", json={"q": "h", "target": "de"}, timeout=60)
         assert entered.acquire(timeout=30)
         bad = pool.submit(httpx.post, f"{url}/translate", json={"q": "boom", "target": "de"}, timeout=60)
-        good = pool.submit(httpx.post, f"{url}/translate", json={"q": "h g f e", "source": "en", "target": "de"}, timeout=60)
+        good = pool.submit(httpx.post, f"{url}/translate", json={"q": "h g f e", "source": "en", "target": "de"},
+                           timeout=60)
         wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 2)  # batched together
         hold.set()
         assert bad.result().status_code == 500 and "boom" in bad.result().json()["error"]
