@@ -40,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch threads per forward pass (default 1)")
     p.add_argument("--passes", type=int, default=0,
                    help="concurrent passes of the batching server (default: its own, cores // threads)")
+    p.add_argument("--max-batch", type=int, default=0, help="most texts per batch of the batching server (0: no cap)")
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: translate, embed")
     return p
 
@@ -137,7 +138,7 @@ def compare(name: str, spec: list[str], obj, call: str, route: str, field: str, 
     print(f"\n{name}: {clients} concurrent clients, {args.seconds:g} s each, one text per request")
     print(f"{'':<34} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")
     rates = {}
-    batched = BATCHED + (["--passes", str(args.passes)] if args.passes else [])
+    batched = BATCHED + (["--passes", str(args.passes)] if args.passes else []) + ["--max-batch", str(args.max_batch)]
     for label, options in (("aiayn serve (batching)", batched), ("one request at a time", ONE_AT_A_TIME)):
         server, url = start_server(spec, options, args.threads)
         try:

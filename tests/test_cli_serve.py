@@ -65,3 +65,14 @@ def test_sigterm_answers_the_requests_in_flight_then_exits(translation_run):
         if server.poll() is None:
             server.kill()
             server.wait()
+
+
+def test_bench_serve_reports_each_configuration_and_the_ratios(translation_run, capsys):
+    from aiayn.cli.bench import load_benchmark
+
+    bench = load_benchmark("serve")
+    assert bench.main(["--run", str(translation_run), "--seconds", "1", "--clients", "2", "--skip", "embed"]) == 0
+    out = capsys.readouterr().out
+    for line in ("aiayn serve (batching)", "one request at a time", "in-process Translator.translate",
+                 "batching / one-at-a-time", "batching / in-process", "p99 ms"):
+        assert line in out

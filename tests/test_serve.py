@@ -4,9 +4,12 @@ and faults each answered as documented (aiayn/serve/limits.py)."""
 
 import os
 import random
+import re
+import shlex
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -231,3 +234,38 @@ def test_an_error_in_one_request_fails_only_that_request(small, objects):
         assert good.result().json() == {"translatedText": objects["en-de"].translate("h g f e")}
         assert blocker.result().status_code == 200
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def readme_curl_lines() -> list[str]:
+    """The `curl` lines of the README's "## Serving" section."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Serving", 1)[1].split("\n## ", 1)[0]
+    return [line for block in re.findall(r"```sh\n(.*?)```", section, re.S) for line in block.splitlines()
+            if line.startswith("curl ")]
+
+
+def curl(line: str, url: str) -> httpx.Response:
+    """What `curl -s URL [-H HEADER] [-d DATA]` sends (a -d body is form data unless a header says otherwise)."""
+    words = shlex.split(line)[1:]
+    headers, data, target = {"Content-Type": "application/x-www-form-urlencoded"}, None, None
+    while words:
+        word = words.pop(0)
+        if word == "-H":
+            key, _, value = words.pop(0).partition(":")
+            headers[key.strip()] = value.strip()
+        elif word == "-d":
+            data = words.pop(0)
+        elif word != "-s":
+            target = word.replace("localhost:8000", url)
+    if data is None:
+        return httpx.get(target)
+    return httpx.post(target, content=data.encode(), headers=headers)
+
+
+def test_the_readme_curl_lines_work(url):
+    lines = readme_curl_lines()
+    routes = {shlex.split(line)[2].split("8000", 1)[1] for line in lines}
+    assert routes == {"/translate", "/languages", "/v1/embeddings", "/embed", "/predict", "/health", "/metrics"}
+    for line in lines:
+        out = curl(line, url)
+        assert out.status_code == 200, (line, out.text)

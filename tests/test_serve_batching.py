@@ -44,6 +44,17 @@ def test_the_token_budget_splits_batches():
     assert calls == [["a", "b"], ["c", "d"], ["e"]]
 
 
+def test_the_text_cap_splits_batches():
+    calls = []
+
+    async def main():
+        batcher = Batcher(recording(calls), Passes(1), max_texts=3, max_wait=0.01)
+        return await asyncio.gather(*(batcher.submit(list(texts), 1) for texts in ("ab", "c", "de", "f")))
+
+    assert asyncio.run(main()) == [["A", "B"], ["C"], ["D", "E"], ["F"]]
+    assert calls == [["a", "b", "c"], ["d", "e", "f"]]
+
+
 def test_a_failing_batch_fails_only_the_job_that_caused_it():
     calls = []
 

@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="how long a free pass waits for more requests to batch with (default 5 ms)")
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch (default 4096)")
+    p.add_argument("--max-batch", type=int, default=0,
+                   help="most texts in one batch (default 0: no cap beyond --max-tokens)")
     p.add_argument("--max-texts", type=int, default=128, help="most texts in one request (default 128; more: 413)")
     p.add_argument("--max-chars", type=int, default=5000, help="most characters in one text (default 5000; 413)")
     p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB; 413)")
@@ -84,10 +86,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars,
                     max_queue=args.max_queue)
     app = create_app(_objects(args), limits=limits, passes=passes, threads=args.threads,
-                     max_tokens=args.max_tokens, max_wait=args.max_wait_ms / 1000)
+                     max_tokens=args.max_tokens, max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
+    sock.listen(2048)  # connections wait in the backlog from now on, while uvicorn starts
     host, port = sock.getsockname()[:2]
     names = ", ".join(f"{m.name} ({m.kind})" for m in app.state.models)
     print(f"aiayn serve: http://{host}:{port} serving {names}; {passes} passes x {args.threads} threads "

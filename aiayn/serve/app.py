@@ -94,13 +94,13 @@ async def answered(request: Request, work: Awaitable):
 
 
 def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, passes: int = 1, threads: int = 1,
-               max_tokens: int = 4096, max_wait: float = 0.005) -> FastAPI:
+               max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005) -> FastAPI:
     """The application serving `objects` (name -> Translator / Embedder / Classifier / Tagger).
 
     Args:
         limits: request bounds (`Limits`).
         passes: most forward passes at once; `threads` torch threads each (passes x threads <= cores).
-        max_tokens: token budget of a batch gathered across requests.
+        max_tokens: token budget of a batch gathered across requests; max_batch caps its texts (0: no cap).
         max_wait: seconds a free pass waits for more requests before it runs what is queued.
     """
     limits = limits or Limits()
@@ -111,7 +111,8 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         served = SERVED.get(type(obj))
         if served is None:
             raise ValueError(f"cannot serve {name!r}: a {type(obj).__name__} is not a task object aiayn serves")
-        models.append(served(name, obj, slots, limits, metrics, max_tokens=max_tokens, max_wait=max_wait))
+        models.append(served(name, obj, slots, limits, metrics, max_tokens=max_tokens, max_batch=max_batch,
+                             max_wait=max_wait))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -160,7 +161,7 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         return [{"code": code, "name": code, "targets": targets} for code, targets in by_source.items()]
 
     @app.post("/translate")
-    async def translate(request: Request) -> dict:
+    async def translate(request: Request) -> JSONResponse:
         fields = await read_fields(request, limits, form=True)
         texts, single = texts_field(fields, "q", limits)
         source, target = string_field(fields, "source", "auto"), string_field(fields, "target")
@@ -170,10 +171,10 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         answer: dict = {"translatedText": out[0] if single else out}
         if source == "auto":
             answer["detectedLanguage"] = {"confidence": 100.0, "language": model.source}
-        return answer
+        return JSONResponse(answer)
 
     @app.post("/v1/embeddings")
-    async def openai_embeddings(request: Request) -> dict:
+    async def openai_embeddings(request: Request) -> JSONResponse:
         fields = await read_fields(request, limits)
         texts, _ = texts_field(fields, "input", limits)
         encoding = string_field(fields, "encoding_format", "float", ("float", "base64"))
@@ -183,19 +184,19 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
                  if encoding == "base64" else [float(x) for x in v]} for i, v in enumerate(vectors)]
-        return {"object": "list", "data": data, "model": model.name,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return JSONResponse({"object": "list", "data": data, "model": model.name,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     @app.get("/v1/models")
     async def openai_models() -> dict:
         return {"object": "list", "data": [{"id": m.name, "object": "model", "owned_by": "aiayn"} for m in models]}
 
     @app.post("/embed")
-    async def tei_embed(request: Request) -> list:
+    async def tei_embed(request: Request) -> JSONResponse:
         fields = await read_fields(request, limits)
         texts, _ = texts_field(fields, "inputs", limits)
         model = pick(models, "embed", string_field(fields, "model"))
-        return [[float(x) for x in v] for v in await run(request, model, texts)]
+        return JSONResponse([[float(x) for x in v] for v in await run(request, model, texts)])
 
     @app.post("/predict")
     async def tei_predict(request: Request) -> list:

@@ -74,16 +74,18 @@ class Batcher:
         run: the object's batched call: a list of texts -> a list of results, one per text, in order.
         passes: the server's forward-pass slots.
         max_tokens: token budget of one gathered batch (a single larger job still runs, alone).
+        max_texts: most texts in one gathered batch (0: no cap): smaller batches let the next batch
+            compute while the answers of the last one are written and their clients send again.
         max_wait: seconds to wait for more jobs once a slot is free and one job is queued.
         max_queue: most texts waiting; a job beyond it raises `QueueFull`.
         observe: called as observe(texts, tokens, seconds) after each batch ran (metrics).
     """
 
     def __init__(self, run: Callable[[list], Sequence], passes: Passes, *, max_tokens: int = 4096,
-                 max_wait: float = 0.005, max_queue: int = 1024,
+                 max_texts: int = 0, max_wait: float = 0.005, max_queue: int = 1024,
                  observe: Callable[[int, int, float], None] | None = None):
         self.run, self.passes = run, passes
-        self.max_tokens, self.max_wait, self.max_queue = max_tokens, max_wait, max_queue
+        self.max_tokens, self.max_texts, self.max_wait, self.max_queue = max_tokens, max_texts, max_wait, max_queue
         self.observe = observe
         self.queue: deque[Job] = deque()
         self._arrived: asyncio.Event | None = None
@@ -127,7 +129,7 @@ class Batcher:
                 await self._arrived.wait()
             await self.passes.free.acquire()
             deadline = time.perf_counter() + self.max_wait
-            while (remaining := deadline - time.perf_counter()) > 0 and self._queued_tokens() < self.max_tokens:
+            while (remaining := deadline - time.perf_counter()) > 0 and not self._full():
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), remaining)
@@ -141,22 +143,27 @@ class Batcher:
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    def _queued_tokens(self) -> int:
-        return sum(job.tokens for job in self.queue if not job.future.done())
+    def _full(self) -> bool:
+        """Whether the queued jobs already fill a batch (its token budget or its number of texts)."""
+        waiting = [job for job in self.queue if not job.future.done()]
+        return (sum(job.tokens for job in waiting) >= self.max_tokens
+                or 0 < self.max_texts <= sum(len(job.texts) for job in waiting))
 
     def _take(self) -> list[Job]:
-        """Jobs from the head of the queue while they fit the token budget (always at least one)."""
+        """Jobs from the head of the queue while they fit the token budget and the text cap (always at least one)."""
         jobs: list[Job] = []
-        tokens = 0
+        tokens = texts = 0
         while self.queue:
             job = self.queue[0]
             if job.future.done():
                 self.queue.popleft()
                 continue
-            if jobs and tokens + job.tokens > self.max_tokens:
+            if jobs and (tokens + job.tokens > self.max_tokens
+                         or 0 < self.max_texts < texts + len(job.texts)):
                 break
             jobs.append(self.queue.popleft())
             tokens += job.tokens
+            texts += len(job.texts)
         return jobs
 
     async def _run_batch(self, jobs: list[Job]) -> None:

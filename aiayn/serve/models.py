@@ -30,10 +30,11 @@ class Served:
     kind = ""
 
     def __init__(self, name: str, obj: Any, passes: Passes, limits: Limits, metrics: Metrics, *,
-                 max_tokens: int = 4096, max_wait: float = 0.005):
+                 max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005):
         self.name, self.obj = name, obj
         self.max_tokens = max_tokens
-        self.batcher = Batcher(self.run, passes, max_tokens=max_tokens, max_wait=max_wait, max_queue=limits.max_queue,
+        self.batcher = Batcher(self.run, passes, max_tokens=max_tokens, max_texts=max_batch, max_wait=max_wait,
+                               max_queue=limits.max_queue,
                                observe=lambda texts, tokens, _: metrics.batch_done(name, texts, tokens))
         metrics.queues[name] = lambda: self.batcher.queued_texts
 
