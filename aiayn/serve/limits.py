@@ -63,8 +63,10 @@ async def read_fields(request: Request, limits: Limits, *, form: bool = False) -
     body = await read_body(request, limits)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if form and kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        request._body = body  # starlette parses the form from the body already read
-        data = await request.form()
+        async def replay() -> dict:  # starlette parses the form from the body already read
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        data = await Request(request.scope, replay).form()
         return {key: (values[0] if len(values) == 1 else values)
                 for key in data for values in [data.getlist(key)]}
     try:
