@@ -269,3 +269,11 @@ def test_the_readme_curl_lines_work(url):
     for line in lines:
         out = curl(line, url)
         assert out.status_code == 200, (line, out.text)
+
+
+def test_the_serving_guides_python_example_runs(url, objects):
+    text = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    scope: dict = {}
+    for block in re.findall(r"```python\n(.*?)```", text, re.S):
+        exec(compile(block.replace("http://127.0.0.1:8000", url), "docs/serving.md", "exec"), scope)
+    np.testing.assert_allclose(scope["vectors"], objects["minilm"].embed(["A man eats."]), atol=1e-5)
