@@ -1,5 +1,5 @@
 """The page at `/` in a real browser: headless Chromium (Debian's `chromium`, installed here where missing) opens it
-with a sentence, the page translates it and draws the cross-attention heatmap, the pipeline, and for an encoder
+with a sentence (in the address, or typed and submitted over the DevTools protocol), the page translates it and draws the cross-attention heatmap, the pipeline, and for an encoder
 the ranked search; the test reads what it rendered from the DOM and keeps a screenshot as its artifact."""
 
 import os
@@ -130,3 +130,79 @@ def test_browser_ranks_texts_for_an_encoder(page_url, tmp_path):
     expected = [text for _, text in sorted(zip(vectors[1:] @ vectors[0], candidates), reverse=True)]
     hits = [text.split("  ", 1)[1] for text in dom.texts["hit"]]
     assert hits == expected
+
+
+class DevTools:
+    """A headless Chromium driven over its DevTools protocol: open a page, run script in it, take a screenshot."""
+
+    def __init__(self, url: str):
+        import json
+        import re
+
+        import websocket
+
+        self.json = json
+        self.browser = subprocess.Popen([chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                                         "--hide-scrollbars", "--remote-debugging-port=0", "--window-size=1100,1400",
+                                         url], stderr=subprocess.PIPE, text=True)
+        for _ in range(200):  # the line that says where the protocol listens
+            line = self.browser.stderr.readline()
+            found = re.search(r"DevTools listening on ws://([^/]+)/", line)
+            if found or not line:
+                break
+        assert found, "chromium did not start its DevTools endpoint"
+        targets = httpx.get(f"http://{found.group(1)}/json").json()
+        page = next(t for t in targets if t["type"] == "page")
+        self.socket = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=60)
+        self.calls = 0
+
+    def send(self, method: str, **params) -> dict:
+        self.calls += 1
+        self.socket.send(self.json.dumps({"id": self.calls, "method": method, "params": params}))
+        while True:  # events come in between; the answer carries our id
+            message = self.json.loads(self.socket.recv())
+            if message.get("id") == self.calls:
+                assert "error" not in message, message
+                return message["result"]
+
+    def evaluate(self, expression: str):
+        return self.send("Runtime.evaluate", expression=expression, awaitPromise=True,
+                         returnByValue=True)["result"].get("value")
+
+    def close(self) -> None:
+        self.socket.close()
+        self.browser.kill()
+        self.browser.wait()
+
+
+def test_typing_a_sentence_and_clicking_translate_draws_the_heatmap(page_url, tmp_path):
+    import base64
+    import time
+
+    url, objects = page_url
+    views = [httpx.post(f"{url}/v1/inspect", json={"q": q}).json() for q in CANDIDATES]
+    q, view = next((q, v) for q, v in zip(CANDIDATES, views) if v["output_tokens"])
+    browser = DevTools(f"{url}/")
+    try:
+        for _ in range(300):  # the page has loaded its models
+            if browser.evaluate("document.body && document.body.dataset.ready") == "1":
+                break
+            time.sleep(0.05)
+        browser.send("DOM.getDocument")
+        browser.evaluate("document.getElementById('q').focus()")
+        browser.send("Input.insertText", text=q)  # typed, as a keyboard would
+        browser.evaluate("document.querySelector('#translate-form button').click()")
+        for _ in range(300):
+            if browser.evaluate("document.getElementById('translation').dataset.done") == "1":
+                break
+            time.sleep(0.05)
+        dom = rendered(browser.evaluate("document.documentElement.outerHTML"))
+        shot = browser.send("Page.captureScreenshot", format="png")["data"]
+    finally:
+        browser.close()
+    assert "".join(dom.texts["translation"]) == objects["en-de"].translate(q)
+    assert dom.texts["src-token"] == view["source_tokens"] and dom.texts["out-token"] == view["output_tokens"]
+    assert len(dom.cells) == len(view["source_tokens"]) * len(view["output_tokens"])
+    screenshot = tmp_path / "typed.png"
+    screenshot.write_bytes(base64.b64decode(shot))
+    assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
