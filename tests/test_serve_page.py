@@ -1,6 +1,7 @@
 """The page at `/` in a real browser: headless Chromium (Debian's `chromium`, installed here where missing) opens it
-with a sentence (in the address, or typed and submitted over the DevTools protocol), the page translates it and draws the cross-attention heatmap, the pipeline, and for an encoder
-the ranked search; the test reads what it rendered from the DOM and keeps a screenshot as its artifact."""
+with a sentence (in the address, or typed and submitted over the DevTools protocol); the page translates it and
+draws the cross-attention heatmap, the pipeline, and for an encoder the ranked search; the test reads what it
+rendered from the DOM and keeps a screenshot as its artifact."""
 
 import os
 import shutil
