@@ -1,4 +1,4 @@
-"""The layout's one rule: imports run one way, cli -> inference / training / interop -> backends -> nn -> config.
+"""The layout's one rule: imports run one way, cli -> serve -> inference / training / interop -> ... -> config.
 
 Every `import aiayn.X` in the package, at the top of a file or inside a function, goes from a part to
 one of the same or a lower layer, and no two parts import each other (directly or through others).
@@ -14,7 +14,8 @@ LAYERS = {
     "backends": 2, "io": 2, "aiayn": 2,  # "aiayn": the package's own __init__ (build_model, load_model)
     "inference": 3, "training": 3, "interop": 3,
     "inspect": 4, "verify": 4, "export": 4,
-    "cli": 5, "__main__": 6,
+    "serve": 5,
+    "cli": 6, "__main__": 7,
 }
 
 

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "generate": "greedy and beam decoding vs CTranslate2 and Hugging Face generate(), fp32 and int8",
     "embed": "sentence embedding with all-MiniLM-L6-v2 vs sentence-transformers and BertModel",
     "long": "encoder forward at lengths 1,024-16,384: time and peak memory against the L x L matrix",
+    "serve": "aiayn serve under N concurrent clients vs one request at a time and the in-process object",
 }
 BENCHMARK_DIR = Path(aiayn.__file__).resolve().parent.parent / "benchmarks"
 

@@ -20,7 +20,7 @@ from aiayn import __version__
 from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, describe, one_line
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
-COMMAND_MODULES = ("core", "data", "train", "generate", "predict", "encoders", "verify", "bench")
+COMMAND_MODULES = ("core", "data", "train", "generate", "predict", "encoders", "serve", "verify", "bench")
 # The `nargs="*"` positional of each command that has one (config items, overrides, texts).
 POSITIONAL_LISTS = ("items", "overrides", "texts", "text")
 

@@ -1,0 +1,222 @@
+"""The ASGI application of `aiayn serve`: LibreTranslate, OpenAI and TEI routes, health, metrics, the page.
+
+| route | speaks | answers |
+| --- | --- | --- |
+| `POST /translate` | LibreTranslate (JSON or form: `q` one text or a list, `source`, `target`) | `{"translatedText"}` |
+| `GET /languages` | LibreTranslate | `[{"code", "name", "targets"}]` |
+| `POST /v1/embeddings` | OpenAI (`input`, `model`, `encoding_format` float or base64) | `{"object": "list"}` |
+| `GET /v1/models` | OpenAI | the models served |
+| `POST /embed` | text-embeddings-inference (`inputs`) | a list of vectors |
+| `POST /predict` | text-embeddings-inference (`inputs`) | labels with scores (a tagger: a tag per word) |
+| `POST /v1/inspect` | the page (`q`, `model`) | a translation with its tokens, cross-attention and pipeline |
+| `GET /health`, `GET /metrics`, `GET /` | | status, Prometheus text, the page |
+
+The server keeps no state between requests: replicas can run behind any load balancer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Mapping
+from importlib import resources
+
+import numpy as np
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+
+from aiayn.serve.batching import Passes, QueueFull
+from aiayn.serve.limits import ApiError, Limits, read_fields, string_field, texts_field
+from aiayn.serve.metrics import Metrics
+from aiayn.serve.models import SERVED, Served, ServedLabeller, ServedTranslator, pick, pick_translator
+
+logger = logging.getLogger(__name__)
+
+ROUTES = ("/", "/health", "/metrics", "/languages", "/translate", "/v1/embeddings", "/v1/models", "/embed",
+          "/predict", "/v1/inspect")
+FORMATS = ("text", "html")
+
+
+def page_html() -> str:
+    """The page at `/`: one self-contained HTML file (its script and style inline; nothing from a CDN)."""
+    return resources.files("aiayn.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+
+
+class Observed:
+    """ASGI middleware: every request's status and latency by route, and the requests in flight."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        status, start = [500], time.perf_counter()
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        self.metrics.in_flight += 1
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.in_flight -= 1
+            self.metrics.request_done(route, status[0], time.perf_counter() - start)
+
+
+async def until_disconnected(request: Request) -> None:
+    """Return when the client closes the connection (the body has been read by then)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def answered(request: Request, work: Awaitable):
+    """`work`'s result, or cancel it (freeing its place in the queue) when the client goes away first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ApiError(499, "the client closed the connection")
+    return task.result()
+
+
+def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, passes: int = 1, threads: int = 1,
+               max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005) -> FastAPI:
+    """The application serving `objects` (name -> Translator / Embedder / Classifier / Tagger).
+
+    Args:
+        limits: request bounds (`Limits`).
+        passes: most forward passes at once; `threads` torch threads each (passes x threads <= cores).
+        max_tokens: token budget of a batch gathered across requests; max_batch caps its texts (0: no cap).
+        max_wait: seconds a free pass waits for more requests before it runs what is queued.
+    """
+    limits = limits or Limits()
+    metrics = Metrics()
+    slots = Passes(passes, threads)
+    models: list[Served] = []
+    for name, obj in objects.items():
+        served = SERVED.get(type(obj))
+        if served is None:
+            raise ValueError(f"cannot serve {name!r}: a {type(obj).__name__} is not a task object aiayn serves")
+        models.append(served(name, obj, slots, limits, metrics, max_tokens=max_tokens, max_batch=max_batch,
+                             max_wait=max_wait))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        slots.close()
+
+    app = FastAPI(title="aiayn serve", lifespan=lifespan)
+    app.state.models, app.state.metrics, app.state.limits = models, metrics, limits
+    app.add_middleware(Observed, metrics=metrics)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, err: ApiError) -> JSONResponse:
+        return JSONResponse({"error": err.message}, status_code=err.status)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, err: Exception) -> JSONResponse:
+        logger.exception("request %s failed", request.url.path)
+        return JSONResponse({"error": f"internal error: {type(err).__name__}: {err}"}, status_code=500)
+
+    async def run(request: Request, model: Served, texts: list[str]) -> list:
+        try:
+            return await answered(request, model.answer(texts))
+        except QueueFull as err:
+            raise ApiError(429, str(err)) from None
+        except ValueError as err:  # the object refused the text (checked before queueing, this is a fallback)
+            raise ApiError(422, str(err)) from None
+
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(page_html())
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "models": [m.describe() for m in models]}
+
+    @app.get("/metrics")
+    async def metrics_text() -> Response:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/languages")
+    async def languages() -> list:
+        by_source: dict[str, list[str]] = {}
+        for m in models:
+            if isinstance(m, ServedTranslator):
+                by_source.setdefault(m.source, []).append(m.target)
+        return [{"code": code, "name": code, "targets": targets} for code, targets in by_source.items()]
+
+    @app.post("/translate")
+    async def translate(request: Request) -> JSONResponse:
+        fields = await read_fields(request, limits, form=True)
+        texts, single = texts_field(fields, "q", limits)
+        source, target = string_field(fields, "source", "auto"), string_field(fields, "target")
+        string_field(fields, "format", "text", FORMATS)  # html is translated as text: tags are text to the model
+        model = pick_translator(models, source, target)
+        out = await run(request, model, texts)
+        answer: dict = {"translatedText": out[0] if single else out}
+        if source == "auto":
+            answer["detectedLanguage"] = {"confidence": 100.0, "language": model.source}
+        return JSONResponse(answer)
+
+    @app.post("/v1/embeddings")
+    async def openai_embeddings(request: Request) -> JSONResponse:
+        fields = await read_fields(request, limits)
+        texts, _ = texts_field(fields, "input", limits)
+        encoding = string_field(fields, "encoding_format", "float", ("float", "base64"))
+        model = pick(models, "embed", string_field(fields, "model"))
+        tokens = model.count_tokens(texts)
+        vectors = await run(request, model, texts)
+        data = [{"object": "embedding", "index": i,
+                 "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
+                 if encoding == "base64" else [float(x) for x in v]} for i, v in enumerate(vectors)]
+        return JSONResponse({"object": "list", "data": data, "model": model.name,
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    @app.get("/v1/models")
+    async def openai_models() -> dict:
+        return {"object": "list", "data": [{"id": m.name, "object": "model", "owned_by": "aiayn"} for m in models]}
+
+    @app.post("/embed")
+    async def tei_embed(request: Request) -> JSONResponse:
+        fields = await read_fields(request, limits)
+        texts, _ = texts_field(fields, "inputs", limits)
+        model = pick(models, "embed", string_field(fields, "model"))
+        return JSONResponse([[float(x) for x in v] for v in await run(request, model, texts)])
+
+    @app.post("/predict")
+    async def tei_predict(request: Request) -> list:
+        fields = await read_fields(request, limits)
+        texts, single = texts_field(fields, "inputs", limits)
+        model = pick(models, "predict", string_field(fields, "model"))
+        out = [ServedLabeller.as_json(r) for r in await run(request, model, texts)]
+        return out[0] if single else out
+
+    @app.post("/v1/inspect")
+    async def inspect(request: Request) -> dict:
+        fields = await read_fields(request, limits)
+        texts, single = texts_field(fields, "q", limits)
+        if not single:
+            raise ApiError(422, "the field 'q' must be one string here")
+        model = pick(models, "translate", string_field(fields, "model"))
+        count = model.count_tokens(texts)  # 422 for a text the model cannot take
+        loop = asyncio.get_running_loop()
+        async with slots.free:
+            result = await loop.run_in_executor(slots.executor, model.inspect, texts[0])
+        return {**result, "tokens": count}
+
+    return app

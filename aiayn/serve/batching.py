@@ -1,0 +1,207 @@
+"""Batching across requests: jobs that arrive within a few milliseconds run as one batched call.
+
+Each loaded object has a `Batcher`. A request becomes a job (its texts and their token count) in the
+batcher's queue. The batcher waits for a free forward-pass slot (`Passes`, shared by every model of
+the server, so torch threads x concurrent passes stay within the cores), then for the gathering window
+(`max_wait`) or until the queued jobs fill the token budget, and hands the texts of the jobs it took to
+the object's own batched call in a worker thread; that call sorts them by length and cuts them into
+padded batches (`Translator.translations`, `Embedder.embed`, `.predict`). Each job gets back its own
+slice. While every slot is busy, jobs keep queueing, so batches grow with the load.
+
+A job whose client went away before its batch started is dropped; a batch that raises is retried one
+job at a time, so an error in one request fails only that request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class QueueFull(Exception):
+    """The model's queue holds `max_queue` texts already: the client should retry later (HTTP 429)."""
+
+
+class Passes:
+    """At most `slots` forward passes at once, each in a worker thread of its own using `threads` torch threads.
+
+    `slots` x `threads` is what the server asks of the cores; keep it at or under their number.
+    """
+
+    def __init__(self, slots: int, threads: int = 1):
+        if slots < 1 or threads < 1:
+            raise ValueError(f"concurrent passes and threads must be at least 1, got {slots} and {threads}")
+        self.slots, self.threads = slots, threads
+        self.executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="aiayn-pass",
+                                           initializer=torch.set_num_threads, initargs=(threads,))
+        self._free: asyncio.Semaphore | None = None  # made on the event loop that uses it
+
+    @property
+    def free(self) -> asyncio.Semaphore:
+        """The semaphore of free slots (created on first use, inside the running loop)."""
+        if self._free is None:
+            self._free = asyncio.Semaphore(self.slots)
+        return self._free
+
+    def close(self) -> None:
+        """Stop the worker threads once the passes running now have finished."""
+        self.executor.shutdown(wait=True)
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's texts, their cost in tokens and the future its answer goes to."""
+
+    texts: list
+    tokens: int
+    future: asyncio.Future
+    queued_at: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    """Gathers the jobs for one model into batches of at most `max_tokens` tokens and runs them.
+
+    Args:
+        run: the object's batched call: a list of texts -> a list of results, one per text, in order.
+        passes: the server's forward-pass slots.
+        max_tokens: token budget of one gathered batch (a single larger job still runs, alone).
+        max_texts: most texts in one gathered batch (0: no cap): smaller batches let the next batch
+            compute while the answers of the last one are written and their clients send again.
+        max_wait: seconds to wait for more jobs once a slot is free and one job is queued.
+        max_queue: most texts waiting; a job beyond it raises `QueueFull`.
+        observe: called as observe(texts, tokens, seconds) after each batch ran (metrics).
+    """
+
+    def __init__(self, run: Callable[[list], Sequence], passes: Passes, *, max_tokens: int = 4096,
+                 max_texts: int = 0, max_wait: float = 0.005, max_queue: int = 1024,
+                 observe: Callable[[int, int, float], None] | None = None):
+        self.run, self.passes = run, passes
+        self.max_tokens, self.max_texts, self.max_wait, self.max_queue = max_tokens, max_texts, max_wait, max_queue
+        self.observe = observe
+        self.queue: deque[Job] = deque()
+        self._arrived: asyncio.Event | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._running: set[asyncio.Task] = set()
+
+    @property
+    def queued_texts(self) -> int:
+        """Texts waiting for a batch."""
+        return sum(len(job.texts) for job in self.queue if not job.future.done())
+
+    async def submit(self, texts: list, tokens: int) -> list:
+        """The results of `texts` (one per text), computed in a batch with whatever else is queued.
+
+        Raises QueueFull when the queue is full; if the caller is cancelled (its client went away)
+        before the batch started, its job leaves the queue.
+        """
+        if self.queued_texts + len(texts) > self.max_queue:
+            raise QueueFull(f"the queue holds {self.queued_texts} texts (at most {self.max_queue}); retry later")
+        self._start()
+        job = Job(list(texts), tokens, asyncio.get_running_loop().create_future())
+        self.queue.append(job)
+        self._arrived.set()
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # the caller went away (the future is cancelled with it): free its place
+            job.future.cancel()
+            if job in self.queue:
+                self.queue.remove(job)
+            raise
+
+    def _start(self) -> None:
+        if self._loop_task is None or self._loop_task.done():
+            self._arrived = asyncio.Event()
+            self._loop_task = asyncio.get_running_loop().create_task(self._gather_loop())
+
+    async def _gather_loop(self) -> None:
+        while True:
+            while not self.queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            await self.passes.free.acquire()
+            deadline = time.perf_counter() + self.max_wait
+            while (remaining := deadline - time.perf_counter()) > 0 and not self._full():
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            jobs = self._take()
+            if not jobs:
+                self.passes.free.release()
+                continue
+            task = asyncio.get_running_loop().create_task(self._run_batch(jobs))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    def _full(self) -> bool:
+        """Whether the queued jobs already fill a batch (its token budget or its number of texts)."""
+        waiting = [job for job in self.queue if not job.future.done()]
+        return (sum(job.tokens for job in waiting) >= self.max_tokens
+                or 0 < self.max_texts <= sum(len(job.texts) for job in waiting))
+
+    def _take(self) -> list[Job]:
+        """Jobs from the head of the queue while they fit the token budget and the text cap (always at least one)."""
+        jobs: list[Job] = []
+        tokens = texts = 0
+        while self.queue:
+            job = self.queue[0]
+            if job.future.done():
+                self.queue.popleft()
+                continue
+            if jobs and (tokens + job.tokens > self.max_tokens
+                         or 0 < self.max_texts < texts + len(job.texts)):
+                break
+            jobs.append(self.queue.popleft())
+            tokens += job.tokens
+            texts += len(job.texts)
+        return jobs
+
+    async def _run_batch(self, jobs: list[Job]) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            texts = [text for job in jobs for text in job.texts]
+            start = time.perf_counter()
+            try:
+                results = list(await loop.run_in_executor(self.passes.executor, self.run, texts))
+            except Exception as err:
+                if len(jobs) == 1:
+                    _settle(jobs[0], error=err)
+                    return
+                logger.warning("a batch of %d requests failed (%s); running them one at a time", len(jobs), err)
+                for job in jobs:
+                    await self._run_alone(job)
+                return
+            if self.observe is not None:
+                self.observe(len(texts), sum(job.tokens for job in jobs), time.perf_counter() - start)
+            offset = 0
+            for job in jobs:
+                _settle(job, results=results[offset : offset + len(job.texts)])
+                offset += len(job.texts)
+        finally:
+            self.passes.free.release()
+
+    async def _run_alone(self, job: Job) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            _settle(job, results=list(await loop.run_in_executor(self.passes.executor, self.run, job.texts)))
+        except Exception as err:
+            _settle(job, error=err)
+
+
+def _settle(job: Job, *, results: list | None = None, error: BaseException | None = None) -> None:
+    if job.future.done():  # its client went away meanwhile
+        return
+    if error is not None:
+        job.future.set_exception(error)
+    else:
+        job.future.set_result(results)

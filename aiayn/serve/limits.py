@@ -1,0 +1,114 @@
+"""What one request may hold, and how a request that breaks a rule is answered: a status and one line.
+
+| rule | answer |
+| --- | --- |
+| body larger than `max_body_bytes` | 413 |
+| more than `max_texts` texts, or a text longer than `max_chars` characters | 413 |
+| the model's queue already holds `max_queue` texts | 429 (retry later) |
+| a body that is not JSON (or form data) | 400 |
+| a field missing or of the wrong type, a text the model cannot take | 422 |
+| a model or language pair the server does not have | 404 |
+
+Every error answer is JSON, `{"error": "..."}` (LibreTranslate's shape), naming the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on requests; the defaults suit sentences and short paragraphs."""
+
+    max_body_bytes: int = 1 << 20
+    max_texts: int = 128
+    max_chars: int = 5000
+    max_queue: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_texts", "max_chars", "max_queue"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+class ApiError(Exception):
+    """A request the server refuses: the HTTP status and one line saying why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def read_body(request: Request, limits: Limits) -> bytes:
+    """The request's body, refused with 413 as soon as it passes `max_body_bytes` (declared or sent)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise ApiError(413, f"the body has {declared} bytes, more than the limit of {limits.max_body_bytes}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limits.max_body_bytes:
+            raise ApiError(413, f"the body has more than the limit of {limits.max_body_bytes} bytes")
+    return bytes(body)
+
+
+async def read_fields(request: Request, limits: Limits, *, form: bool = False) -> dict[str, Any]:
+    """The request's JSON object, or (when `form`) its form fields; a field given twice becomes a list."""
+    body = await read_body(request, limits)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if form and kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
+        async def replay() -> dict:  # starlette parses the form from the body already read
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        data = await Request(request.scope, replay).form()
+        return {key: (values[0] if len(values) == 1 else values)
+                for key in data for values in [data.getlist(key)]}
+    try:
+        fields = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        accepted = "JSON or form data" if form else "JSON"
+        raise ApiError(400, f"the body is not valid {accepted}: {err}") from None
+    if not isinstance(fields, dict):
+        raise ApiError(422, f"the body must be a JSON object, got {type(fields).__name__}")
+    return fields
+
+
+def texts_field(fields: dict[str, Any], name: str, limits: Limits) -> tuple[list[str], bool]:
+    """The texts of field `name` (a string or a list of strings) and whether it was one string."""
+    if name not in fields:
+        raise ApiError(422, f"the field {name!r} is missing: give a string or a list of strings")
+    value = fields[name]
+    single = isinstance(value, str)
+    texts = [value] if single else value
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        kind = type(value).__name__ if not isinstance(value, list) else "a list holding a non-string"
+        raise ApiError(422, f"the field {name!r} must be a string or a list of strings, got {kind}")
+    if not texts:
+        raise ApiError(422, f"the field {name!r} is an empty list: give at least one text")
+    if len(texts) > limits.max_texts:
+        raise ApiError(413, f"{len(texts)} texts in one request, more than the limit of {limits.max_texts}; "
+                            "split them over several requests")
+    for number, text in enumerate(texts):
+        if len(text) > limits.max_chars:
+            raise ApiError(413, f"text {number} has {len(text)} characters, more than the limit of "
+                                f"{limits.max_chars}")
+    return texts, single
+
+
+def string_field(fields: dict[str, Any], name: str, default: str | None = None,
+                 choices: tuple[str, ...] = ()) -> str | None:
+    """An optional string field, one of `choices` when they are given."""
+    value = fields.get(name, default)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ApiError(422, f"the field {name!r} must be a string, got {type(value).__name__}")
+    if choices and value not in choices:
+        raise ApiError(422, f"the field {name!r} must be one of {', '.join(choices)}, got {value!r}")
+    return value

@@ -1,0 +1,168 @@
+"""The objects a server answers with: each loaded task object, its batcher, and what its routes need.
+
+One class per kind of object (`SERVED` maps the task object's class to it): a translator answers
+`/translate`, an embedder `/v1/embeddings` and `/embed`, a classifier or tagger `/predict`. Each one
+counts a request's tokens before it is queued (so a text the model cannot take is refused alone,
+with 422) and runs a gathered batch through the object's own batched call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from aiayn.inference.classifiers import Classifier, Prediction, Tagger
+from aiayn.inference.embeddings import Embedder, encode_texts
+from aiayn.inference.translator import DEFAULT_SEARCH, Translator
+from aiayn.serve.batching import Batcher, Passes
+from aiayn.serve.limits import ApiError, Limits
+from aiayn.serve.metrics import Metrics
+
+ANY_LANGUAGE = "auto"
+
+
+class Served:
+    """A task object behind the server: its name, its batcher and its token counting."""
+
+    kind = ""
+
+    def __init__(self, name: str, obj: Any, passes: Passes, limits: Limits, metrics: Metrics, *,
+                 max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005):
+        self.name, self.obj = name, obj
+        self.max_tokens = max_tokens
+        self.batcher = Batcher(self.run, passes, max_tokens=max_tokens, max_texts=max_batch, max_wait=max_wait,
+                               max_queue=limits.max_queue,
+                               observe=lambda texts, tokens, _: metrics.batch_done(name, texts, tokens))
+        metrics.queues[name] = lambda: self.batcher.queued_texts
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        """Input tokens of `texts`; ApiError 422 for a text the model cannot take."""
+        raise NotImplementedError
+
+    def run(self, texts: list[str]) -> list:
+        """The object's batched call on `texts`: one result per text, in order."""
+        raise NotImplementedError
+
+    async def answer(self, texts: list[str]) -> list:
+        """Results of `texts`, batched with the other requests queued for this model."""
+        return await self.batcher.submit(texts, self.count_tokens(texts))
+
+    def describe(self) -> dict:
+        """What `/health` and the page list for this model."""
+        return {"name": self.name, "kind": self.kind}
+
+
+class ServedTranslator(Served):
+    """A `Translator`: `translate` with its default search (the paper's beam 4, alpha 0.6)."""
+
+    kind = "translate"
+
+    def __init__(self, name: str, obj: Translator, *args, **kwargs):
+        super().__init__(name, obj, *args, **kwargs)
+        source, _, target = name.partition("-")
+        self.source, self.target = (source, target) if source and target else ("src", "tgt")
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        try:
+            return sum(len(ids) for ids in self.obj.encode(texts))
+        except ValueError as err:
+            raise ApiError(422, str(err)) from None
+
+    def run(self, texts: list[str]) -> list[str]:
+        return self.obj.translate(texts, max_tokens=self.max_tokens)
+
+    def describe(self) -> dict:
+        return {**super().describe(), "source": self.source, "target": self.target}
+
+    def inspect(self, text: str) -> dict:
+        """The page's view of one translation: tokens, cross-attention (layer, head, output, source), pipeline."""
+        from aiayn.inspect import trace
+
+        source_ids = self.obj.encode([text])[0]
+        if not source_ids:
+            raise ApiError(422, "the text is empty: type a sentence")
+        config = dataclasses.replace(DEFAULT_SEARCH, return_attention=True)
+        result = self.obj.translations([text], config, max_tokens=self.max_tokens)[0]
+        target = self.obj.target_tokenizer
+        with torch.inference_mode():
+            stages = trace(self.obj.model, self.obj.source_tokenizer, text, target_tokenizer=target)
+        attention = result.attention.float() if result.attention is not None else torch.zeros(0)
+        return {"model": self.name, "translation": result.text,
+                "source_tokens": self.obj.source_tokenizer.id_pieces(source_ids),
+                "output_tokens": target.id_pieces(result.tokens),  # one per attention row
+                "attention": attention.round(decimals=4).tolist(),  # (n_layers, n_heads, T, S)
+                "pipeline": [_stage_json(s) for s in stages]}
+
+
+def _stage_json(stage) -> dict:
+    if isinstance(stage, str):
+        return {"heading": stage}
+    return {"name": stage.name, "shape": list(stage.shape), "values": [round(v, 4) for v in stage.values],
+            "note": stage.note}
+
+
+class ServedEmbedder(Served):
+    """An `Embedder`: `embed`, one float32 vector per text."""
+
+    kind = "embed"
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        return sum(len(ids) for ids in self.obj.tokenize(texts))
+
+    def run(self, texts: list[str]) -> list:
+        return list(self.obj.embed(texts))
+
+    def describe(self) -> dict:
+        return {**super().describe(), "dim": self.obj.dim}
+
+
+class ServedLabeller(Served):
+    """A `Classifier` (labels with scores) or a `Tagger` (a tag per word), in TEI's `/predict` shape."""
+
+    kind = "predict"
+
+    def count_tokens(self, texts: Sequence[str]) -> int:
+        return sum(len(ids) for ids in encode_texts(self.obj.tokenizer, texts, self.obj.model.config.max_len))
+
+    def run(self, texts: list[str]) -> list:
+        return self.obj.predict(texts)
+
+    @staticmethod
+    def as_json(result: Prediction | list) -> list[dict]:
+        """TEI's labels with scores, best first; for a tagger, one entry per word (`word`, `entity`, `score`)."""
+        if isinstance(result, Prediction):
+            return [{"label": label, "score": score}
+                    for label, score in sorted(result.scores.items(), key=lambda item: -item[1])]
+        return [{"word": tag.word, "entity": tag.tag, "score": tag.score, "index": i} for i, tag in enumerate(result)]
+
+
+SERVED: dict[type, type[Served]] = {Translator: ServedTranslator, Embedder: ServedEmbedder,
+                                    Classifier: ServedLabeller, Tagger: ServedLabeller}
+
+
+def pick(models: Sequence[Served], kind: str, name: str | None) -> Served:
+    """The model of `kind` called `name`; with only one of that kind, that one whatever the name."""
+    of_kind = [m for m in models if m.kind == kind]
+    if not of_kind:
+        raise ApiError(404, f"this server has no model for {kind}; start it with a --run or --model that has one")
+    named = [m for m in of_kind if m.name == name]
+    if named:
+        return named[0]
+    if len(of_kind) == 1:
+        return of_kind[0]
+    raise ApiError(404, f"no {kind} model called {name!r}; this server has {', '.join(m.name for m in of_kind)}")
+
+
+def pick_translator(models: Sequence[Served], source: str | None, target: str | None) -> ServedTranslator:
+    """The translator for `source` -> `target` (source "auto": the one translator into `target`)."""
+    translators = [m for m in models if isinstance(m, ServedTranslator)]
+    fits = [m for m in translators if m.target == target and source in (m.source, ANY_LANGUAGE, None)]
+    if len(fits) == 1 or (fits and source not in (ANY_LANGUAGE, None)):
+        return fits[0]
+    if len(translators) == 1:
+        return translators[0]
+    pairs = ", ".join(f"{m.source}-{m.target}" for m in translators) or "none"
+    raise ApiError(404, f"no translator for {source} -> {target}; this server translates {pairs} (GET /languages)")

@@ -1,0 +1,192 @@
+"""Serving throughput and latency: `aiayn serve` batching across requests, beside one-request-at-a-time serving
+and the same sentences through the in-process object (batched), in one run.
+
+N concurrent clients (asyncio + httpx, in this process) send one text per request for T seconds to a server
+started as its own process (`aiayn serve`), first batching (the default: passes = cores // threads, a 5 ms
+gathering window), then answering one request at a time (one pass, a batch budget of one request, no window:
+what a server that translates inside a critical section does). The in-process figure is the object's own
+batched call (`Translator.translate` / `Embedder.embed`) on the sentences the batching server answered, with
+as many torch threads as the server used cores. Run it on a quiet machine:
+
+    aiayn bench serve --run runs/demo --seconds 15       # or: python benchmarks/serve.py ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCHED = ["--max-wait-ms", "5"]
+ONE_AT_A_TIME = ["--passes", "1", "--max-tokens", "1", "--max-wait-ms", "0"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aiayn bench serve", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", help="translation run to serve (default: train the demo's run for 10 epochs, ~1 min)")
+    p.add_argument("--model", default="minilm", help="encoder for the embeddings rows (default minilm; '' skips)")
+    p.add_argument("--clients", type=int, default=16, help="concurrent translation clients (default 16)")
+    p.add_argument("--embed-clients", type=int, default=32, help="concurrent embedding clients (default 32)")
+    p.add_argument("--seconds", type=float, default=15.0, help="load time per configuration (default 15)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per forward pass (default 1)")
+    p.add_argument("--passes", type=int, default=0,
+                   help="concurrent passes of the batching server (default: its own, cores // threads)")
+    p.add_argument("--max-batch", type=int, default=0, help="most texts per batch of the batching server (0: no cap)")
+    p.add_argument("--skip", default="", help="comma-separated parts to leave out: translate, embed")
+    return p
+
+
+def sentences(kind: str, n: int = 2000) -> list[str]:
+    """Source texts: held-out English number words for translation, varied English sentences for embeddings."""
+    if kind == "translate":
+        from aiayn.data.tasks import numbers_task
+
+        return [example.source for example in numbers_task(n_train=10, n_valid=10, n_test=n).test]
+    from embed import make_corpus  # benchmarks/embed.py
+
+    return make_corpus(n)
+
+
+def start_server(spec: list[str], options: list[str], threads: int) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
+    server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", *spec, "--port", "0", "--threads",
+                               str(threads), *options], env=env, stderr=subprocess.PIPE, text=True)
+    line = server.stderr.readline()
+    found = re.search(r"(http://[\d.]+:\d+)", line)
+    if not found:
+        server.kill()
+        raise RuntimeError(f"aiayn serve did not start: {line}{server.stderr.read()}")
+    return server, found.group(1)
+
+
+def stop_server(server: subprocess.Popen) -> None:
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
+
+
+async def load(url: str, route: str, field: str, texts: list[str], clients: int, seconds: float,
+               extra: dict) -> tuple[list[float], list[str]]:
+    """Latencies of every answered request and the texts answered, `clients` at a time for `seconds`."""
+    import httpx
+
+    latencies, sent = [], []
+    deadline = time.perf_counter() + seconds
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        async def one_client(k: int) -> None:
+            i = k
+            while time.perf_counter() < deadline:
+                text = texts[i % len(texts)]
+                i += clients
+                start = time.perf_counter()
+                response = await client.post(route, json={field: text, **extra})
+                response.raise_for_status()
+                latencies.append(time.perf_counter() - start)
+                sent.append(text)
+
+        for text in texts[:clients]:  # warm up: every client's first request, not measured
+            (await client.post(route, json={field: text, **extra})).raise_for_status()
+        await asyncio.gather(*(one_client(k) for k in range(clients)))
+    return latencies, sent
+
+
+def percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def row(name: str, count: int, seconds: float, latencies: list[float] | None) -> str:
+    rate = count / seconds
+    if latencies is None:
+        return f"{name:<34} {rate:>9.1f} {'-':>8} {'-':>8} {'-':>8}"
+    ms = [1000 * percentile(latencies, q) for q in (50, 95, 99)]
+    return f"{name:<34} {rate:>9.1f} {ms[0]:>8.1f} {ms[1]:>8.1f} {ms[2]:>8.1f}"
+
+
+def in_process(obj, call: str, texts: list[str], cores: int) -> float:
+    """Seconds the object's batched call takes on `texts`, with `cores` torch threads (best of two)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        getattr(obj, call)(texts[:32])  # warm up
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            getattr(obj, call)(texts)
+            best = min(best, time.perf_counter() - start)
+        return best
+    finally:
+        torch.set_num_threads(before)
+
+
+def compare(name: str, spec: list[str], obj, call: str, route: str, field: str, texts: list[str], clients: int,
+            args: argparse.Namespace, cores: int, extra: dict) -> dict[str, float]:
+    print(f"\n{name}: {clients} concurrent clients, {args.seconds:g} s each, one text per request")
+    print(f"{'':<34} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")
+    rates = {}
+    batched = BATCHED + (["--passes", str(args.passes)] if args.passes else []) + ["--max-batch", str(args.max_batch)]
+    for label, options in (("aiayn serve (batching)", batched), ("one request at a time", ONE_AT_A_TIME)):
+        server, url = start_server(spec, options, args.threads)
+        try:
+            latencies, sent = asyncio.run(load(url, route, field, texts, clients, args.seconds, extra))
+        finally:
+            stop_server(server)
+        rates[label] = len(sent) / args.seconds
+        print(row(label, len(sent), args.seconds, latencies), flush=True)
+        if label.startswith("aiayn serve"):
+            answered = sent
+    seconds = in_process(obj, call, answered, cores)
+    rates["in-process"] = len(answered) / seconds
+    print(row(f"in-process {type(obj).__name__}.{call}", len(answered), seconds, None), flush=True)
+    batched = rates["aiayn serve (batching)"]
+    print(f"ratios: batching / one-at-a-time {batched / rates['one request at a time']:.2f}x, "
+          f"batching / in-process {batched / rates['in-process']:.2f}x")
+    return rates
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the tables; returns 0."""
+    args = build_parser().parse_args(argv)
+    import aiayn
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    with tempfile.TemporaryDirectory() as tmp:
+        run = args.run
+        if not run:
+            from aiayn.cli.main import main as cli
+
+            run = str(Path(tmp) / "demo")
+            demo = Path(aiayn.__file__).parent / "examples" / "demo.toml"
+            print("training the demo's numbers run for 10 epochs first (pass --run DIR to serve your own)", flush=True)
+            if cli(["train", str(demo), "epochs=10", "show_examples=0", "--run", run, "--no-progress"]) != 0:
+                return 1
+        print(f"torch threads per pass {args.threads}, {cores} cores; load {open('/proc/loadavg').read().strip()}"
+              if os.path.exists("/proc/loadavg") else f"{cores} cores")
+        translator = aiayn.load(run)
+        if "translate" not in args.skip:
+            compare("translation (POST /translate)", ["--run", f"en-de={run}"], translator, "translate", "/translate",
+                    "q", sentences("translate"), args.clients, args, cores, {"source": "en", "target": "de"})
+        if args.model and "embed" not in args.skip:
+            embedder = aiayn.load(args.model)
+            compare(f"embeddings (POST /v1/embeddings, {args.model})", ["--model", args.model], embedder, "embed",
+                    "/v1/embeddings", "input", sentences("embed"), args.embed_clients, args, cores,
+                    {"model": args.model})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""`aiayn serve` as a command: its help, its one-line errors, and SIGTERM draining the requests in flight."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from serving import metric, wait_until
+
+from aiayn.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_help_names_every_route(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    for word in ("/translate", "/languages", "/v1/embeddings", "/embed", "/predict", "/metrics", "--run", "--model",
+                 "--host", "--port", "SIGTERM", "cores"):
+        assert word in text
+
+
+def test_nothing_to_serve_and_clashing_names_are_one_line_errors(capsys, translation_run):
+    assert main(["serve"]) == 2
+    assert capsys.readouterr().err.strip() == ("aiayn serve: error: nothing to serve: give --run DIR and/or "
+                                               "--model minilm")
+    assert main(["serve", "--run", f"x={translation_run}", "--run", f"x={translation_run}"]) == 2
+    assert "two models share a name" in capsys.readouterr().err
+
+
+def test_sigterm_answers_the_requests_in_flight_then_exits(translation_run):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # a long gathering window holds the request in the queue while the signal arrives
+    server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", "--run", f"en-de={translation_run}",
+                               "--port", "0", "--max-wait-ms", "3000"], env=env, cwd=ROOT, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        first = server.stderr.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", first)
+        assert found, first
+        url = f"http://127.0.0.1:{found.group(1)}"
+        answers = []
+        sender = threading.Thread(target=lambda: answers.append(
+            httpx.post(f"{url}/translate", json={"q": ["c a", "a b c"], "target": "de"}, timeout=60)))
+        sender.start()
+        wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 2)
+        server.send_signal(signal.SIGTERM)
+        sender.join(timeout=60)
+        assert server.wait(timeout=60) == 0
+        import aiayn
+
+        assert answers[0].status_code == 200
+        assert answers[0].json()["translatedText"] == aiayn.load(translation_run).translate(["c a", "a b c"])
+        assert "stopped after the requests in flight were answered" in server.stderr.read()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_bench_serve_reports_each_configuration_and_the_ratios(translation_run, capsys):
+    from aiayn.cli.bench import load_benchmark
+
+    bench = load_benchmark("serve")
+    assert bench.main(["--run", str(translation_run), "--seconds", "1", "--clients", "2", "--skip", "embed"]) == 0
+    out = capsys.readouterr().out
+    for line in ("aiayn serve (batching)", "one request at a time", "in-process Translator.translate",
+                 "batching / one-at-a-time", "batching / in-process", "p99 ms"):
+        assert line in out

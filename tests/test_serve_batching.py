@@ -1,0 +1,97 @@
+"""`aiayn.serve.batching`: jobs queued together run as one batched call, each gets its own slice back, the token
+budget splits batches, a failing batch is retried job by job, and a cancelled job leaves the queue unrun."""
+
+import asyncio
+import threading
+
+import pytest
+
+from aiayn.serve.batching import Batcher, Passes, QueueFull
+
+
+def recording(calls, fail_on=None, gate=None):
+    def run(texts):
+        if gate is not None:
+            gate.wait(timeout=30)
+        calls.append(list(texts))
+        if fail_on in texts:
+            raise ValueError(f"cannot take {fail_on!r}")
+        return [text.upper() for text in texts]
+
+    return run
+
+
+def test_jobs_queued_together_run_as_one_batch_and_get_their_own_answers():
+    calls = []
+
+    async def main():
+        batcher = Batcher(recording(calls), Passes(1), max_tokens=100, max_wait=0.01)
+        jobs = [["a"], ["b", "c"], ["d"], ["e", "f", "g"]]
+        return await asyncio.gather(*(batcher.submit(texts, len(texts)) for texts in jobs))
+
+    assert asyncio.run(main()) == [["A"], ["B", "C"], ["D"], ["E", "F", "G"]]
+    assert calls == [["a", "b", "c", "d", "e", "f", "g"]]
+
+
+def test_the_token_budget_splits_batches():
+    calls = []
+
+    async def main():
+        batcher = Batcher(recording(calls), Passes(1), max_tokens=4, max_wait=0.01)
+        return await asyncio.gather(*(batcher.submit([t], 2) for t in "abcde"))
+
+    assert asyncio.run(main()) == [["A"], ["B"], ["C"], ["D"], ["E"]]
+    assert calls == [["a", "b"], ["c", "d"], ["e"]]
+
+
+def test_the_text_cap_splits_batches():
+    calls = []
+
+    async def main():
+        batcher = Batcher(recording(calls), Passes(1), max_texts=3, max_wait=0.01)
+        return await asyncio.gather(*(batcher.submit(list(texts), 1) for texts in ("ab", "c", "de", "f")))
+
+    assert asyncio.run(main()) == [["A", "B"], ["C"], ["D", "E"], ["F"]]
+    assert calls == [["a", "b", "c"], ["d", "e", "f"]]
+
+
+def test_a_failing_batch_fails_only_the_job_that_caused_it():
+    calls = []
+
+    async def main():
+        batcher = Batcher(recording(calls, fail_on="bad"), Passes(1), max_wait=0.01)
+        return await asyncio.gather(batcher.submit(["ok"], 1), batcher.submit(["bad"], 1),
+                                    batcher.submit(["fine"], 1), return_exceptions=True)
+
+    ok, bad, fine = asyncio.run(main())
+    assert ok == ["OK"] and fine == ["FINE"]
+    assert isinstance(bad, ValueError) and "'bad'" in str(bad)
+    assert calls[0] == ["ok", "bad", "fine"]  # together first, then one at a time
+
+
+def test_a_cancelled_job_leaves_the_queue_and_never_runs_and_a_full_queue_refuses():
+    calls, gate = [], threading.Event()
+
+    async def main():
+        batcher = Batcher(recording(calls, gate=gate), Passes(1), max_wait=0.0, max_queue=2)
+        first = asyncio.ensure_future(batcher.submit(["first"], 1))
+        while not batcher.passes.free.locked():  # the first batch holds the only pass
+            await asyncio.sleep(0.001)
+        waiting = asyncio.ensure_future(batcher.submit(["x", "y"], 2))
+        await asyncio.sleep(0.01)
+        assert batcher.queued_texts == 2
+        with pytest.raises(QueueFull, match="retry later"):
+            await batcher.submit(["z"], 1)
+        waiting.cancel()
+        await asyncio.sleep(0.01)
+        assert batcher.queued_texts == 0
+        gate.set()
+        return await first
+
+    assert asyncio.run(main()) == ["FIRST"]
+    assert calls == [["first"]]
+
+
+def test_passes_must_be_positive():
+    with pytest.raises(ValueError, match="at least 1"):
+        Passes(0)
