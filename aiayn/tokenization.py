@@ -294,6 +294,14 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
         raise ValueError(f"tokenizer kind must be one of {', '.join(KINDS)}, got {kind!r}")
     special = list(SPECIAL_TOKENS) + [tok for tok in extra_special if tok not in SPECIAL_TOKENS]
     texts = list(texts)
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+    alphabet = {ch for text in texts for ch in (text.lower() if lowercase else text)} - {" "}
+    if kind != "char" and vocab_size < len(special) + len(alphabet):  # the trainer would silently take more
+        raise ValueError(f"vocab_size {vocab_size} is too small for this text: its {len(special)} special tokens "
+                         f"and {len(alphabet)} distinct characters need at least {len(special) + len(alphabet)}"
+                         f"{' (the 256 byte-fallback tokens come on top)' if kind in LOSSLESS_KINDS else ''}; "
+                         "raise vocab_size")
     if kind in LOSSLESS_KINDS:
         backend = _train_lossless(texts, kind, vocab_size, special, lowercase, min_frequency)
     else:
