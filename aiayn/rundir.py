@@ -187,24 +187,24 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
 
 
 def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--out",
-                     force_hint: str = "pass --force") -> Path:
+                     force_hint: str = "pass --force", writer: str = "the export") -> Path:
     """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given.
 
-    `option` and `force_hint` name the argument and the override in the message (the CLI's by default).
+    `option`, `force_hint` and `writer` name the argument, the override and what writes (the CLI's by default).
     """
     info = inspect_dir(check_path_given(out, option))
     if info.kind == FILE:
         raise DirectoryRefused(f"{info.path} is a file, not a directory: give {option} a directory")
     if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
-        raise DirectoryRefused(f"{info.path} holds {info.description}; the export would replace files there: "
+        raise DirectoryRefused(f"{info.path} holds {info.description}; {writer} would replace files there: "
                                f"choose a new {option} directory, or {force_hint} to write there anyway")
     return info.path
 
 
 def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf", option: str = "--out",
-                     force_hint: str = "pass --force") -> Path:
+                     force_hint: str = "pass --force", writer: str = "the export") -> Path:
     """`check_export_dir`, then create `out` and mark it as an aiayn export before any other file is written."""
-    path = check_export_dir(out, force=force, option=option, force_hint=force_hint)
+    path = check_export_dir(out, force=force, option=option, force_hint=force_hint, writer=writer)
     atomic_write_bytes(path / EXPORT_MARK, (json.dumps({"format": fmt}) + "\n").encode())
     return path
 
@@ -254,7 +254,9 @@ def _same_file(a: Path, b: Path) -> bool:
 
 def _owning_directory(path: Path) -> DirInfo | None:
     """The nearest directory above `path` that a run, model, export or checkpoint owns, if any."""
-    for parent in path.resolve().parents:
+    given = list(path.parents)  # as the user wrote them (the message names those), then the rest of the way up
+    seen = {p.resolve() for p in given}
+    for parent in given + [p for p in path.resolve().parents if p not in seen]:
         info = inspect_dir(parent)
         if info.kind in OWNED_KINDS:
             return info

@@ -31,10 +31,11 @@ def cmd_corpus(args: argparse.Namespace) -> int:
 
     # the corpus directory is marked as aiayn's (aiayn_export.json) before a file is written, so that a later
     # `aiayn corpus` may replace it and nothing else is ever replaced: a directory of the user's own is refused
-    check_export_dir(args.out, option="--out", force_hint="remove them first")
+    check_export_dir(args.out, option="--out", force_hint="remove them first", writer="the corpus")
     corpus = read_gettext(args.lang, locale_dir=args.locale_dir, seed=args.seed, n_valid=args.valid,
                           n_test=args.test)
-    out = claim_for_export(args.out, fmt="corpus", option="--out", force_hint="remove them first")
+    out = claim_for_export(args.out, fmt="corpus", option="--out", force_hint="remove them first",
+                           writer="the corpus")
     corpus.write(out)
     info = {"lang": args.lang, "locale_dir": args.locale_dir, "seed": args.seed, "catalogs": corpus.catalogs,
             "messages": corpus.messages, "templates_dropped": corpus.templates,
