@@ -177,6 +177,10 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
     info = inspect_dir(check_path_given(run_dir, "--run"))
     if info.kind != RUN and (resume or info.kind not in (MISSING, EMPTY)):
         _refuse_for_training(info, resume=resume, force=force)
+    owner = _owning_directory(info.path) if info.kind in (MISSING, EMPTY) else None
+    if owner is not None and not force:  # a run inside another run (or a model) would mix their files
+        raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}: choose a "
+                               "--run directory outside it")
     lock = RunLock(info.path).acquire()
     try:
         _refuse_for_training(inspect_dir(info.path), resume=resume, force=force)  # again, now that we hold it

@@ -392,6 +392,9 @@ def test_a_second_lock_on_the_same_run_is_refused_at_once(tmp_path):
     (TrainingError("non-finite loss"), 3, "non-finite loss"),
     (KeyboardInterrupt(), 130, "interrupted"),
     (MemoryError(), 4, "out of memory"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                  "to allocate 4398046511104 bytes."), 4, "out of memory: PyTorch could not allocate 4,096.0 GiB; try"),
+    (MemoryError("a model of this config needs about 9.0 GiB"), 4, "a model of this config needs about 9.0 GiB"),
     (TypeError("oops"), 1, "internal error: TypeError: oops"),
 ])
 def test_every_error_maps_to_a_documented_exit_code(error, code, line):

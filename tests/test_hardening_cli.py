@@ -477,6 +477,9 @@ PLACES = [
     Case("translate an interrupted run", ["translate", "--run", "run", "a"], 2,
          r"run: training did not finish \(no final config.json yet\): continue it with aiayn train --run run --resume, "
          r"or use a checkpoint", prepare=interrupted_run),
+    Case("train --run inside another run", ["train", "task=copy", "--run", "run/nested"], 2,
+         r"run/nested is inside run, which holds an aiayn training run \(train_config.json\): choose a --run "
+         r"directory outside it"),
     Case("train --resume max_steps below the run's step", ["train", "--run", "run", "--resume", "max_steps=1"], 2,
          r"run/checkpoints/step-00000002 is at step 2, past max_steps=1: nothing is left to train"),
 ]
@@ -578,6 +581,16 @@ def test_pipes_are_read_as_files_are(scene, frozen, capsys):
     writer.join()
     assert (code, capsys.readouterr().out) == expected
     check(new_files=False, ignore=("fifo",))
+
+
+def test_eval_data_for_another_kind_of_run_says_so(classification_run, tmp_path, frozen, capsys):
+    (tmp_path / "pairs.tsv").write_text("hello\thallo\ngood morning\tguten Morgen\n", encoding="utf-8")
+    check = frozen(classification_run)
+    assert main(["eval", "--run", str(classification_run), "--data", str(tmp_path / "pairs.tsv")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "data split: none of its labels ('guten Morgen', 'hallo') is one of the run's (neg, pos): is this data for "
+        "another kind of run? (this one is sequence_classification)")
+    check(new_files=False)
 
 
 def test_a_checkpoint_translates_with_its_runs_tokenizer(scene, capsys):

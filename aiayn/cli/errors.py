@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import sys
 
 OK, INTERNAL, BAD_INPUT, NON_FINITE, SYSTEM, BUSY, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
@@ -60,7 +61,10 @@ def describe(err: BaseException) -> tuple[int, str]:
     if isinstance(err, MemoryError):
         return SYSTEM, str(err) if str(err) else "out of memory; try a smaller --batch-size or max_tokens"
     if _out_of_memory(err):  # PyTorch's allocators raise RuntimeError subclasses
-        return SYSTEM, f"out of memory ({one_line(str(err)).split(' (')[0]}); try a smaller --batch-size or max_tokens"
+        asked = re.search(r"allocate (\d+) bytes", str(err))
+        size = f" {int(asked.group(1)) / 2**30:,.1f} GiB" if asked else " memory"
+        return SYSTEM, f"out of memory: PyTorch could not allocate{size}; try a smaller --batch-size or max_tokens, " \
+                       "or a smaller model"
     if isinstance(err, ModuleNotFoundError):  # an optional package: the message says what to install
         return BAD_INPUT, str(err)
     if isinstance(err, KeyError):
