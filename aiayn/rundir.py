@@ -292,9 +292,12 @@ def check_output_file(path: str | Path, option: str, *, inputs: Iterable[tuple[s
         if source is None or str(source) in ("", "-"):
             continue
         source = Path(source)
-        if _same_file(path, source) or (source.is_dir() and source.resolve() in path.resolve().parents):
-            raise OutputRefused(f"{option} {path} is {'inside ' if source.is_dir() else ''}the input {name} "
-                                f"{source}: the output would replace it; choose another {option} file")
+        if _same_file(path, source):
+            raise OutputRefused(f"{option} {path} is the input {name} {source}: the output would replace it; "
+                                f"choose another {option} file")
+        if source.is_dir() and source.resolve() in path.resolve().parents:
+            raise OutputRefused(f"{option} {path} is inside the input {name} {source}: choose an {option} file "
+                                "outside it")
     owner = _owning_directory(path)
     if owner is not None:
         raise OutputRefused(f"{option} {path} is inside {owner.path}, which holds {owner.description}; a command "
