@@ -50,11 +50,11 @@ def load_config(directory: str | Path) -> ModelConfig:
         raise (NotADirectoryError if directory.exists() else FileNotFoundError)(
             f"{directory} is not an aiayn model directory (no such directory)")
     if not path.is_file():
+        if path.exists() or path.is_symlink():
+            check_input_file(path, "model config")  # a device, a link loop: said so
         hint = no_model_hint(directory)  # the run's checkpoints, a run that did not finish
         if hint is not None:
             raise FileNotFoundError(hint)
-        if path.exists() or path.is_symlink():
-            check_input_file(path, "model config")
         raise FileNotFoundError(f"{directory} is not an aiayn model directory: {CONFIG_NAME} is missing")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -103,7 +103,8 @@ def load_tokenizers(directory: str | Path) -> tuple[Tokenizer, Tokenizer]:
     run = checkpoint_run(directory)
     if run is not None and not (directory / TOKENIZER_NAME).exists():  # a checkpoint: the run holds its tokenizer
         return load_tokenizers(run)
-    if (directory / TOKENIZER_NAME).is_file():
+    shared_file = directory / TOKENIZER_NAME
+    if shared_file.exists() or shared_file.is_symlink():  # Tokenizer.load says what is wrong with it
         shared = Tokenizer.load(directory)
         return shared, shared
     if (directory / "source" / TOKENIZER_NAME).is_file() and (directory / "target" / TOKENIZER_NAME).is_file():

@@ -21,7 +21,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from aiayn.rundir import TOKENIZER as TOKENIZER_NAME
 from aiayn.rundir import TOKENIZER_META as META_NAME
-from aiayn.rundir import atomic_output, atomic_write_text
+from aiayn.rundir import atomic_output, atomic_write_text, check_input_file
 
 logger = logging.getLogger(__name__)
 
@@ -200,11 +200,13 @@ class Tokenizer:
         """Load what `save` wrote."""
         directory = Path(directory)
         path = directory / TOKENIZER_NAME
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             raise FileNotFoundError(f"{directory}: {TOKENIZER_NAME} is missing")
+        check_input_file(path, "tokenizer file")  # a device (a link to /dev/zero would never end), a link loop
         meta_path = directory / META_NAME
         special = {}
-        if meta_path.is_file():
+        if meta_path.exists() or meta_path.is_symlink():
+            check_input_file(meta_path, "tokenizer file")
             try:
                 special = json.loads(meta_path.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as err:

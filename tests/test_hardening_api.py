@@ -332,6 +332,18 @@ def test_the_search_index_never_replaces_a_file_it_did_not_write(tmp_path):
     assert path.read_bytes() == before
 
 
+def test_a_config_file_may_be_a_pipe(tmp_path):
+    """`aiayn train <(cat run.toml)`: the pipe has no .toml ending; TOML or JSON is told from its text."""
+    for text in (b'task = "copy"\nepochs = 2\n', b'{"task": "copy", "epochs": 2}'):
+        read, written = os.pipe()
+        os.write(written, text)
+        os.close(written)
+        try:
+            assert load_run_config(f"/dev/fd/{read}").train.epochs == 2
+        finally:
+            os.close(read)
+
+
 def test_a_failed_atomic_write_names_the_target_not_its_temporary_file(tmp_path, monkeypatch):
     import aiayn.rundir
 
