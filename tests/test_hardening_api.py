@@ -332,6 +332,18 @@ def test_the_search_index_never_replaces_a_file_it_did_not_write(tmp_path):
     assert path.read_bytes() == before
 
 
+def test_a_search_too_large_for_the_memory_is_refused_before_it_starts(saved, monkeypatch):
+    import aiayn.nn.model
+
+    translator = Translator.from_pretrained(saved)
+    monkeypatch.setattr(aiayn.nn.model, "available_memory", lambda: 2**16)  # a machine with 64 KiB free
+    with pytest.raises(MemoryError, match=r"decoding 2 sentences with beam 40 needs about [\d.]+ GiB of memory, "
+                                          r"more than the 0.0 GiB available: choose a smaller --beam"):
+        translator.translate(["a b", "c"], num_beams=40)
+    assert describe(MemoryError("x"))[0] == 4
+    assert translator.translate(["a b"], num_beams=1, max_new_tokens=2)  # one hypothesis fits
+
+
 def test_a_config_file_may_be_a_pipe(tmp_path):
     """`aiayn train <(cat run.toml)`: the pipe has no .toml ending; TOML or JSON is told from its text."""
     for text in (b'task = "copy"\nepochs = 2\n', b'{"task": "copy", "epochs": 2}'):

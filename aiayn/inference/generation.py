@@ -182,7 +182,8 @@ def _check_search_size(model: EncoderDecoderModel, batch: int, src_len: int, ste
         # each hypothesis: self-attention keys and values over the steps, cross-attention ones over the source,
         # and a few rows of vocabulary scores
         per = 4 * (2 * cfg.n_decoder_layers * (steps + src_len) * cfg.d_model + 4 * vocab)
-        check_memory(batch * config.beam_size * per, f"decoding {batch} sentences with beam {config.beam_size}",
+        what = f"decoding {batch} sentence{'s' if batch != 1 else ''} with beam {config.beam_size}"
+        check_memory(batch * config.beam_size * per, what,
                      "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --batch-size)")
 
 
