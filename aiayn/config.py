@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ class ModelConfig:
     # -- validation ----------------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ValueError naming the first inconsistent field."""
+        _check_finite(self)
         for name in ("vocab_size", "d_model", "n_heads", "d_ff", "n_encoder_layers", "max_len"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -196,11 +198,16 @@ class ModelConfig:
 _TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string"}
 
 
+MAX_INT = 2**63 - 1  # the largest count a setting may hold (torch's and numpy's int64)
+
+
 def check_field_types(instance: Any, where: str) -> None:
     """Raise ValueError when a dataclass field holds a value of the wrong type, whatever source it came from.
 
-    A string where a bool belongs ("false" in a JSON file) would otherwise count as true; an integer is
-    accepted where a float belongs. `where` ("model", "training") starts the message.
+    The one check of every numeric setting's kind: a string where a bool belongs ("false" in a JSON file)
+    would otherwise count as true, True where an integer belongs would count as 1; an integer is accepted
+    where a float belongs, but never NaN or Inf, and no integer beyond int64. `where` ("model", "training",
+    "decoding") starts the message; each dataclass then checks its ranges.
     """
     for f in fields(instance):
         value = getattr(instance, f.name)
@@ -213,6 +220,18 @@ def check_field_types(instance: Any, where: str) -> None:
         if not ok:
             expected = _TYPE_WORDS[base] + (" or null" if type_name.endswith("|None") else "")
             raise ValueError(f"{where} key {f.name} must be {expected}, got {value!r} ({type(value).__name__})")
+        if base == "float" and not math.isfinite(value):
+            raise ValueError(f"{where} key {f.name} must be a finite number, got {value!r}")
+        if base in ("int", "float") and abs(value) > MAX_INT:
+            raise ValueError(f"{where} key {f.name} must be at most {MAX_INT:,} in size, got {value!r}")
+
+
+def _check_finite(instance: Any) -> None:
+    """NaN or Inf in a float field: refused before any range check (NaN passes every comparison's `not`)."""
+    for f in fields(instance):
+        value = getattr(instance, f.name)
+        if _is_number(value) and not math.isfinite(value):
+            raise ValueError(f"{f.name} must be a finite number, got {value!r}")
 
 
 def _is_number(value: Any) -> bool:

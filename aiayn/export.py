@@ -100,6 +100,10 @@ def export(source: str | Path | None, out: str | Path, *, fmt: str = "hf", quant
         raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if quantization is not None and fmt != "ctranslate2":
         raise ValueError("quantization applies to the CTranslate2 export only")
+    from aiayn.interop.ctranslate2 import QUANTIZATIONS
+
+    if quantization is not None and quantization not in QUANTIZATIONS:  # before the directory is claimed
+        raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     check_export_dir(out, force=force)  # before the model loads: refuse at once
     source = "minilm" if source is None else source
     kind = task_class(source)

@@ -18,7 +18,7 @@ from aiayn.config import ModelConfig
 from aiayn.nn.model import build_model
 from aiayn.rundir import MODEL_CONFIG as CONFIG_NAME
 from aiayn.rundir import WEIGHTS as WEIGHTS_NAME
-from aiayn.rundir import atomic_output, atomic_write_bytes
+from aiayn.rundir import atomic_output, atomic_write_bytes, check_input_file, checkpoint_run, no_model_hint
 from aiayn.weights import load_weights
 
 if TYPE_CHECKING:
@@ -50,6 +50,11 @@ def load_config(directory: str | Path) -> ModelConfig:
         raise (NotADirectoryError if directory.exists() else FileNotFoundError)(
             f"{directory} is not an aiayn model directory (no such directory)")
     if not path.is_file():
+        if path.exists() or path.is_symlink():
+            check_input_file(path, "model config")  # a device, a link loop: said so
+        hint = no_model_hint(directory)  # the run's checkpoints, a run that did not finish
+        if hint is not None:
+            raise FileNotFoundError(hint)
         raise FileNotFoundError(f"{directory} is not an aiayn model directory: {CONFIG_NAME} is missing")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -78,8 +83,11 @@ def load_model(directory: str | Path) -> nn.Module:
     directory = Path(directory)
     cfg = load_config(directory)
     weights = directory / WEIGHTS_NAME
-    if not weights.is_file():
+    if not weights.is_file() and not weights.exists() and not weights.is_symlink():
         raise FileNotFoundError(f"{directory}: {WEIGHTS_NAME} is missing")
+    if weights.is_dir():
+        raise IsADirectoryError(f"{weights} is a directory; a safetensors weights file belongs there")
+    check_input_file(weights, "weights file")  # a device, a link loop or a dangling link: said so
     return load_weights(build_model(cfg), weights).eval()
 
 
@@ -92,7 +100,11 @@ def load_tokenizers(directory: str | Path) -> tuple[Tokenizer, Tokenizer]:
     from aiayn.tokenization import TOKENIZER_NAME, Tokenizer
 
     directory = Path(directory)
-    if (directory / TOKENIZER_NAME).is_file():
+    run = checkpoint_run(directory)
+    if run is not None and not (directory / TOKENIZER_NAME).exists():  # a checkpoint: the run holds its tokenizer
+        return load_tokenizers(run)
+    shared_file = directory / TOKENIZER_NAME
+    if shared_file.exists() or shared_file.is_symlink():  # Tokenizer.load says what is wrong with it
         shared = Tokenizer.load(directory)
         return shared, shared
     if (directory / "source" / TOKENIZER_NAME).is_file() and (directory / "target" / TOKENIZER_NAME).is_file():

@@ -16,6 +16,11 @@ A model directory holds config.json + model.safetensors (+ tokenizer); an export
 A command writes only into a new or empty directory or one of its own kind; anything else is refused
 with one line naming what is there (`DirectoryRefused`), unless the user forces it.
 
+An explicit output file (`--output`, `--show-attention`, `--index`) may be replaced; never an input of
+the same command, never a file inside a run, model, export or checkpoint directory, never a directory
+(`check_output_file`, `OutputRefused`). What a path to read is (a file, a pipe, a device, a link loop)
+is told by `check_input_file`.
+
 Every file is written atomically: to a temporary file beside it, flushed to disk, then renamed, so a
 crash or a full disk leaves the previous version whole. An `OSError` raised while writing names the file.
 """
@@ -28,7 +33,8 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Iterator
+import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -53,12 +59,18 @@ LOCK = ".aiayn.lock"
 EXPORT_MARK = "aiayn_export.json"
 
 # What a directory can be, as `inspect_dir` tells them apart.
-MISSING, EMPTY, FILE, RUN, MODEL, EXPORT, HF_CHECKPOINT, FOREIGN = (
-    "missing", "empty", "file", "run", "model", "export", "hf_checkpoint", "foreign")
+MISSING, EMPTY, FILE, RUN, MODEL, EXPORT, HF_CHECKPOINT, CHECKPOINT_DIR, FOREIGN = (
+    "missing", "empty", "file", "run", "model", "export", "hf_checkpoint", "checkpoints", "foreign")
+# Directories whose files only aiayn (or the checkpoint's maker) writes: an output file never goes inside one.
+OWNED_KINDS = (RUN, MODEL, EXPORT, HF_CHECKPOINT, CHECKPOINT_DIR)
 
 
 class DirectoryRefused(ValueError):
     """A command will not write into a path: it holds something the command did not write."""
+
+
+class OutputRefused(ValueError):
+    """An output file the command will not write: an input, a file inside a run or model directory."""
 
 
 class RunBusy(RuntimeError):
@@ -94,6 +106,8 @@ def inspect_dir(path: str | Path) -> DirInfo:
         return DirInfo(path, EMPTY, "nothing")
     if (path / TRAIN_CONFIG).is_file() or (path / CHECKPOINTS / "latest").is_file():
         return DirInfo(path, RUN, f"an aiayn training run ({TRAIN_CONFIG})")
+    if path.name == CHECKPOINTS and (path / "latest").is_file():
+        return DirInfo(path, CHECKPOINT_DIR, f"the checkpoints of the run {path.parent}")
     if (path / EXPORT_MARK).is_file():
         return DirInfo(path, EXPORT, f"an aiayn export ({EXPORT_MARK})")
     config = _read_json(path / MODEL_CONFIG)
@@ -113,7 +127,32 @@ def check_path_given(value: str | Path, option: str) -> Path:
     return Path(value)
 
 
+def checkpoint_run(path: str | Path) -> Path | None:
+    """The run directory whose checkpoint `path` is (RUN/checkpoints/step-N), or None."""
+    path = Path(path)
+    if path.parent.name == CHECKPOINTS and (path / CHECKPOINT_META).is_file():
+        return path.parent.parent
+    return None
+
+
+def no_model_hint(path: str | Path) -> str | None:
+    """Why a directory aiayn wrote holds no final model, and what to give instead (None: not one of those)."""
+    info = inspect_dir(path)
+    if info.kind == CHECKPOINT_DIR:
+        run = info.path.parent
+        return (f"{info.path} holds the checkpoints of the run {run}, not a model: give the run directory {run}, "
+                f"or one checkpoint ({info.path}/step-N, or aiayn eval --run {run} --checkpoint step-N)")
+    if info.kind == RUN and not (info.path / MODEL_CONFIG).is_file():
+        return (f"{info.path}: training did not finish (no final {MODEL_CONFIG} yet): continue it with aiayn train "
+                f"--run {info.path} --resume, or use a checkpoint ({info.path}/{CHECKPOINTS}/step-N, or aiayn eval "
+                f"--run {info.path} --checkpoint step-N)")
+    return None
+
+
 def _refuse_for_training(info: DirInfo, *, resume: bool, force: bool) -> None:
+    if info.kind == CHECKPOINT_DIR:
+        raise DirectoryRefused(f"{info.path} holds the checkpoints of the run {info.path.parent}: give --run "
+                               f"{info.path.parent} (with --resume to continue it), or a new --run directory")
     if info.kind == FILE:
         raise DirectoryRefused(f"{info.path} is a file, not a directory: give --run a directory")
     if resume:
@@ -138,6 +177,10 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
     info = inspect_dir(check_path_given(run_dir, "--run"))
     if info.kind != RUN and (resume or info.kind not in (MISSING, EMPTY)):
         _refuse_for_training(info, resume=resume, force=force)
+    owner = _owning_directory(info.path) if info.kind in (MISSING, EMPTY) else None
+    if owner is not None and not force:  # a run inside another run (or a model) would mix their files
+        raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}: choose a "
+                               "--run directory outside it")
     lock = RunLock(info.path).acquire()
     try:
         _refuse_for_training(inspect_dir(info.path), resume=resume, force=force)  # again, now that we hold it
@@ -148,25 +191,117 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
 
 
 def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--out",
-                     force_hint: str = "pass --force") -> Path:
+                     force_hint: str = "pass --force", writer: str = "the export") -> Path:
     """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given.
 
-    `option` and `force_hint` name the argument and the override in the message (the CLI's by default).
+    `option`, `force_hint` and `writer` name the argument, the override and what writes (the CLI's by default).
     """
     info = inspect_dir(check_path_given(out, option))
     if info.kind == FILE:
         raise DirectoryRefused(f"{info.path} is a file, not a directory: give {option} a directory")
     if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
-        raise DirectoryRefused(f"{info.path} holds {info.description}; the export would replace files there: "
+        raise DirectoryRefused(f"{info.path} holds {info.description}; {writer} would replace files there: "
                                f"choose a new {option} directory, or {force_hint} to write there anyway")
     return info.path
 
 
 def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf", option: str = "--out",
-                     force_hint: str = "pass --force") -> Path:
+                     force_hint: str = "pass --force", writer: str = "the export") -> Path:
     """`check_export_dir`, then create `out` and mark it as an aiayn export before any other file is written."""
-    path = check_export_dir(out, force=force, option=option, force_hint=force_hint)
+    path = check_export_dir(out, force=force, option=option, force_hint=force_hint, writer=writer)
     atomic_write_bytes(path / EXPORT_MARK, (json.dumps({"format": fmt}) + "\n").encode())
+    return path
+
+
+# -- what a path is: inputs to read, outputs to write ----------------------------------------------
+
+def path_kind(path: str | Path) -> str:
+    """What `path` names, in words: "missing", "a file", "a directory", "a FIFO (a pipe)", "a character
+    device", "a block device", "a socket", "a symbolic link loop" or "a link to a missing file"."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "a link to a missing file" if os.path.islink(path) else MISSING
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            return "a symbolic link loop"
+        if err.errno == errno.ENOTDIR:
+            return MISSING
+        raise
+    for test, words in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (a pipe)"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def check_input_file(path: str | Path, what: str, *, stream: bool = False) -> Path:
+    """`path` when it names a file to read (with `stream`, a pipe too: `<(cmd)`, a FIFO); else one line that
+    says what it is: FileNotFoundError (nothing there), IsADirectoryError, or ValueError (a device, a link loop)."""
+    kind = path_kind(path)
+    if kind == "a file" or (stream and kind == "a FIFO (a pipe)"):
+        return Path(path)
+    if kind == MISSING:
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    if kind == "a directory":
+        raise IsADirectoryError(f"{what} {path} is a directory; give a file")
+    raise ValueError(f"{what} {path} is {kind}, not a regular file; give a regular file")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _owning_directory(path: Path) -> DirInfo | None:
+    """The nearest directory above `path` that a run, model, export or checkpoint owns, if any."""
+    given = list(path.parents)  # as the user wrote them (the message names those), then the rest of the way up
+    seen = {p.resolve() for p in given}
+    for parent in given + [p for p in path.resolve().parents if p not in seen]:
+        info = inspect_dir(parent)
+        if info.kind in OWNED_KINDS:
+            return info
+    return None
+
+
+def check_output_file(path: str | Path, option: str, *, inputs: Iterable[tuple[str, str | Path | None]] = (),
+                      suffixes: Iterable[str] = ()) -> Path:
+    """Check before any work that `path` may be written (replaced, when it exists) by a command's output option.
+
+    The rule: an explicit output file may be replaced; never an input of the same command (`inputs`: (option,
+    path) pairs; a directory input counts with everything in it), never a file inside a run, model, export or
+    checkpoint directory, never a directory or a special file. `suffixes`, when given, are the endings allowed.
+    """
+    if not str(path).strip():
+        raise OutputRefused(f"{option} is empty; name a file")
+    path = Path(path)
+    kind = path_kind(path)
+    if kind == "a directory":
+        raise IsADirectoryError(f"{option} {path} is a directory; give a file name")
+    if kind not in (MISSING, "a file", "a link to a missing file"):
+        raise OutputRefused(f"{option} {path} is {kind}, not a regular file; give a file name (or leave out "
+                            f"{option} and redirect stdout)")
+    allowed = tuple(suffixes)
+    if allowed and path.suffix.lower() not in allowed:
+        endings = " or ".join([", ".join(allowed[:-1]), allowed[-1]] if len(allowed) > 1 else allowed)
+        raise OutputRefused(f"{option} must end in {endings}, got {path.name!r}")
+    for name, source in inputs:
+        if source is None or str(source) in ("", "-"):
+            continue
+        source = Path(source)
+        if _same_file(path, source):
+            raise OutputRefused(f"{option} {path} is the input {name} {source}: the output would replace it; "
+                                f"choose another {option} file")
+        if source.is_dir() and source.resolve() in path.resolve().parents:
+            raise OutputRefused(f"{option} {path} is inside the input {name} {source}: choose an {option} file "
+                                "outside it")
+    owner = _owning_directory(path)
+    if owner is not None:
+        raise OutputRefused(f"{option} {path} is inside {owner.path}, which holds {owner.description}; a command "
+                            f"never replaces files there: choose an {option} file outside it")
     return path
 
 
@@ -177,9 +312,9 @@ def _temporary_beside(path: Path) -> Path:
     return path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp{path.suffix}")
 
 
-def _with_filename(err: OSError, path: Path) -> OSError:
-    """The same error with `path` as its file name, so that the one-line message can name the file."""
-    if err.filename is not None or err.errno is None:
+def _with_filename(err: OSError, path: Path, tmp: Path) -> OSError:
+    """The same error with `path` as its file name (not the temporary file's), so that the message names it."""
+    if err.errno is None or (err.filename is not None and str(err.filename) != str(tmp)):
         return err
     return OSError(err.errno, err.strerror or os.strerror(err.errno), str(path))
 
@@ -212,7 +347,7 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        raise _with_filename(err, path) from None
+        raise _with_filename(err, path, tmp) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -21,7 +21,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from aiayn.rundir import TOKENIZER as TOKENIZER_NAME
 from aiayn.rundir import TOKENIZER_META as META_NAME
-from aiayn.rundir import atomic_output, atomic_write_text
+from aiayn.rundir import atomic_output, atomic_write_text, check_input_file
 
 logger = logging.getLogger(__name__)
 
@@ -200,11 +200,13 @@ class Tokenizer:
         """Load what `save` wrote."""
         directory = Path(directory)
         path = directory / TOKENIZER_NAME
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             raise FileNotFoundError(f"{directory}: {TOKENIZER_NAME} is missing")
+        check_input_file(path, "tokenizer file")  # a device (a link to /dev/zero would never end), a link loop
         meta_path = directory / META_NAME
         special = {}
-        if meta_path.is_file():
+        if meta_path.exists() or meta_path.is_symlink():
+            check_input_file(meta_path, "tokenizer file")
             try:
                 special = json.loads(meta_path.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -294,6 +296,14 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
         raise ValueError(f"tokenizer kind must be one of {', '.join(KINDS)}, got {kind!r}")
     special = list(SPECIAL_TOKENS) + [tok for tok in extra_special if tok not in SPECIAL_TOKENS]
     texts = list(texts)
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+    alphabet = {ch for text in texts for ch in (text.lower() if lowercase else text)} - {" "}
+    if kind != "char" and vocab_size < len(special) + len(alphabet):  # the trainer would silently take more
+        raise ValueError(f"vocab_size {vocab_size} is too small for this text: its {len(special)} special tokens "
+                         f"and {len(alphabet)} distinct characters need at least {len(special) + len(alphabet)}"
+                         f"{' (the 256 byte-fallback tokens come on top)' if kind in LOSSLESS_KINDS else ''}; "
+                         "raise vocab_size")
     if kind in LOSSLESS_KINDS:
         backend = _train_lossless(texts, kind, vocab_size, special, lowercase, min_frequency)
     else:

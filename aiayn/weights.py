@@ -17,6 +17,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from aiayn.rundir import check_input_file
+
 MAX_LISTED = 4  # problems named in one message; the rest are counted
 
 
@@ -38,8 +40,7 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a directory; a safetensors weights file belongs there")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    check_input_file(path, "weights file")  # a device (a link to /dev/zero), a link loop: said so
     if path.stat().st_size == 0:
         raise WeightsError(f"{path} is empty (0 bytes): it was not written completely; use an intact copy "
                            "(or an earlier checkpoint)")
@@ -67,9 +68,7 @@ def check_finite(state: dict[str, torch.Tensor], source: str | Path) -> None:
 
 def read_torch_file(path: str | Path) -> Any:
     """A PyTorch file read with `weights_only=True`: tensors and plain values only, never other pickled objects."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+    path = check_input_file(path, "PyTorch file")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:

@@ -13,10 +13,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+import aiayn
 from aiayn.cli.errors import describe
 from aiayn.config import ModelConfig, preset
+from aiayn.data.gettext import read_gettext
 from aiayn.data.readers import read_classification, read_lines, read_parallel, read_text
+from aiayn.inference.embeddings import Embedder
 from aiayn.inference.generation import GenerationConfig
+from aiayn.inference.translator import Translator
 from aiayn.io import load_model, save_model
 from aiayn.nn.masks import check_mask
 from aiayn.nn.model import build_model
@@ -30,9 +34,11 @@ from aiayn.rundir import (
     MODEL,
     RUN,
     DirectoryRefused,
+    OutputRefused,
     RunBusy,
     RunLock,
     atomic_write_bytes,
+    check_output_file,
     inspect_dir,
     open_run_dir,
 )
@@ -74,6 +80,27 @@ def write(name, text):
 
 def weights(change):
     return lambda p: _edit_weights(p, change)
+
+
+def unfinished_run(p):
+    """A run interrupted before its final model: train_config.json and a checkpoint, no config.json."""
+    run = Path(p).parent / "r"
+    (run / "checkpoints" / "step-00000001").mkdir(parents=True)
+    (run / "train_config.json").write_text("{}")
+    (run / "checkpoints" / "latest").write_text("step-00000001\n")
+
+
+def pooling_config(text):
+    def prepare(p):
+        (Path(p) / "1_Pooling").mkdir()
+        (Path(p) / "1_Pooling" / "config.json").write_text(text)
+    return prepare
+
+
+def pooling_settings(p):
+    from aiayn.inference.embeddings import SentenceSettings
+
+    return SentenceSettings.read(Path(p), model_max_len=16)
 
 
 # (name, prepare the model directory, call, exception, message)
@@ -129,7 +156,51 @@ API_CASES = [
      lambda p: read_torch_file(Path(p, "x.pt")), WeightsError, r"x.pt: refused: this pickle holds Python objects"),
     ("Trainer(run_dir='')", nothing, lambda p: Trainer(load_run_config(None, ["task=copy"]), ""), DirectoryRefused,
      r"--run is empty"),
+    # values: finite, in range, the right type
+    ("ModelConfig: layer_norm_eps=nan", nothing, lambda p: preset("tiny").replace(layer_norm_eps=float("nan")),
+     ValueError, r"layer_norm_eps must be a finite number, got nan"),
+    ("TrainConfig: lr=inf", nothing, lambda p: TrainConfig(task="copy", lr=float("inf")), ValueError,
+     r"training key lr must be a finite number, got inf"),
+    ("translate(length_penalty=nan)", nothing, lambda p: Translator.from_pretrained(p).translate(
+        "a b", length_penalty=float("nan")), ValueError, r"decoding key length_penalty must be a finite number"),
+    ("translate(num_beams=True)", nothing, lambda p: Translator.from_pretrained(p).translate("a b", num_beams=True),
+     ValueError, r"decoding key num_beams must be an integer, got True \(bool\)"),
+    ("translate(max_new_tokens=-5) names max_new_tokens", nothing,
+     lambda p: Translator.from_pretrained(p).translate("a b", max_new_tokens=-5), ValueError,
+     r"^max_new_tokens must be a positive integer or None, got -5$"),
+    ("translate(b'abc')", nothing, lambda p: Translator.from_pretrained(p).translate(b"abc"), ValueError,
+     r"texts must be a string or a list of strings, got bytes: decode it first"),
+    ("translate(num_beams=1000000)", nothing, lambda p: Translator.from_pretrained(p).translate("a b",
+                                                                                               num_beams=10**6),
+     ValueError, r"beam_size 1000000 is more than the target vocabulary \(40 tokens\)"),
+    ("Embedder(max_length=0)", nothing, lambda p: Embedder.from_pretrained(p, max_length=0), ValueError,
+     r"max_length must be at least 3 \(\[CLS\] token \[SEP\]\), got 0"),
+    ("sentence-transformers pooling_mode_cls_token: 'yes'", pooling_config('{"pooling_mode_cls_token": "yes"}'),
+     pooling_settings, ValueError,
+     r"1_Pooling/config.json: pooling_mode_cls_token must be true or false, got 'yes'"),
+    ("read_gettext(n_valid=-1)", nothing, lambda p: read_gettext("fr", n_valid=-1), ValueError,
+     r"n_valid must be a non-negative integer, got -1"),
+    ("build_model: more than the memory", nothing,
+     lambda p: build_model(TINY.replace(d_model=2**20, n_heads=1, d_ff=2**20)), MemoryError,
+     r"a model of this config needs about [\d,.]+ GiB of memory, more than the [\d,.]+ GiB available"),
+    # places
+    ("aiayn.load(RUN/checkpoints)", unfinished_run, lambda p: aiayn.load(Path(p).parent / "r" / "checkpoints"),
+     ValueError,
+     r"r/checkpoints holds the checkpoints of the run .*r, not a model: give the run directory"),
+    ("aiayn.load(a run that did not finish)", unfinished_run, lambda p: aiayn.load(Path(p).parent / "r"),
+     FileNotFoundError,
+     r"r: training did not finish \(no final config.json yet\): continue it with aiayn train --run .* --resume"),
+    # outputs and streams
+    ("check_output_file: an input", write("in.txt", "x"),
+     lambda p: check_output_file(Path(p, "in.txt"), "--output", inputs=[("--input", Path(p, "in.txt"))]),
+     OutputRefused, r"in.txt is the input --input .*in.txt: the output would replace it"),
+    ("check_output_file: inside a model directory", nothing,
+     lambda p: check_output_file(Path(p, "sub", "x.txt"), "--output"), OutputRefused,
+     r"--output .*m/sub/x.txt is inside .*m, which holds an aiayn model"),
+    ("read_lines: a character device", nothing, lambda p: read_lines("/dev/zero"), ValueError,
+     r"input file /dev/zero is a character device, not a regular file"),
 ]
+
 
 
 @pytest.mark.parametrize(("name", "prepare", "call", "kind", "message"), API_CASES, ids=[c[0] for c in API_CASES])
@@ -261,6 +332,67 @@ def test_the_search_index_never_replaces_a_file_it_did_not_write(tmp_path):
     assert path.read_bytes() == before
 
 
+def test_a_search_too_large_for_the_memory_is_refused_before_it_starts(saved, monkeypatch):
+    import aiayn.nn.model
+
+    translator = Translator.from_pretrained(saved)
+    monkeypatch.setattr(aiayn.nn.model, "available_memory", lambda: 2**16)  # a machine with 64 KiB free
+    with pytest.raises(MemoryError, match=r"decoding 2 sentences with beam 40 needs about [\d.]+ GiB of memory, "
+                                          r"more than the 0.0 GiB available: choose a smaller --beam"):
+        translator.translate(["a b", "c"], num_beams=40)
+    assert describe(MemoryError("x"))[0] == 4
+    assert translator.translate(["a b"], num_beams=1, max_new_tokens=2)  # one hypothesis fits
+
+
+def test_a_config_file_may_be_a_pipe(tmp_path):
+    """`aiayn train <(cat run.toml)`: the pipe has no .toml ending; TOML or JSON is told from its text."""
+    for text in (b'task = "copy"\nepochs = 2\n', b'{"task": "copy", "epochs": 2}'):
+        read, written = os.pipe()
+        os.write(written, text)
+        os.close(written)
+        try:
+            assert load_run_config(f"/dev/fd/{read}").train.epochs == 2
+        finally:
+            os.close(read)
+
+
+def test_a_failed_atomic_write_names_the_target_not_its_temporary_file(tmp_path, monkeypatch):
+    import aiayn.rundir
+
+    def read_only(path, *args, **kwargs):  # a read-only file system refuses the temporary file
+        raise OSError(errno.EROFS, "Read-only file system", str(path))
+
+    monkeypatch.setattr(aiayn.rundir, "open", read_only, raising=False)
+    with pytest.raises(OSError) as caught:
+        atomic_write_bytes(tmp_path / "old.jsonl", b"new")
+    assert caught.value.filename == str(tmp_path / "old.jsonl")
+    assert describe(caught.value) == (4, f"{tmp_path / 'old.jsonl'}: Read-only file system; the file system is "
+                                         "read-only: choose a writable place")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_replacement_rule_of_the_readme(tmp_path, saved):
+    """An explicit output path may be replaced; never an input, never a file inside a run or model directory,
+    never a directory."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert ("an explicit output file (`-o`, `--output`, `--show-attention`, `--index`) may be replaced; never an "
+            "input of the same command, never a file inside a run, model, export or checkpoint directory, never a "
+            "directory.") in " ".join(text.split())
+    mine = tmp_path / "out.txt"
+    mine.write_text("old")
+    assert check_output_file(mine, "--output", inputs=[("--input", tmp_path / "in.txt")]) == mine
+    with pytest.raises(OutputRefused, match="is the input --input"):
+        check_output_file(mine, "--output", inputs=[("--input", mine)])
+    with pytest.raises(OutputRefused, match="is the input --input"):  # the same file by another name
+        (tmp_path / "link.txt").symlink_to(mine)
+        check_output_file(tmp_path / "link.txt", "--output", inputs=[("--input", mine)])
+    for inside in (saved / "config.json", saved / "new.txt", saved / "deeper" / "new.txt"):
+        with pytest.raises(OutputRefused, match=r"is inside .*m, which holds an aiayn model"):
+            check_output_file(inside, "--output")
+    with pytest.raises(IsADirectoryError, match="is a directory; give a file name"):
+        check_output_file(tmp_path, "--output")
+
+
 def test_a_second_lock_on_the_same_run_is_refused_at_once(tmp_path):
     with RunLock(tmp_path / "run"):
         with pytest.raises(RunBusy):
@@ -284,6 +416,9 @@ def test_a_second_lock_on_the_same_run_is_refused_at_once(tmp_path):
     (TrainingError("non-finite loss"), 3, "non-finite loss"),
     (KeyboardInterrupt(), 130, "interrupted"),
     (MemoryError(), 4, "out of memory"),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: you tried "
+                  "to allocate 4398046511104 bytes."), 4, "out of memory: PyTorch could not allocate 4,096.0 GiB; try"),
+    (MemoryError("a model of this config needs about 9.0 GiB"), 4, "a model of this config needs about 9.0 GiB"),
     (TypeError("oops"), 1, "internal error: TypeError: oops"),
 ])
 def test_every_error_maps_to_a_documented_exit_code(error, code, line):

@@ -7,10 +7,13 @@ not write. Tiny models only: the whole table takes seconds.
 """
 
 import errno
+import io
 import json
 import os
 import re
 import shutil
+import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -326,8 +329,170 @@ SYSTEM = [
                                      Path(s, "run/model.safetensors"))),
 ]
 
+def symlink(path, target):
+    return lambda scene: os.symlink(target, Path(scene, path))
+
+
+def link_loop(scene):
+    os.symlink("loop-b", scene / "loop-a")
+    os.symlink("loop-a", scene / "loop-b")
+
+
+def stdin_bytes(data):
+    def patch(monkeypatch):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+    return patch
+
+
+def stdin_closed(monkeypatch):
+    monkeypatch.setattr(sys, "stdin", None)  # what Python makes of `<&-`
+
+
+def interrupted_run(scene):
+    for name in ("config.json", "model.safetensors", "eval.json"):
+        (scene / "run" / name).unlink()
+
+
+def copy_run(name):
+    return lambda scene: shutil.copytree(scene / "run", scene / name)
+
+
+def one_label(scene):
+    (scene / "one.csv").write_text("text,label\n" + "".join(f"w{i} x,pos\n" for i in range(12)), encoding="utf-8")
+
+
+# output paths: an explicit output file may be replaced; never an input, never a file inside a run or model
+# directory, never a directory (the README's rule, `aiayn.rundir.check_output_file`)
+OUTPUTS = [
+    Case("translate --output naming its own --input", ["translate", "--run", "run", "--input", "notes.txt",
+                                                       "--output", "notes.txt"], 2,
+         r"--output notes.txt is the input --input notes.txt: the output would replace it; choose another --output"),
+    Case("embed -o naming its own -i", ["embed", "--model", "enc", "-i", "t.jsonl", "-o", "t.jsonl"], 2,
+         r"--output t.jsonl is the input --input t.jsonl", prepare=write("t.jsonl", "one\ntwo\n")),
+    Case("translate -o another run's weights", ["translate", "--run", "run", "-o", "other/model.safetensors", "a b"],
+         2, r"--output other/model.safetensors is inside other, which holds an aiayn training run .*choose an --output "
+            r"file outside it", prepare=copy_run("other")),
+    Case("translate -o inside its own --run", ["translate", "--run", "run", "-o", "run/checkpoints/out.txt", "a b"],
+         2, r"--output run/checkpoints/out.txt is inside the input --run run"),
+    Case("embed -o inside a BERT checkpoint", ["embed", "--model", "enc", "x", "-o", "bert/v.npy"], 2,
+         r"--output bert/v.npy is inside .*bert, which holds a Hugging Face checkpoint"),
+    Case("translate --show-attention inside the run", ["translate", "--run", "run", "a", "--show-attention",
+                                                       "run/attention.png"], 2,
+         r"--show-attention run/attention.png is inside the input --run run"),
+    Case("translate --show-attention with an unknown extension", ["translate", "--run", "run", "a",
+                                                                  "--show-attention", "map.bmpx"], 2,
+         r"--show-attention must end in .*\.pdf.*\.png.* or \.webp, got 'map.bmpx'"),
+    Case("search --index naming the corpus", ["search", "--model", "enc", "--corpus", "good.tsv", "--index",
+                                              "good.tsv", "q"], 2, r"--index good.tsv is the input --corpus good.tsv"),
+    Case("search --index at a text file", ["search", "--model", "enc", "--corpus", "good.tsv", "--index",
+                                           "notes.txt", "q"], 2,
+         r"notes.txt: not an aiayn search index \(an .npz archive of texts, vectors and a digest\); it is left as "
+         r"it is"),
+    Case("corpus --out holding the user's train.tsv", ["corpus", "--out", "mine"], 2,
+         r"mine holds files aiayn did not write \(train.tsv\); the corpus would replace files there: choose a new "
+         r"--out directory", prepare=lambda s: (Path(s, "mine").mkdir(), write("mine/train.tsv", "my\town\n")(s))),
+    Case("corpus --out naming a file", ["corpus", "--out", "notes.txt"], 2,
+         r"notes.txt is a file, not a directory: give --out a directory"),
+    Case("export --quantization unknown leaves no directory", ["export", "--model", "run", "--ctranslate2",
+                                                              "--quantization", "int3", "--out", "ct2"], 2,
+         r"--quantization must be one of int8, .*got 'int3'"),
+]
+
+# pipes, devices, links and the standard streams (`aiayn.rundir.check_input_file`, `aiayn.data.readers`)
+STREAMS = [
+    Case("--input a character device", ["translate", "--run", "run", "--input", "/dev/zero"], 2,
+         r"input file /dev/zero is a character device, not a regular file; give a regular file"),
+    Case("--input a symbolic link loop", ["translate", "--run", "run", "--input", "loop-a"], 2,
+         r"input file loop-a is a symbolic link loop, not a regular file", prepare=link_loop),
+    Case("train= a link to a missing file", ["train", "train=gone.tsv", "--run", "new"], 2,
+         r"data file gone.tsv is a link to a missing file", prepare=symlink("gone.tsv", "nowhere.tsv")),
+    Case("model.safetensors a directory", ["translate", "--run", "run", "a"], 2,
+         r"run/model.safetensors is a directory; a safetensors weights file belongs there",
+         prepare=lambda s: ((s / "run/model.safetensors").unlink(), (s / "run/model.safetensors").mkdir())),
+    Case("model.safetensors a link to /dev/zero", ["translate", "--run", "run", "a"], 2,
+         r"weights file run/model.safetensors is a character device, not a regular file",
+         prepare=lambda s: ((s / "run/model.safetensors").unlink(), symlink("run/model.safetensors", "/dev/zero")(s))),
+    Case("tokenizer.json a link to /dev/zero", ["translate", "--run", "run", "a"], 2,
+         r"tokenizer file run/tokenizer.json is a character device, not a regular file",
+         prepare=lambda s: ((s / "run/tokenizer.json").unlink(), symlink("run/tokenizer.json", "/dev/zero")(s))),
+    Case("config.json a symbolic link loop", ["translate", "--run", "run", "a"], 2,
+         r"model config run/config.json is a symbolic link loop",
+         prepare=lambda s: ((s / "run/config.json").unlink(), symlink("run/config.json", "config.json")(s))),
+    Case("stdin closed", ["translate", "--run", "run"], 2,
+         r"stdin is closed: give the texts as arguments or with --input FILE", patch=stdin_closed),
+    Case("embed with stdin closed", ["embed", "--model", "enc"], 2, r"stdin is closed", patch=stdin_closed),
+    Case("Latin-1 text on stdin", ["translate", "--run", "run"], 2,
+         r"stdin: not UTF-8 text \(invalid continuation byte at byte 3\)", patch=stdin_bytes(b"caf\xe9 au lait\n")),
+    Case("binary bytes on stdin", ["embed", "--model", "enc"], 2,
+         r"stdin: not UTF-8 text \(invalid start byte at byte 1\)", patch=stdin_bytes(b"\x00\xff\xfe\x00")),
+]
+
+# numbers and values: finite, in range, the right type, checked before any work starts
+VALUES = [
+    Case("corpus --valid -1", ["corpus", "--valid", "-1", "--out", "c"], 2, r"--valid must be at least 0, got -1"),
+    Case("translate --alpha nan", ["translate", "--run", "run", "--alpha", "nan", "a"], 2,
+         r"--alpha must be a finite number, got nan"),
+    Case("translate --alpha inf", ["translate", "--run", "run", "--alpha", "inf", "a"], 2,
+         r"--alpha must be a finite number, got inf"),
+    Case("translate --top-p 0", ["translate", "--run", "run", "--sample", "--top-p", "0", "a"], 2,
+         r"--top-p must be above 0, got 0"),
+    Case("translate --beam 1000000", ["translate", "--run", "run", "--beam", "1000000", "a"], 2,
+         r"beam_size 1000000 is more than the target vocabulary \(\d+ tokens\), so the beams could not differ"),
+    Case("translate --attention-layer 99, before translating", ["translate", "--run", "run", "a", "--show-attention",
+                                                                 "map.png", "--attention-layer", "99"], 2,
+         r"--attention-layer 99 is outside 1..1 \(the model has 1 decoder layer\)"),
+    Case("eval --examples -5", ["eval", "--run", "run", "--examples", "-5"], 2,
+         r"--examples must be at least 0, got -5"),
+    Case("search an empty query", ["search", "--model", "enc", "--corpus", "good.tsv", ""], 2,
+         r"query 1 is empty: give the text to search for"),
+    Case("embed --max-length 0", ["embed", "--model", "enc", "--max-length", "0", "x"], 2,
+         r"--max-length must be at least 3, got 0"),
+    Case("train lr=nan", ["train", *TINY_RUN, "lr=nan", "--run", "new"], 2,
+         r"training key lr must be a finite number, got nan"),
+    Case("train lr=inf", ["train", *TINY_RUN, "lr=inf", "--run", "new"], 2,
+         r"training key lr must be a finite number, got inf"),
+    Case("train max_steps=10**23", ["train", *TINY_RUN, f"max_steps={10**23}", "--run", "new"], 2,
+         r"training key max_steps must be at most 9,223,372,036,854,775,807 in size"),
+    Case("train model.layer_norm_eps=nan", ["train", *TINY_RUN, "model.layer_norm_eps=nan", "--run", "new"], 2,
+         r"layer_norm_eps must be a finite number, got nan"),
+    Case("train model.d_model=1048576 (out of memory)", ["train", *TINY_RUN, "model.d_model=1048576", "--run", "new",
+                                                         "--no-progress"], 4,
+         r"a model of this config needs about [\d,.]+ GiB of memory, more than the [\d,.]+ GiB available: choose "
+         r"smaller sizes"),
+    Case("train model.max_len=10**11 (out of memory)", ["train", *TINY_RUN, f"model.max_len={10**11}", "--run",
+                                                        "new", "--no-progress"], 4,
+         r"a model of this config needs about [\d,.]+ GiB of memory"),
+    Case("train model.max_len=1, checked against the data", ["train", *TINY_RUN, "model.max_len=1", "--run", "new",
+                                                              "--no-progress"], 2,
+         r"model.max_len=1 is shorter than the longest example \(\d+ tokens with its special tokens\)"),
+    Case("train vocab_size=1", ["train", *TINY_RUN, "vocab_size=1", "--run", "new", "--no-progress"], 2,
+         r"vocab_size 1 is too small for this text: its 4 special tokens and \d+ distinct characters need at least"),
+    Case("a classifier on one label", ["train", "train=one.csv", "objective=sequence_classification", "threads=1",
+                                       "--run", "new", "--no-progress"], 2,
+         r"the training data has one label \('pos'\): there is nothing to tell apart", prepare=one_label),
+]
+
+# places: a directory aiayn wrote, but not the one the command takes
+PLACES = [
+    Case("translate --run RUN/checkpoints", ["translate", "--run", "run/checkpoints", "a"], 2,
+         r"run/checkpoints holds the checkpoints of the run run, not a model: give the run directory run"),
+    Case("train --run RUN/checkpoints", ["train", "task=copy", "--run", "run/checkpoints"], 2,
+         r"run/checkpoints holds the checkpoints of the run run: give --run run \(with --resume to continue it\)"),
+    Case("train --resume at RUN/checkpoints", ["train", "--run", "run/checkpoints", "--resume"], 2,
+         r"run/checkpoints holds the checkpoints of the run run"),
+    Case("translate an interrupted run", ["translate", "--run", "run", "a"], 2,
+         r"run: training did not finish \(no final config.json yet\): continue it with aiayn train --run run --resume, "
+         r"or use a checkpoint", prepare=interrupted_run),
+    Case("train --run inside another run", ["train", "task=copy", "--run", "run/nested"], 2,
+         r"run/nested is inside run, which holds an aiayn training run \(train_config.json\): choose a --run "
+         r"directory outside it"),
+    Case("train --resume max_steps below the run's step", ["train", "--run", "run", "--resume", "max_steps=1"], 2,
+         r"run/checkpoints/step-00000002 is at step 2, past max_steps=1: nothing is left to train"),
+]
+
 AREAS = {"directories": DIRECTORIES, "configs": CONFIGS, "data": DATA, "models": MODELS,
-         "arguments": ARGUMENTS, "system": SYSTEM}
+         "arguments": ARGUMENTS, "system": SYSTEM, "outputs": OUTPUTS, "streams": STREAMS, "values": VALUES,
+         "places": PLACES}
 CASES = [case for cases in AREAS.values() for case in cases]
 
 
@@ -403,6 +568,47 @@ def test_a_bug_is_exit_code_1_with_one_line(scene, monkeypatch, capsys):
                                        "(rerun with --debug for the traceback)\n")
 
 
+def test_pipes_are_read_as_files_are(scene, frozen, capsys):
+    """`--input <(cmd)` (a pipe under /dev/fd) and a FIFO are streams: read once, like a file."""
+    check = frozen(scene)
+    expected = main(["translate", "--run", "run", "--beam", "1", "--max-len", "2", "a b", "c"]), capsys.readouterr().out
+    read, written = os.pipe()
+    os.write(written, b"a b\nc\n")
+    os.close(written)
+    try:
+        code = main(["translate", "--run", "run", "--beam", "1", "--max-len", "2", "--input", f"/dev/fd/{read}"])
+    finally:
+        os.close(read)
+    assert (code, capsys.readouterr().out) == expected
+    os.mkfifo(scene / "fifo")
+    writer = threading.Thread(target=lambda: Path(scene, "fifo").write_bytes(b"a b\nc\n"))
+    writer.start()
+    code = main(["translate", "--run", "run", "--beam", "1", "--max-len", "2", "--input", "fifo"])
+    writer.join()
+    assert (code, capsys.readouterr().out) == expected
+    check(new_files=False, ignore=("fifo",))
+
+
+def test_eval_data_for_another_kind_of_run_says_so(classification_run, tmp_path, frozen, capsys):
+    (tmp_path / "pairs.tsv").write_text("hello\thallo\ngood morning\tguten Morgen\n", encoding="utf-8")
+    check = frozen(classification_run)
+    assert main(["eval", "--run", str(classification_run), "--data", str(tmp_path / "pairs.tsv")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "data split: none of its labels ('guten Morgen', 'hallo') is one of the run's (neg, pos): is this data for "
+        "another kind of run? (this one is sequence_classification)")
+    check(new_files=False)
+
+
+def test_a_checkpoint_translates_with_its_runs_tokenizer(scene, capsys):
+    assert main(["translate", "--run", "run/checkpoints/step-00000001", "--beam", "1", "--max-len", "2", "a"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_an_explicit_output_file_may_be_replaced(scene, capsys):
+    assert main(["translate", "--run", "run", "--beam", "1", "--max-len", "2", "a", "-o", "notes.txt"]) == 0
+    assert Path(scene, "notes.txt").read_text() != "a plain file\n"
+
+
 def test_text_inputs_keep_odd_line_breaks_and_drop_a_bom(scene, capsys):
     lines = ["\ufeffone two", "three\x0cfour", "five\u2028six", "seven\x85eight"]
     Path(scene, "in.txt").write_text("\n".join(lines) + "\r\n", encoding="utf-8")
@@ -435,6 +641,54 @@ def test_a_disk_that_fills_mid_run_keeps_the_last_checkpoint_and_says_how_to_res
     assert "resumed from new/checkpoints/step-00000001" in capsys.readouterr().out
 
 
+# What the README's table says of each area: (the area in words, starting with its key; an example).
+AREA_TEXT = {
+    "directories": ("directories the command did not write",
+                    "`--run \"\"`, `--run` at a BERT checkpoint, `export --out` at a run, a second `train` on a locked "
+                    "run (5)"),
+    "configs": ("configs, from CLI, TOML and JSON alike",
+                '`"shared_vocab": "false"` in JSON, a list instead of an object, `task=numbers train=good.tsv`'),
+    "data": ("data and text inputs", "a directory where a file belongs, a malformed TSV row, text that is not UTF-8"),
+    "models": ("models, checkpoints, tokenizers",
+               "truncated or empty `model.safetensors`, a NaN weight, `config.json` missing a key, a pickle `.bin`, "
+               "every checkpoint damaged"),
+    "arguments": ("arguments", "`--min-len` above `--max-len`, a local-looking `--model` path (never sent to the "
+                               "network)"),
+    "system": ("system and numbers", "`embed -o out.npy` on a full disk leaves the old file whole (4), `eval` with a "
+                                     "NaN loss (3)"),
+    "outputs": ("outputs that would replace what they must not",
+                "`translate --input a.txt -o a.txt`, `-o runs/other/model.safetensors`, `corpus --out` at the user's "
+                "`train.tsv`, `--quantization int3` (no directory left)"),
+    "streams": ("streams, pipes, devices and links",
+                "`--input /dev/zero`, a symlink loop, `model.safetensors` a directory or a link to `/dev/zero`, stdin "
+                "closed (`<&-`) or Latin-1"),
+    "values": ("values (finite, in range, the right type), checked before any work",
+               "`--alpha nan`, `--beam 1000000`, `lr=inf`, `max_steps=10**23`, `model.d_model=1048576` (4), "
+               "`model.max_len=1` against the data, a classifier on one label"),
+    "places": ("places aiayn wrote, but not the one the command takes",
+               "`--run RUN/checkpoints`, a run that did not finish, `--resume max_steps=8` on a run at step 40"),
+}
+API_TEXT = ("Python API", "`build_model(dict)`, an ambiguous 2-D mask, `TrainConfig(bf16=\"yes\")`, "
+                          "`translate(..., length_penalty=nan)`, `num_beams=True`, `translate(b\"abc\")`")
+
+
+def readme_table() -> str:
+    """The README's "When things go wrong" table of hostile cases, made from the case lists here."""
+    from test_hardening_api import API_CASES
+
+    rows = ["| area | cases | for example |", "| --- | --- | --- |"]
+    rows += [f"| {AREA_TEXT[area][0]} | {len(cases)} | {AREA_TEXT[area][1]} |" for area, cases in AREAS.items()]
+    rows.append(f"| {API_TEXT[0]} | {len(API_CASES)} | {API_TEXT[1]} |")
+    return "\n".join(rows)
+
+
+def test_the_readme_table_is_made_from_these_cases():
+    """`python tests/test_hardening_cli.py` prints the table to paste into the README."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert set(AREA_TEXT) == set(AREAS)
+    assert readme_table() in text
+
+
 def test_the_readme_summarises_this_table_and_the_exit_codes():
     from test_hardening_api import API_CASES
 
@@ -449,3 +703,7 @@ def test_the_readme_summarises_this_table_and_the_exit_codes():
     codes = {int(cells[0]) for cells in rows if len(cells) == 2 and cells[0].isdigit()}
     assert codes == {errors.OK, errors.INTERNAL, errors.BAD_INPUT, errors.NON_FINITE, errors.SYSTEM, errors.BUSY,
                      errors.INTERRUPTED}
+
+
+if __name__ == "__main__":
+    print(readme_table())

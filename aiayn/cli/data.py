@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from aiayn.cli.options import integer
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -17,22 +18,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--lang", default="fr", help="target language of the catalogs (default: fr)")
     c.add_argument("--out", required=True, help="directory for train.tsv, valid.tsv, test.tsv and corpus.json")
     c.add_argument("--locale-dir", default="/usr/share/locale", help="where the catalogs are")
-    c.add_argument("--valid", type=int, default=1000, help="valid pairs (default 1000)")
-    c.add_argument("--test", type=int, default=2000, help="test pairs (default 2000)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--valid", type=integer(0), default=1000, help="valid pairs (default 1000)")
+    c.add_argument("--test", type=integer(0), default=2000, help="test pairs (default 2000)")
+    c.add_argument("--seed", type=integer(0), default=0)
     c.set_defaults(func=cmd_corpus)
 
 
 def cmd_corpus(args: argparse.Namespace) -> int:
     """Write the gettext corpus."""
     from aiayn.data.gettext import read_gettext
+    from aiayn.rundir import check_export_dir, claim_for_export
 
-    out = Path(args.out)
-    names = ("train.tsv", "valid.tsv", "test.tsv", "corpus.json")
-    if out.exists() and (not out.is_dir() or any(p.name not in names for p in out.iterdir())):
-        raise ValueError(f"{out} exists and holds other files; choose a new --out directory")
+    # the corpus directory is marked as aiayn's (aiayn_export.json) before a file is written, so that a later
+    # `aiayn corpus` may replace it and nothing else is ever replaced: a directory of the user's own is refused
+    check_export_dir(args.out, option="--out", force_hint="remove them first", writer="the corpus")
     corpus = read_gettext(args.lang, locale_dir=args.locale_dir, seed=args.seed, n_valid=args.valid,
                           n_test=args.test)
+    out = claim_for_export(args.out, fmt="corpus", option="--out", force_hint="remove them first",
+                           writer="the corpus")
     corpus.write(out)
     info = {"lang": args.lang, "locale_dir": args.locale_dir, "seed": args.seed, "catalogs": corpus.catalogs,
             "messages": corpus.messages, "templates_dropped": corpus.templates,

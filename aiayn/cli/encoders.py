@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aiayn.cli.options import add_device_argument, add_precision_argument, progress_bar
+from aiayn.cli.options import add_device_argument, add_precision_argument, integer, progress_bar
 from aiayn.config import POOLINGS
 
 
@@ -22,8 +22,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pooling", choices=POOLINGS,
                    help="mean over real tokens, or the first token's ([CLS]) state (default: the checkpoint's)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors (no L2 normalisation)")
-    p.add_argument("--max-length", type=int, help="most tokens per text, [CLS] and [SEP] included")
-    p.add_argument("--batch-size", type=int, default=16, help="texts per forward pass (default 16)")
+    p.add_argument("--max-length", type=integer(3), help="most tokens per text, [CLS] and [SEP] included")
+    p.add_argument("--batch-size", type=integer(1), default=16, help="texts per forward pass (default 16)")
     add_precision_argument(p, default="fp32")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(p)
@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q = subparsers.add_parser("search", help="the corpus lines nearest a query, by cosine similarity")
     q.add_argument("query", nargs="+", help="query text(s)")
     q.add_argument("--corpus", required=True, help="a file with one document per line")
-    q.add_argument("-k", "--top-k", type=int, default=5, help="results per query (default 5)")
+    q.add_argument("-k", "--top-k", type=integer(1), default=5, help="results per query (default 5)")
     q.add_argument("--index", help="index file (default: CORPUS.aiayn-index.npz); rebuilt when stale")
     q.add_argument("--json", action="store_true", help="print results as JSON lines")
     _add_model_args(q)
@@ -103,19 +103,20 @@ def cmd_embed(args: argparse.Namespace) -> int:
         texts = list(args.texts)
     elif args.input:
         texts = _read_lines(args.input)
-    elif not sys.stdin.isatty():
+    elif sys.stdin is None or sys.stdin.closed or not sys.stdin.isatty():  # closed: read_lines says so
         texts = _read_lines("-")
     else:
         raise ValueError("no texts: pass them as arguments, with --input FILE, or on stdin")
     if not texts:
         raise ValueError("no texts to embed (the input is empty)")
-    from aiayn.rundir import atomic_open
+    from aiayn.rundir import atomic_open, check_output_file
 
-    output = Path(args.output) if args.output else None
-    if output is not None and output.is_dir():
-        raise IsADirectoryError(f"--output {output} is a directory; give a file name ending in .npy or .jsonl")
-    if output is not None and output.suffix not in (".npy", ".jsonl"):
-        raise ValueError(f"--output must end in .npy or .jsonl, got {output.name!r}")
+    output = None
+    if args.output:
+        if Path(args.output).is_dir():
+            raise IsADirectoryError(f"--output {args.output} is a directory; give a file name ending in .npy or .jsonl")
+        output = check_output_file(args.output, "--output", inputs=[("--input", args.input), ("--model", args.model)],
+                                   suffixes=(".npy", ".jsonl"))
     vectors = _embed_with_progress(_embedder(args), texts, args)
     if output is not None and output.suffix == ".npy":
         with atomic_open(output) as handle:  # a full disk leaves an earlier file whole
@@ -145,12 +146,19 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     if args.top_k < 1:
         raise ValueError(f"-k must be at least 1, got {args.top_k}")
+    empty = [number for number, query in enumerate(args.query, start=1) if not query.strip()]
+    if empty:
+        raise ValueError(f"query {empty[0]} is empty: give the text to search for")
     corpus = _read_lines(args.corpus, "corpus file")
     if not corpus:
         raise ValueError(f"{args.corpus}: the corpus has no non-empty lines")
     index_path = Path(args.index) if args.index else Path(f"{args.corpus}.aiayn-index.npz")
     if index_path.is_dir():
         raise IsADirectoryError(f"--index {index_path} is a directory; give a file name")
+    if args.index:
+        from aiayn.rundir import check_output_file
+
+        check_output_file(index_path, "--index", inputs=[("--corpus", args.corpus), ("--model", args.model)])
     embedder = _embedder(args)
     with progress_bar(len(corpus), quiet=args.quiet, unit="text", desc="indexing") as bar:
         index, rebuilt = SearchIndex.load_or_build(index_path, corpus, embedder, batch_size=args.batch_size,

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import errno
+import re
 import sys
 
 OK, INTERNAL, BAD_INPUT, NON_FINITE, SYSTEM, BUSY, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
@@ -58,7 +59,12 @@ def describe(err: BaseException) -> tuple[int, str]:
         code = BAD_INPUT if err.errno in _INPUT_ERRNOS or err.strerror is None else SYSTEM
         return code, _os_line(err)
     if isinstance(err, MemoryError):
-        return SYSTEM, "out of memory; try a smaller --batch-size or max_tokens"
+        return SYSTEM, str(err) if str(err) else "out of memory; try a smaller --batch-size or max_tokens"
+    if _out_of_memory(err):  # PyTorch's allocators raise RuntimeError subclasses
+        asked = re.search(r"allocate (\d+) bytes", str(err))
+        size = f" {int(asked.group(1)) / 2**30:,.1f} GiB" if asked else " memory"
+        return SYSTEM, f"out of memory: PyTorch could not allocate{size}; try a smaller --batch-size or max_tokens, " \
+                       "or a smaller model"
     if isinstance(err, ModuleNotFoundError):  # an optional package: the message says what to install
         return BAD_INPUT, str(err)
     if isinstance(err, KeyError):
@@ -66,6 +72,11 @@ def describe(err: BaseException) -> tuple[int, str]:
     if isinstance(err, (UserError, ValueError, UnicodeError)):
         return BAD_INPUT, str(err)
     return INTERNAL, f"internal error: {type(err).__name__}: {err} (rerun with --debug for the traceback)"
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    return type(err).__name__ == "OutOfMemoryError" or (
+        isinstance(err, RuntimeError) and ("can't allocate memory" in str(err) or "out of memory" in str(err)))
 
 
 def one_line(text: str) -> str:

@@ -14,6 +14,8 @@ from aiayn.cli.options import (
     add_device_argument,
     add_precision_argument,
     input_lines,
+    integer,
+    number,
     progress_bar,
     show_progress,
 )
@@ -32,25 +34,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run", required=True, help="model directory (config.json, model.safetensors, tokenizer.json)")
     p.add_argument("--input", "-i", help="file of sentences, one per line ('-' for stdin)")
     p.add_argument("--output", "-o", help="write the translations here, one line per input line (default: stdout)")
-    p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy (default 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty alpha (default 0.6)")
-    p.add_argument("--max-len", type=int, default=None,
+    p.add_argument("--beam", type=integer(1), default=4, help="beam size; 1 is greedy (default 4)")
+    p.add_argument("--alpha", type=number(), default=0.6, help="length penalty alpha (default 0.6)")
+    p.add_argument("--max-len", type=integer(1), default=None,
                    help="most output tokens (default: --length-ratio x source length + --extra-len)")
-    p.add_argument("--length-ratio", type=float, default=1.0,
+    p.add_argument("--length-ratio", type=number(above=0), default=1.0,
                    help="a in the output limit a x source length + b (default 1, the paper's)")
-    p.add_argument("--extra-len", type=int, default=50, help="b in that limit (default 50, the paper's)")
-    p.add_argument("--min-len", type=int, default=0, help="fewest output tokens before </s>")
-    p.add_argument("--no-repeat-ngram-size", type=int, default=0,
+    p.add_argument("--extra-len", type=integer(0), default=50, help="b in that limit (default 50, the paper's)")
+    p.add_argument("--min-len", type=integer(0), default=0, help="fewest output tokens before </s>")
+    p.add_argument("--no-repeat-ngram-size", type=integer(0), default=0,
                    help="no n-gram of this size twice in an output, as Hugging Face generate() (default 0: off)")
-    p.add_argument("--repetition-penalty", type=float, default=1.0,
+    p.add_argument("--repetition-penalty", type=number(above=0), default=1.0,
                    help="divide the score of tokens already output by this, as Hugging Face generate() (1: off)")
     p.add_argument("--sample", action="store_true", help="sample instead of searching (uses --beam 1)")
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None, help="seed for --sample")
-    p.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch (default 4096)")
-    p.add_argument("--batch-size", type=int, default=0, help="most sentences per batch (default: no cap)")
+    p.add_argument("--temperature", type=number(above=0), default=1.0)
+    p.add_argument("--top-k", type=integer(0), default=0)
+    p.add_argument("--top-p", type=number(maximum=1, above=0), default=1.0)
+    p.add_argument("--seed", type=integer(0), default=None, help="seed for --sample")
+    p.add_argument("--max-tokens", type=integer(1), default=4096, help="padded source tokens per batch (default 4096)")
+    p.add_argument("--batch-size", type=integer(0), default=0, help="most sentences per batch (default: no cap)")
     p.add_argument("--truncate", action="store_true",
                    help="cut sources longer than the model's max_len instead of stopping with an error")
     p.add_argument("--scores", action="store_true", help="print each output's score before it, tab-separated")
@@ -89,15 +91,19 @@ def _one_line(text: str) -> str:
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate; print (or write) one line per input line."""
     from aiayn.inference.translator import Translator
-    from aiayn.rundir import atomic_open
+    from aiayn.rundir import atomic_open, check_output_file
 
     config = _search(args)
-    if args.show_attention and Path(args.show_attention).is_dir():
-        raise IsADirectoryError(f"--show-attention {args.show_attention} is a directory; give a .png file name")
-    output = Path(args.output) if args.output else None
-    if output is not None and output.is_dir():
-        raise IsADirectoryError(f"--output {output} is a directory; give a file name")
+    inputs = [("--input", args.input), ("--run", args.run)]
+    output = check_output_file(args.output, "--output", inputs=inputs) if args.output else None
+    if args.show_attention:
+        if Path(args.show_attention).is_dir():
+            raise IsADirectoryError(f"--show-attention {args.show_attention} is a directory; give a .png file name")
+        check_output_file(args.show_attention, "--show-attention", inputs=[*inputs, ("--output", args.output)],
+                          suffixes=_plot_suffixes())
     translator = Translator.from_pretrained(args.run, device=args.device, precision=args.precision)
+    if args.show_attention:
+        _attention_panels(args.attention_layer, translator.model.config.n_decoder_layers)
     lines = input_lines(args, "sentences")
     start = time.perf_counter()
     with progress_bar(len(lines), quiet=args.quiet, unit="sent", desc="translating") as bar:
@@ -125,6 +131,29 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plot_suffixes() -> tuple[str, ...]:
+    """The file endings matplotlib can save a figure as (.png, .pdf, .svg, ...)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return tuple(f".{name}" for name in sorted(FigureCanvasBase.get_supported_filetypes()))
+
+
+def _attention_panels(layer: str, n_layers: int) -> list[tuple[str, int | None]]:
+    """(title, layer index or None for the mean) of each panel `--attention-layer` asks for."""
+    if layer == "all":
+        return [(f"layer {i + 1}", i) for i in range(n_layers)]
+    if layer == "mean":
+        return [("mean over layers", None)]
+    try:
+        index = int(layer)
+    except ValueError:
+        raise ValueError(f"--attention-layer must be 'all', 'mean' or a layer number, got {layer!r}") from None
+    if not 1 <= index <= n_layers:
+        raise ValueError(f"--attention-layer {index} is outside 1..{n_layers} (the model has {n_layers} decoder "
+                         f"layer{'s' if n_layers != 1 else ''})")
+    return [(f"layer {index}", index - 1)]
+
+
 def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[str], path: str | Path, *,
                         layer: str = "all") -> Path:
     """Draw cross-attention (n_layers, n_heads, T, S), averaged over heads, as a heat map per layer (or one)."""
@@ -136,19 +165,8 @@ def save_attention_plot(weights: torch.Tensor, source: list[str], target: list[s
     from aiayn.rundir import atomic_output
 
     per_layer = weights.float().mean(dim=1)  # (n_layers, T, S): heads averaged
-    n_layers = per_layer.shape[0]
-    if layer == "all":
-        panels = [(f"layer {i + 1}", per_layer[i]) for i in range(n_layers)]
-    elif layer == "mean":
-        panels = [("mean over layers", per_layer.mean(dim=0))]
-    else:
-        try:
-            index = int(layer)
-        except ValueError:
-            raise ValueError(f"--attention-layer must be 'all', 'mean' or a layer number, got {layer!r}") from None
-        if not 1 <= index <= n_layers:
-            raise ValueError(f"--attention-layer {index} is outside 1..{n_layers}")
-        panels = [(f"layer {index}", per_layer[index - 1])]
+    chosen = _attention_panels(layer, per_layer.shape[0])
+    panels = [(title, per_layer.mean(dim=0) if index is None else per_layer[index]) for title, index in chosen]
     if not target or not source:
         raise ValueError("nothing to draw: the first sentence or its translation is empty")
     fig, axes = plt.subplots(1, len(panels), figsize=(max(4, 0.5 * len(source)) * len(panels) + 1,

@@ -18,6 +18,7 @@ import traceback
 
 from aiayn import __version__
 from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, describe, one_line
+from aiayn.cli.options import check_numbers
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
 COMMAND_MODULES = ("core", "data", "train", "generate", "predict", "encoders", "serve", "verify", "bench")
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             return BAD_INPUT
         if _signalled:  # an interrupt while starting up that an import swallowed
             raise KeyboardInterrupt
+        check_numbers(args.commands[command], args)  # every numeric option in range, before any work
         return int(args.func(args) or 0)
     except BrokenPipeError:
         return 0

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 PROGRESS_FROM = 256  # show a progress bar from this many texts on (fewer finish before a bar tells anything)
 
@@ -26,6 +28,54 @@ def progress_bar(total: int, *, quiet: bool, unit: str, desc: str) -> Iterator[C
 
     with tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, dynamic_ncols=True) as bar:
         yield bar.update
+
+
+@dataclass(frozen=True)
+class Bounded:
+    """An argparse `type=` for a number option that also carries its range: argparse converts the text (and
+    refuses `--beam x`), then `check_numbers` checks every such option of the command, before any work starts:
+    finite, in range (`--beam 0`, `--alpha nan`, `--valid -1` are refused with the option's name)."""
+
+    kind: type
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+
+    @property
+    def __name__(self) -> str:  # argparse's "invalid int value: 'x'"
+        return self.kind.__name__
+
+    def __call__(self, text: str) -> int | float:
+        return self.kind(text)
+
+    def check(self, option: str, value: float) -> None:
+        """Raise ValueError naming `option` when `value` is not finite or out of range."""
+        if not math.isfinite(value):
+            raise ValueError(f"{option} must be a finite number, got {value}")
+        if self.above is not None and not value > self.above:
+            raise ValueError(f"{option} must be above {self.above:g}, got {value:g}")
+        if self.minimum is not None and value < self.minimum:
+            raise ValueError(f"{option} must be at least {self.minimum:g}, got {value:g}")
+        if self.maximum is not None and value > self.maximum:
+            raise ValueError(f"{option} must be at most {self.maximum:g}, got {value:g}")
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Bounded:
+    """`type=` of a whole-number option in [minimum, maximum]."""
+    return Bounded(int, minimum, maximum)
+
+
+def number(minimum: float | None = None, maximum: float | None = None, *, above: float | None = None) -> Bounded:
+    """`type=` of a finite number option in [minimum, maximum] (and greater than `above`)."""
+    return Bounded(float, minimum, maximum, above)
+
+
+def check_numbers(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Check every `Bounded` option the command was given (the one validator of numeric options)."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if isinstance(action.type, Bounded) and isinstance(value, (int, float)):
+            action.type.check("/".join(action.option_strings) or action.dest, value)
 
 
 def input_lines(args: argparse.Namespace, what: str = "texts") -> list[str]:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from aiayn.cli.options import add_device_argument, input_lines
+from aiayn.cli.options import add_device_argument, input_lines, integer
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run", required=True, help="a classification or tagging run (or model directory)")
     p.add_argument("--input", "-i", help="a file with one text per line ('-' for stdin)")
     p.add_argument("--json", action="store_true", help="one JSON object per line, with every probability")
-    p.add_argument("--batch-size", type=int, default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--batch-size", type=integer(1), default=32, help="texts per forward pass (default 32)")
     add_device_argument(p)
     p.set_defaults(func=cmd_predict)
 

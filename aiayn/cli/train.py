@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from aiayn.cli.options import add_device_argument, add_precision_argument, progress_bar
+from aiayn.cli.options import add_device_argument, add_precision_argument, integer, progress_bar
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--data", help="evaluate on this file instead (same format as the training data)")
     e.add_argument("--checkpoint", help="a checkpoint directory (or name under RUN/checkpoints) instead of "
                                         "the final model")
-    e.add_argument("--beam", type=int, help="beam size for decoding (default: the run's)")
-    e.add_argument("--examples", type=int, default=5, help="example predictions to print")
+    e.add_argument("--beam", type=integer(1), help="beam size for decoding (default: the run's)")
+    e.add_argument("--examples", type=integer(0), default=5, help="example predictions to print")
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(e)

@@ -55,6 +55,9 @@ def catalog_files(lang: str, locale_dir: str | Path = LOCALE_DIR) -> list[Path]:
 def read_gettext(lang: str, *, locale_dir: str | Path = LOCALE_DIR, seed: int = 0, n_valid: int = 1000,
                  n_test: int = 2000) -> GettextCorpus:
     """English -> `lang` pairs from the machine's catalogs, filtered, deduplicated and split (see the module doc)."""
+    for name, value in (("n_valid", n_valid), ("n_test", n_test)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     files = catalog_files(lang, locale_dir)
     if not files:
         raise FileNotFoundError(f"no compiled gettext catalogs for {lang!r} under {locale_dir} "

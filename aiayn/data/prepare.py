@@ -169,6 +169,11 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
     """Encode one split; rows over the length limits are dropped and counted in `stats`."""
     label_index = {label: i for i, label in enumerate(labels)}
     kept_raw, items, lengths = [], [], []
+    if cfg.objective == "sequence_classification" and raw and not {e.label for e in raw} & set(labels):
+        seen = sorted({e.label for e in raw})
+        raise ValueError(f"{name} split: none of its labels ({', '.join(map(repr, seen[:3]))}"
+                         f"{', ...' if len(seen) > 3 else ''}) is one of the run's ({', '.join(labels)}): is this "
+                         f"data for another kind of run? (this one is {cfg.objective})")
 
     def label_id(label: str) -> int:
         if label not in label_index:
@@ -240,6 +245,10 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
         source, target = tokenizers
     if labels is None:
         labels = label_names(cfg.objective, train)
+        if cfg.objective in ("sequence_classification", "token_classification") and len(labels) < 2:
+            what = "label" if cfg.objective == "sequence_classification" else "tag"
+            raise ValueError(f"the training data has one {what} ({', '.join(map(repr, labels))}): there is nothing "
+                             f"to tell apart (every prediction would be right); add examples of other {what}s")
     if cfg.objective == "masked_lm" and source.mask_id is None:
         raise ValueError("masked-LM training needs a tokenizer with a mask token")
     train_stats = stats[0] if not cfg.task else None

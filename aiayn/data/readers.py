@@ -6,7 +6,8 @@ naming `file:line` and what was wrong.
 
 Text is UTF-8; a byte-order mark at the start is dropped. Lines end only at `\n` or `\r\n`: other
 characters Python counts as line breaks (form feed, U+2028, ...) stay inside a line. A CSV field in
-quotes may hold a newline. A path that names an existing file is that file, commas and all.
+quotes may hold a newline. A path that names an existing file is that file, commas and all. A pipe
+(`train=<(zcat big.tsv.gz)`, a FIFO) is read like a file; a device or a link loop is refused by name.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from aiayn.rundir import check_input_file
 
 FORMATS = ("auto", "tsv", "csv", "jsonl", "text", "conll")
 
@@ -84,16 +87,29 @@ def detect_format(path: str, fmt: str = "auto") -> str:
 
 
 def read_text_file(path: str | Path, what: str = "data file") -> str:
-    """The UTF-8 text of a file without a leading byte-order mark; one clear error for a missing file or a directory."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{what} {path} is a directory; give a file")
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} {path} does not exist")
+    """The UTF-8 text of a file or a pipe (`<(cmd)`, a FIFO) without a leading byte-order mark; one clear error
+    for a missing file, a directory, a device or a link loop (`aiayn.rundir.check_input_file`)."""
+    path = check_input_file(path, what, stream=True)
+    with open(path, "rb") as handle:  # read once: a pipe gives its bytes only once
+        return decode_text(handle.read(), str(path))
+
+
+def read_stdin() -> str:
+    """The UTF-8 text of standard input, checked as a file's is (a closed stdin, bytes that are not UTF-8)."""
+    stream = sys.stdin
+    if stream is None or stream.closed:
+        raise ValueError("stdin is closed: give the texts as arguments or with --input FILE")
+    buffer = getattr(stream, "buffer", None)
+    data = buffer.read() if buffer is not None else stream.read()
+    return decode_text(data, "stdin") if isinstance(data, bytes) else data.removeprefix("\ufeff")
+
+
+def decode_text(data: bytes, name: str) -> str:
+    """`data` as UTF-8 text without a leading byte-order mark; DataError naming `name` and the first bad byte."""
     try:
-        return path.read_bytes().decode("utf-8").removeprefix("\ufeff")
+        return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise DataError(f"{name}: not UTF-8 text ({err.reason} at byte {err.start})") from None
 
 
 def split_lines(text: str) -> list[str]:
@@ -107,7 +123,7 @@ def split_lines(text: str) -> list[str]:
 def read_lines(path: str | Path, what: str = "input file") -> list[str]:
     """The lines of a UTF-8 text file, or of stdin for "-" (BOM dropped, split only at line ends)."""
     if str(path) == "-":
-        return split_lines(sys.stdin.read().removeprefix("\ufeff"))
+        return split_lines(read_stdin())
     return split_lines(read_text_file(path, what))
 
 

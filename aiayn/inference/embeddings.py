@@ -60,6 +60,10 @@ class SentenceSettings:
     def read(cls, directory: Path, *, model_max_len: int) -> SentenceSettings:
         """Read `1_Pooling/config.json`, `modules.json` and `sentence_bert_config.json` where present."""
         pooling_cfg = _read_json(directory / "1_Pooling" / "config.json")
+        for key in ("pooling_mode_cls_token", "pooling_mode_mean_tokens"):
+            if not isinstance(pooling_cfg.get(key, False), bool):
+                raise ValueError(f"{directory / '1_Pooling' / 'config.json'}: {key} must be true or false, got "
+                                 f"{pooling_cfg[key]!r}")
         pooling = "first" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
         modules = directory / "modules.json"
         normalize = True
@@ -68,6 +72,11 @@ class SentenceSettings:
             normalize = any(kind.endswith("Normalize") for kind in kinds)
         max_length = _read_json(directory / "sentence_bert_config.json").get("max_seq_length") or model_max_len
         return cls(pooling=pooling, normalize=normalize, max_length=min(int(max_length), model_max_len))
+
+
+def _check_max_length(max_length: int | None) -> None:
+    if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 3):
+        raise ValueError(f"max_length must be at least 3 ([CLS] token [SEP]), got {max_length!r}")
 
 
 class Embedder(ModelRunner):
@@ -90,6 +99,7 @@ class Embedder(ModelRunner):
                  precision: str = "fp32", plain: bool = False):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        _check_max_length(max_length)
         super().__init__(model, device=device, precision=precision, plain=plain)
         self.tokenizer = tokenizer
         self.pooling = pooling
@@ -109,6 +119,7 @@ class Embedder(ModelRunner):
         """
         from aiayn.interop.bert import is_bert_checkpoint, load_pretrained, resolve_checkpoint
 
+        _check_max_length(max_length)  # before loading: 0 must not mean "the default"
         directory = resolve_checkpoint(path_or_hub_id)
         if is_bert_checkpoint(directory):
             model, tokenizer = load_pretrained(directory)

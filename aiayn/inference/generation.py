@@ -22,8 +22,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from aiayn.config import check_field_types
 from aiayn.nn.attention import KVCache
-from aiayn.nn.model import EncoderDecoderModel
+from aiayn.nn.model import EncoderDecoderModel, check_memory
 
 NEG_INF = float("-inf")
 
@@ -70,6 +71,7 @@ class GenerationConfig:
     return_attention: bool = False
 
     def __post_init__(self) -> None:
+        check_field_types(self, "decoding")  # kinds first: True is not a beam size, NaN not a length penalty
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 1):
             raise ValueError(f"max_len must be a positive integer or None, got {self.max_len!r}")
         for name in ("extra_len", "min_len", "top_k", "no_repeat_ngram_size"):
@@ -151,6 +153,7 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     else:
         limits = (lengths[rows].cpu() * config.length_ratio).long() + config.extra_len
     limits = limits.clamp(min=1, max=cfg.max_len)
+    _check_search_size(model, len(rows), sub.shape[1], int(limits.max()), config)
     search = _beam_search if config.beam_size > 1 else _greedy_or_sample
     was_training = model.training
     model.eval()
@@ -164,6 +167,24 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
         if attention is not None:
             attention[i] = out_attn[j][:, :, : len(out_tokens[j]), real[i, : sub.shape[1]]]
     return GenerationOutput(tokens, scores, attention)
+
+
+def _check_search_size(model: EncoderDecoderModel, batch: int, src_len: int, steps: int,
+                       config: GenerationConfig) -> None:
+    """Refuse a beam wider than the vocabulary, and a search whose cache would not fit in memory (CPU)."""
+    cfg = model.config
+    vocab = cfg.target_vocab_size
+    if config.beam_size > vocab:
+        raise ValueError(f"beam_size {config.beam_size} is more than the target vocabulary ({vocab} tokens), so the "
+                         f"beams could not differ: choose a beam of at most {vocab} (the paper's is 4)")
+    param = next(iter(model.parameters()), None)
+    if param is not None and param.device.type == "cpu":
+        # each hypothesis: self-attention keys and values over the steps, cross-attention ones over the source,
+        # and a few rows of vocabulary scores
+        per = 4 * (2 * cfg.n_decoder_layers * (steps + src_len) * cfg.d_model + 4 * vocab)
+        what = f"decoding {batch} sentence{'s' if batch != 1 else ''} with beam {config.beam_size}"
+        check_memory(batch * config.beam_size * per, what,
+                     "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --batch-size)")
 
 
 def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, eos_id: int) -> None:

@@ -19,7 +19,18 @@ import torch
 from aiayn.inference.classifiers import Classifier, Tagger
 from aiayn.inference.embeddings import Embedder
 from aiayn.inference.translator import Translator
-from aiayn.rundir import EXPORT, EXPORT_MARK, HF_CHECKPOINT, MISSING, MODEL, MODEL_CONFIG, RUN, WEIGHTS, inspect_dir
+from aiayn.rundir import (
+    EXPORT,
+    EXPORT_MARK,
+    HF_CHECKPOINT,
+    MISSING,
+    MODEL,
+    MODEL_CONFIG,
+    RUN,
+    WEIGHTS,
+    inspect_dir,
+    no_model_hint,
+)
 
 Loaded = Translator | Classifier | Tagger | Embedder
 _BY_HEAD = {"sequence_classification": Classifier, "token_classification": Tagger}
@@ -68,7 +79,8 @@ def task_class(path: str | Path) -> type:
         if cfg.is_encoder_decoder:
             return Translator
         return _BY_HEAD.get(cfg.head, Embedder)
-    raise ValueError(f"{directory} holds {info.description}; {_READS}")
+    hint = no_model_hint(directory)
+    raise ValueError(hint or f"{directory} holds {info.description}; {_READS}")
 
 
 def load(path_or_name: str | Path, *, device: str | torch.device | None = None) -> Loaded:

@@ -88,8 +88,10 @@ class SearchIndex:
             with np.load(Path(path), allow_pickle=False) as data:
                 texts = json.loads(data["texts"].tobytes().decode("utf-8"))
                 return cls(texts, data["vectors"], digest=str(data["digest"]))
-        except (OSError, KeyError, ValueError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path}: not an aiayn search index ({err})") from None
+        except (OSError, KeyError, ValueError, UnicodeDecodeError):
+            # numpy's own reason (its allow_pickle advice for a text file, say) would mislead
+            raise ValueError(f"{path}: not an aiayn search index (an .npz archive of texts, vectors and a "
+                             "digest)") from None
 
     @classmethod
     def load_or_build(cls, path: str | Path, texts: Sequence[str], embedder: Embedder, *,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +59,15 @@ def search_settings(config: GenerationConfig | None = None, **changes: object) -
         if field in updates and updates[field] != value:
             raise ValueError(f"{name}={value!r} contradicts another setting of {field} ({updates[field]!r})")
         updates[field] = value
-    return dataclasses.replace(config, **updates)
+    try:
+        return dataclasses.replace(config, **updates)
+    except ValueError as err:  # name the setting as the caller spelled it (max_new_tokens, not max_len)
+        message = str(err)
+        for name in changes:
+            field = _HF_NAMES.get(name, name)
+            if field != name and re.search(rf"\b{field}\b", message):
+                message = re.sub(rf"\b{field}\b", name, message)
+        raise ValueError(message) from None
 
 
 class Translator(ModelRunner):
@@ -145,7 +154,8 @@ class Translator(ModelRunner):
         rows = []
         for number, text in enumerate(texts):
             if not isinstance(text, str):
-                raise ValueError(f"text {number} is a {type(text).__name__}, not a string")
+                raise ValueError(f"text {number + 1} is a {type(text).__name__}, not a string"
+                                + (": decode it first (.decode('utf-8'))" if isinstance(text, bytes) else ""))
             ids = self.source_tokenizer.encode(text, add_eos=True) if text.strip() else []
             if len(ids) > limit:
                 if not truncate:
@@ -163,6 +173,9 @@ class Translator(ModelRunner):
         config = config or DEFAULT_SEARCH
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if isinstance(texts, (bytes, bytearray)):
+            raise ValueError(f"texts must be a string or a list of strings, got {type(texts).__name__}: decode it "
+                            "first (.decode('utf-8'))")
         ids = self.encode(list(texts), truncate=truncate)
         out: list[Translation] = [Translation("", [], 0.0) for _ in ids]
         runner = self.prepared_model()

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.config import ModelConfig, check_field_types, parse_overrides, preset
+from aiayn.data.readers import decode_text
+from aiayn.rundir import check_input_file
 from aiayn.tokenization import KINDS
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
@@ -246,15 +248,16 @@ def _read_file(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         raise IsADirectoryError(f"config file {path} is a directory; give a .toml or .json file")
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} does not exist")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() == ".json":
+    check_input_file(path, "config file", stream=True)  # a pipe (`<(cat run.toml)`) is read as a file is
+    with open(path, "rb") as handle:  # once: a pipe gives its bytes once
+        text = decode_text(handle.read(), str(path))
+    is_pipe = path.suffix.lower() not in (".json", ".toml") and not path.is_file()
+    if path.suffix.lower() == ".json" or (is_pipe and text.lstrip().startswith(("{", "["))):
         try:
             return json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
-    if path.suffix.lower() != ".toml":
+    if path.suffix.lower() != ".toml" and not is_pipe:
         raise ValueError(f"config file {path} must end in .toml or .json")
     try:
         import tomllib  # Python >= 3.11

@@ -38,6 +38,7 @@ from aiayn.rundir import (
     TRAIN_CONFIG,
     check_path_given,
     inspect_dir,
+    no_model_hint,
     open_run_dir,
 )
 from aiayn.training.checkpoint import (
@@ -82,7 +83,8 @@ def read_run_config(run_dir: str | Path, overrides: list[str] | tuple[str, ...] 
     """The config a run was started with (`RUN/train_config.json`), plus overrides."""
     path = check_path_given(run_dir, "--run") / TRAIN_CONFIG
     if not path.is_file():
-        raise FileNotFoundError(f"{run_dir} is not a training run: {TRAIN_CONFIG} is missing")
+        hint = no_model_hint(run_dir)  # the run's checkpoints directory: name the run
+        raise FileNotFoundError(hint or f"{run_dir} is not a training run: {TRAIN_CONFIG} is missing")
     return load_run_config(path, overrides)
 
 
@@ -96,10 +98,20 @@ def model_config_for(run: RunConfig, data: PreparedData):
             derived.update(tgt_vocab_size=tgt.vocab_size, share_embeddings=False)
         if run.model_overrides.get("n_decoder_layers", 1) == 0:
             raise ValueError("seq2seq needs n_decoder_layers > 0")
-        return run.model_config(**derived)
+        return _fits_data(run.model_config(**derived), data)
     head = cfg.objective
     derived.update(n_decoder_layers=0, head=head, num_labels=len(data.labels) if head != "masked_lm" else 0)
-    return run.model_config(**derived)
+    return _fits_data(run.model_config(**derived), data)
+
+
+def _fits_data(model_cfg: Any, data: PreparedData) -> Any:
+    """The model config, once its positions are checked against the longest example (before any training)."""
+    longest = max((n for split in (data.train, data.valid, data.test) for n in split.lengths), default=0)
+    if longest > model_cfg.max_len:
+        raise ValueError(f"model.max_len={model_cfg.max_len} is shorter than the longest example ({longest} tokens "
+                         "with its special tokens): raise model.max_len, or lower max_source_len / max_target_len "
+                         "to drop the longer rows")
+    return model_cfg
 
 
 def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
@@ -277,6 +289,10 @@ class Trainer:
             if self.rank == 0:
                 self.log.truncate_after(0)
             return
+        step, cfg = int(state["step"]), self.cfg
+        if cfg.max_steps and step > cfg.max_steps:  # resumed, it would only save the same model again
+            raise ValueError(f"{checkpoint} is at step {step}, past max_steps={cfg.max_steps}: nothing is left to "
+                             f"train; give a larger max_steps (or a new --run)")
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.epoch, self.batch_index = int(state["step"]), int(state["epoch"]), int(state["batch_index"])
         self.best_score = tuple(float(v) for v in state["best_score"])
