@@ -14,6 +14,7 @@ from typing import Any
 
 from aiayn.config import ModelConfig, check_field_types, parse_overrides, preset
 from aiayn.tokenization import KINDS
+from aiayn.training.budget import parse_duration
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
 OBJECTIVES = ("seq2seq", "sequence_classification", "token_classification", "masked_lm")
@@ -50,6 +51,9 @@ class TrainConfig:
             over 9); they are counted and reported either way.
         max_tokens: padded tokens per batch (before accumulation); max_sentences caps the batch size.
         epochs, max_steps: stop after this many epochs or optimizer steps (0 = no step limit).
+        time_budget: wall-clock time for the whole run ("90s", "20m", "1h30m"; "" = none): the trainer
+            measures its steps and plans steps, warmup and validation to end within it, the final test
+            evaluation included (`aiayn.training.budget`); `epochs` is then ignored and `max_steps` caps.
         accum_steps: batches per optimizer step in each process (gradient accumulation).
         global_batches: batches per optimizer step over all processes; 0 = accum_steps x processes. A run
             fixes it when it starts (train_config.json keeps the number, with accum_steps 1), so a run
@@ -125,6 +129,7 @@ class TrainConfig:
     max_sentences: int = 0
     epochs: int = 10
     max_steps: int = 0
+    time_budget: str = ""
     accum_steps: int = 1
     global_batches: int = 0
     distributed: str = "ddp"
@@ -190,8 +195,10 @@ class TrainConfig:
                              "those of each process (a run keeps global_batches in its train_config.json); keep one")
         if not 0.0 < self.warmup_fraction <= 1.0:
             raise ValueError(f"warmup_fraction must be in (0, 1], got {self.warmup_fraction}")
-        if self.epochs == 0 and self.max_steps == 0:
-            raise ValueError("set epochs or max_steps above 0")
+        if self.time_budget:
+            parse_duration(self.time_budget)
+        elif self.epochs == 0 and self.max_steps == 0:
+            raise ValueError("set epochs, max_steps or time_budget above 0")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0.0 < self.mlm_probability < 1.0:

@@ -1,0 +1,168 @@
+"""`time_budget=20m`: a run planned in wall-clock time, validation and the final test evaluation included.
+
+How a budget is spent (`Budget` keeps the accounts, the trainer asks it what fits):
+
+1. setup (reading the data, training the tokenizer, building the model) is measured as it happens;
+2. the first `PROBE_STEPS` optimizer steps measure the step time; then the run is planned: the steps
+   that fit, the warmup and schedule fitted to them (`resolve_recipe`), and a validation cadence that
+   spends about `VALID_SHARE` of the budget on validation;
+3. the run keeps measuring: before every step it stops when that step, a last validation and the test
+   evaluation (estimated from the newest validation's decoding speed) would not fit in what is left,
+   and a scheduled validation that would not fit is skipped. A slower or faster machine than the probe
+   measured thus moves the end, never past the deadline by more than the estimates are wrong.
+
+The clock starts when the trainer starts its setup (the CLI's Python and torch imports, a second or two,
+come before it). A resumed run gets what its first process left of the budget.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass, field
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+PROBE_STEPS = 5  # optimizer steps timed before the run is planned (the first one, warming up, is not counted)
+VALID_SHARE = 0.10  # of the budget, spent on validation during training
+MAX_VALIDATIONS = 10
+FINISH_S = 1.0  # saving the final model, the metrics CSV and the plot (matplotlib imported at the start)
+BEAM_SAMPLE = 64  # valid examples decoded greedily and with the test's beam at each validation: their ratio
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration such as "90s", "20m", "1h", "1h30m" or "1.5h"; a bare number is refused."""
+    spec = str(text).strip().lower().replace(" ", "")
+    parts = re.findall(r"(\d+(?:\.\d*)?|\.\d+)([smh])", spec)
+    if not spec or "".join(number + unit for number, unit in parts) != spec:
+        raise ValueError(f"time_budget must be a duration such as 90s, 20m, 1h or 1h30m, got {text!r}")
+    seconds = sum(float(number) * UNITS[unit] for number, unit in parts)
+    if seconds <= 0:
+        raise ValueError(f"time_budget must be above 0, got {text!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """"12.3 s", "4.5 min" or "1.20 h"."""
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+@dataclass
+class Budget:
+    """The accounts of a run under `time_budget`: what was spent on what, and what still fits.
+
+    Args:
+        seconds: the whole budget.
+        started: `time.perf_counter()` when the run began.
+        used: seconds an earlier process of the same run already spent (a resume).
+    """
+
+    seconds: float
+    started: float
+    used: float = 0.0
+    spent: dict[str, float] = field(default_factory=lambda: {"setup": 0.0, "train": 0.0, "valid": 0.0,
+                                                             "checkpoint": 0.0, "test": 0.0, "finish": 0.0})
+    step_s: float | None = None  # the recent optimizer step time (exponential average)
+    valid_s: float | None = None  # the newest validation's seconds
+    decode_s: float | None = None  # greedy decoding seconds per example at the newest validation
+    beam_ratio: float | None = None  # beam decoding's seconds over greedy decoding's, on the newest sample
+    timed_steps: int = 0
+    planned_steps: int = 0
+    eval_every: int = 0
+    skipped_validations: int = 0
+
+    @property
+    def deadline(self) -> float:
+        """The `perf_counter` time the run must end by."""
+        return self.started + self.seconds - self.used
+
+    def left(self) -> float:
+        """Seconds left of the budget now."""
+        return self.deadline - time.perf_counter()
+
+    def elapsed(self) -> float:
+        """Seconds of the budget used so far (earlier processes of the run included)."""
+        return self.used + time.perf_counter() - self.started
+
+    def record(self, phase: str, seconds: float) -> None:
+        """Add `seconds` to `phase` ("setup", "train", "valid", "checkpoint", "test" or "finish")."""
+        self.spent[phase] = self.spent.get(phase, 0.0) + seconds
+
+    def record_step(self, seconds: float) -> None:
+        """One optimizer step took `seconds`; the first is a warm-up (allocations, threads) and not averaged."""
+        self.record("train", seconds)
+        self.timed_steps += 1
+        if self.timed_steps == 1 and self.step_s is None:
+            return
+        self.step_s = seconds if self.step_s is None else 0.8 * self.step_s + 0.2 * seconds
+
+    def record_validation(self, seconds: float, examples: int, decoded: bool) -> None:
+        """A validation of `examples` took `seconds` (greedy decoding when `decoded`)."""
+        self.record("valid", seconds)
+        self.valid_s = seconds
+        if decoded and examples:
+            self.decode_s = seconds / examples
+
+    def record_beam(self, greedy_s: float, beam_s: float) -> None:
+        """The same sample decoded greedily in `greedy_s` and with the test's beam in `beam_s` (validation time)."""
+        self.record("valid", greedy_s + beam_s)
+        self.valid_s = (self.valid_s or 0.0) + greedy_s + beam_s  # a validation in the loop costs both
+        self.beam_ratio = beam_s / max(greedy_s, 1e-9)
+
+    def valid_estimate(self) -> float:
+        """Seconds of one validation: the newest one's, else a guess of ten steps' time."""
+        return self.valid_s if self.valid_s is not None else 10 * (self.step_s or 0.0)
+
+    def test_estimate(self, examples: int, beam_size: int, decoded: bool) -> float:
+        """Seconds of the final test evaluation: `examples` decoded at the newest validation's speed, x beam."""
+        if not examples:
+            return 0.0
+        per_example = self.decode_s if decoded and self.decode_s is not None else None
+        if per_example is None:  # no decoding measured yet: the loss pass of a validation, per example
+            return self.valid_estimate() * max(beam_size, 1)
+        ratio = 1.0 if beam_size <= 1 else self.beam_ratio or float(beam_size)
+        return per_example * examples * ratio
+
+    def fits(self, seconds: float, reserve: float) -> bool:
+        """Whether `seconds` of work still leave `reserve` seconds before the deadline."""
+        return seconds + reserve <= self.left()
+
+    def plan(self, steps_done: int, reserve: float, valid_examples: int, max_steps: int = 0) -> tuple[int, int]:
+        """(planned optimizer steps, validation cadence) for what is left after `steps_done` steps.
+
+        About `VALID_SHARE` of the budget goes to validation (at most `MAX_VALIDATIONS`, at least one
+        before the end when the budget holds one); the rest, less `reserve` for the end, to steps.
+        """
+        step_s = max(self.step_s or 1e-3, 1e-6)
+        valid_s = self.valid_estimate() if valid_examples else 0.0
+        left = max(self.left() - reserve, 0.0)
+        validations = 0
+        if valid_s:
+            validations = int(min(MAX_VALIDATIONS, VALID_SHARE * self.seconds / valid_s, left / (2 * valid_s)))
+        steps = max(int((left - validations * valid_s) / step_s), 1)
+        total = steps_done + steps
+        if max_steps:
+            total = min(total, max_steps)
+        self.planned_steps = total
+        self.eval_every = max(math.ceil(total / (validations + 1)), 1) if validations else 0
+        return total, self.eval_every
+
+    def summary(self) -> dict[str, float | int]:
+        """The accounts as one flat dict (a metrics row, the run's report)."""
+        used = self.elapsed()
+        return {"budget_s": round(self.seconds, 3), "used_s": round(used, 3),
+                "used_fraction": round(used / self.seconds, 4),
+                **{f"{phase}_s": round(value, 3) for phase, value in self.spent.items()},
+                "step_s": round(self.step_s or 0.0, 4), "planned_steps": self.planned_steps,
+                "skipped_validations": self.skipped_validations}
+
+    def describe(self) -> str:
+        """One line: how the budget was spent."""
+        s = self.summary()
+        parts = ", ".join(f"{phase} {format_duration(s[f'{phase}_s'])}" for phase in self.spent if s[f"{phase}_s"])
+        return (f"time budget {format_duration(self.seconds)}: used {format_duration(s['used_s'])} "
+                f"({s['used_fraction']:.1%}): {parts}")
