@@ -6,7 +6,7 @@ import time
 import pytest
 from conftest import TINY_RUN
 
-from aiayn.training.budget import FINISH_S, Budget, parse_duration
+from aiayn.training.budget import FINISH_S, FIRST_VALID, Budget, parse_duration
 from aiayn.training.config import TrainConfig, load_run_config
 
 
@@ -33,11 +33,13 @@ def test_config_checks_the_budget_and_needs_no_epochs_with_one():
 def test_plan_spends_what_is_left_on_steps_and_a_tenth_on_validation():
     budget = Budget(100.0, started=time.perf_counter())
     budget.step_s, budget.valid_s = 0.5, 2.0
-    total, every = budget.plan(steps_done=10, reserve=10.0, valid_examples=50)
+    total, upcoming = budget.plan(steps_done=10, reserve=10.0, valid_examples=50)
     left = 100.0 - 10.0  # less the reserve (and the instant since `started`)
-    validations = 5  # 10% of 100 s at 2 s each
+    validations = 5  # 10% of 100 s at 2 s each, from 40% of the steps on
     assert total == pytest.approx(10 + (left - validations * 2.0) / 0.5, abs=2)
-    assert every == pytest.approx(total / (validations + 1), abs=1)
+    assert upcoming == round(FIRST_VALID * total)
+    assert budget.plan(steps_done=round(0.95 * total), reserve=10.0, valid_examples=50, max_steps=total) == (total, 0)
+    # past the last spread validation, the next is the one at the end
     assert budget.plan(steps_done=10, reserve=10.0, valid_examples=50, max_steps=40)[0] == 40
 
 

@@ -4,8 +4,9 @@ How a budget is spent (`Budget` keeps the accounts, the trainer asks it what fit
 
 1. setup (reading the data, training the tokenizer, building the model) is measured as it happens;
 2. the first `PROBE_STEPS` optimizer steps measure the step time; then the run is planned: the steps
-   that fit, the warmup and schedule fitted to them (`resolve_recipe`), and a validation cadence that
-   spends about `VALID_SHARE` of the budget on validation;
+   that fit, the warmup and schedule fitted to them (`resolve_recipe`), and validations that spend
+   about `VALID_SHARE` of the budget, spread evenly from `FIRST_VALID` of the planned steps on (a model
+   that has barely started decodes to the length limit: slow, and it says nothing);
 3. the run keeps measuring: before every step it stops when that step, a last validation and the test
    evaluation (estimated from the newest validation's decoding speed) would not fit in what is left,
    and a scheduled validation that would not fit is skipped. A slower or faster machine than the probe
@@ -17,7 +18,6 @@ come before it). A resumed run gets what its first process left of the budget.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -26,6 +26,7 @@ UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 PROBE_STEPS = 5  # optimizer steps timed before the run is planned (the first one, warming up, is not counted)
 VALID_SHARE = 0.10  # of the budget, spent on validation during training
 MAX_VALIDATIONS = 10
+FIRST_VALID = 0.4  # of the planned steps: where the first validation comes
 FINISH_S = 1.0  # saving the final model, the metrics CSV and the plot (matplotlib imported at the start)
 BEAM_SAMPLE = 64  # valid examples decoded greedily and with the test's beam at each validation: their ratio
 
@@ -72,7 +73,7 @@ class Budget:
     beam_ratio: float | None = None  # beam decoding's seconds over greedy decoding's, on the newest sample
     timed_steps: int = 0
     planned_steps: int = 0
-    eval_every: int = 0
+    next_valid: int = 0  # the step of the next validation (0: none before the end)
     skipped_validations: int = 0
 
     @property
@@ -132,24 +133,25 @@ class Budget:
         return seconds + reserve <= self.left()
 
     def plan(self, steps_done: int, reserve: float, valid_examples: int, max_steps: int = 0) -> tuple[int, int]:
-        """(planned optimizer steps, validation cadence) for what is left after `steps_done` steps.
+        """(planned optimizer steps, step of the next validation or 0) for what is left after `steps_done`.
 
-        About `VALID_SHARE` of the budget goes to validation (at most `MAX_VALIDATIONS`, at least one
-        before the end when the budget holds one); the rest, less `reserve` for the end, to steps.
+        About `VALID_SHARE` of the budget goes to validations (at most `MAX_VALIDATIONS`) at evenly spread
+        fractions of the planned steps from `FIRST_VALID` on; the rest, less `reserve` for the end, to steps.
         """
         step_s = max(self.step_s or 1e-3, 1e-6)
         valid_s = self.valid_estimate() if valid_examples else 0.0
         left = max(self.left() - reserve, 0.0)
-        validations = 0
-        if valid_s:
-            validations = int(min(MAX_VALIDATIONS, VALID_SHARE * self.seconds / valid_s, left / (2 * valid_s)))
-        steps = max(int((left - validations * valid_s) / step_s), 1)
-        total = steps_done + steps
+        count = int(min(MAX_VALIDATIONS, VALID_SHARE * self.seconds / valid_s)) if valid_s else 0
+        fractions = [FIRST_VALID + (1 - FIRST_VALID) * k / count for k in range(count)]
+        total = steps_done + max(int((left - count * valid_s) / step_s), 1)
+        for _ in range(2):  # the validations still to come depend on the steps, the steps on them
+            pending = [f for f in fractions if round(f * total) > steps_done]
+            total = steps_done + max(int((left - len(pending) * valid_s) / step_s), 1)
         if max_steps:
             total = min(total, max_steps)
-        self.planned_steps = total
-        self.eval_every = max(math.ceil(total / (validations + 1)), 1) if validations else 0
-        return total, self.eval_every
+        pending = [round(f * total) for f in fractions if round(f * total) > steps_done]
+        self.planned_steps, self.next_valid = total, (pending[0] if pending else 0)
+        return total, self.next_valid
 
     def summary(self) -> dict[str, float | int]:
         """The accounts as one flat dict (a metrics row, the run's report)."""

@@ -170,7 +170,6 @@ class Trainer:
         self.parallel: Replicas | None = None  # the model as every process trains it (one, DDP or FSDP)
         self.started = time.perf_counter()  # wall clock of this process's run: every log row's `time_s`
         self.budget: Budget | None = None  # the accounts of a `time_budget` run
-        self.eval_every = self.cfg.eval_every  # steps between validations (a budget plans it)
 
     def elapsed(self) -> float:
         """Seconds of wall clock since this process began the run (data, model and all)."""
@@ -304,7 +303,7 @@ class Trainer:
         if self.budget is not None and state.get("budget"):  # the plan and what the earlier processes spent
             plan = state["budget"]
             self.budget.used = float(plan["used"])
-            self.budget.planned_steps, self.eval_every = int(plan["planned_steps"]), int(plan["eval_every"])
+            self.budget.planned_steps, self.budget.next_valid = int(plan["planned_steps"]), int(plan["next_valid"])
             self.budget.step_s = plan.get("step_s")
             self.recipe, _ = resolve_recipe(self.cfg, total_steps=self.budget.planned_steps,
                                             d_model=self.model.config.d_model)
@@ -363,7 +362,7 @@ class Trainer:
                 "stale_validations": self.stale_validations,
                 "budget": None if self.budget is None else {
                     "used": self.budget.elapsed(), "planned_steps": self.budget.planned_steps,
-                    "eval_every": self.eval_every, "step_s": self.budget.step_s}}
+                    "next_valid": self.budget.next_valid, "step_s": self.budget.step_s}}
 
     def save(self, *, best: bool = False) -> Path:
         """Write a checkpoint of the current step (once per step); `best` marks it the best validated one."""
@@ -520,16 +519,17 @@ class Trainer:
         budget, cfg = self.budget, self.cfg
         valid_examples = len(self._valid_split().items)
         first = not budget.planned_steps
-        total, every = budget.plan(self.step, self._end_reserve(), valid_examples, cfg.max_steps)
-        total, every = self.parallel.from_rank0((total, every))
-        budget.planned_steps, self.eval_every = total, (cfg.eval_every or every)
+        total, upcoming = budget.plan(self.step, self._end_reserve(), valid_examples, cfg.max_steps)
+        budget.planned_steps, budget.next_valid = self.parallel.from_rank0((total, upcoming))
         self.recipe, notes = resolve_recipe(cfg, total_steps=total, d_model=self.model.config.d_model)
         if first and self.rank == 0:
             for note in notes:
                 self.report(note)
-            self.report(f"time budget: {budget.seconds:g} s; {budget.step_s:.3g} s a step measured over "
-                        f"{budget.timed_steps} steps: about {total} steps, validation every {self.eval_every} "
-                        f"steps, {self._end_reserve():.3g} s kept for the end; recipe: {self.recipe.describe()}")
+            when = (f"every {cfg.eval_every} steps" if cfg.eval_every else
+                    f"first at step {upcoming}" if upcoming else "only at the end")
+            self.report(f"time budget {budget.seconds:g} s: {budget.step_s:.3g} s a step measured over "
+                        f"{budget.timed_steps} steps, about {total} steps planned, validation {when}, "
+                        f"{self._end_reserve():.3g} s kept for the end; recipe: {self.recipe.describe()}")
 
     def _loop(self) -> bool:
         from tqdm.auto import tqdm
@@ -572,7 +572,7 @@ class Trainer:
                         bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
                                         tok_s=f"{row['tokens_per_s']:.0f}")
                         tokens, clock, window = 0, time.perf_counter(), []
-                    if self.eval_every and self.step % self.eval_every == 0 and self._validate_in_loop():
+                    if self._validation_due() and self._validate_in_loop():
                         return True
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self._save_on_rank0()
@@ -583,13 +583,19 @@ class Trainer:
                         return True
                 self.epoch += 1
                 self.batch_index = 0
-                if not self.eval_every and budget is None and self._validate_and_check_patience():
+                if not cfg.eval_every and budget is None and self._validate_and_check_patience():
                     return True
                 if not cfg.save_every and budget is None:  # a budget saves at validations and at the end
                     self._save_on_rank0()
         finally:
             bar.close()
         return True
+
+    def _validation_due(self) -> bool:
+        """Every `eval_every` steps; under a budget without one, at the planned steps."""
+        if self.cfg.eval_every:
+            return self.step % self.cfg.eval_every == 0
+        return self.budget is not None and self.budget.next_valid > 0 and self.step >= self.budget.next_valid
 
     def _validate_in_loop(self) -> bool:
         """A scheduled validation (skipped when a budget has no room for it); True to stop early."""
