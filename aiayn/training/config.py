@@ -17,6 +17,7 @@ from aiayn.tokenization import KINDS
 from aiayn.training.budget import parse_duration
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
+RECIPES = ("auto", "fit", "paper")  # see aiayn.training.recipe
 OBJECTIVES = ("seq2seq", "sequence_classification", "token_classification", "masked_lm")
 # Validation metrics per objective; the first is `valid_metric=auto`'s choice. Higher is better but for loss.
 VALID_METRICS = {
@@ -33,6 +34,10 @@ class TrainConfig:
 
     Attributes:
         objective: "seq2seq", "sequence_classification", "token_classification" or "masked_lm".
+        recipe: "fit" chooses the sizes and rates the config does not set from the corpus (model preset,
+            vocabulary, batch tokens, pre-LN, peak lr and warmup, dropout, label smoothing; see
+            `aiayn.training.recipe`); "paper" keeps these defaults; "auto": "fit" for seq2seq from scratch
+            on files, "paper" otherwise.
         task: a built-in task ("numbers", "compare", "copy") instead of files; "" to read files.
         train, valid, test: data files; parallel text may be two aligned files "SRC,TGT".
         data_format: "auto" (from the extension), "tsv", "csv", "jsonl", "text" or "conll".
@@ -99,6 +104,7 @@ class TrainConfig:
     """
 
     objective: str = "seq2seq"
+    recipe: str = "auto"
     task: str = ""
     train: str = ""
     valid: str = ""
@@ -173,6 +179,7 @@ class TrainConfig:
                                      ("tokenizer", self.tokenizer, KINDS),
                                      ("target_tokenizer", self.target_tokenizer, ("", *KINDS)),
                                      ("final_model", self.final_model, ("auto", "best", "last", "average")),
+                                     ("recipe", self.recipe, RECIPES),
                                      ("distributed", self.distributed, ("ddp", "fsdp")),
                                      ("log_to", self.log_to, ("", "tensorboard"))):
             if value not in choices:
@@ -225,11 +232,16 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A training config plus the model's preset and overrides, as a config file describes them."""
+    """A training config plus the model's preset and overrides, as a config file describes them.
+
+    `given` names the keys the file and the overrides set (training keys, and "model.KEY" for model keys):
+    a fitted recipe (`aiayn.training.recipe`) chooses only the others. It is not saved with the config.
+    """
 
     train: TrainConfig
     model_preset: str = "tiny"
     model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    given: frozenset[str] = dataclasses.field(default_factory=frozenset, compare=False)
 
     def model_config(self, **derived: Any) -> ModelConfig:
         """The preset with the file's overrides, then the sizes derived from the data (`derived`)."""
@@ -320,6 +332,7 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
     if not isinstance(model, dict):
         raise ValueError(f"'model' must be a table of model keys, got {type(model).__name__}")
     model = dict(model)
+    preset_given = "preset" in model
     model_preset = model.pop("preset", "tiny")
     if not isinstance(model_preset, str):
         raise ValueError(f"model key preset must be a string, got {model_preset!r}")
@@ -335,6 +348,7 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
         model_items = [item for item in model_items if item not in preset_items]
     train.update(parse_overrides(train_items, TrainConfig))
     model.update(parse_overrides(model_items, ModelConfig))
-    run = RunConfig(TrainConfig(**train), model_preset, model)
+    given = {*train, *(f"model.{key}" for key in model)} | ({"model.preset"} if preset_items or preset_given else set())
+    run = RunConfig(TrainConfig(**train), model_preset, model, frozenset(given))
     run.model_config(vocab_size=max(run.train.vocab_size, 8))  # validate the model keys early
     return run

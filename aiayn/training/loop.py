@@ -23,7 +23,14 @@ from torch import nn
 
 from aiayn.backends import resolve_device, select
 from aiayn.data.batching import shard_steps, token_batches
-from aiayn.data.prepare import EncodedSplit, PreparedData, load_labels, prepare_data, save_data_artifacts
+from aiayn.data.prepare import (
+    EncodedSplit,
+    PreparedData,
+    load_labels,
+    prepare_data,
+    read_examples,
+    save_data_artifacts,
+)
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
 from aiayn.rundir import (
@@ -59,6 +66,7 @@ from aiayn.training.logbook import MetricsLog, plot_curves, require_tensorboard
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import batch_seed, batch_tokens, loss_units, make_batch, masking_generator, to_device
 from aiayn.training.optim import make_optimizer
+from aiayn.training.recipe import fit_run, uses_fit
 from aiayn.training.schedule import resolve_recipe
 
 logger = logging.getLogger(__name__)
@@ -195,6 +203,11 @@ class Trainer:
         if not cfg.global_batches:  # fixed now and saved with the config: a resume at any world size keeps it
             self.run = replace(self.run, train=replace(cfg, global_batches=cfg.accum_steps * self.world, accum_steps=1))
             self.cfg = cfg = self.run.train
+        if not self.resume and uses_fit(cfg):  # a resumed run keeps the recipe its config saved
+            self.run, notes = fit_run(self.run, len(read_examples(cfg, cfg.train)[0]))
+            self.cfg = cfg = self.run.train
+            for note in notes if main else ():
+                self.report(note)
         if not main:
             torch.distributed.barrier()  # rank 0 checks the run directory and writes the tokenizers first
         if main:  # refuses a directory the run cannot own, then holds its lock until fit() returns
