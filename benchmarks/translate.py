@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [f"train={corpus / 'train.tsv'}", f"valid={corpus / 'valid.tsv'}", f"test={corpus / 'test.tsv'}",
                  *args.overrides]
     if args.steps:
-        overrides.append(f"max_steps={args.steps}")
+        overrides += [f"max_steps={args.steps}"] + ([] if args.budget else ["time_budget="])
     if args.threads:
         overrides.append(f"threads={args.threads}")
     if args.budget:

@@ -73,3 +73,24 @@ def test_a_tiny_run_ends_within_its_budget(tmp_path):
     assert [row["split"] for row in rows][-2:] == ["test", "budget"]
     valid_times = [row["time_s"] for row in rows if row["split"] == "valid"]
     assert len(valid_times) >= 2 and valid_times == sorted(valid_times)
+
+
+def test_a_resumed_run_gets_what_its_first_process_left(tmp_path):
+    from aiayn.training import Trainer
+    from aiayn.training.loop import read_run_config
+
+    class StopsAtTen(Trainer):
+        def after_step(self):
+            if self.step == 10:
+                self._stop_requested = True  # what Ctrl-C does: finish the step, save, return
+
+    seconds = 15.0
+    overrides = [item for item in TINY_RUN if not item.startswith("max_steps")]
+    first = StopsAtTen(load_run_config(None, [*overrides, f"time_budget={seconds:g}s"]), tmp_path / "run").fit()
+    assert first.interrupted and first.step == 10
+    began = time.perf_counter()
+    resumed = Trainer(read_run_config(tmp_path / "run"), tmp_path / "run", resume=True).fit()
+    second = time.perf_counter() - began
+    used = resumed.budget["used_s"]  # both processes
+    assert resumed.step > 10 and second < used <= 1.05 * seconds, resumed.budget
+    assert used >= seconds - (FINISH_S + 1.0 + 0.05 * seconds)
