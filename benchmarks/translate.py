@@ -120,8 +120,8 @@ class TimedTrainer(Trainer):
     def save(self, **kwargs):
         return self._timed("save", super().save, **kwargs)
 
-    def evaluate_test(self):
-        return self._timed("test", super().evaluate_test)
+    def evaluate_test(self, beam_size=None):
+        return self._timed("test", super().evaluate_test, beam_size)
 
 
 def train_aiayn(run, run_dir: Path, curve_s: float = 0.0) -> dict:

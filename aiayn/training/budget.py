@@ -27,6 +27,11 @@ PROBE_STEPS = 5  # optimizer steps timed before the run is planned (the first on
 VALID_SHARE = 0.10  # of the budget, spent on validation during training
 MAX_VALIDATIONS = 10
 FIRST_VALID = 0.4  # of the planned steps: where the first validation comes
+# Before anything is decoded, a validation is guessed at ten steps' time and the test at the beam's
+# multiple of that, but at most these shares of the budget (the first validation measures them).
+GUESS_VALID_SHARE = 0.05
+GUESS_TEST_SHARE = 0.15
+BEAM_TEST_SHARE = 0.25  # a beam test estimated above this share of the budget is planned greedy instead
 FINISH_S = 1.0  # saving the final model, the metrics CSV and the plot (matplotlib imported at the start)
 BEAM_SAMPLE = 64  # valid examples decoded greedily and with the test's beam at each validation: their ratio
 
@@ -72,6 +77,7 @@ class Budget:
     decode_s: float | None = None  # greedy decoding seconds per example at the newest validation
     beam_ratio: float | None = None  # beam decoding's seconds over greedy decoding's, on the newest sample
     timed_steps: int = 0
+    validations: int = 0  # validations so far
     planned_steps: int = 0
     next_valid: int = 0  # the step of the next validation (0: none before the end)
     skipped_validations: int = 0
@@ -104,6 +110,7 @@ class Budget:
     def record_validation(self, seconds: float, examples: int, decoded: bool) -> None:
         """A validation of `examples` took `seconds` (greedy decoding when `decoded`)."""
         self.record("valid", seconds)
+        self.validations += 1
         self.valid_s = seconds
         if decoded and examples:
             self.decode_s = seconds / examples
@@ -115,18 +122,26 @@ class Budget:
         self.beam_ratio = beam_s / max(greedy_s, 1e-9)
 
     def valid_estimate(self) -> float:
-        """Seconds of one validation: the newest one's, else a guess of ten steps' time."""
-        return self.valid_s if self.valid_s is not None else 10 * (self.step_s or 0.0)
+        """Seconds of one validation: the newest one's, else a guess (ten steps, at most GUESS_VALID_SHARE)."""
+        if self.valid_s is not None:
+            return self.valid_s
+        return min(10 * (self.step_s or 0.0), GUESS_VALID_SHARE * self.seconds)
 
     def test_estimate(self, examples: int, beam_size: int, decoded: bool) -> float:
         """Seconds of the final test evaluation: `examples` decoded at the newest validation's speed, x beam."""
         if not examples:
             return 0.0
         per_example = self.decode_s if decoded and self.decode_s is not None else None
-        if per_example is None:  # no decoding measured yet: the loss pass of a validation, per example
-            return self.valid_estimate() * max(beam_size, 1)
+        if per_example is None:  # nothing decoded yet: a guess
+            return min(self.valid_estimate() * max(beam_size, 1), GUESS_TEST_SHARE * self.seconds)
         ratio = 1.0 if beam_size <= 1 else self.beam_ratio or float(beam_size)
         return per_example * examples * ratio
+
+    def end_test_estimate(self, examples: int, beam_size: int, decoded: bool) -> float:
+        """The test's seconds as the end will spend them: with the beam, or greedy when the beam's estimate
+        is above `BEAM_TEST_SHARE` of the budget (the run then keeps training instead)."""
+        beam = self.test_estimate(examples, beam_size, decoded)
+        return beam if beam <= BEAM_TEST_SHARE * self.seconds else self.test_estimate(examples, 1, decoded)
 
     def fits(self, seconds: float, reserve: float) -> bool:
         """Whether `seconds` of work still leave `reserve` seconds before the deadline."""
@@ -145,11 +160,14 @@ class Budget:
         fractions = [FIRST_VALID + (1 - FIRST_VALID) * k / count for k in range(count)]
         total = steps_done + max(int((left - count * valid_s) / step_s), 1)
         for _ in range(2):  # the validations still to come depend on the steps, the steps on them
-            pending = [f for f in fractions if round(f * total) > steps_done]
+            pending = [f for f in fractions if round(f * total) > steps_done][:max(count - self.validations, 0)]
             total = steps_done + max(int((left - len(pending) * valid_s) / step_s), 1)
         if max_steps:
             total = min(total, max_steps)
         pending = [round(f * total) for f in fractions if round(f * total) > steps_done]
+        pending = pending[:max(count - self.validations, 0)]  # the validations done count against the share
+        if pending:  # a plan that moved keeps the validations left apart: at most one per share of the rest
+            pending[0] = max(pending[0], steps_done + (total - steps_done) // (len(pending) + 1))
         self.planned_steps, self.next_valid = total, (pending[0] if pending else 0)
         return total, self.next_valid
 

@@ -224,7 +224,7 @@ class Trainer:
         self.backend = select(self.device, "train", "bf16" if cfg.bf16 else None)
         self.prepared = self.backend.prepare(self.model)
         self.recipe, notes = resolve_recipe(cfg, total_steps=self._planned_steps(), d_model=self.model.config.d_model)
-        if main:
+        if main and self.budget is None:  # under a budget, the plan after the first steps reports the recipe
             for note in notes:
                 self.report(note)
             self.report("recipe: " + self.recipe.describe())
@@ -513,7 +513,7 @@ class Trainer:
         decoded = cfg.objective == "seq2seq"
         valid = budget.valid_estimate() if self.data.valid.items else 0.0
         checkpoint = budget.spent["checkpoint"] / max(self._saves, 1) if self._saves else 1.0
-        test = budget.test_estimate(len(self.data.test.items), cfg.beam_size if decoded else 1, decoded)
+        test = budget.end_test_estimate(len(self.data.test.items), cfg.beam_size if decoded else 1, decoded)
         return valid + checkpoint + test + FINISH_S
 
     def _budget_allows(self, seconds: float) -> bool:
@@ -636,7 +636,7 @@ class Trainer:
         save_data_artifacts(self.run_dir, self.data)
         if self.budget is not None:
             self.budget.record("finish", time.perf_counter() - began)
-        test = self.evaluate_test()
+        test = self.evaluate_test(beam_size=self._test_beam())
         began = time.perf_counter()
         if self.budget is not None:
             self.log.append({"split": "budget", "step": self.step, "epoch": self.epoch, **self.budget.summary()})
@@ -648,6 +648,18 @@ class Trainer:
             summary = self.budget.summary()
             self.report(self.budget.describe())
         return TrainResult(self.run_dir, self.step, checkpoint=checkpoint, test=test, budget=summary)
+
+    def _test_beam(self) -> int | None:
+        """The test's beam: the run's, or greedy decoding when only that fits what is left of a budget."""
+        budget, cfg = self.budget, self.cfg
+        if budget is None or cfg.objective != "seq2seq" or cfg.beam_size == 1:
+            return None
+        n = len(self.data.test.items)
+        if budget.fits(budget.test_estimate(n, cfg.beam_size, True), FINISH_S):
+            return None
+        self.report(f"time budget: the test is decoded greedily, beam {cfg.beam_size} would take about "
+                    f"{budget.test_estimate(n, cfg.beam_size, True):.0f} s of the {budget.left():.0f} s left")
+        return 1
 
     def _choose_final_model(self) -> None:
         """Put the `final_model` weights into `self.model`: the best validated, the last, or an average."""
@@ -666,19 +678,23 @@ class Trainer:
             self.report(f"final model: {best.name}, the best {cfg.metric} on the valid split "
                         f"({abs(self.best_score[0]):.4g})")
 
-    def evaluate_test(self) -> dict[str, Any]:
+    def evaluate_test(self, beam_size: int | None = None) -> dict[str, Any]:
         """Evaluate the final model on the test split (a progress bar with `progress`); writes `eval.json` and a
-        `test` log row."""
+        `test` log row. `beam_size` replaces the run's (a budget short of time decodes greedily)."""
         from tqdm.auto import tqdm
 
         began = time.perf_counter()
         with tqdm(total=len(self.data.test.items), disable=not self.progress, unit="example", desc="test",
                   dynamic_ncols=True) as bar:
-            result = evaluate(self.model, self.data, self.data.test, EvalOptions.from_train_config(self.cfg),
-                              progress=bar.update)
+            options = EvalOptions.from_train_config(self.cfg)
+            if beam_size is not None:
+                options = replace(options, beam_size=beam_size)
+            result = evaluate(self.model, self.data, self.data.test, options, progress=bar.update)
         if self.budget is not None:
             self.budget.record("test", time.perf_counter() - began)
         if result:
+            if beam_size is not None:
+                result["beam_size"] = beam_size
             row = {k: v for k, v in result.items() if k != "examples"}
             self.log.append({"split": "test", "step": self.step, "epoch": self.epoch, **row, "time_s": self.elapsed()})
             atomic_write_bytes(self.run_dir / EVAL, (json.dumps({"split": "test", "step": self.step, **result},
