@@ -42,3 +42,12 @@ def test_the_rows_cover_every_corpus_size():
     assert SIZES[-1][0] == 0 and [row[0] for row in SIZES] == sorted((row[0] for row in SIZES), reverse=True)
     with pytest.raises(ValueError, match="recipe must be one of"):
         TrainConfig(train="data.tsv", recipe="fast")
+
+
+def test_a_short_budget_narrows_the_model_for_more_steps():
+    short, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m"]), 40_000)
+    long, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=2h"]), 40_000)
+    assert short.model_overrides["d_model"] == 128 and short.train.max_tokens == 2048
+    assert "d_model" not in long.model_overrides and long.train.max_tokens == 4096
+    kept, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m", "model.d_model=256"]), 40_000)
+    assert kept.model_overrides["d_model"] == 256 and kept.model_overrides["d_ff"] == 512
