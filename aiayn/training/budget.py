@@ -74,6 +74,8 @@ class Budget:
                                                              "checkpoint": 0.0, "test": 0.0, "finish": 0.0})
     step_s: float | None = None  # the recent optimizer step time (exponential average)
     valid_s: float | None = None  # the newest validation's seconds
+    beam_probe_s: float = 0.0  # the newest beam-ratio sample's seconds (in-loop validations pay it too)
+    end_reserve_s: float = 0.0  # what the end was estimated to need when training stopped
     decode_s: float | None = None  # greedy decoding seconds per example at the newest validation
     beam_ratio: float | None = None  # beam decoding's seconds over greedy decoding's, on the newest sample
     timed_steps: int = 0
@@ -111,6 +113,7 @@ class Budget:
         """A validation of `examples` took `seconds` (greedy decoding when `decoded`)."""
         self.record("valid", seconds)
         self.validations += 1
+        self.beam_probe_s = 0.0
         self.valid_s = seconds
         if decoded and examples:
             self.decode_s = seconds / examples
@@ -118,7 +121,7 @@ class Budget:
     def record_beam(self, greedy_s: float, beam_s: float) -> None:
         """The same sample decoded greedily in `greedy_s` and with the test's beam in `beam_s` (validation time)."""
         self.record("valid", greedy_s + beam_s)
-        self.valid_s = (self.valid_s or 0.0) + greedy_s + beam_s  # a validation in the loop costs both
+        self.beam_probe_s = greedy_s + beam_s  # a validation in the loop costs both
         self.beam_ratio = beam_s / max(greedy_s, 1e-9)
 
     def valid_estimate(self) -> float:
@@ -154,7 +157,7 @@ class Budget:
         fractions of the planned steps from `FIRST_VALID` on; the rest, less `reserve` for the end, to steps.
         """
         step_s = max(self.step_s or 1e-3, 1e-6)
-        valid_s = self.valid_estimate() if valid_examples else 0.0
+        valid_s = self.valid_estimate() + self.beam_probe_s if valid_examples else 0.0
         left = max(self.left() - reserve, 0.0)
         count = int(min(MAX_VALIDATIONS, VALID_SHARE * self.seconds / valid_s)) if valid_s else 0
         fractions = [FIRST_VALID + (1 - FIRST_VALID) * k / count for k in range(count)]
@@ -178,6 +181,7 @@ class Budget:
                 "used_fraction": round(used / self.seconds, 4),
                 **{f"{phase}_s": round(value, 3) for phase, value in self.spent.items()},
                 "step_s": round(self.step_s or 0.0, 4), "planned_steps": self.planned_steps,
+                "end_reserve_s": round(self.end_reserve_s, 3),
                 "skipped_validations": self.skipped_validations}
 
     def describe(self) -> str:

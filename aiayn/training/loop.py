@@ -520,7 +520,8 @@ class Trainer:
         """Whether `seconds` more of training (or validation) leave the end of the run its time; rank 0 decides."""
         budget = self.budget
         if self.rank == 0:
-            allowed = budget.fits(seconds, self._end_reserve())
+            budget.end_reserve_s = self._end_reserve()
+            allowed = budget.fits(seconds, budget.end_reserve_s)
             if budget.planned_steps and self.recipe.schedule == "linear" and self.step >= budget.planned_steps:
                 allowed = False  # the rate has decayed to 0
         else:
