@@ -12,11 +12,17 @@ templates dropped, one translation per English source, seeded train / valid / te
   settings, learning-rate schedule and label smoothing, validated at the same steps (greedy BLEU; the best
   weights are kept, as aiayn keeps its best checkpoint), then decoded with the same beam and length penalty.
 
-Reported for each: sacreBLEU and chrF on the test split (the raw French references), training time (the
+Reported for each: sacreBLEU and chrF on the test split (the raw references), training time (the
 optimizer steps only; validation, checkpoints and test decoding are timed apart) as wall-clock seconds and
 as this process's CPU seconds (which other jobs on the machine disturb less), and real tokens per second.
 
-    aiayn bench translate [--steps 1500] [--threads 2] [--work DIR] [--skip-marian]
+Learning in time (`--budget 20m --curve 5m`): aiayn trains under `time_budget` (the whole run, its test
+decoding included, in the budget); the peer then trains for the training seconds aiayn had. Both validate
+(greedy BLEU) each time their training time passes a multiple of `--curve`, so the two curves are read at
+the same seconds of training, whatever validation costs. The peer keeps the shared sizes but not aiayn's
+fitted recipe (pre-LN at 3e-3 diverges post-LN): it gets its users' recipe, `PEER_RECIPE`.
+
+    aiayn bench translate [--steps 1500 | --budget 20m --curve 5m] [--lang es | --corpus DIR] [--threads 2]
 """
 
 from __future__ import annotations
@@ -33,9 +39,11 @@ import torch.nn.functional as F
 
 from aiayn.data.batching import token_batches
 from aiayn.data.gettext import catalog_files, read_gettext
+from aiayn.training.budget import PROBE_STEPS, format_duration, parse_duration
 from aiayn.training.config import example_config, load_run_config
 from aiayn.training.loop import Trainer
 from aiayn.training.metrics import translation_scores
+from aiayn.training.recipe import fit_run
 from aiayn.training.schedule import resolve_recipe
 
 
@@ -49,6 +57,21 @@ def prepare_corpus(directory: Path, lang: str) -> bool:
     return True
 
 
+LANGUAGES = {"fr": "French", "es": "Spanish", "it": "Italian", "de": "German", "pt": "Portuguese", "nl": "Dutch"}
+# What a Hugging Face / fairseq user trains a post-LN Transformer on small data with (fairseq's IWSLT recipe:
+# Adam (0.9, 0.98), inverse square root, label smoothing 0.1), its 4,000-step warmup fitted to a short run
+# as aiayn fits its own, and the peak rate of post-LN models that still trains (1e-3).
+PEER_RECIPE = ["recipe=paper", "lr=1e-3", "warmup=0", "warmup_fraction=0.3"]
+
+
+def language_name(corpus: Path, lang: str) -> str:
+    """The target language of a corpus: `corpus.json`'s (written by `aiayn corpus`), else `--lang`'s."""
+    meta = corpus / "corpus.json"
+    if meta.is_file():
+        lang = json.loads(meta.read_text(encoding="utf-8")).get("lang", lang)
+    return LANGUAGES.get(lang, lang)
+
+
 def read_pairs(path: Path) -> list[tuple[str, str]]:
     """The (source, target) rows of a TSV file the corpus step wrote."""
     return [tuple(line.split("\t")) for line in path.read_text(encoding="utf-8").splitlines() if line]
@@ -57,10 +80,28 @@ def read_pairs(path: Path) -> list[tuple[str, str]]:
 class TimedTrainer(Trainer):
     """aiayn's trainer, unchanged, with the time spent validating, checkpointing and testing recorded apart."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, curve_s: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.side_seconds = {"setup": 0.0, "validate": 0.0, "save": 0.0, "test": 0.0}
         self.side_cpu = 0.0
+        self.curve_s = curve_s  # validate each time the training seconds pass a multiple of this (0: the run's)
+        self.marks: list[tuple[float, int]] = []  # (training seconds, step) of each validation the curve asked for
+
+    def training_seconds(self) -> float:
+        """Wall seconds of the run so far less setup, validation, checkpoints and testing."""
+        return time.perf_counter() - self.started - sum(self.side_seconds.values())
+
+    def _validation_due(self):
+        if not self.curve_s:
+            return super()._validation_due()
+        return self.training_seconds() >= self.curve_s * (len(self.marks) + 1)
+
+    def _validate_in_loop(self):
+        seconds, validated = self.training_seconds(), self.last_validated_step
+        stop = super()._validate_in_loop()  # under a budget, skipped when the end has no room for it
+        if self.curve_s and self.last_validated_step != validated:
+            self.marks.append((seconds, self.step))
+        return stop
 
     def _timed(self, name, fn, *args, **kwargs):
         start, cpu = time.perf_counter(), time.process_time()
@@ -79,25 +120,27 @@ class TimedTrainer(Trainer):
     def save(self, **kwargs):
         return self._timed("save", super().save, **kwargs)
 
-    def evaluate_test(self):
-        return self._timed("test", super().evaluate_test)
+    def evaluate_test(self, beam_size=None):
+        return self._timed("test", super().evaluate_test, beam_size)
 
 
-def train_aiayn(run, run_dir: Path) -> dict:
+def train_aiayn(run, run_dir: Path, curve_s: float = 0.0) -> dict:
     """Train and test aiayn through its `Trainer`; BLEU, chrF, seconds, tokens."""
-    trainer = TimedTrainer(run, run_dir, report=lambda line: print(f"  aiayn: {line}", flush=True))
+    trainer = TimedTrainer(run, run_dir, report=lambda line: print(f"  aiayn: {line}", flush=True), curve_s=curve_s)
     start, cpu = time.perf_counter(), time.process_time()
     result = trainer.fit()
     total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     train_rows = [r for r in rows if r["split"] == "train"]
     side = sum(trainer.side_seconds.values())
+    bleu_at = {r["step"]: r.get("bleu") for r in rows if r["split"] == "valid"}
     # Training time = the run minus data preparation (tokenizer training, encoding: the peer's is outside
     # its timing too), validation, checkpoints and the test decoding.
     return {"bleu": result.test["bleu"], "chrf": result.test["chrf"], "steps": result.step,
             "train_s": total - side, "train_cpu_s": total_cpu - trainer.side_cpu, "side_s": side, "total_s": total,
             "valid": [(r["step"], r.get("bleu")) for r in rows if r["split"] == "valid"],
-            "loss": train_rows[-1]["loss"] if train_rows else math.nan}
+            "curve": [(round(seconds, 1), bleu_at[step]) for seconds, step in trainer.marks],
+            "budget": result.budget, "loss": train_rows[-1]["loss"] if train_rows else math.nan}
 
 
 # -- the peer ------------------------------------------------------------------------------------------
@@ -143,8 +186,12 @@ def marian_decode(model, tokenizer, sources: list[str], *, beams: int, length_pe
     return [out[i] for i in range(len(sources))]
 
 
-def train_marian(run, corpus: Path) -> dict:
-    """Train and test the peer with the run's sizes, batches, steps and recipe; BLEU, chrF, seconds, tokens."""
+def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.0) -> dict:
+    """Train and test the peer with the run's sizes, batches, steps and recipe; BLEU, chrF, seconds, tokens.
+
+    `seconds`: train for this many seconds of training (not steps); `curve_s`: validate each time the
+    training seconds pass a multiple of it (instead of every `eval_every` steps).
+    """
     cfg = run.train
     train, valid, test = (read_pairs(corpus / f"{name}.tsv") for name in ("train", "valid", "test"))
     tokenizer = marian_tokenizer([s for pair in train for s in pair], cfg.vocab_size, cfg.vocab_min_frequency)
@@ -160,6 +207,8 @@ def train_marian(run, corpus: Path) -> dict:
     model = marian_model(model_cfg, vocab, pad, eos)
     steps_per_epoch = len(token_batches(lengths, cfg.max_tokens, seed=cfg.seed, epoch=0))
     total = cfg.max_steps or steps_per_epoch * cfg.epochs
+    if seconds and not cfg.max_steps:  # planned again after PROBE_STEPS timed steps; the clock ends the run
+        total = 1000
     recipe, _ = resolve_recipe(cfg, total_steps=total, d_model=model_cfg.d_model)
     optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr(1), betas=recipe.betas, eps=recipe.eps,
                                  weight_decay=recipe.weight_decay, fused=True)
@@ -169,7 +218,8 @@ def train_marian(run, corpus: Path) -> dict:
     best, best_state, valid_curve = -1.0, None, []
     valid_sources = [s for s, _ in valid][: cfg.valid_max_examples or None]
     valid_refs = [t for _, t in valid][: cfg.valid_max_examples or None]
-    while step < total:
+    marks: list[tuple[float, float]] = []
+    while step < total or seconds:
         for batch in token_batches(lengths, cfg.max_tokens, seed=cfg.seed, epoch=epoch):
             start, cpu = time.perf_counter(), time.process_time()
             model.train()
@@ -196,23 +246,32 @@ def train_marian(run, corpus: Path) -> dict:
             step += 1
             train_s += time.perf_counter() - start
             train_cpu += time.process_time() - cpu
+            if seconds and not cfg.max_steps and step == PROBE_STEPS:  # the schedule fitted to the steps that fit
+                total = max(int(seconds / (train_s / step)), step)
+                recipe, _ = resolve_recipe(cfg, total_steps=total, d_model=model_cfg.d_model)
+                print(f"  marian: {train_s / step:.3g} s a step: about {total} steps; {recipe.describe()}", flush=True)
             tokens += int((ids != pad).sum()) + n
             if step % cfg.log_every == 0:
                 print(f"  marian: step {step} loss {float(loss):.3f} lr {recipe.lr(step):.2e} "
                       f"{tokens / train_s:.0f} tokens/s", flush=True)
-            if cfg.eval_every and step % cfg.eval_every == 0 or step == total:
+            out_of_time = bool(seconds) and train_s >= seconds
+            due = (train_s >= curve_s * (len(marks) + 1) if curve_s else cfg.eval_every and step % cfg.eval_every == 0)
+            if due or out_of_time or (step == total and not seconds):
                 start = time.perf_counter()
                 hyps = marian_decode(model, tokenizer, valid_sources, beams=1, length_penalty=cfg.length_penalty,
                                      pad=pad, eos=eos, max_tokens=cfg.max_tokens)
                 bleu = translation_scores(hyps, valid_refs, bleu_tokenize=cfg.bleu_tokenize)["bleu"]
                 valid_curve.append((step, bleu))
+                marks.append((round(train_s, 1), bleu))
                 if bleu > best:
                     best, best_state = bleu, {k: v.clone() for k, v in model.state_dict().items()}
                 side_s += time.perf_counter() - start
                 print(f"  marian: step {step} valid BLEU {bleu:.2f}", flush=True)
-            if step >= total:
+            if out_of_time or (step >= total and not seconds):
                 break
         epoch += 1
+        if out_of_time:
+            break
     if best_state is not None:
         model.load_state_dict(best_state)
     start = time.perf_counter()
@@ -222,7 +281,8 @@ def train_marian(run, corpus: Path) -> dict:
     scores = translation_scores(hyps, [t for _, t in test], bleu_tokenize=cfg.bleu_tokenize)
     return {"bleu": scores["bleu"], "chrf": scores["chrf"], "steps": step, "train_s": train_s,
             "train_cpu_s": train_cpu, "side_s": side_s,
-            "total_s": train_s + side_s, "valid": valid_curve, "loss": float(loss.detach()), "tokens": tokens,
+            "total_s": train_s + side_s, "valid": valid_curve, "curve": marks if curve_s else [],
+            "loss": float(loss.detach()), "tokens": tokens,
             "examples": list(zip([s for s, _ in test][:5], hyps[:5]))}
 
 
@@ -238,6 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", default=None, help="an existing corpus directory (train/valid/test.tsv)")
     parser.add_argument("--skip-marian", action="store_true", help="train aiayn only")
     parser.add_argument("--skip-aiayn", action="store_true", help="train the peer only")
+    parser.add_argument("--budget", default="", help="aiayn's time_budget (20m, 1h); the peer trains for the "
+                                                     "training seconds aiayn had (default: --steps)")
+    parser.add_argument("--curve", default="", help="validate both each time their training time passes a "
+                                                    "multiple of this (5m): BLEU against training minutes")
     parser.add_argument("overrides", nargs="*", help="aiayn config overrides, applied to both (KEY=VALUE)")
     args = parser.parse_args(argv)
     work = Path(args.work) if args.work else _new_dir(Path("runs"), "bench-translate")
@@ -250,21 +314,31 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [f"train={corpus / 'train.tsv'}", f"valid={corpus / 'valid.tsv'}", f"test={corpus / 'test.tsv'}",
                  *args.overrides]
     if args.steps:
-        overrides.append(f"max_steps={args.steps}")
+        overrides += [f"max_steps={args.steps}"] + ([] if args.budget else ["time_budget="])
     if args.threads:
         overrides.append(f"threads={args.threads}")
+    if args.budget:
+        overrides += [f"time_budget={args.budget}", "max_steps=0"]
+    curve_s = parse_duration(args.curve) if args.curve else 0.0
     run = load_run_config(args.config or example_config("gettext-en-fr"), overrides)
+    # The peer: the sizes aiayn's recipe fits to this corpus, its users' learning rate unless one is given
+    fitted, _ = fit_run(run, len(read_pairs(corpus / "train.tsv")))
+    peer = load_run_config(None, [*PEER_RECIPE, *(i for i in overrides if i.split("=")[0] in ("lr", "warmup"))],
+                           base=fitted.to_dict())
     if run.train.threads:
         torch.set_num_threads(run.train.threads)
     results = {"config": run.to_dict(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     if not args.skip_aiayn:
         print("aiayn:", flush=True)
-        results["aiayn"] = train_aiayn(run, work / "aiayn")
+        results["aiayn"] = train_aiayn(run, work / "aiayn", curve_s)
     if not args.skip_marian:
         print("Hugging Face MarianMTModel:", flush=True)
-        results["marian"] = train_marian(run, corpus)
+        seconds = results["aiayn"]["train_s"] if args.budget and "aiayn" in results else (
+            parse_duration(args.budget) if args.budget else 0.0)
+        results["marian"] = train_marian(peer, corpus, seconds=seconds, curve_s=curve_s)
     (work / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"\nEnglish -> French, gettext catalogs; {torch.get_num_threads()} threads; beam {run.train.beam_size}")
+    pair = f"English -> {language_name(corpus, args.lang)}"
+    print(f"\n{pair}, gettext catalogs ({corpus}); {torch.get_num_threads()} threads; beam {run.train.beam_size}")
     print(f"{'':8} {'steps':>6} {'BLEU':>6} {'chrF':>6} {'train s':>8} {'train CPU s':>12} {'valid+test s':>13}")
     for name in ("aiayn", "marian"):
         if name in results:
@@ -275,7 +349,19 @@ def main(argv: list[str] | None = None) -> int:
         a, m = results["aiayn"], results["marian"]
         print(f"BLEU difference {a['bleu'] - m['bleu']:+.2f}; training time aiayn / Marian: wall "
               f"{a['train_s'] / m['train_s']:.2f}, CPU {a['train_cpu_s'] / m['train_cpu_s']:.2f}")
+    if curve_s:
+        print_curves(pair, results, curve_s)
     return 0
+
+
+def print_curves(pair: str, results: dict, curve_s: float) -> None:
+    """Validation BLEU (greedy) at each multiple of `curve_s` seconds of training, aiayn and the peer side by side."""
+    curves = {name: results[name]["curve"] for name in ("aiayn", "marian") if name in results}
+    print(f"\n{pair}: validation BLEU (greedy) after this much training time")
+    print(f"{'training':>10} " + " ".join(f"{name:>8}" for name in curves))
+    for k in range(max(len(c) for c in curves.values())):
+        cells = [f"{c[k][1]:>8.2f}" if k < len(c) else f"{'':>8}" for c in curves.values()]
+        print(f"{format_duration(curve_s * (k + 1)):>10} " + " ".join(cells))
 
 
 def _new_dir(root: Path, stem: str) -> Path:

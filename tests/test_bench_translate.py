@@ -30,6 +30,29 @@ def test_bench_translate_trains_both_models_and_reports(tmp_path, capsys):
         assert [step for step, _ in results[name]["valid"]] == [2, 4]
 
 
+def test_bench_translate_curves_in_training_time_name_the_pair(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    pairs = [f"{WORDS[i % 8]} {WORDS[i // 8 % 8]}\t{FRENCH[i % 8]} {FRENCH[i // 8 % 8]}" for i in range(64)]
+    for name, rows in (("train", pairs), ("valid", pairs[:8]), ("test", pairs[8:16])):
+        (corpus / f"{name}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    (corpus / "corpus.json").write_text(json.dumps({"lang": "es"}), encoding="utf-8")  # as `aiayn corpus` writes it
+    code = main(["bench", "translate", "--corpus", str(corpus), "--work", str(tmp_path / "work"), "--steps", "40",
+                 "--curve", "0.3s", "--threads", "1", "vocab_size=60", "max_tokens=64", "model.d_model=16",
+                 "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+                 "beam_size=1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "English -> Spanish, gettext catalogs" in out and "French" not in out
+    assert "English -> Spanish: validation BLEU (greedy) after this much training time" in out
+    results = json.loads((tmp_path / "work" / "results.json").read_text(encoding="utf-8"))
+    for name in ("aiayn", "marian"):
+        seconds = [t for t, _ in results[name]["curve"]]
+        assert seconds and seconds == sorted(seconds) and all(t >= 0.3 * (k + 1) for k, t in enumerate(seconds))
+    assert results["marian"]["steps"] == results["aiayn"]["steps"] == 40
+
+
 @pytest.mark.skipif(not catalog_files("fr"), reason="this machine has no compiled French gettext catalogs")
 def test_gettext_corpus_has_no_templates_and_disjoint_sources():
     corpus = read_gettext("fr", n_valid=100, n_test=100)

@@ -16,8 +16,10 @@ from aiayn.config import ModelConfig, check_field_types, parse_overrides, preset
 from aiayn.data.readers import decode_text
 from aiayn.rundir import check_input_file
 from aiayn.tokenization import KINDS
+from aiayn.training.budget import parse_duration
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
+RECIPES = ("auto", "fit", "paper")  # see aiayn.training.recipe
 OBJECTIVES = ("seq2seq", "sequence_classification", "token_classification", "masked_lm")
 # Validation metrics per objective; the first is `valid_metric=auto`'s choice. Higher is better but for loss.
 VALID_METRICS = {
@@ -34,6 +36,10 @@ class TrainConfig:
 
     Attributes:
         objective: "seq2seq", "sequence_classification", "token_classification" or "masked_lm".
+        recipe: "fit" chooses the sizes and rates the config does not set from the corpus (model preset,
+            vocabulary, batch tokens, pre-LN, peak lr and warmup, dropout, label smoothing; see
+            `aiayn.training.recipe`); "paper" keeps these defaults; "auto": "fit" for seq2seq from scratch
+            on files, "paper" otherwise.
         task: a built-in task ("numbers", "compare", "copy") instead of files; "" to read files.
         train, valid, test: data files; parallel text may be two aligned files "SRC,TGT".
         data_format: "auto" (from the extension), "tsv", "csv", "jsonl", "text" or "conll".
@@ -52,6 +58,9 @@ class TrainConfig:
             over 9); they are counted and reported either way.
         max_tokens: padded tokens per batch (before accumulation); max_sentences caps the batch size.
         epochs, max_steps: stop after this many epochs or optimizer steps (0 = no step limit).
+        time_budget: wall-clock time for the whole run ("90s", "20m", "1h30m"; "" = none): the trainer
+            measures its steps and plans steps, warmup and validation to end within it, the final test
+            evaluation included (`aiayn.training.budget`); `epochs` is then ignored and `max_steps` caps.
         accum_steps: batches per optimizer step in each process (gradient accumulation).
         global_batches: batches per optimizer step over all processes; 0 = accum_steps x processes. A run
             fixes it when it starts (train_config.json keeps the number, with accum_steps 1), so a run
@@ -97,6 +106,7 @@ class TrainConfig:
     """
 
     objective: str = "seq2seq"
+    recipe: str = "auto"
     task: str = ""
     train: str = ""
     valid: str = ""
@@ -127,6 +137,7 @@ class TrainConfig:
     max_sentences: int = 0
     epochs: int = 10
     max_steps: int = 0
+    time_budget: str = ""
     accum_steps: int = 1
     global_batches: int = 0
     distributed: str = "ddp"
@@ -170,6 +181,7 @@ class TrainConfig:
                                      ("tokenizer", self.tokenizer, KINDS),
                                      ("target_tokenizer", self.target_tokenizer, ("", *KINDS)),
                                      ("final_model", self.final_model, ("auto", "best", "last", "average")),
+                                     ("recipe", self.recipe, RECIPES),
                                      ("distributed", self.distributed, ("ddp", "fsdp")),
                                      ("log_to", self.log_to, ("", "tensorboard"))):
             if value not in choices:
@@ -192,8 +204,10 @@ class TrainConfig:
                              "those of each process (a run keeps global_batches in its train_config.json); keep one")
         if not 0.0 < self.warmup_fraction <= 1.0:
             raise ValueError(f"warmup_fraction must be in (0, 1], got {self.warmup_fraction}")
-        if self.epochs == 0 and self.max_steps == 0:
-            raise ValueError("set epochs or max_steps above 0")
+        if self.time_budget:
+            parse_duration(self.time_budget)
+        elif self.epochs == 0 and self.max_steps == 0:
+            raise ValueError("set epochs, max_steps or time_budget above 0")
         if not 0.0 <= self.label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0.0 < self.mlm_probability < 1.0:
@@ -220,11 +234,16 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A training config plus the model's preset and overrides, as a config file describes them."""
+    """A training config plus the model's preset and overrides, as a config file describes them.
+
+    `given` names the keys the file and the overrides set (training keys, and "model.KEY" for model keys):
+    a fitted recipe (`aiayn.training.recipe`) chooses only the others. It is not saved with the config.
+    """
 
     train: TrainConfig
     model_preset: str = "tiny"
     model_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+    given: frozenset[str] = dataclasses.field(default_factory=frozenset, compare=False)
 
     def model_config(self, **derived: Any) -> ModelConfig:
         """The preset with the file's overrides, then the sizes derived from the data (`derived`)."""
@@ -316,6 +335,7 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
     if not isinstance(model, dict):
         raise ValueError(f"'model' must be a table of model keys, got {type(model).__name__}")
     model = dict(model)
+    preset_given = "preset" in model
     model_preset = model.pop("preset", "tiny")
     if not isinstance(model_preset, str):
         raise ValueError(f"model key preset must be a string, got {model_preset!r}")
@@ -331,6 +351,7 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
         model_items = [item for item in model_items if item not in preset_items]
     train.update(parse_overrides(train_items, TrainConfig))
     model.update(parse_overrides(model_items, ModelConfig))
-    run = RunConfig(TrainConfig(**train), model_preset, model)
+    given = {*train, *(f"model.{key}" for key in model)} | ({"model.preset"} if preset_items or preset_given else set())
+    run = RunConfig(TrainConfig(**train), model_preset, model, frozenset(given))
     run.model_config(vocab_size=max(run.train.vocab_size, 8))  # validate the model keys early
     return run

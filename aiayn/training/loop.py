@@ -23,7 +23,14 @@ from torch import nn
 
 from aiayn.backends import resolve_device, select
 from aiayn.data.batching import shard_steps, token_batches
-from aiayn.data.prepare import EncodedSplit, PreparedData, load_labels, prepare_data, save_data_artifacts
+from aiayn.data.prepare import (
+    EncodedSplit,
+    PreparedData,
+    load_labels,
+    prepare_data,
+    read_examples,
+    save_data_artifacts,
+)
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
 from aiayn.rundir import (
@@ -41,6 +48,7 @@ from aiayn.rundir import (
     no_model_hint,
     open_run_dir,
 )
+from aiayn.training.budget import BEAM_SAMPLE, FINISH_S, PROBE_STEPS, Budget, parse_duration
 from aiayn.training.checkpoint import (
     average_checkpoints,
     best_checkpoint,
@@ -59,6 +67,7 @@ from aiayn.training.logbook import MetricsLog, plot_curves, require_tensorboard
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import batch_seed, batch_tokens, loss_units, make_batch, masking_generator, to_device
 from aiayn.training.optim import make_optimizer
+from aiayn.training.recipe import fit_run, uses_fit
 from aiayn.training.schedule import resolve_recipe
 
 logger = logging.getLogger(__name__)
@@ -77,6 +86,7 @@ class TrainResult:
     interrupted: bool = False
     checkpoint: Path | None = None
     test: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)  # how a `time_budget` was spent (Budget.summary)
 
 
 def read_run_config(run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -175,8 +185,15 @@ class Trainer:
         self.last_saved_step = -1
         self._stop_requested = False
         self._looping = False
+        self._saves = 0  # checkpoints written (their mean time is a budget's estimate of the next)
         self.rank, self.world = 0, 1
         self.parallel: Replicas | None = None  # the model as every process trains it (one, DDP or FSDP)
+        self.started = time.perf_counter()  # wall clock of this process's run: every log row's `time_s`
+        self.budget: Budget | None = None  # the accounts of a `time_budget` run
+
+    def elapsed(self) -> float:
+        """Seconds of wall clock since this process began the run (data, model and all)."""
+        return round(time.perf_counter() - self.started, 3)
 
     # -- hooks -------------------------------------------------------------------------------
     def after_step(self) -> None:
@@ -184,7 +201,11 @@ class Trainer:
 
     # -- setup -------------------------------------------------------------------------------
     def _setup(self) -> None:
+        self.started = time.perf_counter()
         cfg = self.cfg
+        if cfg.time_budget:
+            self.budget = Budget(parse_duration(cfg.time_budget), started=self.started)
+            import matplotlib.pyplot  # noqa: F401  (imported now, its seconds are measured, not guessed at the end)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.rank, self.world = init_distributed(self.device)
@@ -194,6 +215,11 @@ class Trainer:
         if not cfg.global_batches:  # fixed now and saved with the config: a resume at any world size keeps it
             self.run = replace(self.run, train=replace(cfg, global_batches=cfg.accum_steps * self.world, accum_steps=1))
             self.cfg = cfg = self.run.train
+        if not self.resume and uses_fit(cfg):  # a resumed run keeps the recipe its config saved
+            self.run, notes = fit_run(self.run, len(read_examples(cfg, cfg.train)[0]))
+            self.cfg = cfg = self.run.train
+            for note in notes if main else ():
+                self.report(note)
         if not main:
             torch.distributed.barrier()  # rank 0 checks the run directory and writes the tokenizers first
         if main:  # refuses a directory the run cannot own, then holds its lock until fit() returns
@@ -210,7 +236,7 @@ class Trainer:
         self.backend = select(self.device, "train", "bf16" if cfg.bf16 else None)
         self.prepared = self.backend.prepare(self.model)
         self.recipe, notes = resolve_recipe(cfg, total_steps=self._planned_steps(), d_model=self.model.config.d_model)
-        if main:
+        if main and self.budget is None:  # under a budget, the plan after the first steps reports the recipe
             for note in notes:
                 self.report(note)
             self.report("recipe: " + self.recipe.describe())
@@ -230,6 +256,8 @@ class Trainer:
                                       world=self.world, make_optimizer=lambda ps: make_optimizer(ps, self.recipe),
                                       device=self.device, runner=self.prepared)
         self.optimizer = self.parallel.optimizer
+        if self.budget is not None:
+            self.budget.record("setup", time.perf_counter() - self.started)
 
     def _setup_data(self, main: bool, pretrained_tokenizer: Any | None) -> PreparedData:
         cfg = self.cfg
@@ -272,8 +300,11 @@ class Trainer:
         return model.train()
 
     def _planned_steps(self) -> int:
-        """Optimizer steps the run will take: `max_steps`, or `epochs` of the training split's batches."""
+        """Optimizer steps the run will take: `max_steps`, or `epochs` of the training split's batches; under a
+        time budget, its plan (before the probe steps, `max_steps` or a provisional 1,000)."""
         cfg = self.cfg
+        if self.budget is not None:
+            return self.budget.planned_steps or cfg.max_steps or 1000
         if cfg.max_steps:
             return cfg.max_steps
         batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=0,
@@ -298,6 +329,13 @@ class Trainer:
         self.best_score = tuple(float(v) for v in state["best_score"])
         self.stale_validations = int(state["stale_validations"])
         self.last_saved_step = self.step
+        if self.budget is not None and state.get("budget"):  # the plan and what the earlier processes spent
+            plan = state["budget"]
+            self.budget.used = float(plan["used"])
+            self.budget.planned_steps, self.budget.next_valid = int(plan["planned_steps"]), int(plan["next_valid"])
+            self.budget.step_s = plan.get("step_s")
+            self.recipe, _ = resolve_recipe(self.cfg, total_steps=self.budget.planned_steps,
+                                            d_model=self.model.config.d_model)
         if self.rank == 0:
             self.log.truncate_after(self.step)
         self.report(f"resumed from {checkpoint} (step {self.step}, epoch {self.epoch + 1}, batch {self.batch_index})")
@@ -350,10 +388,14 @@ class Trainer:
     def _state(self) -> dict[str, Any]:
         return {"step": self.step, "epoch": self.epoch, "batch_index": self.batch_index,
                 "optimizer": self.parallel.optimizer_state(), "best_score": self.best_score,
-                "stale_validations": self.stale_validations}
+                "stale_validations": self.stale_validations,
+                "budget": None if self.budget is None else {
+                    "used": self.budget.elapsed(), "planned_steps": self.budget.planned_steps,
+                    "next_valid": self.budget.next_valid, "step_s": self.budget.step_s}}
 
     def save(self, *, best: bool = False) -> Path:
         """Write a checkpoint of the current step (once per step); `best` marks it the best validated one."""
+        began = time.perf_counter()
         if self.last_saved_step == self.step:
             path = latest_checkpoint(self.ckpt_dir)
         else:
@@ -361,26 +403,31 @@ class Trainer:
                                    meta={"epoch": self.epoch, "batch_index": self.batch_index,
                                          f"valid_{self.cfg.metric}": self.last_valid.get(self.cfg.metric)})
             self.last_saved_step = self.step
+            self._saves += 1
         if best:
             mark_best(self.ckpt_dir, path)
         prune_checkpoints(self.ckpt_dir, max(self.cfg.keep_last, self.cfg.average_last, 1))
+        if self.budget is not None:
+            self.budget.record("checkpoint", time.perf_counter() - began)
         return path
 
     def validate(self) -> dict[str, Any]:
         """Score the valid split on the run's metric (decoding greedily for BLEU / chrF), log a `valid` row,
         and checkpoint the model when the score is the best so far."""
         cfg = self.cfg
-        split = self.data.valid
-        if cfg.valid_max_examples:
-            split = EncodedSplit(*(part[:cfg.valid_max_examples] for part in (split.raw, split.items, split.lengths)))
+        began = time.perf_counter()
+        split = self._valid_split()
         options = EvalOptions.from_train_config(cfg, decode=cfg.objective == "seq2seq" and cfg.metric != "loss",
                                                 beam_size=1, examples=0)
         result = evaluate(self.model, self.data, split, options)
         result.pop("examples", None)
+        if self.budget is not None:
+            self.budget.record_validation(time.perf_counter() - began, len(split.items), options.decode)
         if not result:
             return result
         self.last_valid, self.last_validated_step = result, self.step
-        self.log.append({"split": "valid", "step": self.step, "epoch": self.epoch, **result})
+        self.log.append({"split": "valid", "step": self.step, "epoch": self.epoch, **result,
+                        "time_s": self.elapsed()})
         score = (-result["loss"] if cfg.metric == "loss" else result[cfg.metric], -result["loss"])
         if score > self.best_score:
             self.best_score, self.stale_validations = score, 0
@@ -388,6 +435,24 @@ class Trainer:
         else:
             self.stale_validations += 1
         return result
+
+    def _valid_split(self) -> EncodedSplit:
+        """What validation scores: the valid split, or its first `valid_max_examples`."""
+        split, most = self.data.valid, self.cfg.valid_max_examples
+        return EncodedSplit(*(part[:most] for part in (split.raw, split.items, split.lengths))) if most else split
+
+    def _time_beam(self) -> None:
+        """Decode a sample of the valid split greedily and with the test's beam: the ratio sizes the test's
+        reserve (the sample, an eighth of what validation decodes, 8 to `BEAM_SAMPLE` examples)."""
+        split = self._valid_split()
+        size = min(BEAM_SAMPLE, max(8, len(split.items) // 8))
+        sample = EncodedSplit(*(part[:size] for part in (split.raw, split.items, split.lengths)))
+        seconds = []
+        for beam in (1, self.cfg.beam_size):
+            began = time.perf_counter()
+            evaluate(self.model, self.data, sample, EvalOptions.from_train_config(self.cfg, beam_size=beam, examples=0))
+            seconds.append(time.perf_counter() - began)
+        self.budget.record_beam(*seconds)
 
     def _save_on_rank0(self) -> None:
         """Every process: the model comes together (FSDP), and rank 0 writes a checkpoint."""
@@ -452,8 +517,49 @@ class Trainer:
 
     def _done(self) -> bool:
         cfg = self.cfg
+        if self.budget is not None:  # the clock decides (`_budget_allows`); max_steps caps
+            return bool(cfg.max_steps and self.step >= cfg.max_steps)
         return bool((cfg.max_steps and self.step >= cfg.max_steps) or (cfg.epochs and self.epoch >= cfg.epochs
                                                                            and not cfg.max_steps))
+
+    # -- the time budget -----------------------------------------------------------------------
+    def _end_reserve(self) -> float:
+        """Seconds the end of the run needs: a last validation and checkpoint, the test evaluation, the files."""
+        budget, cfg = self.budget, self.cfg
+        decoded = cfg.objective == "seq2seq"
+        valid = budget.valid_estimate() if self.data.valid.items else 0.0
+        checkpoint = budget.spent["checkpoint"] / max(self._saves, 1) if self._saves else 1.0
+        test = budget.end_test_estimate(len(self.data.test.items), cfg.beam_size if decoded else 1, decoded)
+        return valid + checkpoint + test + FINISH_S
+
+    def _budget_allows(self, seconds: float) -> bool:
+        """Whether `seconds` more of training (or validation) leave the end of the run its time; rank 0 decides."""
+        budget = self.budget
+        if self.rank == 0:
+            budget.end_reserve_s = self._end_reserve()
+            allowed = budget.fits(seconds, budget.end_reserve_s)
+            if budget.planned_steps and self.recipe.schedule == "linear" and self.step >= budget.planned_steps:
+                allowed = False  # the rate has decayed to 0
+        else:
+            allowed = False
+        return self.parallel.from_rank0(allowed)
+
+    def _plan_budget(self) -> None:
+        """Plan the steps and the validation cadence that fit what is left; the recipe follows the plan."""
+        budget, cfg = self.budget, self.cfg
+        valid_examples = len(self._valid_split().items)
+        first = not budget.planned_steps
+        total, upcoming = budget.plan(self.step, self._end_reserve(), valid_examples, cfg.max_steps)
+        budget.planned_steps, budget.next_valid = self.parallel.from_rank0((total, upcoming))
+        self.recipe, notes = resolve_recipe(cfg, total_steps=total, d_model=self.model.config.d_model)
+        if first and self.rank == 0:
+            for note in notes:
+                self.report(note)
+            when = (f"every {cfg.eval_every} steps" if cfg.eval_every else
+                    f"first at step {upcoming}" if upcoming else "only at the end")
+            self.report(f"time budget {budget.seconds:g} s: {budget.step_s:.3g} s a step measured over "
+                        f"{budget.timed_steps} steps, about {total} steps planned, validation {when}, "
+                        f"{self._end_reserve():.3g} s kept for the end; recipe: {self.recipe.describe()}")
 
     def _loop(self) -> bool:
         from tqdm.auto import tqdm
@@ -462,6 +568,7 @@ class Trainer:
         bar = tqdm(total=self.recipe.total_steps, initial=self.step, disable=not self.progress or self.rank != 0,
                    unit="step", dynamic_ncols=True, desc="train")
         tokens, clock, window = 0, time.perf_counter(), []
+        budget = self.budget
         self._looping = True
         try:
             while not self._done():
@@ -470,11 +577,18 @@ class Trainer:
                 # A step takes `global_batches` batches, process r every world-th of them (None: an empty batch)
                 for stop, mine in shard_steps(len(batches), cfg.global_batches, rank=self.rank, world=self.world,
                                               start=self.batch_index):
+                    if budget is not None and not self._budget_allows(budget.step_s or 0.0):
+                        return True
+                    began = time.perf_counter()
                     micro = [make_batch(self.data, self.data.train, batches[i] if i is not None else [],
                                         mlm_probability=cfg.mlm_probability,
                                         generator=masking_generator(cfg.seed, self.epoch, i or 0)) for i in mine]
                     stats = self._train_step(micro, [batch_seed(cfg.seed, self.epoch, i or 0, stream=1) for i in mine])
                     self.batch_index = stop
+                    if budget is not None:
+                        budget.record_step(time.perf_counter() - began)
+                        if budget.timed_steps == PROBE_STEPS and not budget.planned_steps:
+                            self._plan_budget()
                     tokens += stats["tokens"]
                     window.append(stats["loss"])
                     bar.update(1)
@@ -482,12 +596,13 @@ class Trainer:
                         elapsed = max(time.perf_counter() - clock, 1e-9)
                         row = {"split": "train", "step": self.step, "epoch": self.epoch,
                                "loss": sum(window) / len(window), "nll": stats["nll"], "lr": stats["lr"],
-                               "grad_norm": stats["grad_norm"], "tokens_per_s": tokens / elapsed}
+                               "grad_norm": stats["grad_norm"], "tokens_per_s": tokens / elapsed,
+                               "time_s": self.elapsed()}
                         self.log.append(row)
                         bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
                                         tok_s=f"{row['tokens_per_s']:.0f}")
                         tokens, clock, window = 0, time.perf_counter(), []
-                    if cfg.eval_every and self.step % cfg.eval_every == 0 and self._validate_and_check_patience():
+                    if self._validation_due() and self._validate_in_loop():
                         return True
                     if cfg.save_every and self.step % cfg.save_every == 0:
                         self._save_on_rank0()
@@ -498,13 +613,33 @@ class Trainer:
                         return True
                 self.epoch += 1
                 self.batch_index = 0
-                if not cfg.eval_every and self._validate_and_check_patience():
+                if not cfg.eval_every and budget is None and self._validate_and_check_patience():
                     return True
-                if not cfg.save_every:
+                if not cfg.save_every and budget is None:  # a budget saves at validations and at the end
                     self._save_on_rank0()
         finally:
             bar.close()
         return True
+
+    def _validation_due(self) -> bool:
+        """Every `eval_every` steps; under a budget without one, at the planned steps."""
+        if self.cfg.eval_every:
+            return self.step % self.cfg.eval_every == 0
+        return self.budget is not None and self.budget.next_valid > 0 and self.step >= self.budget.next_valid
+
+    def _validate_in_loop(self) -> bool:
+        """A scheduled validation (skipped when a budget has no room for it); True to stop early."""
+        budget = self.budget
+        if budget is None:
+            return self._validate_and_check_patience()
+        if not self._budget_allows(budget.valid_estimate()):
+            budget.skipped_validations += 1
+            return False
+        stop = self._validate_and_check_patience()
+        if self.rank == 0 and self.cfg.objective == "seq2seq" and self.cfg.beam_size > 1 and self.data.valid.items:
+            self._time_beam()
+        self._plan_budget()  # the validation's measured time moves the plan
+        return stop
 
     def _finish(self) -> TrainResult:
         if self.last_saved_step != self.step:
@@ -512,13 +647,36 @@ class Trainer:
                 self.validate()
             self.save()
         checkpoint = latest_checkpoint(self.ckpt_dir)
+        began = time.perf_counter()
         self._choose_final_model()
         save_model(self.model, self.run_dir)
         save_data_artifacts(self.run_dir, self.data)
-        test = self.evaluate_test()
+        if self.budget is not None:
+            self.budget.record("finish", time.perf_counter() - began)
+        test = self.evaluate_test(beam_size=self._test_beam())
+        began = time.perf_counter()
+        if self.budget is not None:
+            self.log.append({"split": "budget", "step": self.step, "epoch": self.epoch, **self.budget.summary()})
         self.log.write_csv(self.run_dir / METRICS_CSV)
         plot_curves(self.log.rows(), self.run_dir / CURVES)
-        return TrainResult(self.run_dir, self.step, checkpoint=checkpoint, test=test)
+        summary = {}
+        if self.budget is not None:
+            self.budget.record("finish", time.perf_counter() - began)
+            summary = self.budget.summary()
+            self.report(self.budget.describe())
+        return TrainResult(self.run_dir, self.step, checkpoint=checkpoint, test=test, budget=summary)
+
+    def _test_beam(self) -> int | None:
+        """The test's beam: the run's, or greedy decoding when only that fits what is left of a budget."""
+        budget, cfg = self.budget, self.cfg
+        if budget is None or cfg.objective != "seq2seq" or cfg.beam_size == 1:
+            return None
+        n = len(self.data.test.items)
+        if budget.fits(budget.test_estimate(n, cfg.beam_size, True), FINISH_S):
+            return None
+        self.report(f"time budget: the test is decoded greedily, beam {cfg.beam_size} would take about "
+                    f"{budget.test_estimate(n, cfg.beam_size, True):.0f} s of the {budget.left():.0f} s left")
+        return 1
 
     def _choose_final_model(self) -> None:
         """Put the `final_model` weights into `self.model`: the best validated, the last, or an average."""
@@ -537,18 +695,25 @@ class Trainer:
             self.report(f"final model: {best.name}, the best {cfg.metric} on the valid split "
                         f"({abs(self.best_score[0]):.4g})")
 
-    def evaluate_test(self) -> dict[str, Any]:
+    def evaluate_test(self, beam_size: int | None = None) -> dict[str, Any]:
         """Evaluate the final model on the test split (a progress bar with `progress`); writes `eval.json` and a
-        `test` log row."""
+        `test` log row. `beam_size` replaces the run's (a budget short of time decodes greedily)."""
         from tqdm.auto import tqdm
 
+        began = time.perf_counter()
         with tqdm(total=len(self.data.test.items), disable=not self.progress, unit="example", desc="test",
                   dynamic_ncols=True) as bar:
-            result = evaluate(self.model, self.data, self.data.test, EvalOptions.from_train_config(self.cfg),
-                              progress=bar.update)
+            options = EvalOptions.from_train_config(self.cfg)
+            if beam_size is not None:
+                options = replace(options, beam_size=beam_size)
+            result = evaluate(self.model, self.data, self.data.test, options, progress=bar.update)
+        if self.budget is not None:
+            self.budget.record("test", time.perf_counter() - began)
         if result:
+            if beam_size is not None:
+                result["beam_size"] = beam_size
             row = {k: v for k, v in result.items() if k != "examples"}
-            self.log.append({"split": "test", "step": self.step, "epoch": self.epoch, **row})
+            self.log.append({"split": "test", "step": self.step, "epoch": self.epoch, **row, "time_s": self.elapsed()})
             atomic_write_bytes(self.run_dir / EVAL, (json.dumps({"split": "test", "step": self.step, **result},
                                                                      indent=2) + "\n").encode())
         return result

@@ -1,0 +1,91 @@
+"""The recipe that fits the data: the sizes and rates a translation run takes from its corpus.
+
+`recipe="auto"` (the default) is `"fit"` for seq2seq trained from scratch on files, and `"paper"`
+otherwise (built-in tasks, classification, fine-tuning). Under `"fit"`, every key below that the
+config does not set is chosen from the number of training pairs; a key the config sets is kept.
+`"paper"` keeps the dataclass defaults: the paper's post-LN model and its schedule (`schedule.py`).
+
+The rule, and what backs each lever (docs/training.md, "A recipe that fits the data"):
+
+| pairs | model | vocabulary | batch tokens |
+| --- | --- | --- | --- |
+| 10,000 or more | "small" (d_model 256, 3 + 3 layers) | 8,000 | 4,096 |
+| 2,000 to 10,000 | "small" | 4,000 | 2,048 |
+| fewer | "tiny" (d_model 64, 2 + 2 layers) | 2,000 | 1,024 |
+
+and, with a `time_budget` under `SHORT_BUDGET_S` (1 hour), the "small" model narrowed to d_model
+128 and d_ff 512 with 2,048-token batches (`SHORT`): about 7x the steps in the same time, since a
+short run on a CPU is short of steps before it is short of parameters. At every size: pre-LN
+(`norm_first`), peak learning rate 3e-3 reached after 30% of the planned steps (`warmup_fraction`),
+then the inverse square root; dropout 0.1 and label smoothing 0.1 (the paper's).
+
+What backs it: pre-LN at 3e-3 with a 150-step warmup of 500 steps learned about 3x faster than the
+paper's schedule fitted to a short run (English -> German, 26k pairs: test BLEU 20.4 after 500 steps
+against 17.1 after 1,500); the first row's sizes are those of the English -> French runs; on
+English -> French, 10 minutes on one loaded thread gave the "small" model 49 steps and test BLEU 0.0,
+the narrowed one about 500 steps and a model that learns (docs/training.md). The smaller rows follow
+Sennrich & Zhang (2019), smaller vocabularies and batches for less data, and are not measured here.
+A `time_budget` then sets the steps (`aiayn.training.budget`), and with them the warmup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from typing import Any
+
+from aiayn.training.budget import parse_duration
+from aiayn.training.config import RunConfig, TrainConfig
+
+PEAK_LR = 3e-3
+WARMUP_FRACTION = 0.3
+# (least training pairs, model preset, vocabulary size, batch tokens), largest first.
+SIZES = ((10_000, "small", 8000, 4096), (2_000, "small", 4000, 2048), (0, "tiny", 2000, 1024))
+SHORT_BUDGET_S = 3600.0
+SHORT = {"d_model": 128, "d_ff": 512}, 2048  # (model keys, batch tokens) of a "small" run under a short budget
+
+
+def uses_fit(cfg: TrainConfig) -> bool:
+    """Whether the run's recipe is "fit" ("auto": seq2seq from scratch on files)."""
+    if cfg.recipe != "auto":
+        return cfg.recipe == "fit"
+    return cfg.objective == "seq2seq" and not cfg.task and not cfg.init_from
+
+
+def fitted_keys(pairs: int, budget_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(training keys, model keys) the recipe chooses for `pairs` training pairs and a time budget of `budget_s`
+    seconds (0: none); the model keys include "preset"."""
+    _, preset, vocab, tokens = next(row for row in SIZES if pairs >= row[0])
+    model = {"preset": preset, "norm_first": True, "dropout": 0.1}
+    if preset == "small" and 0 < budget_s < SHORT_BUDGET_S:
+        model.update(SHORT[0])
+        tokens = min(tokens, SHORT[1])
+    train = {"vocab_size": vocab, "max_tokens": tokens, "lr": PEAK_LR, "warmup": 0,
+             "warmup_fraction": WARMUP_FRACTION, "label_smoothing": 0.1}
+    return train, model
+
+
+def fit_run(run: RunConfig, pairs: int) -> tuple[RunConfig, list[str]]:
+    """`run` with every fitted key it does not set chosen for `pairs` training pairs, and a note of the choice.
+
+    A key counts as set when the config file or an override names it (`RunConfig.given`) or when its value
+    differs from the default.
+    """
+    if not uses_fit(run.train):
+        return run, []
+    defaults = TrainConfig(train="-")
+    given = set(run.given) | {f.name for f in fields(TrainConfig)
+                              if getattr(run.train, f.name) != getattr(defaults, f.name)}
+    train, model = fitted_keys(pairs, parse_duration(run.train.time_budget) if run.train.time_budget else 0.0)
+    train = {key: value for key, value in train.items() if key not in given}
+    chosen_preset = model.pop("preset")
+    preset = run.model_preset if "model.preset" in given or run.model_preset != "tiny" else chosen_preset
+    model = {key: value for key, value in model.items() if key not in run.model_overrides}
+    fitted = replace(run, train=replace(run.train, recipe="fit", **train), model_preset=preset,
+                     model_overrides={**model, **run.model_overrides})
+    chosen = [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in train.items()]
+    chosen += [f"model.{k}={v}" for k, v in model.items()]
+    if preset != run.model_preset:
+        chosen.insert(0, f"model.preset={preset}")
+    note = (f"recipe fitted to {pairs} training pairs: {' '.join(chosen)}" if chosen else
+            f"recipe: every fitted key is set by the config ({pairs} training pairs)")
+    return fitted, [note]

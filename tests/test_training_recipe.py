@@ -1,0 +1,53 @@
+"""The fitted recipe: keys the config leaves out are chosen from the corpus size; keys it sets are kept."""
+
+import pytest
+
+from aiayn.training.config import RunConfig, TrainConfig, load_run_config
+from aiayn.training.recipe import PEAK_LR, SIZES, fit_run, fitted_keys, uses_fit
+
+
+@pytest.mark.parametrize(("pairs", "preset", "vocab", "tokens"), [(40_000, "small", 8000, 4096),
+                                                                 (5_000, "small", 4000, 2048),
+                                                                 (500, "tiny", 2000, 1024)])
+def test_only_train_given_gets_the_sizes_of_its_corpus(pairs, preset, vocab, tokens):
+    fitted, notes = fit_run(load_run_config(None, ["train=data.tsv"]), pairs)
+    assert (fitted.model_preset, fitted.train.vocab_size, fitted.train.max_tokens) == (preset, vocab, tokens)
+    assert fitted.model_overrides == {"norm_first": True, "dropout": 0.1}
+    assert (fitted.train.lr, fitted.train.warmup, fitted.train.recipe) == (PEAK_LR, 0, "fit")
+    assert f"recipe fitted to {pairs} training pairs" in notes[0]
+    assert fitted.model_config(vocab_size=vocab).norm_first
+
+
+def test_keys_the_config_sets_are_kept_even_when_they_equal_the_defaults():
+    run = load_run_config(None, ["train=data.tsv", "vocab_size=8000", "lr=1e-3", "model.preset=tiny",
+                                 "model.norm_first=false"])
+    fitted, _ = fit_run(run, 500)
+    assert (fitted.train.vocab_size, fitted.train.lr, fitted.model_preset) == (8000, 1e-3, "tiny")
+    assert fitted.model_overrides["norm_first"] is False
+    assert fitted.train.max_tokens == fitted_keys(500)[0]["max_tokens"]  # not set: fitted
+    # from Python, without a file: a value other than the default counts as set
+    fitted, _ = fit_run(RunConfig(TrainConfig(train="data.tsv", max_tokens=999)), 40_000)
+    assert (fitted.train.max_tokens, fitted.train.vocab_size) == (999, 8000)
+
+
+@pytest.mark.parametrize("items", [["task=copy"], ["train=data.tsv", "recipe=paper"],
+                                   ["train=data.tsv", "objective=sequence_classification"]])
+def test_tasks_classifiers_and_the_paper_recipe_are_not_fitted(items):
+    run = load_run_config(None, items)
+    assert not uses_fit(run.train)
+    assert fit_run(run, 40_000) == (run, [])
+
+
+def test_the_rows_cover_every_corpus_size():
+    assert SIZES[-1][0] == 0 and [row[0] for row in SIZES] == sorted((row[0] for row in SIZES), reverse=True)
+    with pytest.raises(ValueError, match="recipe must be one of"):
+        TrainConfig(train="data.tsv", recipe="fast")
+
+
+def test_a_short_budget_narrows_the_model_for_more_steps():
+    short, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m"]), 40_000)
+    long, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=2h"]), 40_000)
+    assert short.model_overrides["d_model"] == 128 and short.train.max_tokens == 2048
+    assert "d_model" not in long.model_overrides and long.train.max_tokens == 4096
+    kept, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m", "model.d_model=256"]), 40_000)
+    assert kept.model_overrides["d_model"] == 256 and kept.model_overrides["d_ff"] == 512
