@@ -14,11 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.rundir import atomic_write_text
+from aiayn.tasks.names import ENCODER_OBJECTIVES, LABELLED
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
 PE_LAYOUTS = ("interleaved", "split")
-HEADS = ("none", "sequence_classification", "token_classification", "masked_lm")
+HEADS = ("none", *ENCODER_OBJECTIVES)  # an encoder-only objective names its head
 POOLINGS = ("first", "mean")
 
 
@@ -52,8 +53,8 @@ class ModelConfig:
         pad_id: padding token id; padded keys are never attended to.
         type_vocab_size: BERT token-type (segment) embeddings; 0 disables them.
         embedding_norm: LayerNorm on the embedding sum (BERT).
-        head: encoder-only output head: "none" (hidden states), "sequence_classification",
-            "token_classification" or "masked_lm".
+        head: encoder-only output head: "none" (hidden states) or an encoder objective's name
+            (`aiayn.tasks.ENCODER_OBJECTIVES`: sequence / token classification, masked LM).
         num_labels: classes of a classification head.
         pooling: sequence-classification pooling, "first" token or "mean" over real tokens.
     """
@@ -145,7 +146,7 @@ class ModelConfig:
                 "share_embeddings needs one vocabulary: set tgt_vocab_size to null "
                 "or share_embeddings=false"
             )
-        if self.head in ("sequence_classification", "token_classification") and self.num_labels < 1:
+        if self.head in LABELLED and self.num_labels < 1:
             raise ValueError(f"head {self.head!r} needs num_labels >= 1")
         for name in ("norm_first", "scale_embeddings", "tie_embeddings", "share_embeddings",
                      "bias", "embedding_norm"):

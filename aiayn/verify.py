@@ -41,6 +41,7 @@ from aiayn.interop.torch_nn import (
     torch_encoder_layer,
 )
 from aiayn.nn.model import build_decoder, build_encoder, build_model
+from aiayn.tasks import SEQ2SEQ
 
 # Approximate paths may differ by this fraction of the largest expected value.
 RELATIVE_FLOOR = {"fp32": 0.0, "bf16": 0.05, "int8": 0.15}
@@ -344,7 +345,7 @@ def _gradient_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
         model.zero_grad(set_to_none=True)
         batch = {"src": src.to(device), "tgt_in": tgt.to(device), "labels": labels.to(device)}
         with autocast:
-            logits, kept = forward(runner, batch, "seq2seq")
+            logits, kept = forward(runner, batch, SEQ2SEQ)
         loss, _ = label_smoothed_loss(logits.float(), kept, smoothing=0.1)
         loss.backward()
         return float(loss.detach()), {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}

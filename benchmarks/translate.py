@@ -39,10 +39,10 @@ import torch.nn.functional as F
 
 from aiayn.data.batching import token_batches
 from aiayn.data.gettext import catalog_files, read_gettext
+from aiayn.tasks.metrics import translation_scores
 from aiayn.training.budget import PROBE_STEPS, format_duration, parse_duration
 from aiayn.training.config import example_config, load_run_config
 from aiayn.training.loop import Trainer
-from aiayn.training.metrics import translation_scores
 from aiayn.training.recipe import fit_run
 from aiayn.training.schedule import resolve_recipe
 

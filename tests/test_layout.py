@@ -10,13 +10,22 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "aiayn"
 LAYERS = {
     "config": 0, "tokenization": 0, "rundir": 0,
+    "tasks.names": 0,  # the objective names alone (it imports nothing), so config and nn may name a head
     "nn": 1, "reference": 1, "data": 1, "weights": 1,
     "backends": 2, "io": 2, "aiayn": 2,  # "aiayn": the package's own __init__ (build_model, load_model)
-    "inference": 3, "training": 3, "interop": 3,
-    "inspect": 4, "verify": 4, "export": 4,
-    "serve": 5,
-    "cli": 6, "__main__": 7,
+    "tasks": 3,
+    "inference": 4, "training": 4, "interop": 4,
+    "inspect": 5, "verify": 5, "export": 5,
+    "serve": 6,
+    "cli": 7, "__main__": 8,
 }
+NAMES = "aiayn.tasks.names"
+TASKS = PACKAGE / "tasks"
+
+
+def _part_of(module: str) -> str:
+    """The part a dotted `aiayn.X...` module belongs to (`aiayn.tasks.names` is a part of its own)."""
+    return "tasks.names" if module == NAMES else module.split(".")[1]
 
 
 def part_imports() -> set[tuple[str, str, str]]:
@@ -26,14 +35,16 @@ def part_imports() -> set[tuple[str, str, str]]:
         relative = path.relative_to(PACKAGE)
         is_root = relative.name == "__init__.py" and len(relative.parts) == 1
         part = "aiayn" if is_root else relative.parts[0].removesuffix(".py")
+        if path == TASKS / "names.py":
+            part = "tasks.names"
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module == "aiayn":
                 # `from aiayn import reference` imports a part; `from aiayn import __version__` the root
                 targets = [alias.name if alias.name in LAYERS else "aiayn" for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aiayn."):
-                targets = [node.module.split(".")[1]]
+                targets = [_part_of(node.module)]
             elif isinstance(node, ast.Import):
-                targets = [a.name.split(".")[1] for a in node.names if a.name.startswith("aiayn.")]
+                targets = [_part_of(a.name) for a in node.names if a.name.startswith("aiayn.")]
             else:
                 continue
             found.update((part, target, str(relative)) for target in targets if target != part)
@@ -44,6 +55,37 @@ def test_every_part_has_a_layer():
     parts = {p.name.removesuffix(".py") for p in PACKAGE.iterdir() if not p.name.startswith((".", "_")) or
              p.name == "__main__.py"} - {"assets", "examples", "__pycache__"}
     assert parts <= set(LAYERS), sorted(parts - set(LAYERS))
+
+
+def test_names_module_imports_nothing_of_aiayn():
+    """Config and nn import `aiayn.tasks.names`: it must not pull the task objects (which import them) in."""
+    tree = ast.parse((TASKS / "names.py").read_text(encoding="utf-8"))
+    imports = [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not imports, [ast.dump(n) for n in imports]
+    registry = ast.parse((TASKS / "__init__.py").read_text(encoding="utf-8"))
+    eager = {n.module for n in registry.body if isinstance(n, ast.ImportFrom)}
+    assert eager <= {"__future__", NAMES, "aiayn.tasks.base"}, eager  # the task files load on first use
+    base = ast.parse((TASKS / "base.py").read_text(encoding="utf-8"))
+    assert not [n for n in base.body if isinstance(n, ast.ImportFrom) and n.module.startswith("aiayn")]
+
+
+def test_objective_names_are_spelled_only_in_the_task_registry():
+    """No string constant outside aiayn/tasks/ equals an objective's name: code asks the registry."""
+    names = {"seq2seq", "sequence_classification", "token_classification", "masked_lm"}
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        if TASKS in path.parents:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.value!r}")
+    assert not found, found
+
+
+def test_the_registry_knows_every_objective_by_its_name():
+    from aiayn.tasks import OBJECTIVES, get_task
+
+    assert {get_task(name).name for name in OBJECTIVES} == set(OBJECTIVES)
 
 
 def test_imports_go_down_or_sideways_never_up():

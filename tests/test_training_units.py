@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 from aiayn.config import preset
 from aiayn.nn.model import build_model
+from aiayn.tasks.metrics import accuracy_and_macro_f1, entity_f1, entity_spans, translation_scores
 from aiayn.training import checkpoint as ckpt
 from aiayn.training.config import TrainConfig, load_run_config
 from aiayn.training.loss import label_smoothed_loss
-from aiayn.training.metrics import accuracy_and_macro_f1, entity_f1, entity_spans, translation_scores
 from aiayn.training.optim import make_optimizer
 from aiayn.training.schedule import noam_lr, resolve_recipe
 

@@ -26,6 +26,7 @@ from aiayn.data.readers import (
 from aiayn.data.tasks import builtin_task
 from aiayn.rundir import LABELS as LABELS_NAME
 from aiayn.rundir import atomic_write_text
+from aiayn.tasks.names import LABELLED, MASKED_LM, SEQ2SEQ, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 from aiayn.tokenization import MASK, Tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -64,11 +65,11 @@ class PreparedData:
 
 def read_examples(cfg: Any, path: str) -> tuple[list, ReadStats]:
     """Read one data file with the reader of the config's objective."""
-    if cfg.objective == "seq2seq":
+    if cfg.objective == SEQ2SEQ:
         return read_parallel(path, fmt=cfg.data_format, source_field=cfg.source_field, target_field=cfg.target_field)
-    if cfg.objective == "sequence_classification":
+    if cfg.objective == SEQUENCE_CLASSIFICATION:
         return read_classification(path, fmt=cfg.data_format, text_field=cfg.text_field, label_field=cfg.label_field)
-    if cfg.objective == "token_classification":
+    if cfg.objective == TOKEN_CLASSIFICATION:
         return read_conll(path)
     return read_text(path)
 
@@ -78,7 +79,7 @@ def raw_splits(cfg: Any) -> tuple[list, list, list, list[ReadStats]]:
     if cfg.task:
         splits = builtin_task(cfg.task, seed=cfg.seed, n_train=cfg.task_train, n_valid=cfg.task_valid,
                               n_test=cfg.task_test, max_number=cfg.task_max_number, max_len=cfg.task_max_len)
-        expected = "sequence_classification" if cfg.task == "compare" else "seq2seq"
+        expected = SEQUENCE_CLASSIFICATION if cfg.task == "compare" else SEQ2SEQ
         if cfg.objective != expected:
             raise ValueError(f"built-in task {cfg.task!r} is for objective {expected!r}, not {cfg.objective!r}")
         stats = [ReadStats(path=f"task {cfg.task} {name}", kept=len(items))
@@ -113,22 +114,22 @@ def raw_splits(cfg: Any) -> tuple[list, list, list, list[ReadStats]]:
 
 
 def _texts(objective: str, examples: list, side: str) -> list[str]:
-    if objective == "seq2seq":
+    if objective == SEQ2SEQ:
         return [e.source if side == "source" else e.target for e in examples]
-    if objective == "sequence_classification":
+    if objective == SEQUENCE_CLASSIFICATION:
         return [e.text for e in examples]
-    if objective == "token_classification":
+    if objective == TOKEN_CLASSIFICATION:
         return [" ".join(e.tokens) for e in examples]
     return list(examples)
 
 
 def train_tokenizers(cfg: Any, train: list) -> tuple[Tokenizer, Tokenizer]:
     """Train the source and target tokenizers on the training split (one shared unless `shared_vocab=false`)."""
-    extra = (MASK,) if cfg.objective == "masked_lm" else ()
+    extra = (MASK,) if cfg.objective == MASKED_LM else ()
     kind = cfg.tokenizer
-    if cfg.objective != "seq2seq" or cfg.shared_vocab:
+    if cfg.objective != SEQ2SEQ or cfg.shared_vocab:
         texts = _texts(cfg.objective, train, "source")
-        if cfg.objective == "seq2seq":
+        if cfg.objective == SEQ2SEQ:
             texts += _texts(cfg.objective, train, "target")
         shared = train_tokenizer(texts, vocab_size=cfg.vocab_size, kind=kind, extra_special=extra,
                                  lowercase=cfg.lowercase, min_frequency=cfg.vocab_min_frequency)
@@ -157,9 +158,9 @@ def vocabulary_note(tokenizer: Tokenizer, asked: int, side: str = "") -> str:
 
 def label_names(objective: str, train: list) -> list[str]:
     """Sorted label (or tag) names seen in the training split."""
-    if objective == "sequence_classification":
+    if objective == SEQUENCE_CLASSIFICATION:
         return sorted({e.label for e in train})
-    if objective == "token_classification":
+    if objective == TOKEN_CLASSIFICATION:
         return sorted({tag for e in train for tag in e.tags})
     return []
 
@@ -169,7 +170,7 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
     """Encode one split; rows over the length limits are dropped and counted in `stats`."""
     label_index = {label: i for i, label in enumerate(labels)}
     kept_raw, items, lengths = [], [], []
-    if cfg.objective == "sequence_classification" and raw and not {e.label for e in raw} & set(labels):
+    if cfg.objective == SEQUENCE_CLASSIFICATION and raw and not {e.label for e in raw} & set(labels):
         seen = sorted({e.label for e in raw})
         raise ValueError(f"{name} split: none of its labels ({', '.join(map(repr, seen[:3]))}"
                          f"{', ...' if len(seen) > 3 else ''}) is one of the run's ({', '.join(labels)}): is this "
@@ -181,12 +182,12 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
                              f"(known: {', '.join(labels)})")
         return label_index[label]
 
-    if cfg.objective == "seq2seq":
+    if cfg.objective == SEQ2SEQ:
         src_ids = source.encode_batch([e.source for e in raw], add_eos=True)
         tgt_ids = target.encode_batch([e.target for e in raw])
         encoded = list(zip(src_ids, tgt_ids))
         sizes = [(len(s), len(t) + 1) for s, t in encoded]
-    elif cfg.objective == "token_classification":
+    elif cfg.objective == TOKEN_CLASSIFICATION:
         encoded = []
         for example in raw:
             enc = source.backend.encode(list(example.tokens), is_pretokenized=True, add_special_tokens=False)
@@ -198,9 +199,9 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
             encoded.append(([source.bos_id, *enc.ids, source.eos_id], [*tags, IGNORE]))
         sizes = [(len(ids), 0) for ids, _ in encoded]
     else:
-        texts = [e.text for e in raw] if cfg.objective == "sequence_classification" else list(raw)
+        texts = [e.text for e in raw] if cfg.objective == SEQUENCE_CLASSIFICATION else list(raw)
         ids = source.encode_batch(texts, add_bos=True, add_eos=True)
-        if cfg.objective == "sequence_classification":
+        if cfg.objective == SEQUENCE_CLASSIFICATION:
             encoded = [(i, label_id(e.label)) for i, e in zip(ids, raw)]
         else:
             encoded = ids
@@ -231,7 +232,7 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
     """
     train, valid, test, stats = raw_splits(cfg)
     notes = []
-    if not cfg.task and cfg.objective in ("seq2seq", "sequence_classification"):
+    if not cfg.task and cfg.objective in (SEQ2SEQ, SEQUENCE_CLASSIFICATION):
         train, valid, test, report = check_splits(train, valid, test, drop=cfg.clean)
         notes.append(report.summary())
     if tokenizers is None:
@@ -245,11 +246,11 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
         source, target = tokenizers
     if labels is None:
         labels = label_names(cfg.objective, train)
-        if cfg.objective in ("sequence_classification", "token_classification") and len(labels) < 2:
-            what = "label" if cfg.objective == "sequence_classification" else "tag"
+        if cfg.objective in LABELLED and len(labels) < 2:
+            what = "label" if cfg.objective == SEQUENCE_CLASSIFICATION else "tag"
             raise ValueError(f"the training data has one {what} ({', '.join(map(repr, labels))}): there is nothing "
                              f"to tell apart (every prediction would be right); add examples of other {what}s")
-    if cfg.objective == "masked_lm" and source.mask_id is None:
+    if cfg.objective == MASKED_LM and source.mask_id is None:
         raise ValueError("masked-LM training needs a tokenizer with a mask token")
     train_stats = stats[0] if not cfg.task else None
     splits = {}

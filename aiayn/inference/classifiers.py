@@ -19,6 +19,7 @@ from torch import nn
 from aiayn.data.collate import pad
 from aiayn.inference.embeddings import encode_texts, length_sorted_batches
 from aiayn.inference.runner import ModelRunner
+from aiayn.tasks import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 from aiayn.tokenization import Tokenizer
 
 
@@ -102,7 +103,7 @@ class _LabelledModel(ModelRunner):
 class Classifier(_LabelledModel):
     """Texts -> a label each, with probabilities (a `sequence_classification` model)."""
 
-    head_kind = "sequence_classification"
+    head_kind = SEQUENCE_CLASSIFICATION
 
     def probabilities(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
         """(N, num_labels) float32 probabilities, rows in the order of `texts`, columns in that of `labels`."""
@@ -125,7 +126,7 @@ class Classifier(_LabelledModel):
 class Tagger(_LabelledModel):
     """Texts -> a tag per whitespace-separated word, with its probability (a `token_classification` model)."""
 
-    head_kind = "token_classification"
+    head_kind = TOKEN_CLASSIFICATION
 
     def _encode(self, words: list[str]) -> tuple[list[int], list[int]]:
         """`<s>` ids `</s>` of the words (cut to `max_len`) and the position of each word's first subword."""

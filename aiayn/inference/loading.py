@@ -33,7 +33,7 @@ from aiayn.rundir import (
 )
 
 Loaded = Translator | Classifier | Tagger | Embedder
-_BY_HEAD = {"sequence_classification": Classifier, "token_classification": Tagger}
+_BY_HEAD = {cls.head_kind: cls for cls in (Classifier, Tagger)}  # each names the task head it serves
 _READS = ("aiayn.load reads aiayn runs and model directories, BERT-family checkpoints (sentence-transformers "
           "models included) and the name 'minilm'")
 

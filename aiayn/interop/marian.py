@@ -206,9 +206,9 @@ def export_marian(model: EncoderDecoderModel, source_tokenizer: Tokenizer, targe
     max_len = model.config.max_len
     with atomic_files(directory) as staging:
         hf.save_pretrained(staging)
-        save_hf_tokenizer(source_tokenizer, staging, template="seq2seq", max_len=max_len)
+        save_hf_tokenizer(source_tokenizer, staging, template="marian", max_len=max_len)
         if target_tokenizer is not source_tokenizer:
-            save_hf_tokenizer(target_tokenizer, staging / "target", template="seq2seq", max_len=max_len)
+            save_hf_tokenizer(target_tokenizer, staging / "target", template="marian", max_len=max_len)
     return directory
 
 

@@ -7,6 +7,8 @@ layers -> (B, T, d_model) -> vocabulary head -> logits (B, T, V).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -26,6 +28,7 @@ from aiayn.nn.heads import (
 )
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.nn.masks import check_mask, key_padding_from_attention_mask, padding_mask
+from aiayn.tasks.names import MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 
 
 class Embeddings(nn.Module):
@@ -348,6 +351,16 @@ def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
     return _build(cfg)
 
 
+# The encoder-only heads by `ModelConfig.head` (the task objects in aiayn.tasks name the head they train).
+_HEADS: dict[str, Callable[[ModelConfig], nn.Module]] = {
+    SEQUENCE_CLASSIFICATION: lambda cfg: SequenceClassificationHead(cfg.d_model, cfg.num_labels, pooling=cfg.pooling,
+                                                                    dropout=cfg.dropout),
+    TOKEN_CLASSIFICATION: lambda cfg: TokenClassificationHead(cfg.d_model, cfg.num_labels, dropout=cfg.dropout),
+    MASKED_LM: lambda cfg: MaskedLMHead(cfg.d_model, cfg.vocab_size, activation=cfg.activation,
+                                        eps=cfg.layer_norm_eps),
+}
+
+
 def _build(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
     if cfg.is_encoder_decoder:
         src_embed = _embeddings(cfg, cfg.vocab_size)
@@ -361,13 +374,7 @@ def _build(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
             head.proj.weight = tgt_embed.tokens.weight  # section 3.4: one matrix, three uses
         return model
 
-    head: nn.Module | None = None
-    if cfg.head == "sequence_classification":
-        head = SequenceClassificationHead(cfg.d_model, cfg.num_labels, pooling=cfg.pooling, dropout=cfg.dropout)
-    elif cfg.head == "token_classification":
-        head = TokenClassificationHead(cfg.d_model, cfg.num_labels, dropout=cfg.dropout)
-    elif cfg.head == "masked_lm":
-        head = MaskedLMHead(cfg.d_model, cfg.vocab_size, activation=cfg.activation, eps=cfg.layer_norm_eps)
+    head = _HEADS[cfg.head](cfg) if cfg.head in _HEADS else None  # "none": hidden states
     embed = _embeddings(cfg, cfg.vocab_size)
     model = EncoderModel(cfg, embed=embed, encoder=build_encoder(cfg), head=head)
     _init_weights(model)

@@ -15,19 +15,15 @@ from typing import Any
 from aiayn.config import ModelConfig, check_field_types, parse_overrides, preset
 from aiayn.data.readers import decode_text
 from aiayn.rundir import check_input_file
+from aiayn.tasks import OBJECTIVES, SEQ2SEQ, get_task
 from aiayn.tokenization import KINDS
 from aiayn.training.budget import parse_duration
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
 RECIPES = ("auto", "fit", "paper")  # see aiayn.training.recipe
-OBJECTIVES = ("seq2seq", "sequence_classification", "token_classification", "masked_lm")
-# Validation metrics per objective; the first is `valid_metric=auto`'s choice. Higher is better but for loss.
-VALID_METRICS = {
-    "seq2seq": ("bleu", "chrf", "exact_match", "loss"),
-    "sequence_classification": ("accuracy", "macro_f1", "loss"),
-    "token_classification": ("entity_f1", "loss"),
-    "masked_lm": ("loss",),
-}
+# Validation metrics per objective (its task object's); the first is `valid_metric=auto`'s choice.
+# Higher is better but for loss.
+VALID_METRICS = {name: get_task(name).metrics for name in OBJECTIVES}
 
 
 @dataclass(frozen=True)
@@ -35,7 +31,7 @@ class TrainConfig:
     """Everything a training run needs besides the model sizes.
 
     Attributes:
-        objective: "seq2seq", "sequence_classification", "token_classification" or "masked_lm".
+        objective: one of `aiayn.tasks.OBJECTIVES` (translation, sequence / token classification, masked LM).
         recipe: "fit" chooses the sizes and rates the config does not set from the corpus (model preset,
             vocabulary, batch tokens, pre-LN, peak lr and warmup, dropout, label smoothing; see
             `aiayn.training.recipe`); "paper" keeps these defaults; "auto": "fit" for seq2seq from scratch
@@ -105,7 +101,7 @@ class TrainConfig:
             files in RUN/tensorboard; needs `pip install tensorboard`).
     """
 
-    objective: str = "seq2seq"
+    objective: str = SEQ2SEQ
     recipe: str = "auto"
     task: str = ""
     train: str = ""

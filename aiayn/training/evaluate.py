@@ -11,9 +11,10 @@ from torch import nn
 from aiayn.backends import Backend, model_device, select
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import EncodedSplit, PreparedData
+from aiayn.tasks import get_task
+from aiayn.tasks.metrics import perplexity
 from aiayn.training.loss import correct_count, label_smoothed_loss
-from aiayn.training.metrics import accuracy_and_macro_f1, entity_f1, perplexity, translation_scores
-from aiayn.training.objectives import forward, make_batch, masking_generator, to_device
+from aiayn.training.objectives import make_batch, masking_generator, to_device
 
 
 @dataclass(frozen=True)
@@ -74,48 +75,30 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     batches = token_batches(split.lengths, options.max_tokens, shuffle=False)
     if options.max_batches:
         batches = batches[:options.max_batches]
+    task = get_task(data.objective)
     nll_sum, units, correct, counted = 0.0, 0, 0, 0
     predictions: dict[int, object] = {}
     for number, indices in enumerate(batches):
         batch = to_device(make_batch(data, split, indices, mlm_probability=options.mlm_probability,
                                      generator=masking_generator(options.seed, -1, number)), backend.device)
-        logits, labels = forward(runner, batch, data.objective)
+        logits, labels = task.forward(runner, batch)
         logits = logits.float()
         _, nll = label_smoothed_loss(logits, labels, smoothing=0.0)
         c, n = correct_count(logits, labels)
         nll_sum, correct, counted = nll_sum + float(nll), correct + c, counted + n
         units += n
-        if data.objective == "sequence_classification":
-            for i, p in zip(indices, logits.argmax(-1).tolist()):
-                predictions[i] = p
-        elif data.objective == "token_classification":
-            for row, i in enumerate(indices):
-                keep = labels[row] != -100
-                predictions[i] = logits[row].argmax(-1)[keep].tolist()
-        elif data.objective == "seq2seq" and options.decode:
+        predictions.update(task.predictions(logits, labels, indices))
+        if task.decodes and options.decode:
             predictions.update(_decode(runner, data, batch["src"], indices, options))
         if progress is not None:
             progress(len(indices))
     mean_nll = nll_sum / max(units, 1)
     result: dict = {"loss": mean_nll, "perplexity": perplexity(mean_nll),
                     "token_accuracy": 100.0 * correct / max(counted, 1)}
-    order = sorted(predictions)
     shown: list[tuple[str, str, str]] = []
-    if data.objective == "seq2seq" and options.decode:
-        hyps = [predictions[i] for i in order]
-        refs = [split.raw[i].target for i in order]
-        result.update(translation_scores(hyps, refs, bleu_tokenize=options.bleu_tokenize))
-        shown = [(split.raw[i].source, predictions[i], split.raw[i].target) for i in order]
-    elif data.objective == "sequence_classification":
-        gold = [split.items[i][1] for i in order]
-        result.update(accuracy_and_macro_f1([predictions[i] for i in order], gold, len(data.labels)))
-        shown = [(split.raw[i].text, data.labels[predictions[i]], split.raw[i].label) for i in order]
-    elif data.objective == "token_classification":
-        pred_tags = [[data.labels[t] for t in predictions[i]] for i in order]
-        gold_tags = [list(split.raw[i].tags[: len(predictions[i])]) for i in order]
-        result.update(entity_f1(pred_tags, gold_tags))
-        shown = [(" ".join(split.raw[i].tokens), " ".join(p), " ".join(g))
-                 for i, p, g in zip(order, pred_tags, gold_tags)]
+    if predictions:
+        scores, shown = task.score(data, split, predictions, bleu_tokenize=options.bleu_tokenize)
+        result.update(scores)
     # Show mistakes first (up to half of the examples), then correct predictions.
     wrong = [e for e in shown if e[1].strip() != e[2].strip()][: options.examples // 2]
     right = [e for e in shown if e[1].strip() == e[2].strip()]

@@ -48,6 +48,7 @@ from aiayn.rundir import (
     no_model_hint,
     open_run_dir,
 )
+from aiayn.tasks import ENCODER_OBJECTIVES, get_task
 from aiayn.training.budget import BEAM_SAMPLE, FINISH_S, PROBE_STEPS, Budget, parse_duration
 from aiayn.training.checkpoint import (
     average_checkpoints,
@@ -103,14 +104,14 @@ def model_config_for(run: RunConfig, data: PreparedData):
     cfg = run.train
     src, tgt = data.source_tokenizer, data.target_tokenizer
     derived: dict[str, Any] = {"vocab_size": src.vocab_size, "pad_id": src.pad_id}
-    if cfg.objective == "seq2seq":
+    task = get_task(cfg.objective)
+    if task.encoder_decoder:
         if not data.shared_tokenizer:
             derived.update(tgt_vocab_size=tgt.vocab_size, share_embeddings=False)
         if run.model_overrides.get("n_decoder_layers", 1) == 0:
             raise ValueError("seq2seq needs n_decoder_layers > 0")
         return _fits_data(run.model_config(**derived), data)
-    head = cfg.objective
-    derived.update(n_decoder_layers=0, head=head, num_labels=len(data.labels) if head != "masked_lm" else 0)
+    derived.update(n_decoder_layers=0, head=task.head, num_labels=len(data.labels) if task.labelled else 0)
     return _fits_data(run.model_config(**derived), data)
 
 
@@ -226,7 +227,7 @@ class Trainer:
             self.lock = open_run_dir(self.run_dir, resume=self.resume, force=self.force)
         pretrained, tokenizer = None, None
         if cfg.init_from and not self.resume:
-            if cfg.objective not in ("sequence_classification", "token_classification", "masked_lm"):
+            if cfg.objective not in ENCODER_OBJECTIVES:
                 raise ValueError("init_from puts a new head on a pretrained encoder: use an encoder objective")
             pretrained, tokenizer = load_pretrained_encoder(cfg.init_from)
         self.data = self._setup_data(main, tokenizer)
@@ -287,8 +288,9 @@ class Trainer:
         if fixed:
             raise ValueError(f"init_from keeps the pretrained sizes; only {', '.join(sorted(tunable))} may be "
                              f"overridden, not {', '.join(fixed)}")
-        model_cfg = pretrained.config.replace(head=cfg.objective, num_labels=len(self.data.labels)
-                                              if cfg.objective != "masked_lm" else 0,
+        task = get_task(cfg.objective)
+        model_cfg = pretrained.config.replace(head=task.head, num_labels=len(self.data.labels)
+                                              if task.labelled else 0,
                                               **self.run.model_overrides)
         model = build_model(model_cfg)
         own = {k for k in model.state_dict() if not k.startswith("head.")}
@@ -417,7 +419,7 @@ class Trainer:
         cfg = self.cfg
         began = time.perf_counter()
         split = self._valid_split()
-        options = EvalOptions.from_train_config(cfg, decode=cfg.objective == "seq2seq" and cfg.metric != "loss",
+        options = EvalOptions.from_train_config(cfg, decode=get_task(cfg.objective).decodes and cfg.metric != "loss",
                                                 beam_size=1, examples=0)
         result = evaluate(self.model, self.data, split, options)
         result.pop("examples", None)
@@ -526,7 +528,7 @@ class Trainer:
     def _end_reserve(self) -> float:
         """Seconds the end of the run needs: a last validation and checkpoint, the test evaluation, the files."""
         budget, cfg = self.budget, self.cfg
-        decoded = cfg.objective == "seq2seq"
+        decoded = get_task(cfg.objective).decodes
         valid = budget.valid_estimate() if self.data.valid.items else 0.0
         checkpoint = budget.spent["checkpoint"] / max(self._saves, 1) if self._saves else 1.0
         test = budget.end_test_estimate(len(self.data.test.items), cfg.beam_size if decoded else 1, decoded)
@@ -636,7 +638,7 @@ class Trainer:
             budget.skipped_validations += 1
             return False
         stop = self._validate_and_check_patience()
-        if self.rank == 0 and self.cfg.objective == "seq2seq" and self.cfg.beam_size > 1 and self.data.valid.items:
+        if self.rank == 0 and get_task(self.cfg.objective).decodes and self.cfg.beam_size > 1 and self.data.valid.items:
             self._time_beam()
         self._plan_budget()  # the validation's measured time moves the plan
         return stop
@@ -669,7 +671,7 @@ class Trainer:
     def _test_beam(self) -> int | None:
         """The test's beam: the run's, or greedy decoding when only that fits what is left of a budget."""
         budget, cfg = self.budget, self.cfg
-        if budget is None or cfg.objective != "seq2seq" or cfg.beam_size == 1:
+        if budget is None or not get_task(cfg.objective).decodes or cfg.beam_size == 1:
             return None
         n = len(self.data.test.items)
         if budget.fits(budget.test_estimate(n, cfg.beam_size, True), FINISH_S):

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
+from aiayn.tasks import SEQ2SEQ
 from aiayn.training.budget import parse_duration
 from aiayn.training.config import RunConfig, TrainConfig
 
@@ -48,7 +49,7 @@ def uses_fit(cfg: TrainConfig) -> bool:
     """Whether the run's recipe is "fit" ("auto": seq2seq from scratch on files)."""
     if cfg.recipe != "auto":
         return cfg.recipe == "fit"
-    return cfg.objective == "seq2seq" and not cfg.task and not cfg.init_from
+    return cfg.objective == SEQ2SEQ and not cfg.task and not cfg.init_from
 
 
 def fitted_keys(pairs: int, budget_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -1,0 +1,49 @@
+"""One object per training objective, and the registry that finds it by the objective's name.
+
+| objective | task object | its file |
+| --- | --- | --- |
+| translation (encoder-decoder) | `Seq2Seq` | `seq2seq.py` |
+| sequence classification | `SequenceClassification` | `sequence_classification.py` |
+| token classification (tagging) | `TokenClassification` | `token_classification.py` |
+| masked language modelling (BERT) | `MaskedLM` | `masked_lm.py` |
+
+A task object owns what differs between objectives: how a batch is collated, the forward that gives
+the loss its inputs, how predictions are collected from a batch and scored, its metrics, and the model
+head it trains (`head`, a `ModelConfig.head` name the model builder knows). Adding an objective is a
+new file here, its name in `names.py`, and its line in `_MODULES`.
+
+The task modules are imported on first use: `names.py` is imported by the config and the model builder,
+which the task modules themselves import.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from aiayn.tasks.base import Task
+from aiayn.tasks.names import (
+    ENCODER_OBJECTIVES,
+    LABELLED,
+    MASKED_LM,
+    OBJECTIVES,
+    SEQ2SEQ,
+    SEQUENCE_CLASSIFICATION,
+    TOKEN_CLASSIFICATION,
+)
+
+__all__ = ["ENCODER_OBJECTIVES", "LABELLED", "MASKED_LM", "OBJECTIVES", "SEQ2SEQ", "SEQUENCE_CLASSIFICATION",
+           "TOKEN_CLASSIFICATION", "Task", "get_task"]
+
+_MODULES = {
+    SEQ2SEQ: "aiayn.tasks.seq2seq",
+    SEQUENCE_CLASSIFICATION: "aiayn.tasks.sequence_classification",
+    TOKEN_CLASSIFICATION: "aiayn.tasks.token_classification",
+    MASKED_LM: "aiayn.tasks.masked_lm",
+}
+
+
+def get_task(objective: str) -> Task:
+    """The task object of `objective` (one of `OBJECTIVES`); ValueError names the choices."""
+    if objective not in _MODULES:
+        raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    return importlib.import_module(_MODULES[objective]).TASK
