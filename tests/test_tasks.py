@@ -1,0 +1,54 @@
+"""The task objects: each one's forward is the model's own output at the positions its loss counts."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.nn.model import build_model
+from aiayn.tasks import MASKED_LM, SEQ2SEQ, SEQUENCE_CLASSIFICATION, get_task
+
+TINY = ModelConfig(vocab_size=24, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
+                   max_len=16, dropout=0.0)
+TOKENS = SimpleNamespace(pad_id=0, bos_id=1, eos_id=2, unk_id=3, mask_id=4, vocab_size=24)
+DATA = SimpleNamespace(source_tokenizer=TOKENS, target_tokenizer=TOKENS, labels=["neg", "pos"])
+
+
+def test_seq2seq_forward_is_the_full_decoder_output_at_real_target_tokens():
+    model = build_model(TINY).eval()
+    task = get_task(SEQ2SEQ)
+    batch = task.collate(DATA, [([5, 6, 7, 2], [8, 9]), ([10, 2], [11, 12, 13])], mlm_probability=0.15,
+                         generator=None)
+    logits, labels = task.forward(model, batch)
+    keep = batch["labels"] != -100
+    torch.testing.assert_close(logits, model(batch["src"], batch["tgt_in"])[keep])
+    assert labels.tolist() == [8, 9, 2, 11, 12, 13, 2]
+
+
+def test_masked_lm_forward_is_the_head_at_the_masked_positions_only():
+    model = build_model(TINY.replace(n_decoder_layers=0, head=MASKED_LM)).eval()
+    task = get_task(MASKED_LM)
+    batch = task.collate(DATA, [[1, 5, 6, 7, 8, 2], [1, 9, 10, 2]], mlm_probability=0.5,
+                         generator=torch.Generator().manual_seed(3))
+    logits, labels = task.forward(model, batch)
+    keep = batch["labels"] != -100
+    assert 0 < len(labels) == int(keep.sum()) < keep.numel()
+    torch.testing.assert_close(logits, model(batch["ids"])[keep])
+
+
+def test_sequence_classification_scores_predictions_in_split_order():
+    task = get_task(SEQUENCE_CLASSIFICATION)
+    raw = [SimpleNamespace(text=t, label=label) for t, label in (("a", "neg"), ("b", "pos"), ("c", "pos"))]
+    split = SimpleNamespace(items=[([1], 0), ([1], 1), ([1], 1)], raw=raw)
+    logits = torch.tensor([[0.0, 1.0], [2.0, 0.0]])  # examples 2 and 0, in batch order
+    predictions = task.predictions(logits, torch.tensor([1, 0]), [2, 0])
+    scores, shown = task.score(DATA, split, predictions)
+    assert predictions == {2: 1, 0: 0}
+    assert scores["accuracy"] == 100.0
+    assert shown == [("a", "neg", "neg"), ("c", "pos", "pos")]
+
+
+def test_an_unknown_objective_names_the_choices():
+    with pytest.raises(ValueError, match="seq2seq, sequence_classification, token_classification, masked_lm"):
+        get_task("translation")
