@@ -1,6 +1,7 @@
 """Model configuration: one frozen dataclass with the paper's defaults, presets and validation.
 
-`ModelConfig` is read only by `aiayn.nn.model.build_model`; modules receive plain numbers.
+Modules receive plain numbers: `aiayn.nn.model.build_model` reads a `ModelConfig` to wire them, and the built
+model keeps it as `model.config` (what saving, loading, generation and interop read).
 Every deviation from "Attention Is All You Need" (Vaswani et al., 2017) is a named field.
 """
 

@@ -77,9 +77,9 @@ class FusedQKVAttention(MultiHeadAttention):
                dropout_p: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Equation 1; one query per row (a decoding step) over many rows and heads written out on CPU.
 
-        SDPA's flash kernel pays its blocking for every (row, head): at one query each, 128 rows x 8
-        heads over 16 keys took 451 us against 262 us for the two products and softmax written out
-        (32 keys: 1,227 vs 598 us); at 4 rows or fewer it is the faster one (docs/generation.md).
+        SDPA's flash kernel pays its blocking for every (row, head), which at one query each costs more
+        than the two products and softmax written out once rows x heads reach `SINGLE_QUERY_WRITTEN_OUT`;
+        below that SDPA is the faster one (measured: docs/generation.md, "One-query attention").
         """
         if (q.shape[2] == 1 and q.device.type == "cpu" and not need_weights
                 and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT):

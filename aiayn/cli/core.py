@@ -6,13 +6,13 @@ import argparse
 
 import torch
 
-from aiayn.config import ModelConfig, preset
+from aiayn.config import PRESETS, ModelConfig, preset
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the core sub-commands."""
     p = subparsers.add_parser("params", help="parameter table of a configuration, by part")
-    p.add_argument("--preset", default="base", help="base, big or tiny (default: base)")
+    p.add_argument("--preset", default="base", help=f"{', '.join(PRESETS)} (default: base)")
     p.add_argument("--config", help="a config.json instead of a preset")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. n_heads=16")
     p.set_defaults(func=cmd_params)

@@ -217,7 +217,7 @@ def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Te
 
 
 def topk_rows(x: torch.Tensor, n: int, width: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """`x.topk(n, dim=-1)` for rows x (N, V) of a large vocabulary, 3-5x faster on CPU (measured, n = 8).
+    """`x.topk(n, dim=-1)` for rows x (N, V) of a large vocabulary, faster on CPU (measured: docs/generation.md).
 
     The n largest entries of a row lie in the n blocks of `width` columns with the largest maxima
     (a block holding one of them has a maximum at least as large as the n-th largest entry, and at

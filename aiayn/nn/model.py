@@ -1,6 +1,6 @@
 """Encoder, Decoder, and the encoder-decoder and encoder-only models; `build_model(cfg)` wires them.
 
-Data flow (DESIGN.md): ids (B, L) -> embedding x sqrt(d_model) + positions -> N encoder layers
+Data flow (docs/core.md, "Architecture map"): ids (B, L) -> embedding x sqrt(d_model) + positions -> N encoder layers
 -> memory (B, S, d_model); shifted target ids (B, T) -> embedding + positions -> N decoder
 layers -> (B, T, d_model) -> vocabulary head -> logits (B, T, V).
 """
