@@ -1,6 +1,8 @@
 """From a training config to encoded train/valid/test splits: read or generate, tokenize, drop and count.
 
-Encoding conventions (the generation and evaluation code rely on them):
+What differs by objective (the reader, the texts tokenizers learn from, labels, encoding) is asked of the
+config's task object, `cfg.objective_task` (`aiayn.tasks`). Encoding conventions (the generation and
+evaluation code rely on them):
 - seq2seq: source = tokenizer ids + `</s>`; target = tokenizer ids (collation adds `<s>` / `</s>`).
 - encoder objectives: `<s>` (BERT's [CLS]) + ids + `</s>` (BERT's [SEP]); classification pools the first token.
 - token classification: a word's tag sits on its first subword; other subwords and specials are ignored (-100).
@@ -16,23 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.data.check import check_splits
-from aiayn.data.readers import (
-    ReadStats,
-    read_classification,
-    read_conll,
-    read_parallel,
-    read_text,
-)
+from aiayn.data.readers import ReadStats
 from aiayn.data.tasks import builtin_task
 from aiayn.rundir import LABELS as LABELS_NAME
 from aiayn.rundir import atomic_write_text
-from aiayn.tasks.names import LABELLED, MASKED_LM, SEQ2SEQ, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
-from aiayn.tokenization import MASK, Tokenizer, train_tokenizer
+from aiayn.tasks.names import SEQ2SEQ, SEQUENCE_CLASSIFICATION
+from aiayn.tokenization import Tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
-
-IGNORE = -100
-
 
 @dataclass
 class EncodedSplit:
@@ -65,13 +58,7 @@ class PreparedData:
 
 def read_examples(cfg: Any, path: str) -> tuple[list, ReadStats]:
     """Read one data file with the reader of the config's objective."""
-    if cfg.objective == SEQ2SEQ:
-        return read_parallel(path, fmt=cfg.data_format, source_field=cfg.source_field, target_field=cfg.target_field)
-    if cfg.objective == SEQUENCE_CLASSIFICATION:
-        return read_classification(path, fmt=cfg.data_format, text_field=cfg.text_field, label_field=cfg.label_field)
-    if cfg.objective == TOKEN_CLASSIFICATION:
-        return read_conll(path)
-    return read_text(path)
+    return cfg.objective_task.read(cfg, path)
 
 
 def raw_splits(cfg: Any) -> tuple[list, list, list, list[ReadStats]]:
@@ -113,30 +100,21 @@ def raw_splits(cfg: Any) -> tuple[list, list, list, list[ReadStats]]:
     return train, valid, test, stats
 
 
-def _texts(objective: str, examples: list, side: str) -> list[str]:
-    if objective == SEQ2SEQ:
-        return [e.source if side == "source" else e.target for e in examples]
-    if objective == SEQUENCE_CLASSIFICATION:
-        return [e.text for e in examples]
-    if objective == TOKEN_CLASSIFICATION:
-        return [" ".join(e.tokens) for e in examples]
-    return list(examples)
-
-
 def train_tokenizers(cfg: Any, train: list) -> tuple[Tokenizer, Tokenizer]:
     """Train the source and target tokenizers on the training split (one shared unless `shared_vocab=false`)."""
-    extra = (MASK,) if cfg.objective == MASKED_LM else ()
+    task = cfg.objective_task
+    extra = task.special_tokens
     kind = cfg.tokenizer
-    if cfg.objective != SEQ2SEQ or cfg.shared_vocab:
-        texts = _texts(cfg.objective, train, "source")
-        if cfg.objective == SEQ2SEQ:
-            texts += _texts(cfg.objective, train, "target")
+    if not task.encoder_decoder or cfg.shared_vocab:
+        texts = task.texts(train, "source")
+        if task.encoder_decoder:
+            texts += task.texts(train, "target")
         shared = train_tokenizer(texts, vocab_size=cfg.vocab_size, kind=kind, extra_special=extra,
                                  lowercase=cfg.lowercase, min_frequency=cfg.vocab_min_frequency)
         return shared, shared
-    source = train_tokenizer(_texts(cfg.objective, train, "source"), vocab_size=cfg.vocab_size, kind=kind,
+    source = train_tokenizer(task.texts(train, "source"), vocab_size=cfg.vocab_size, kind=kind,
                              lowercase=cfg.lowercase, min_frequency=cfg.vocab_min_frequency)
-    target = train_tokenizer(_texts(cfg.objective, train, "target"),
+    target = train_tokenizer(task.texts(train, "target"),
                              vocab_size=cfg.target_vocab_size or cfg.vocab_size,
                              kind=cfg.target_tokenizer or kind, lowercase=cfg.lowercase,
                              min_frequency=cfg.vocab_min_frequency)
@@ -156,56 +134,11 @@ def vocabulary_note(tokenizer: Tokenizer, asked: int, side: str = "") -> str:
     return note + ")"
 
 
-def label_names(objective: str, train: list) -> list[str]:
-    """Sorted label (or tag) names seen in the training split."""
-    if objective == SEQUENCE_CLASSIFICATION:
-        return sorted({e.label for e in train})
-    if objective == TOKEN_CLASSIFICATION:
-        return sorted({tag for e in train for tag in e.tags})
-    return []
-
-
 def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str],
                  name: str, stats: ReadStats | None = None) -> EncodedSplit:
     """Encode one split; rows over the length limits are dropped and counted in `stats`."""
-    label_index = {label: i for i, label in enumerate(labels)}
     kept_raw, items, lengths = [], [], []
-    if cfg.objective == SEQUENCE_CLASSIFICATION and raw and not {e.label for e in raw} & set(labels):
-        seen = sorted({e.label for e in raw})
-        raise ValueError(f"{name} split: none of its labels ({', '.join(map(repr, seen[:3]))}"
-                         f"{', ...' if len(seen) > 3 else ''}) is one of the run's ({', '.join(labels)}): is this "
-                         f"data for another kind of run? (this one is {cfg.objective})")
-
-    def label_id(label: str) -> int:
-        if label not in label_index:
-            raise ValueError(f"{name} split: label {label!r} does not occur in the training data "
-                             f"(known: {', '.join(labels)})")
-        return label_index[label]
-
-    if cfg.objective == SEQ2SEQ:
-        src_ids = source.encode_batch([e.source for e in raw], add_eos=True)
-        tgt_ids = target.encode_batch([e.target for e in raw])
-        encoded = list(zip(src_ids, tgt_ids))
-        sizes = [(len(s), len(t) + 1) for s, t in encoded]
-    elif cfg.objective == TOKEN_CLASSIFICATION:
-        encoded = []
-        for example in raw:
-            enc = source.backend.encode(list(example.tokens), is_pretokenized=True, add_special_tokens=False)
-            tags = [IGNORE]
-            previous = None
-            for word in enc.word_ids:
-                tags.append(label_id(example.tags[word]) if word is not None and word != previous else IGNORE)
-                previous = word
-            encoded.append(([source.bos_id, *enc.ids, source.eos_id], [*tags, IGNORE]))
-        sizes = [(len(ids), 0) for ids, _ in encoded]
-    else:
-        texts = [e.text for e in raw] if cfg.objective == SEQUENCE_CLASSIFICATION else list(raw)
-        ids = source.encode_batch(texts, add_bos=True, add_eos=True)
-        if cfg.objective == SEQUENCE_CLASSIFICATION:
-            encoded = [(i, label_id(e.label)) for i, e in zip(ids, raw)]
-        else:
-            encoded = ids
-        sizes = [(len(i), 0) for i in ids]
+    encoded, sizes = cfg.objective_task.encode(raw, source, target, labels, name)
     dropped = 0
     for example, item, (src_len, tgt_len) in zip(raw, encoded, sizes):
         if src_len > cfg.max_source_len or tgt_len > cfg.max_target_len:
@@ -232,7 +165,8 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
     """
     train, valid, test, stats = raw_splits(cfg)
     notes = []
-    if not cfg.task and cfg.objective in (SEQ2SEQ, SEQUENCE_CLASSIFICATION):
+    task = cfg.objective_task  # aiayn.tasks: what differs by objective
+    if not cfg.task and task.checked:
         train, valid, test, report = check_splits(train, valid, test, drop=cfg.clean)
         notes.append(report.summary())
     if tokenizers is None:
@@ -245,13 +179,12 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
     else:
         source, target = tokenizers
     if labels is None:
-        labels = label_names(cfg.objective, train)
-        if cfg.objective in LABELLED and len(labels) < 2:
-            what = "label" if cfg.objective == SEQUENCE_CLASSIFICATION else "tag"
+        labels = task.label_names(train)
+        if task.labelled and len(labels) < 2:
+            what = task.label_word
             raise ValueError(f"the training data has one {what} ({', '.join(map(repr, labels))}): there is nothing "
                              f"to tell apart (every prediction would be right); add examples of other {what}s")
-    if cfg.objective == MASKED_LM and source.mask_id is None:
-        raise ValueError("masked-LM training needs a tokenizer with a mask token")
+    task.check_tokenizer(source)
     train_stats = stats[0] if not cfg.task else None
     splits = {}
     for name, raw in (("train", train), ("valid", valid), ("test", test)):

@@ -7,9 +7,10 @@
 | token classification (tagging) | `TokenClassification` | `token_classification.py` |
 | masked language modelling (BERT) | `MaskedLM` | `masked_lm.py` |
 
-A task object owns what differs between objectives: how a batch is collated, the forward that gives
-the loss its inputs, how predictions are collected from a batch and scored, its metrics, and the model
-head it trains (`head`, a `ModelConfig.head` name the model builder knows). Adding an objective is a
+A task object owns what differs between objectives: how a data file is read and encoded (asked by
+`aiayn.data.prepare` through `TrainConfig.objective_task`), how a batch is collated, the forward that
+gives the loss its inputs, how predictions are collected from a batch and scored, its metrics, and the
+model head it trains (`head`, a `ModelConfig.head` name the model builder knows). Adding an objective is a
 new file here, its name in `names.py`, and its line in `_MODULES`.
 
 The task modules are imported on first use: `names.py` is imported by the config and the model builder,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -9,8 +10,11 @@ from torch import nn
 
 if TYPE_CHECKING:  # imported for hints only: the data layer is imported by the task files, not by the registry
     from aiayn.data.prepare import EncodedSplit, PreparedData
+    from aiayn.data.readers import ReadStats
+    from aiayn.tokenization import Tokenizer
 
 Shown = list[tuple[str, str, str]]  # (input, prediction, reference) triples an evaluation shows
+Encoded = tuple[list, list[tuple[int, int]]]  # (encoded items, (source, target) length of each)
 
 
 class Task:
@@ -23,6 +27,8 @@ class Task:
         labelled: whether the head ends in one logit per label of the data (`num_labels = len(data.labels)`).
         encoder_decoder: whether it trains the encoder-decoder (else an encoder with `head`).
         decodes: whether its predictions are generated (beam search) rather than read from the logits.
+        checked: whether its data files pass the data check (`aiayn.data.check`: pairs and labelled texts).
+        label_word: what one of its labels is called in messages ("label", "tag").
     """
 
     name: str = ""
@@ -31,7 +37,31 @@ class Task:
     labelled: bool = False
     encoder_decoder: bool = False
     decodes: bool = False
+    checked: bool = False
+    label_word: str = "label"
+    special_tokens: tuple[str, ...] = ()  # tokens its tokenizer must hold besides the usual ones
 
+    # -- the data side (aiayn.data.prepare calls these) -------------------------------------------
+    def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
+        """The examples of one data file, by the run config's format and field names."""
+        raise NotImplementedError
+
+    def texts(self, examples: list, side: str) -> list[str]:
+        """The texts a tokenizer learns from (`side`: "source" or "target")."""
+        return list(examples)
+
+    def label_names(self, train: list) -> list[str]:
+        """Sorted label (or tag) names seen in the training split (none for unlabelled objectives)."""
+        return []
+
+    def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
+        """Token ids of the examples of split `name` (`labels`: the run's label names, their index the id)."""
+        raise NotImplementedError
+
+    def check_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Raise ValueError when `tokenizer` lacks what the objective needs (nothing, by default)."""
+
+    # -- the model side ----------------------------------------------------------------------------
     def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
                 generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """Padded tensors of encoded `items` (see `aiayn.data.collate`); always with `labels` (-100 = ignored)."""
@@ -49,3 +79,16 @@ class Task:
               bleu_tokenize: str = "auto") -> tuple[dict[str, Any], Shown]:
         """(metrics, shown examples) of `predictions` against the split's references, in index order."""
         return {}, []
+
+
+def label_ids(labels: list[str], name: str) -> Callable[[str], int]:
+    """The index of a label name among `labels`; ValueError names a label the training data lacks."""
+    index = {label: i for i, label in enumerate(labels)}
+
+    def label_id(label: str) -> int:
+        if label not in index:
+            raise ValueError(f"{name} split: label {label!r} does not occur in the training data "
+                             f"(known: {', '.join(labels)})")
+        return index[label]
+
+    return label_id

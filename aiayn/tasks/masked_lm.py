@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from aiayn.data.collate import collate_masked_lm
 from aiayn.data.prepare import PreparedData
-from aiayn.tasks.base import Task
+from aiayn.data.readers import ReadStats, read_text
+from aiayn.tasks.base import Encoded, Task
 from aiayn.tasks.names import MASKED_LM
+from aiayn.tokenization import MASK, Tokenizer
 
 
 class MaskedLM(Task):
@@ -16,6 +20,21 @@ class MaskedLM(Task):
 
     name = MASKED_LM
     head = MASKED_LM
+    special_tokens = (MASK,)
+
+    def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
+        """Plain text, one example a line."""
+        return read_text(path)
+
+    def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
+        """`<s>` ids `</s>` of each line (collation masks them)."""
+        ids = source.encode_batch(list(raw), add_bos=True, add_eos=True)
+        return ids, [(len(i), 0) for i in ids]
+
+    def check_tokenizer(self, tokenizer: Tokenizer) -> None:
+        """Masking needs the tokenizer's mask token."""
+        if tokenizer.mask_id is None:
+            raise ValueError("masked-LM training needs a tokenizer with a mask token")
 
     def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
                 generator: torch.Generator | None) -> dict[str, torch.Tensor]:

@@ -9,9 +9,11 @@ from torch import nn
 
 from aiayn.data.collate import collate_seq2seq
 from aiayn.data.prepare import EncodedSplit, PreparedData
-from aiayn.tasks.base import Shown, Task
+from aiayn.data.readers import ReadStats, read_parallel
+from aiayn.tasks.base import Encoded, Shown, Task
 from aiayn.tasks.metrics import translation_scores
 from aiayn.tasks.names import SEQ2SEQ
+from aiayn.tokenization import Tokenizer
 
 
 class Seq2Seq(Task):
@@ -21,6 +23,22 @@ class Seq2Seq(Task):
     metrics = ("bleu", "chrf", "exact_match", "loss")
     encoder_decoder = True
     decodes = True
+    checked = True
+
+    def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
+        """Sentence pairs: two aligned files "SRC,TGT", or one file with source and target fields."""
+        return read_parallel(path, fmt=cfg.data_format, source_field=cfg.source_field, target_field=cfg.target_field)
+
+    def texts(self, examples: list, side: str) -> list[str]:
+        """The source or the target sentences."""
+        return [e.source if side == "source" else e.target for e in examples]
+
+    def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
+        """(source ids + `</s>`, target ids) pairs; the target's length counts the `</s>` collation adds."""
+        src_ids = source.encode_batch([e.source for e in raw], add_eos=True)
+        tgt_ids = target.encode_batch([e.target for e in raw])
+        encoded = list(zip(src_ids, tgt_ids))
+        return encoded, [(len(s), len(t) + 1) for s, t in encoded]
 
     def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
                 generator: torch.Generator | None) -> dict[str, torch.Tensor]:

@@ -8,9 +8,11 @@ import torch
 
 from aiayn.data.collate import collate_sequence_classification
 from aiayn.data.prepare import EncodedSplit, PreparedData
-from aiayn.tasks.base import Shown, Task
+from aiayn.data.readers import ReadStats, read_classification
+from aiayn.tasks.base import Encoded, Shown, Task, label_ids
 from aiayn.tasks.metrics import accuracy_and_macro_f1
 from aiayn.tasks.names import SEQUENCE_CLASSIFICATION
+from aiayn.tokenization import Tokenizer
 
 
 class SequenceClassification(Task):
@@ -20,6 +22,30 @@ class SequenceClassification(Task):
     metrics = ("accuracy", "macro_f1", "loss")
     head = SEQUENCE_CLASSIFICATION
     labelled = True
+    checked = True
+
+    def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
+        """Labelled texts, by the config's text and label field names."""
+        return read_classification(path, fmt=cfg.data_format, text_field=cfg.text_field, label_field=cfg.label_field)
+
+    def texts(self, examples: list, side: str) -> list[str]:
+        """The texts."""
+        return [e.text for e in examples]
+
+    def label_names(self, train: list) -> list[str]:
+        """Sorted labels of the training split."""
+        return sorted({e.label for e in train})
+
+    def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
+        """(`<s>` ids `</s>`, label index) items; a split none of whose labels the run knows is refused."""
+        if raw and not {e.label for e in raw} & set(labels):
+            seen = sorted({e.label for e in raw})
+            raise ValueError(f"{name} split: none of its labels ({', '.join(map(repr, seen[:3]))}"
+                             f"{', ...' if len(seen) > 3 else ''}) is one of the run's ({', '.join(labels)}): is "
+                             f"this data for another kind of run? (this one is {self.name})")
+        label_id = label_ids(labels, name)
+        ids = source.encode_batch([e.text for e in raw], add_bos=True, add_eos=True)
+        return [(i, label_id(e.label)) for i, e in zip(ids, raw)], [(len(i), 0) for i in ids]
 
     def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
                 generator: torch.Generator | None) -> dict[str, torch.Tensor]:

@@ -6,11 +6,13 @@ from typing import Any
 
 import torch
 
-from aiayn.data.collate import collate_token_classification
+from aiayn.data.collate import IGNORE, collate_token_classification
 from aiayn.data.prepare import EncodedSplit, PreparedData
-from aiayn.tasks.base import Shown, Task
+from aiayn.data.readers import ReadStats, read_conll
+from aiayn.tasks.base import Encoded, Shown, Task, label_ids
 from aiayn.tasks.metrics import entity_f1
 from aiayn.tasks.names import TOKEN_CLASSIFICATION
+from aiayn.tokenization import Tokenizer
 
 
 class TokenClassification(Task):
@@ -20,6 +22,33 @@ class TokenClassification(Task):
     metrics = ("entity_f1", "loss")
     head = TOKEN_CLASSIFICATION
     labelled = True
+    label_word = "tag"
+
+    def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
+        """Tagged words (CoNLL: a word and its tag a line, a blank line between sentences)."""
+        return read_conll(path)
+
+    def texts(self, examples: list, side: str) -> list[str]:
+        """The sentences, words joined by spaces."""
+        return [" ".join(e.tokens) for e in examples]
+
+    def label_names(self, train: list) -> list[str]:
+        """Sorted tags of the training split."""
+        return sorted({tag for e in train for tag in e.tags})
+
+    def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
+        """(`<s>` ids `</s>`, tag indices) items: a word's tag on its first subword, -100 on the others."""
+        label_id = label_ids(labels, name)
+        encoded = []
+        for example in raw:
+            enc = source.backend.encode(list(example.tokens), is_pretokenized=True, add_special_tokens=False)
+            tags = [IGNORE]
+            previous = None
+            for word in enc.word_ids:
+                tags.append(label_id(example.tags[word]) if word is not None and word != previous else IGNORE)
+                previous = word
+            encoded.append(([source.bos_id, *enc.ids, source.eos_id], [*tags, IGNORE]))
+        return encoded, [(len(ids), 0) for ids, _ in encoded]
 
     def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
                 generator: torch.Generator | None) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from typing import Any
 from aiayn.config import ModelConfig, check_field_types, parse_overrides, preset
 from aiayn.data.readers import decode_text
 from aiayn.rundir import check_input_file
-from aiayn.tasks import OBJECTIVES, SEQ2SEQ, get_task
+from aiayn.tasks import OBJECTIVES, SEQ2SEQ, Task, get_task
 from aiayn.tokenization import KINDS
 from aiayn.training.budget import parse_duration
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
@@ -221,6 +221,11 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field."""
         return dataclasses.asdict(self)
+
+    @property
+    def objective_task(self) -> Task:
+        """The task object of `objective` (`aiayn.tasks`): what reading, encoding and training do differently."""
+        return get_task(self.objective)
 
     @property
     def metric(self) -> str:
