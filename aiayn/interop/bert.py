@@ -24,7 +24,7 @@ from aiayn.config import ModelConfig
 from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.io import atomic_write_bytes
 from aiayn.nn.model import EncoderModel, build_model
-from aiayn.tasks import MASKED_LM, TOKEN_CLASSIFICATION
+from aiayn.tasks import ENCODER_OBJECTIVES, get_task
 from aiayn.tokenization import Tokenizer, read_backend
 from aiayn.weights import WeightsError, check_finite, read_safetensors, read_torch_file
 
@@ -49,11 +49,6 @@ _EMBEDDING_KEYS = {
     "embeddings.position_embeddings": "embed.positions",
     "embeddings.token_type_embeddings": "embed.token_types",
     "embeddings.LayerNorm": "embed.norm",
-}
-_MLM_KEYS = {
-    "cls.predictions.transform.dense": "head.dense",
-    "cls.predictions.transform.LayerNorm": "head.norm",
-    "cls.predictions.decoder": "head.decoder",
 }
 # Parts of BERT checkpoints that aiayn's encoder does not use; skipped with a logged note.
 _UNUSED_PREFIXES = ("pooler.", "cls.", "classifier.", "qa_outputs.")
@@ -197,13 +192,11 @@ def _aiayn_key(key: str, head: str) -> str | None:
     stem, _, leaf = key.rpartition(".")
     if stem in _EMBEDDING_KEYS:
         return f"{_EMBEDDING_KEYS[stem]}.{leaf}"
-    if head == MASKED_LM:
-        if stem in _MLM_KEYS:
-            return f"{_MLM_KEYS[stem]}.{leaf}"
-        if key == "cls.predictions.bias":
-            return "head.decoder.bias"
-    if head == TOKEN_CLASSIFICATION and stem == "classifier":
-        return f"head.classifier.{leaf}"
+    head_keys = get_task(head).bert_keys if head in ENCODER_OBJECTIVES else {}  # the task head's own weights
+    if key in head_keys:
+        return head_keys[key]
+    if stem in head_keys:
+        return f"{head_keys[stem]}.{leaf}"
     if key.startswith(_UNUSED_PREFIXES):
         return None
     return key  # unknown: reported as unexpected

@@ -40,6 +40,9 @@ class Task:
     checked: bool = False
     label_word: str = "label"
     special_tokens: tuple[str, ...] = ()  # tokens its tokenizer must hold besides the usual ones
+    # Hugging Face BERT names of its head's weights -> aiayn's (`aiayn.interop.bert`): whole keys, or stems
+    # whose `.weight` / `.bias` follow. A head without them is newly initialised when a checkpoint loads.
+    bert_keys: dict[str, str] = {}
 
     # -- the data side (aiayn.data.prepare calls these) -------------------------------------------
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:

@@ -23,6 +23,7 @@ class TokenClassification(Task):
     head = TOKEN_CLASSIFICATION
     labelled = True
     label_word = "tag"
+    bert_keys = {"classifier": "head.classifier"}  # BertForTokenClassification's Linear on every position
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
         """Tagged words (CoNLL: a word and its tag a line, a blank line between sentences)."""
