@@ -48,7 +48,7 @@ from aiayn.rundir import (
     no_model_hint,
     open_run_dir,
 )
-from aiayn.tasks import ENCODER_OBJECTIVES, get_task
+from aiayn.tasks import get_task
 from aiayn.training.budget import BEAM_SAMPLE, FINISH_S, PROBE_STEPS, Budget, parse_duration
 from aiayn.training.checkpoint import (
     average_checkpoints,
@@ -227,7 +227,7 @@ class Trainer:
             self.lock = open_run_dir(self.run_dir, resume=self.resume, force=self.force)
         pretrained, tokenizer = None, None
         if cfg.init_from and not self.resume:
-            if cfg.objective not in ENCODER_OBJECTIVES:
+            if get_task(cfg.objective).encoder_decoder:
                 raise ValueError("init_from puts a new head on a pretrained encoder: use an encoder objective")
             pretrained, tokenizer = load_pretrained_encoder(cfg.init_from)
         self.data = self._setup_data(main, tokenizer)
