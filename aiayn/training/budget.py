@@ -8,9 +8,12 @@ How a budget is spent (`Budget` keeps the accounts, the trainer asks it what fit
    about `VALID_SHARE` of the budget, spread evenly from `FIRST_VALID` of the planned steps on (a model
    that has barely started decodes to the length limit: slow, and it says nothing);
 3. the run keeps measuring: before every step it stops when that step, a last validation and the test
-   evaluation (estimated from the newest validation's decoding speed) would not fit in what is left,
-   and a scheduled validation that would not fit is skipped. A slower or faster machine than the probe
-   measured thus moves the end, never past the deadline by more than the estimates are wrong.
+   evaluation (the newest validation's seconds per example, times the beam's cost over greedy decoding
+   measured on a sample) would not fit in what is left, and a scheduled validation that would not fit
+   is skipped; each validation plans the rest again. A machine slower or faster than the probe
+   measured thus moves the end, never past the deadline by more than the estimates are wrong;
+4. a beam test that would not fit what is left at the end (or that would take over `BEAM_TEST_SHARE`
+   of the budget, planned so) is decoded greedily.
 
 The clock starts when the trainer starts its setup (the CLI's Python and torch imports, a second or two,
 come before it). A resumed run gets what its first process left of the budget.
