@@ -262,7 +262,8 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
                                      pad=pad, eos=eos, max_tokens=cfg.max_tokens)
                 bleu = translation_scores(hyps, valid_refs, bleu_tokenize=cfg.bleu_tokenize)["bleu"]
                 valid_curve.append((step, bleu))
-                marks.append((round(train_s, 1), bleu))
+                if curve_s and due:
+                    marks.append((round(train_s, 1), bleu))
                 if bleu > best:
                     best, best_state = bleu, {k: v.clone() for k, v in model.state_dict().items()}
                 side_s += time.perf_counter() - start
@@ -362,6 +363,10 @@ def print_curves(pair: str, results: dict, curve_s: float) -> None:
     for k in range(max(len(c) for c in curves.values())):
         cells = [f"{c[k][1]:>8.2f}" if k < len(c) else f"{'':>8}" for c in curves.values()]
         print(f"{format_duration(curve_s * (k + 1)):>10} " + " ".join(cells))
+    ends = {name: results[name]["valid"][-1][1] for name in curves if results[name]["valid"]}
+    seconds = max(results[name]["train_s"] for name in curves)
+    cells = " ".join(f"{ends.get(name, math.nan):>8.2f}" for name in curves)
+    print(f"{'end ' + format_duration(seconds):>10} {cells}  (the last validation, after all training)")
 
 
 def _new_dir(root: Path, stem: str) -> Path:

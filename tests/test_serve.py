@@ -140,6 +140,8 @@ def test_concurrent_mixed_requests_each_equal_the_object_alone(url, objects):
             assert [[item["entity"] for item in row] for row in rows] == [[t.tag for t in tags] for tags in alone]
     translated = sum(len(t) if isinstance(t, list) else 1 for k, t in requests if k == "translate")
     assert metric(url, "aiayn_batch_texts_count", 'model="en-de"') - before <= translated
+    for name in objects:  # nothing is kept once every request is answered
+        assert metric(url, "aiayn_queue_texts", f'model="{name}"') == 0
 
 
 @pytest.mark.parametrize(("body", "status", "message"), [

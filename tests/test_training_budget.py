@@ -94,3 +94,10 @@ def test_a_resumed_run_gets_what_its_first_process_left(tmp_path):
     used = resumed.budget["used_s"]  # both processes
     assert resumed.step > 10 and second < used <= 1.05 * seconds, resumed.budget
     assert used >= seconds - (FINISH_S + 1.0 + 0.05 * seconds)
+
+
+def test_an_undecoded_validation_sizes_an_undecoded_test_only():
+    budget = Budget(100.0, started=time.perf_counter())
+    budget.record_validation(1.0, 50, decoded=False)  # a classifier's validation: 0.02 s an example
+    assert budget.test_estimate(200, 1, decoded=False) == pytest.approx(4.0)
+    assert budget.test_estimate(200, 4, decoded=True) <= 0.15 * 100  # a decoded test is still a guess

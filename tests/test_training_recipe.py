@@ -51,3 +51,9 @@ def test_a_short_budget_narrows_the_model_for_more_steps():
     assert "d_model" not in long.model_overrides and long.train.max_tokens == 4096
     kept, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m", "model.d_model=256"]), 40_000)
     assert kept.model_overrides["d_model"] == 256 and kept.model_overrides["d_ff"] == 512
+
+
+def test_a_preset_the_config_names_keeps_its_sizes_and_dropout():
+    fitted, _ = fit_run(load_run_config(None, ["train=data.tsv", "model.preset=big", "time_budget=10m"]), 40_000)
+    assert fitted.model_preset == "big" and fitted.model_overrides == {"norm_first": True}
+    assert fitted.model_config(vocab_size=8000).dropout == 0.3  # the big preset's

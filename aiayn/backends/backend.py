@@ -126,7 +126,7 @@ class Backend:
         elif self.kernels is not None:
             fallback = self._packed
         else:
-            fallback = lambda w, b: StackedLinear(w, b, F.linear)  # noqa: E731
+            fallback = _float32_layer
         with torch.no_grad():
             choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
                                     reduce_range=int8.int8_range() == "reduced")
@@ -134,10 +134,14 @@ class Backend:
         log.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
         return prepared
 
-
     def _packed(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         """An inference linear layer running this backend's measured kernels."""
         return cpu.PackedLinear(weight, bias, kernels=dict(self.kernels or cpu.DEFAULT_KERNELS))
+
+
+def _float32_layer(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    """A float32 inference linear layer over a fixed weight, by `F.linear`."""
+    return StackedLinear(weight, bias, F.linear)
 
 
 def _stacked_away(model: nn.Module) -> frozenset[int]:

@@ -5,7 +5,7 @@ for a float32 `F.linear`) skips its AVX-512 kernels and oneDNN runs about twice 
 AVX2-only CPU PyTorch's default wins. A one-row product (a decoding step at batch 1) and a few-row
 one (beam 4) can go either way again. So nothing is assumed: `choices()` times each candidate on
 the shapes of a base model's layers (d_model 512, d_ff 2048) and keeps the plain kernel unless
-another is at least `MARGIN` faster.
+another is at least `MARGIN` faster (median of per-repeat ratios).
 
     kernel      computes x W^T + b with
     "dense"     F.linear over W as stored (out, in): PyTorch's default, the plain path
@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -53,7 +54,7 @@ TRAIN_ROWS = 256
 COLD_COPIES = 8
 REPEATS = 7
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 1  # bump when what is measured changes
+FORMAT = 2  # bump when what is measured changes
 
 
 def row_class(rows: int) -> str:
@@ -169,24 +170,37 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
     return found
 
 
-def _best(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, float]:
-    """The best of `repeats` timings of each candidate, taken in rotating order so that noise hits all alike."""
+def _timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, list[float]]:
+    """Each candidate's time in every repeat, all candidates timed in each repeat in rotating order, so that a
+    noisy neighbour hits them alike."""
     for fn in candidates.values():
         fn()
-    best = {name: float("inf") for name in candidates}
+    times: dict[str, list[float]] = {name: [] for name in candidates}
     names = list(candidates)
     for r in range(repeats):
         for name in names[r % len(names):] + names[:r % len(names)]:
             start = time.perf_counter()
             candidates[name]()
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
+            times[name].append(time.perf_counter() - start)
+    return times
 
 
-def _pick(seconds: dict[str, float], plain: str) -> str:
-    """The fastest candidate if it beats `plain` by MARGIN, else `plain`."""
-    fastest = min(seconds, key=seconds.get)
-    return fastest if seconds[fastest] < (1 - MARGIN) * seconds[plain] else plain
+def _pick(times: dict[str, list[float]], plain: str) -> str:
+    """The candidate whose median per-repeat time ratio to `plain` is lowest, if below 1 - MARGIN; else `plain`.
+
+    Ratios taken within a repeat cancel the load that drifts between repeats; the median ignores a
+    repeat that one candidate happened to have to itself.
+    """
+    def ratio(name: str) -> float:
+        return statistics.median(t / p for t, p in zip(times[name], times[plain]))
+
+    fastest = min(times, key=ratio)
+    return fastest if ratio(fastest) < 1 - MARGIN else plain
+
+
+def _record(seconds: dict[str, float], what: str, times: dict[str, list[float]]) -> None:
+    """The best time of each candidate, for the report, as "what: candidate"."""
+    seconds.update({f"{what}: {name}": min(t) for name, t in times.items()})
 
 
 def measure(description: dict[str, str] | None = None) -> Choices:
@@ -211,16 +225,17 @@ def measure(description: dict[str, str] | None = None) -> Choices:
             if name == "one":
                 columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
                 layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
-            timed = _best({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)]) for k, fs in layers.items()})
-            seconds.update({f"{name}: {k}": t for k, t in timed.items()})
+            timed = _timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)]) for k, fs in layers.items()})
+            _record(seconds, name, timed)
             inference[name] = _pick(timed, "dense")
             del layers, shaped
         d = SHAPES[0][0]
         q, k, v = (weights[0][0].clone() for _ in range(3))
         stacked = torch.cat([q, k, v])
         x = torch.randn(ROW_CLASSES[-1][1], d, generator=gen)
-        timed = _best({"separate": lambda: [F.linear(x, w) for w in (q, k, v)], "fused": lambda: F.linear(x, stacked)})
-        seconds.update({f"qkv: {k}": t for k, t in timed.items()})
+        timed = _timed({"separate": lambda: [F.linear(x, w) for w in (q, k, v)],
+                        "fused": lambda: F.linear(x, stacked)})
+        _record(seconds, "qkv", timed)
         fused_inference = _pick(timed, "separate") == "fused"
     with torch.enable_grad():
         params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in weights]
@@ -232,17 +247,17 @@ def measure(description: dict[str, str] | None = None) -> Choices:
         candidates = {"dense": train_step(F.linear)}
         if usable:
             candidates["onednn"] = train_step(cpu.onednn_linear)
-        timed = _best(candidates)
-        seconds.update({f"train: {k}": t for k, t in timed.items()})
+        timed = _timed(candidates)
+        _record(seconds, "train", timed)
         seconds.setdefault("train: onednn", float("inf"))
         train_onednn = _pick(timed, "dense") == "onednn"
         wq, wk, wv = (p.clone().detach().requires_grad_() for p in (q, k, v))
         xq = torch.randn(TRAIN_ROWS, d, generator=gen, requires_grad=True)
-        timed = _best({
+        timed = _timed({
             "separate": lambda: torch.autograd.backward([sum(F.linear(xq, w).sum() for w in (wq, wk, wv))]),
             "fused": lambda: torch.autograd.backward([F.linear(xq, torch.cat([wq, wk, wv])).sum()]),
         })
-        seconds.update({f"qkv train: {k}": t for k, t in timed.items()})
+        _record(seconds, "qkv train", timed)
         fused_train = _pick(timed, "separate") == "fused"
     return Choices(inference=inference, train_onednn=train_onednn, fused_qkv_inference=fused_inference,
                    fused_qkv_train=fused_train, seconds=seconds, machine=description or machine())

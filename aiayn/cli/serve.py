@@ -95,6 +95,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     names = ", ".join(f"{m.name} ({m.kind})" for m in app.state.models)
     print(f"aiayn serve: http://{host}:{port} serving {names}; {passes} passes x {args.threads} threads "
           f"on {cores} cores", file=sys.stderr, flush=True)
+    if passes * args.threads > cores:
+        print(f"aiayn serve: warning: {passes} passes x {args.threads} threads ask for more than the {cores} cores; "
+              "each pass will wait for the others", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.drain_seconds,
                                            lifespan="on"))
     try:

@@ -15,8 +15,11 @@ from aiayn.cli.options import add_device_argument, add_precision_argument, integ
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `aiayn train` and `aiayn eval`."""
     t = subparsers.add_parser("train", help="train a Transformer on files or a built-in task",
-                              description="Train with the paper's recipe. CONFIG is a .toml or .json file; "
-                                          "KEY=VALUE overrides training keys, model.KEY=VALUE model keys.")
+                              description="Train with the paper's recipe, or, for translation files, the recipe fitted "
+                                          "to the corpus and the time_budget (recipe=paper keeps the paper's). "
+                                          "CONFIG is a .toml or .json file; KEY=VALUE overrides training keys, "
+                                          "model.KEY=VALUE model keys; time_budget=20m ends the run within 20 "
+                                          "minutes, the test evaluation included.")
     t.add_argument("items", nargs="*", metavar="[CONFIG] KEY=VALUE",
                    help="an optional config file, then overrides such as task=numbers epochs=5 model.d_model=128")
     t.add_argument("--run", "--run-dir", dest="run", required=True,

@@ -22,10 +22,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
@@ -93,6 +94,25 @@ async def answered(request: Request, work: Awaitable):
     return task.result()
 
 
+@dataclass
+class Server:
+    """What every route needs: the models served, the limits, the metrics and the forward-pass slots."""
+
+    models: list[Served]
+    limits: Limits
+    metrics: Metrics
+    slots: Passes
+
+    async def run(self, request: Request, model: Served, texts: list[str]) -> list:
+        """`model`'s answers to `texts`, batched with other requests; errors become the documented statuses."""
+        try:
+            return await answered(request, model.answer(texts))
+        except QueueFull as err:
+            raise ApiError(429, str(err)) from None
+        except ValueError as err:  # the object refused the text (checked before queueing, this is a fallback)
+            raise ApiError(422, str(err)) from None
+
+
 def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, passes: int = 1, threads: int = 1,
                max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005) -> FastAPI:
     """The application serving `objects` (name -> Translator / Embedder / Classifier / Tagger).
@@ -103,25 +123,22 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         max_tokens: token budget of a batch gathered across requests; max_batch caps its texts (0: no cap).
         max_wait: seconds a free pass waits for more requests before it runs what is queued.
     """
-    limits = limits or Limits()
-    metrics = Metrics()
-    slots = Passes(passes, threads)
-    models: list[Served] = []
+    server = Server([], limits or Limits(), Metrics(), Passes(passes, threads))
     for name, obj in objects.items():
         served = SERVED.get(type(obj))
         if served is None:
             raise ValueError(f"cannot serve {name!r}: a {type(obj).__name__} is not a task object aiayn serves")
-        models.append(served(name, obj, slots, limits, metrics, max_tokens=max_tokens, max_batch=max_batch,
-                             max_wait=max_wait))
+        server.models.append(served(name, obj, server.slots, server.limits, server.metrics, max_tokens=max_tokens,
+                                    max_batch=max_batch, max_wait=max_wait))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        slots.close()
+        server.slots.close()
 
     app = FastAPI(title="aiayn serve", lifespan=lifespan)
-    app.state.models, app.state.metrics, app.state.limits = models, metrics, limits
-    app.add_middleware(Observed, metrics=metrics)
+    app.state.models, app.state.metrics, app.state.limits = server.models, server.metrics, server.limits
+    app.add_middleware(Observed, metrics=server.metrics)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
@@ -132,91 +149,114 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         logger.exception("request %s failed", request.url.path)
         return JSONResponse({"error": f"internal error: {type(err).__name__}: {err}"}, status_code=500)
 
-    async def run(request: Request, model: Served, texts: list[str]) -> list:
-        try:
-            return await answered(request, model.answer(texts))
-        except QueueFull as err:
-            raise ApiError(429, str(err)) from None
-        except ValueError as err:  # the object refused the text (checked before queueing, this is a fallback)
-            raise ApiError(422, str(err)) from None
+    for routes in (service_routes, libretranslate_routes, openai_routes, tei_routes):
+        app.include_router(routes(server))
+    return app
 
-    @app.get("/", response_class=HTMLResponse)
+
+def service_routes(server: Server) -> APIRouter:
+    """The page, `/health`, `/metrics`, and `/v1/inspect` (what the page shows of one translation)."""
+    router = APIRouter()
+
+    @router.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
         return HTMLResponse(page_html())
 
-    @app.get("/health")
+    @router.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "models": [m.describe() for m in models]}
+        return {"status": "ok", "models": [m.describe() for m in server.models]}
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     async def metrics_text() -> Response:
-        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(server.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/languages")
+    @router.post("/v1/inspect")
+    async def inspect(request: Request) -> dict:
+        fields = await read_fields(request, server.limits)
+        texts, single = texts_field(fields, "q", server.limits)
+        if not single:
+            raise ApiError(422, "the field 'q' must be one string here")
+        model = pick(server.models, "translate", string_field(fields, "model"))
+        count = model.count_tokens(texts)  # 422 for a text the model cannot take
+        loop = asyncio.get_running_loop()
+        async with server.slots.free:
+            result = await loop.run_in_executor(server.slots.executor, model.inspect, texts[0])
+        return {**result, "tokens": count}
+
+    return router
+
+
+def libretranslate_routes(server: Server) -> APIRouter:
+    """LibreTranslate's `/translate` (JSON or form data) and `/languages`."""
+    router = APIRouter()
+
+    @router.get("/languages")
     async def languages() -> list:
         by_source: dict[str, list[str]] = {}
-        for m in models:
+        for m in server.models:
             if isinstance(m, ServedTranslator):
                 by_source.setdefault(m.source, []).append(m.target)
         return [{"code": code, "name": code, "targets": targets} for code, targets in by_source.items()]
 
-    @app.post("/translate")
+    @router.post("/translate")
     async def translate(request: Request) -> JSONResponse:
-        fields = await read_fields(request, limits, form=True)
-        texts, single = texts_field(fields, "q", limits)
+        fields = await read_fields(request, server.limits, form=True)
+        texts, single = texts_field(fields, "q", server.limits)
         source, target = string_field(fields, "source", "auto"), string_field(fields, "target")
         string_field(fields, "format", "text", FORMATS)  # html is translated as text: tags are text to the model
-        model = pick_translator(models, source, target)
-        out = await run(request, model, texts)
+        model = pick_translator(server.models, source, target)
+        out = await server.run(request, model, texts)
         answer: dict = {"translatedText": out[0] if single else out}
         if source == "auto":
             answer["detectedLanguage"] = {"confidence": 100.0, "language": model.source}
         return JSONResponse(answer)
 
-    @app.post("/v1/embeddings")
+    return router
+
+
+def openai_routes(server: Server) -> APIRouter:
+    """OpenAI's `/v1/embeddings` (float or base64 vectors) and `/v1/models`."""
+    router = APIRouter()
+
+    @router.post("/v1/embeddings")
     async def openai_embeddings(request: Request) -> JSONResponse:
-        fields = await read_fields(request, limits)
-        texts, _ = texts_field(fields, "input", limits)
+        fields = await read_fields(request, server.limits)
+        texts, _ = texts_field(fields, "input", server.limits)
         encoding = string_field(fields, "encoding_format", "float", ("float", "base64"))
-        model = pick(models, "embed", string_field(fields, "model"))
+        model = pick(server.models, "embed", string_field(fields, "model"))
         tokens = model.count_tokens(texts)
-        vectors = await run(request, model, texts)
+        vectors = await server.run(request, model, texts)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
                  if encoding == "base64" else [float(x) for x in v]} for i, v in enumerate(vectors)]
         return JSONResponse({"object": "list", "data": data, "model": model.name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
-    @app.get("/v1/models")
+    @router.get("/v1/models")
     async def openai_models() -> dict:
-        return {"object": "list", "data": [{"id": m.name, "object": "model", "owned_by": "aiayn"} for m in models]}
+        return {"object": "list",
+                "data": [{"id": m.name, "object": "model", "owned_by": "aiayn"} for m in server.models]}
 
-    @app.post("/embed")
+    return router
+
+
+def tei_routes(server: Server) -> APIRouter:
+    """text-embeddings-inference's `/embed` and `/predict`."""
+    router = APIRouter()
+
+    @router.post("/embed")
     async def tei_embed(request: Request) -> JSONResponse:
-        fields = await read_fields(request, limits)
-        texts, _ = texts_field(fields, "inputs", limits)
-        model = pick(models, "embed", string_field(fields, "model"))
-        return JSONResponse([[float(x) for x in v] for v in await run(request, model, texts)])
+        fields = await read_fields(request, server.limits)
+        texts, _ = texts_field(fields, "inputs", server.limits)
+        model = pick(server.models, "embed", string_field(fields, "model"))
+        return JSONResponse([[float(x) for x in v] for v in await server.run(request, model, texts)])
 
-    @app.post("/predict")
+    @router.post("/predict")
     async def tei_predict(request: Request) -> list:
-        fields = await read_fields(request, limits)
-        texts, single = texts_field(fields, "inputs", limits)
-        model = pick(models, "predict", string_field(fields, "model"))
-        out = [ServedLabeller.as_json(r) for r in await run(request, model, texts)]
+        fields = await read_fields(request, server.limits)
+        texts, single = texts_field(fields, "inputs", server.limits)
+        model = pick(server.models, "predict", string_field(fields, "model"))
+        out = [ServedLabeller.as_json(r) for r in await server.run(request, model, texts)]
         return out[0] if single else out
 
-    @app.post("/v1/inspect")
-    async def inspect(request: Request) -> dict:
-        fields = await read_fields(request, limits)
-        texts, single = texts_field(fields, "q", limits)
-        if not single:
-            raise ApiError(422, "the field 'q' must be one string here")
-        model = pick(models, "translate", string_field(fields, "model"))
-        count = model.count_tokens(texts)  # 422 for a text the model cannot take
-        loop = asyncio.get_running_loop()
-        async with slots.free:
-            result = await loop.run_in_executor(slots.executor, model.inspect, texts[0])
-        return {**result, "tokens": count}
-
-    return app
+    return router

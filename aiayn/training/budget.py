@@ -8,9 +8,12 @@ How a budget is spent (`Budget` keeps the accounts, the trainer asks it what fit
    about `VALID_SHARE` of the budget, spread evenly from `FIRST_VALID` of the planned steps on (a model
    that has barely started decodes to the length limit: slow, and it says nothing);
 3. the run keeps measuring: before every step it stops when that step, a last validation and the test
-   evaluation (estimated from the newest validation's decoding speed) would not fit in what is left,
-   and a scheduled validation that would not fit is skipped. A slower or faster machine than the probe
-   measured thus moves the end, never past the deadline by more than the estimates are wrong.
+   evaluation (the newest validation's seconds per example, times the beam's cost over greedy decoding
+   measured on a sample) would not fit in what is left, and a scheduled validation that would not fit
+   is skipped; each validation plans the rest again. A machine slower or faster than the probe
+   measured thus moves the end, never past the deadline by more than the estimates are wrong;
+4. a beam test that would not fit what is left at the end (or that would take over `BEAM_TEST_SHARE`
+   of the budget, planned so) is decoded greedily.
 
 The clock starts when the trainer starts its setup (the CLI's Python and torch imports, a second or two,
 come before it). A resumed run gets what its first process left of the budget.
@@ -76,7 +79,8 @@ class Budget:
     valid_s: float | None = None  # the newest validation's seconds
     beam_probe_s: float = 0.0  # the newest beam-ratio sample's seconds (in-loop validations pay it too)
     end_reserve_s: float = 0.0  # what the end was estimated to need when training stopped
-    decode_s: float | None = None  # greedy decoding seconds per example at the newest validation
+    example_s: float | None = None  # seconds per example at the newest validation
+    example_decoded: bool = False  # whether that validation decoded (greedily)
     beam_ratio: float | None = None  # beam decoding's seconds over greedy decoding's, on the newest sample
     timed_steps: int = 0
     validations: int = 0  # validations so far
@@ -115,8 +119,8 @@ class Budget:
         self.validations += 1
         self.beam_probe_s = 0.0
         self.valid_s = seconds
-        if decoded and examples:
-            self.decode_s = seconds / examples
+        if examples:
+            self.example_s, self.example_decoded = seconds / examples, decoded
 
     def record_beam(self, greedy_s: float, beam_s: float) -> None:
         """The same sample decoded greedily in `greedy_s` and with the test's beam in `beam_s` (validation time)."""
@@ -131,11 +135,11 @@ class Budget:
         return min(10 * (self.step_s or 0.0), GUESS_VALID_SHARE * self.seconds)
 
     def test_estimate(self, examples: int, beam_size: int, decoded: bool) -> float:
-        """Seconds of the final test evaluation: `examples` decoded at the newest validation's speed, x beam."""
+        """Seconds of the final test evaluation: `examples` at the newest validation's speed (x beam over greedy)."""
         if not examples:
             return 0.0
-        per_example = self.decode_s if decoded and self.decode_s is not None else None
-        if per_example is None:  # nothing decoded yet: a guess
+        per_example = self.example_s if self.example_decoded or not decoded else None
+        if per_example is None:  # nothing measured (or decoded) yet: a guess
             return min(self.valid_estimate() * max(beam_size, 1), GUESS_TEST_SHARE * self.seconds)
         ratio = 1.0 if beam_size <= 1 else self.beam_ratio or float(beam_size)
         return per_example * examples * ratio

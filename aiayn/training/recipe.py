@@ -80,6 +80,8 @@ def fit_run(run: RunConfig, pairs: int) -> tuple[RunConfig, list[str]]:
     train = {key: value for key, value in train.items() if key not in given}
     chosen_preset = model.pop("preset")
     preset = run.model_preset if "model.preset" in given or run.model_preset != "tiny" else chosen_preset
+    if preset != chosen_preset:  # the config's own preset keeps its sizes and dropout; pre-LN is the recipe's
+        model = {"norm_first": model["norm_first"]}
     model = {key: value for key, value in model.items() if key not in run.model_overrides}
     fitted = replace(run, train=replace(run.train, recipe="fit", **train), model_preset=preset,
                      model_overrides={**model, **run.model_overrides})
