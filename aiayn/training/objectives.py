@@ -1,7 +1,7 @@
-"""What each objective feeds the model and how its loss is counted.
+"""Batches of a split and the loss's inputs, as the objective's task object (`aiayn.tasks`) makes them.
 
 `make_batch` collates a list of example indices of a split; `forward` returns logits and the
-labels they are scored against (-100 = ignored).
+labels they are scored against (-100 = ignored); the seeds and counts of a batch are here too.
 """
 
 from __future__ import annotations
