@@ -23,7 +23,7 @@ What backs it: pre-LN at 3e-3 with a 150-step warmup of 500 steps learned about 
 paper's schedule fitted to a short run (English -> German, 26k pairs: test BLEU 20.4 after 500 steps
 against 17.1 after 1,500); the first row's sizes are those of the English -> French runs; on
 English -> French, 10 minutes on one loaded thread gave the "small" model 49 steps and test BLEU 0.0,
-the narrowed one about 500 steps and a model that learns (docs/training.md). The smaller rows follow
+the narrowed one 287 steps and 3.8 (496 steps and 11.5 at a lighter load; docs/training.md). The smaller rows follow
 Sennrich & Zhang (2019), smaller vocabularies and batches for less data, and are not measured here.
 A `time_budget` then sets the steps (`aiayn.training.budget`), and with them the warmup.
 """
