@@ -117,6 +117,9 @@ class TimedTrainer(Trainer):
     def validate(self):
         return self._timed("validate", super().validate)
 
+    def _time_beam(self):  # the budget's beam-ratio sample is validation time too
+        return self._timed("validate", super()._time_beam)
+
     def save(self, **kwargs):
         return self._timed("save", super().save, **kwargs)
 
