@@ -170,19 +170,25 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
     return found
 
 
-def _timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, list[float]]:
-    """Each candidate's time in every repeat, all candidates timed in each repeat in rotating order, so that a
-    noisy neighbour hits them alike."""
-    for fn in candidates.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in candidates}
-    names = list(candidates)
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each call per repeat, the order rotating each repeat so that a busy moment on a
+    shared machine hits every contender alike; ratios are then taken within a repeat. (The benchmark
+    scripts time their contenders with it too.)"""
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names):] + names[: r % len(names)]:
             start = time.perf_counter()
-            candidates[name]()
+            fns[name]()
             times[name].append(time.perf_counter() - start)
     return times
+
+
+def _timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, list[float]]:
+    """Each candidate called once untimed (first-call costs), then `interleaved`."""
+    for fn in candidates.values():
+        fn()
+    return interleaved(candidates, repeats)
 
 
 def _pick(times: dict[str, list[float]], plain: str) -> str:
