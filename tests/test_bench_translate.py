@@ -11,13 +11,19 @@ WORDS = ["open", "close", "file", "folder", "save", "print", "new", "copy"]
 FRENCH = ["ouvrir", "fermer", "fichier", "dossier", "enregistrer", "imprimer", "nouveau", "copier"]
 
 
-def test_bench_translate_trains_both_models_and_reports(tmp_path, capsys):
-    pytest.importorskip("transformers")
+def tiny_corpus(tmp_path):
+    """train / valid / test TSVs of 64 two-word pairs, as `aiayn corpus` lays them out."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     pairs = [f"{WORDS[i % 8]} {WORDS[i // 8 % 8]}\t{FRENCH[i % 8]} {FRENCH[i // 8 % 8]}" for i in range(64)]
     for name, rows in (("train", pairs), ("valid", pairs[:8]), ("test", pairs[8:16])):
         (corpus / f"{name}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return corpus
+
+
+def test_bench_translate_trains_both_models_and_reports(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    corpus = tiny_corpus(tmp_path)
     code = main(["bench", "translate", "--corpus", str(corpus), "--work", str(tmp_path / "work"), "--steps", "4",
                  "--threads", "1", "vocab_size=60", "eval_every=2", "max_tokens=64", "model.d_model=16",
                  "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1"])
@@ -32,11 +38,7 @@ def test_bench_translate_trains_both_models_and_reports(tmp_path, capsys):
 
 def test_bench_translate_curves_in_training_time_name_the_pair(tmp_path, capsys):
     pytest.importorskip("transformers")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    pairs = [f"{WORDS[i % 8]} {WORDS[i // 8 % 8]}\t{FRENCH[i % 8]} {FRENCH[i // 8 % 8]}" for i in range(64)]
-    for name, rows in (("train", pairs), ("valid", pairs[:8]), ("test", pairs[8:16])):
-        (corpus / f"{name}.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    corpus = tiny_corpus(tmp_path)
     (corpus / "corpus.json").write_text(json.dumps({"lang": "es"}), encoding="utf-8")  # as `aiayn corpus` writes it
     code = main(["bench", "translate", "--corpus", str(corpus), "--work", str(tmp_path / "work"), "--steps", "40",
                  "--curve", "0.02s", "--threads", "1", "vocab_size=60", "max_tokens=64", "model.d_model=16",
