@@ -8,6 +8,7 @@ with 422) and runs a gathered batch through the object's own batched call.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,7 @@ from aiayn.serve.metrics import Metrics
 ANY_LANGUAGE = "auto"
 
 
-class Served:
+class Served(abc.ABC):
     """A task object behind the server: its name, its batcher and its token counting."""
 
     kind = ""
@@ -38,13 +39,13 @@ class Served:
                                observe=lambda texts, tokens, _: metrics.batch_done(name, texts, tokens))
         metrics.queues[name] = lambda: self.batcher.queued_texts
 
+    @abc.abstractmethod
     def count_tokens(self, texts: Sequence[str]) -> int:
         """Input tokens of `texts`; ApiError 422 for a text the model cannot take."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def run(self, texts: list[str]) -> list:
         """The object's batched call on `texts`: one result per text, in order."""
-        raise NotImplementedError
 
     async def answer(self, texts: list[str]) -> list:
         """Results of `texts`, batched with the other requests queued for this model."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ Shown = list[tuple[str, str, str]]  # (input, prediction, reference) triples an 
 Encoded = tuple[list, list[tuple[int, int]]]  # (encoded items, (source, target) length of each)
 
 
-class Task:
+class Task(abc.ABC):
     """One training objective.
 
     Attributes:
@@ -45,9 +46,9 @@ class Task:
     bert_keys: dict[str, str] = {}
 
     # -- the data side (aiayn.data.prepare calls these) -------------------------------------------
+    @abc.abstractmethod
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
         """The examples of one data file, by the run config's format and field names."""
-        raise NotImplementedError
 
     def texts(self, examples: list, side: str) -> list[str]:
         """The texts a tokenizer learns from (`side`: "source" or "target")."""
@@ -57,18 +58,19 @@ class Task:
         """Sorted label (or tag) names seen in the training split (none for unlabelled objectives)."""
         return []
 
+    @abc.abstractmethod
     def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
         """Token ids of the examples of split `name` (`labels`: the run's label names, their index the id)."""
-        raise NotImplementedError
 
     def check_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Raise ValueError when `tokenizer` lacks what the objective needs (nothing, by default)."""
+        return None
 
     # -- the model side ----------------------------------------------------------------------------
+    @abc.abstractmethod
     def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
                 generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """Padded tensors of encoded `items` (see `aiayn.data.collate`); always with `labels` (-100 = ignored)."""
-        raise NotImplementedError
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, labels) the loss compares: here the model's output on `ids` against the batch's labels."""
