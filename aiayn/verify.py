@@ -161,9 +161,9 @@ def _floor(backend: Backend) -> float:
     """The relative difference an approximate path may show: int8's grows with its activation step."""
     if backend.precision != "int8":
         return RELATIVE_FLOOR[backend.precision]
-    from aiayn.backends.int8 import LEVELS, int8_range
+    from aiayn.backends.int8 import int8_range, step_ratio
 
-    return RELATIVE_FLOOR["int8"] * LEVELS["full"] / LEVELS[int8_range() or "full"]
+    return RELATIVE_FLOOR["int8"] * step_ratio(int8_range() == "reduced")
 
 
 def _checks(backend: Backend) -> Iterator[Check]:

@@ -10,7 +10,6 @@ from aiayn.backends import select
 from aiayn.backends.cpu import PackedLinear
 from aiayn.backends.fused import StackedLinear
 from aiayn.backends.int8 import (
-    LEVELS,
     Bf16Linear,
     Int8Linear,
     calibration_inputs,
@@ -19,6 +18,7 @@ from aiayn.backends.int8 import (
     int8_usable,
     quantize,
     smoothing_factors,
+    step_ratio,
 )
 from aiayn.config import ModelConfig
 from aiayn.inference import GenerationConfig, generate
@@ -30,7 +30,7 @@ RANGE = int8_range()  # "reduced" where int8 sums would saturate (no VNNI), or w
 REDUCED = RANGE == "reduced"
 # A layer's int8 error is dominated by the activation step, range / levels: bounds set for the full
 # range grow by its ratio to this machine's levels.
-STEP_RATIO = LEVELS["full"] / LEVELS[RANGE] if RANGE else 1.0
+STEP_RATIO = step_ratio(REDUCED)
 
 
 def rel_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

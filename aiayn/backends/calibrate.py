@@ -135,19 +135,19 @@ def cache_path(description: dict[str, str]) -> Path:
     return cache_dir() / f"cpu-products-{digest}.json"
 
 
-@functools.cache
-def _choices_for(key: str) -> Choices:
-    return _load_or_measure(refresh=bool(os.environ.get("AIAYN_RECALIBRATE")), description=json.loads(key))
+_chosen: dict[str, Choices] = {}  # this process's choices, by machine description (threads included)
 
 
 def choices(*, refresh: bool = False) -> Choices:
     """This machine's choices (for its current thread count): from the cache, else measured (a few seconds) and
-    cached. `refresh=True` measures again and replaces the cached result."""
-    key = json.dumps(machine(), sort_keys=True)
-    if refresh:
-        _choices_for.cache_clear()
-        _load_or_measure(refresh=True, description=json.loads(key))
-    return _choices_for(key)
+    cached. `refresh=True` (or `AIAYN_RECALIBRATE=1`, once a process) measures again and replaces the cached
+    result."""
+    description = machine()
+    key = json.dumps(description, sort_keys=True)
+    if refresh or key not in _chosen:
+        again = refresh or bool(os.environ.get("AIAYN_RECALIBRATE"))
+        _chosen[key] = _load_or_measure(refresh=again, description=description)
+    return _chosen[key]
 
 
 def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None) -> Choices:

@@ -121,9 +121,9 @@ class PackedLinear(nn.Module):
     `kernels` maps each row class of `calibrate.ROW_CLASSES` ("one", "few", "many") to a kernel:
     "packed" (oneDNN over the weight reordered once into its blocked layout), "columns" (MKL over
     the weight transposed, (in, out) contiguous, made on first use) or "dense" (F.linear over the
-    weight as given). Only the forms some row class uses are held. Weights are copies taken when the
-    layer is built: they have no gradient and do not follow later changes of the original weight
-    (prepare the model again after training it further).
+    weight as given, shared with the model). Only the forms some row class uses are held. The packed
+    and transposed forms are copies taken when the layer is built: they have no gradient and do not
+    follow later changes of the original weight (prepare the model again after training it further).
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, activation: str | None = None,
@@ -160,21 +160,14 @@ class PackedLinear(nn.Module):
         if kernel == "packed":
             name, algorithm, _ = POST_OPS[self.activation] if self.activation else ("none", "", None)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, name, [], algorithm)
-        if kernel == "columns":
-            out = self._by_columns(x)
-        else:
-            weight = self.weight if self.weight is not None else self._dense()
-            out = F.linear(x, weight, self.bias)
+        out = self._by_columns(x) if kernel == "columns" else F.linear(x, self.weight, self.bias)
         return POST_OPS[self.activation][2](out) if self.activation is not None else out
-
-    def _dense(self) -> torch.Tensor:
-        """The weight (out, in) as a plain tensor, from whichever form the layer holds."""
-        return self.packed.to_dense() if self.packed is not None else self.columns.t()
 
     def _by_columns(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> (..., out) by MKL's product over the weight transposed."""
-        if self.columns is None:
-            self.columns = self._dense().t().contiguous()  # (in, out)
+        if self.columns is None:  # made from the dense or packed form the layer also holds
+            dense = self.weight if self.weight is not None else self.packed.to_dense()
+            self.columns = dense.t().contiguous()  # (in, out)
         rows = x.reshape(-1, self.in_features)  # (N, in)
         out = torch.mm(rows, self.columns) if self.bias is None else torch.addmm(self.bias, rows, self.columns)
         return out.view(*x.shape[:-1], self.out_features)  # (..., out)

@@ -71,9 +71,14 @@ def int8_range() -> str | None:
     return "reduced" if usable and os.environ.get("AIAYN_INT8_RANGE") == "reduced" else usable
 
 
+def step_ratio(reduce_range: bool) -> float:
+    """How much larger the activation step is on the given range than on the full one (1 or 255 / 127)."""
+    return LEVELS["full"] / LEVELS["reduced" if reduce_range else "full"]
+
+
 def tolerance_for(reduce_range: bool) -> float:
     """The largest relative error of a layer kept in int8 on the given activation range (see `LEVELS`)."""
-    return TOLERANCE * LEVELS["reduced" if reduce_range else "full"] / LEVELS["full"]
+    return TOLERANCE / step_ratio(reduce_range)
 
 
 class Int8Linear(nn.Module):
