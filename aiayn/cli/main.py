@@ -52,18 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _signalled: list[int] = []  # signals received while the command runs
+_started: list[bool] = []  # set once the parser is built: from then on a signal raises KeyboardInterrupt
 
 
 def _on_signal(signum: int, frame: object) -> None:
     """Ctrl-C or SIGTERM: stop with `interrupted`; a second one ends the process at once.
 
-    Raised at whatever line runs, a KeyboardInterrupt can be swallowed by a library's bare `except`
-    (inside an import, say); the record of it lets the command stop at its next check instead.
+    While the CLI starts (importing torch and the commands) the signal is only recorded and the command
+    stops right after: a KeyboardInterrupt raised inside an extension's import can be swallowed by a
+    library's bare `except`, or mark the interpreter to die by SIGINT at exit whatever `main` returns
+    (CPython does so when one escapes code that C runs through `PyRun_String`).
     """
     if _signalled:
         os._exit(INTERRUPTED)
     _signalled.append(signum)
-    raise KeyboardInterrupt
+    if _started:
+        raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     previous = {}
     _signalled.clear()
+    _started.clear()
     if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     command, debug = "", "--debug" in (argv if argv is not None else sys.argv[1:])
@@ -93,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "func", None):
             parser.print_help()
             return BAD_INPUT
-        if _signalled:  # an interrupt while starting up that an import swallowed
+        _started.append(True)
+        if _signalled:  # an interrupt while starting up
             raise KeyboardInterrupt
         check_numbers(args.commands[command], args)  # every numeric option in range, before any work
         return int(args.func(args) or 0)
