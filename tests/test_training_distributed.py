@@ -270,11 +270,11 @@ def test_the_backend_follows_the_device_and_one_process_needs_no_wrapper():
     assert process_group_backend(torch.device("cpu")) == "gloo"
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.Adam(model.parameters())
-    plain = data_parallel(model, "seq2seq", optimizer, mode="fsdp", rank=0, world=1, make_optimizer=None)
+    plain = data_parallel(model, "seq2seq", optimizer, strategy="fsdp", rank=0, world=1, make_optimizer=None)
     assert plain.optimizer is optimizer and plain.module.model is model  # FSDP in one process: nothing to shard
     assert plain.total([1.0, 2.0]) == [1.0, 2.0] and plain.from_rank0("x") == "x"
     with pytest.raises(ValueError, match="distributed must be one of ddp, fsdp"):
-        data_parallel(model, "seq2seq", optimizer, mode="zero", rank=0, world=1, make_optimizer=None)
+        data_parallel(model, "seq2seq", optimizer, strategy="zero", rank=0, world=1, make_optimizer=None)
     with pytest.raises(ValueError, match="distributed must be one of ddp, fsdp"):
         load_run_config(None, ["task=copy", "distributed=zero"])
     with pytest.raises(ValueError, match="keep one"):

@@ -18,6 +18,7 @@ from aiayn.rundir import check_input_file
 from aiayn.tasks import OBJECTIVES, SEQ2SEQ, Task, get_task
 from aiayn.tokenization import KINDS
 from aiayn.training.budget import parse_duration
+from aiayn.training.distributed import STRATEGIES
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
 RECIPES = ("auto", "fit", "paper")  # see aiayn.training.recipe
@@ -178,7 +179,7 @@ class TrainConfig:
                                      ("target_tokenizer", self.target_tokenizer, ("", *KINDS)),
                                      ("final_model", self.final_model, ("auto", "best", "last", "average")),
                                      ("recipe", self.recipe, RECIPES),
-                                     ("distributed", self.distributed, ("ddp", "fsdp")),
+                                     ("distributed", self.distributed, STRATEGIES),
                                      ("log_to", self.log_to, ("", "tensorboard"))):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(c for c in choices if c)}, got {value!r}")

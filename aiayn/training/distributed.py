@@ -25,7 +25,7 @@ from torch import nn
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.training.objectives import forward
 
-MODES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp")
 T = TypeVar("T")
 
 
@@ -241,14 +241,14 @@ class Sharded(Replicas):
         return self._gathered
 
 
-def data_parallel(model: nn.Module, objective: str, optimizer: torch.optim.Optimizer, *, mode: str, rank: int,
+def data_parallel(model: nn.Module, objective: str, optimizer: torch.optim.Optimizer, *, strategy: str, rank: int,
                   world: int, make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
                   device: torch.device | None = None, runner: nn.Module | None = None) -> Replicas:
-    """`Sharded` for `mode="fsdp"` with more than one process, else `Replicas` (one process, or DDP) running
+    """`Sharded` for `strategy="fsdp"` with more than one process, else `Replicas` (one process, or DDP) running
     `runner` (a backend's prepared copy of `model`, sharing its parameters) when given."""
-    if mode not in MODES:
-        raise ValueError(f"distributed must be one of {', '.join(MODES)}, got {mode!r}")
-    if mode == "fsdp" and world > 1:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"distributed must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if strategy == "fsdp" and world > 1:
         return Sharded(model, objective, optimizer, make_optimizer=make_optimizer, rank=rank, world=world,
                        device=device)
     return Replicas(model, objective, optimizer, rank=rank, world=world, device=device, runner=runner)

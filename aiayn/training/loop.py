@@ -253,9 +253,9 @@ class Trainer:
             if cfg.global_batches % self.world:
                 self.report(f"{self.world} processes share {cfg.global_batches} batches a step (global_batches): "
                             "some train an empty batch at each step")
-        self.parallel = data_parallel(self.model, cfg.objective, self.optimizer, mode=cfg.distributed, rank=self.rank,
-                                      world=self.world, make_optimizer=lambda ps: make_optimizer(ps, self.recipe),
-                                      device=self.device, runner=self.prepared)
+        self.parallel = data_parallel(self.model, cfg.objective, self.optimizer, strategy=cfg.distributed,
+                                      rank=self.rank, world=self.world, device=self.device, runner=self.prepared,
+                                      make_optimizer=lambda ps: make_optimizer(ps, self.recipe))
         self.optimizer = self.parallel.optimizer
         if self.budget is not None:
             self.budget.record("setup", time.perf_counter() - self.started)
