@@ -43,29 +43,29 @@ class Tokenizer:
     """A `tokenizers.Tokenizer` plus the names of its special tokens.
 
     Args:
-        backend: the Hugging Face tokenizer.
+        hf: the Hugging Face tokenizer.
         pad, bos, eos, unk: special-token strings (BERT's are "[PAD]", "[CLS]", "[SEP]", "[UNK]").
         mask: the mask token, if any.
         literal_specials: special-token strings in the text are ordinary text (aiayn's own
             tokenizers); False keeps Hugging Face's matching of them (BERT checkpoints).
     """
 
-    def __init__(self, backend: HFTokenizer, *, pad: str = PAD, bos: str = BOS, eos: str = EOS,
+    def __init__(self, hf: HFTokenizer, *, pad: str = PAD, bos: str = BOS, eos: str = EOS,
                  unk: str = UNK, mask: str | None = None, literal_specials: bool = False):
-        self.backend = backend
+        self.hf = hf
         self.special = {"pad": pad, "bos": bos, "eos": eos, "unk": unk, "mask": mask}
         self.literal_specials = literal_specials
-        backend.encode_special_tokens = literal_specials
+        hf.encode_special_tokens = literal_specials
         # Whether the normaliser puts a "▁" before the text (the lossless subword kinds do).
-        self._prepends = "Prepend" in json.dumps(json.loads(backend.to_str()).get("normalizer"))
+        self._prepends = "Prepend" in json.dumps(json.loads(hf.to_str()).get("normalizer"))
         for role, token in self.special.items():
-            if token is not None and backend.token_to_id(token) is None:
+            if token is not None and hf.token_to_id(token) is None:
                 raise ValueError(f"tokenizer has no {role} token {token!r}")
 
     # -- ids of the special tokens ----------------------------------------------------------
     def _id(self, role: str) -> int | None:
         token = self.special[role]
-        return None if token is None else self.backend.token_to_id(token)
+        return None if token is None else self.hf.token_to_id(token)
 
     @property
     def pad_id(self) -> int:
@@ -95,22 +95,22 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         """Number of ids, special tokens included."""
-        return self.backend.get_vocab_size(with_added_tokens=True)
+        return self.hf.get_vocab_size(with_added_tokens=True)
 
     @property
     def byte_fallback_size(self) -> int:
         """Number of byte-fallback ids (`<0x00>`..`<0xFF>`): 256 for the lossless kinds, else 0."""
-        return sum(self.backend.token_to_id(token) is not None for token in BYTE_TOKENS)
+        return sum(self.hf.token_to_id(token) is not None for token in BYTE_TOKENS)
 
     @property
     def learned_size(self) -> int:
         """Number of ids learned from the training text (neither special nor byte fallback)."""
-        return self.vocab_size - len(self.backend.get_added_tokens_decoder()) - self.byte_fallback_size
+        return self.vocab_size - len(self.hf.get_added_tokens_decoder()) - self.byte_fallback_size
 
     # -- text <-> ids -----------------------------------------------------------------------
     def tokenize(self, text: str) -> list[str]:
         """The subword strings of `text` as the vocabulary stores them, without special tokens."""
-        return self.backend.encode(text, add_special_tokens=False).tokens
+        return self.hf.encode(text, add_special_tokens=False).tokens
 
     def pieces(self, text: str) -> list[str]:
         """The tokens of `text` as a person reads them: one string per token, joining back to `text`.
@@ -122,16 +122,16 @@ class Tokenizer:
 
     def id_pieces(self, ids: Iterable[int]) -> list[str]:
         """`pieces` for ids (special tokens show their names): labels for attention maps."""
-        return display_pieces([self.backend.id_to_token(int(i)) for i in ids], prepended=self._prepends)
+        return display_pieces([self.hf.id_to_token(int(i)) for i in ids], prepended=self._prepends)
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Ids of `text`, optionally wrapped in `<s>` ... `</s>`."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        ids = self.hf.encode(text, add_special_tokens=False).ids
         return ([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else [])
 
     def encode_batch(self, texts: list[str], *, add_bos: bool = False, add_eos: bool = False) -> list[list[int]]:
-        """`encode` for many texts at once (parallel in the Rust backend)."""
-        out = self.backend.encode_batch(list(texts), add_special_tokens=False)
+        """`encode` for many texts at once (parallel in the Rust library)."""
+        out = self.hf.encode_batch(list(texts), add_special_tokens=False)
         head, tail = ([self.bos_id] if add_bos else []), ([self.eos_id] if add_eos else [])
         return [head + enc.ids + tail for enc in out]
 
@@ -175,15 +175,15 @@ class Tokenizer:
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = True) -> str:
         """Text of `ids`; special tokens are dropped unless `skip_special=False`."""
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special)
+        return self.hf.decode(list(ids), skip_special_tokens=skip_special)
 
     def decode_batch(self, rows: Iterable[Iterable[int]], *, skip_special: bool = True) -> list[str]:
         """`decode` for many id lists at once."""
-        return self.backend.decode_batch([list(r) for r in rows], skip_special_tokens=skip_special)
+        return self.hf.decode_batch([list(r) for r in rows], skip_special_tokens=skip_special)
 
     def id_to_token(self, index: int) -> str:
         """The string of one id, as the vocabulary stores it."""
-        return self.backend.id_to_token(index)
+        return self.hf.id_to_token(index)
 
     # -- persistence ------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
@@ -191,7 +191,7 @@ class Tokenizer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         with atomic_output(directory / TOKENIZER_NAME) as tmp:
-            self.backend.save(str(tmp))
+            self.hf.save(str(tmp))
         meta = {**self.special, "literal_specials": self.literal_specials}
         atomic_write_text(directory / META_NAME, json.dumps(meta, indent=2) + "\n")
 
@@ -214,14 +214,14 @@ class Tokenizer:
             if not isinstance(special, dict) or not set(special) <= {"pad", "bos", "eos", "unk", "mask",
                                                                      "literal_specials"}:
                 raise ValueError(f"{meta_path}: expected an object naming the pad, bos, eos, unk and mask tokens")
-        backend = read_backend(path)
+        hf = read_hf(path)
         try:
-            return cls(backend, **special)
+            return cls(hf, **special)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
 
 
-def read_backend(path: str | Path) -> HFTokenizer:
+def read_hf(path: str | Path) -> HFTokenizer:
     """A Hugging Face `tokenizer.json`; a damaged file is a ValueError that names it."""
     try:
         return HFTokenizer.from_file(str(path))
@@ -305,11 +305,11 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
                          f"{' (the 256 byte-fallback tokens come on top)' if kind in LOSSLESS_KINDS else ''}; "
                          "raise vocab_size")
     if kind in LOSSLESS_KINDS:
-        backend = _train_lossless(texts, kind, vocab_size, special, lowercase, min_frequency)
+        hf = _train_lossless(texts, kind, vocab_size, special, lowercase, min_frequency)
     else:
-        backend = _train_word_split(texts, kind, vocab_size, special, lowercase, min_frequency)
+        hf = _train_word_split(texts, kind, vocab_size, special, lowercase, min_frequency)
     mask = MASK if MASK in special else None
-    tokenizer = Tokenizer(backend, mask=mask, literal_specials=True)
+    tokenizer = Tokenizer(hf, mask=mask, literal_specials=True)
     if kind != "char" and tokenizer.learned_size + len(special) < vocab_size:
         logger.info("vocabulary: %d tokens learned of the %d asked (the corpus supports no more at min_frequency %d)",
                     tokenizer.learned_size, vocab_size - len(special), min_frequency)
@@ -334,30 +334,30 @@ def _train_lossless(texts: list[str], kind: str, vocab_size: int, special: list[
     if kind == "char":
         alphabet = sorted({ch for text in texts for ch in _escape(text.lower() if lowercase else text)} - {" "})
         vocab = {tok: i for i, tok in enumerate([*special, SPACE, *alphabet])}
-        backend = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, byte_fallback=True))
-        backend.add_special_tokens(special)  # as the trainers do: skipped when decoding, never split
-        backend.normalizer = normalizers.Sequence([*norm, normalizers.Replace(" ", SPACE)])
-        backend.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
-        backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
+        hf = HFTokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, byte_fallback=True))
+        hf.add_special_tokens(special)  # as the trainers do: skipped when decoding, never split
+        hf.normalizer = normalizers.Sequence([*norm, normalizers.Replace(" ", SPACE)])
+        hf.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+        hf.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
                                              *_unescaping_decoders()])
-        return _with_byte_tokens(backend, len(special))
+        return _with_byte_tokens(hf, len(special))
     # One "▁" before the text and one for each space; the pre-tokenizer cuts before every "▁", so
     # pieces never span two words; the decoder maps "▁" back and strips the one it added.
     norm += [normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)]
     if kind == "bpe":
-        backend = HFTokenizer(models.BPE(unk_token=UNK, byte_fallback=True))
+        hf = HFTokenizer(models.BPE(unk_token=UNK, byte_fallback=True))
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, min_frequency=min_frequency,
                                       show_progress=False)
     else:
-        backend = HFTokenizer(models.Unigram())
+        hf = HFTokenizer(models.Unigram())
         trainer = trainers.UnigramTrainer(vocab_size=vocab_size, special_tokens=special, unk_token=UNK,
                                           show_progress=False)
-    backend.normalizer = normalizers.Sequence(norm)
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="never", split=True)
-    backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
+    hf.normalizer = normalizers.Sequence(norm)
+    hf.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="never", split=True)
+    hf.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(),
                                          *_unescaping_decoders(), decoders.Strip(" ", 1, 0)])
-    backend.train_from_iterator(texts, trainer=trainer)
-    return _with_byte_tokens(backend, len(special))
+    hf.train_from_iterator(texts, trainer=trainer)
+    return _with_byte_tokens(hf, len(special))
 
 
 def _train_word_split(texts: list[str], kind: str, vocab_size: int, special: list[str], lowercase: bool,
@@ -367,28 +367,28 @@ def _train_word_split(texts: list[str], kind: str, vocab_size: int, special: lis
     if lowercase:
         norm += [normalizers.NFD(), normalizers.StripAccents(), normalizers.Lowercase()]
     if kind == "subword-nmt":
-        backend = HFTokenizer(models.BPE(unk_token=UNK, end_of_word_suffix="</w>"))
+        hf = HFTokenizer(models.BPE(unk_token=UNK, end_of_word_suffix="</w>"))
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special, min_frequency=min_frequency,
                                       end_of_word_suffix="</w>", show_progress=False)
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
+        hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Whitespace(), pre_tokenizers.Digits(individual_digits=False)]
         )
-        backend.decoder = decoders.BPEDecoder(suffix="</w>")
+        hf.decoder = decoders.BPEDecoder(suffix="</w>")
     else:
-        backend = HFTokenizer(models.WordPiece(unk_token=UNK))
+        hf = HFTokenizer(models.WordPiece(unk_token=UNK))
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special,
                                             min_frequency=min_frequency, show_progress=False)
-        backend.pre_tokenizer = pre_tokenizers.Whitespace()
-        backend.decoder = decoders.WordPiece()
-    backend.normalizer = normalizers.Sequence(norm)
-    backend.train_from_iterator(texts, trainer=trainer)
-    return _canonical_ids(backend, len(special))
+        hf.pre_tokenizer = pre_tokenizers.Whitespace()
+        hf.decoder = decoders.WordPiece()
+    hf.normalizer = normalizers.Sequence(norm)
+    hf.train_from_iterator(texts, trainer=trainer)
+    return _canonical_ids(hf, len(special))
 
 
-def _with_byte_tokens(backend: HFTokenizer, n_special: int) -> HFTokenizer:
+def _with_byte_tokens(hf: HFTokenizer, n_special: int) -> HFTokenizer:
     """Sorted ids for the learned tokens, then the 256 byte-fallback tokens `<0x00>`..`<0xFF>` at the end."""
-    backend = _canonical_ids(backend, n_special)
-    data = json.loads(backend.to_str())
+    hf = _canonical_ids(hf, n_special)
+    data = json.loads(hf.to_str())
     model = data["model"]
     if model["type"] == "Unigram":
         # The unigram model matches any piece inside the text: a literal "<s>" or "<0xE2>" must not become
@@ -410,17 +410,17 @@ def _with_byte_tokens(backend: HFTokenizer, n_special: int) -> HFTokenizer:
     return HFTokenizer.from_str(json.dumps(data))
 
 
-def _canonical_ids(backend: HFTokenizer, n_special: int) -> HFTokenizer:
+def _canonical_ids(hf: HFTokenizer, n_special: int) -> HFTokenizer:
     """Renumber the learned (non-special) tokens in sorted order.
 
     The Hugging Face trainers number some tokens in hash-map order (BPE's alphabet), which
     differs between processes; sorted ids make the same vocabulary get the same ids, so seeded
     training runs repeat exactly. (Unigram's list is already in a fixed order.)
     """
-    data = json.loads(backend.to_str())
+    data = json.loads(hf.to_str())
     vocab = data["model"].get("vocab")
     if not isinstance(vocab, dict):
-        return backend
+        return hf
     specials = sorted((i, t) for t, i in vocab.items() if i < n_special)
     learned = sorted(t for t, i in vocab.items() if i >= n_special)
     data["model"]["vocab"] = {t: i for i, t in specials} | {t: n_special + k for k, t in enumerate(learned)}

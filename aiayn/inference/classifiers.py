@@ -133,7 +133,7 @@ class Tagger(_LabelledModel):
         tok, limit = self.tokenizer, self.model.config.max_len
         if not words:
             return [tok.bos_id, tok.eos_id], []
-        enc = tok.backend.encode(words, is_pretokenized=True, add_special_tokens=False)
+        enc = tok.hf.encode(words, is_pretokenized=True, add_special_tokens=False)
         ids = [tok.bos_id, *enc.ids[: limit - 2], tok.eos_id]
         firsts, previous = [], None
         for position, word in enumerate(enc.word_ids[: limit - 2], start=1):

@@ -25,7 +25,7 @@ from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.io import atomic_write_bytes
 from aiayn.nn.model import EncoderModel, build_model
 from aiayn.tasks import ENCODER_OBJECTIVES, get_task
-from aiayn.tokenization import Tokenizer, read_backend
+from aiayn.tokenization import Tokenizer, read_hf
 from aiayn.weights import WeightsError, check_finite, read_safetensors, read_torch_file
 
 log = logging.getLogger(__name__)
@@ -261,7 +261,7 @@ def _read_json(path: Path) -> dict:
 def load_bert_tokenizer(directory: str | Path) -> Tokenizer:
     """The checkpoint's tokenizer (`tokenizer.json`, else `vocab.txt`) with BERT's special tokens.
 
-    The backend's own padding and truncation are switched off: callers add [CLS] ... [SEP]
+    The Hugging Face tokenizer's own padding and truncation are switched off: callers add [CLS] ... [SEP]
     and truncate (see `aiayn.inference.embeddings.encode_texts`).
     """
     directory = Path(directory)
@@ -272,12 +272,12 @@ def load_bert_tokenizer(directory: str | Path) -> Tokenizer:
         return value["content"] if isinstance(value, dict) else value
 
     if (directory / "tokenizer.json").is_file():
-        backend = read_backend(directory / "tokenizer.json")
+        hf = read_hf(directory / "tokenizer.json")
     elif (directory / "vocab.txt").is_file():
         from tokenizers.implementations import BertWordPieceTokenizer
 
         strip = settings.get("strip_accents")
-        backend = BertWordPieceTokenizer(
+        hf = BertWordPieceTokenizer(
             str(directory / "vocab.txt"), lowercase=settings.get("do_lower_case", True),
             strip_accents=strip, handle_chinese_chars=settings.get("tokenize_chinese_chars", True),
             unk_token=token("unk", "[UNK]"), sep_token=token("sep", "[SEP]"), cls_token=token("cls", "[CLS]"),
@@ -285,9 +285,9 @@ def load_bert_tokenizer(directory: str | Path) -> Tokenizer:
         )._tokenizer
     else:
         raise FileNotFoundError(f"{directory}: no tokenizer (tokenizer.json or vocab.txt)")
-    backend.no_truncation()
-    backend.no_padding()
-    return Tokenizer(backend, pad=token("pad", "[PAD]"), bos=token("cls", "[CLS]"), eos=token("sep", "[SEP]"),
+    hf.no_truncation()
+    hf.no_padding()
+    return Tokenizer(hf, pad=token("pad", "[PAD]"), bos=token("cls", "[CLS]"), eos=token("sep", "[SEP]"),
                      unk=token("unk", "[UNK]"), mask=token("mask", "[MASK]"))
 
 

@@ -118,5 +118,5 @@ def translate_tokens(translator, tokenizer: Tokenizer, texts: Sequence[str], *,
     results = translator.translate_batch([source_tokens(tokenizer, texts[i]) for i in rows], beam_size=beam_size,
                                          max_decoding_length=max_len, length_penalty=length_penalty)
     for i, result in zip(rows, results):
-        out[i] = [target.backend.token_to_id(piece) for piece in result.hypotheses[0]]
+        out[i] = [target.hf.token_to_id(piece) for piece in result.hypotheses[0]]
     return out

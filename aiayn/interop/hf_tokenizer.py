@@ -47,10 +47,10 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, *, template: 
     if template not in TEMPLATES:
         raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, got {template!r}")
     directory = Path(directory)
-    backend = HFTokenizer.from_str(tokenizer.backend.to_str())
-    if template == "marian" or backend.post_processor is None:  # aiayn adds specials in code; HF needs a template
-        backend.post_processor = _post_processor(tokenizer, template)
-    atomic_write_text(directory / "tokenizer.json", backend.to_str())
+    hf = HFTokenizer.from_str(tokenizer.hf.to_str())
+    if template == "marian" or hf.post_processor is None:  # aiayn adds specials in code; HF needs a template
+        hf.post_processor = _post_processor(tokenizer, template)
+    atomic_write_text(directory / "tokenizer.json", hf.to_str())
     roles = {"pad": "pad_token", "eos": "eos_token", "unk": "unk_token", "mask": "mask_token"}
     roles.update({"bos": "cls_token"} if template == "encoder" else {"bos": "bos_token"})
     if template == "encoder":

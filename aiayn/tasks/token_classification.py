@@ -42,7 +42,7 @@ class TokenClassification(Task):
         label_id = label_ids(labels, name)
         encoded = []
         for example in raw:
-            enc = source.backend.encode(list(example.tokens), is_pretokenized=True, add_special_tokens=False)
+            enc = source.hf.encode(list(example.tokens), is_pretokenized=True, add_special_tokens=False)
             tags = [IGNORE]
             previous = None
             for word in enc.word_ids:
