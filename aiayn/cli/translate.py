@@ -66,7 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_translate)
 
 
-def _search(args: argparse.Namespace):
+def _generation_config(args: argparse.Namespace):
+    """The `GenerationConfig` the decoding options ask for (an option out of range is a ValueError)."""
     from aiayn.inference.generation import GenerationConfig
 
     for option, value in (("--beam", args.beam), ("--max-tokens", args.max_tokens)):
@@ -93,7 +94,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from aiayn.inference.translator import Translator
     from aiayn.rundir import atomic_open, check_output_file
 
-    config = _search(args)
+    config = _generation_config(args)
     inputs = [("--input", args.input), ("--run", args.run)]
     output = check_output_file(args.output, "--output", inputs=inputs) if args.output else None
     if args.show_attention:
