@@ -120,6 +120,19 @@ def test_config_from_toml_and_json_with_overrides(tmp_path):
         load_run_config(toml, ["epochs=many"])
 
 
+def test_bf16_is_the_old_spelling_of_precision(tmp_path):
+    old_run = tmp_path / "train_config.json"  # as runs saved before `precision` hold it
+    old_run.write_text(json.dumps({"task": "copy", "bf16": True}), encoding="utf-8")
+    assert load_run_config(old_run).train == TrainConfig(task="copy", precision="bf16")
+    assert load_run_config(None, ["task=copy", "bf16=true"]).train.precision == "bf16"
+    assert TrainConfig(task="copy").precision is None  # the device's choice, as before
+    assert "bf16" not in TrainConfig(task="copy", bf16=True).to_dict()
+    with pytest.raises(ValueError, match="bf16=true and precision=fp32 disagree"):
+        TrainConfig(task="copy", bf16=True, precision="fp32")
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'int8'"):
+        TrainConfig(task="copy", precision="int8")
+
+
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     model = build_model(preset("tiny").replace(vocab_size=50, d_model=16, n_heads=2, d_ff=32))
     first = ckpt.save_checkpoint(tmp_path, model, {"step": 1}, step=1)

@@ -154,7 +154,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     split = data.valid if args.split == "valid" and not args.data else data.test
     options = EvalOptions.from_train_config(train_cfg, beam_size=args.beam or train_cfg.beam_size,
                                             examples=args.examples)
-    backend = select(args.device, "inference", args.precision or ("bf16" if options.bf16 else None))
+    backend = select(args.device, "inference", args.precision or options.precision)
     with progress_bar(len(split.items), quiet=args.quiet, unit="example",
                       desc=f"evaluating {args.data or args.split}") as bar:
         result = evaluate(model, data, split, options, backend=backend, progress=bar)

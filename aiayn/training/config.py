@@ -77,7 +77,10 @@ class TrainConfig:
             recipe's: (0.9, 0.98, 1e-9, 0) from scratch, (0.9, 0.999, 1e-8, 0.01) fine-tuning.
         label_smoothing: epsilon_ls (0.1, section 5.4).
         clip_norm: clip the gradient norm to this (0 = off).
-        bf16: bfloat16 autocast for the forward pass.
+        precision: "fp32" or "bf16" (bfloat16 autocast for the forward pass); unset (null): the device's
+            choice, bf16 on a CUDA GPU that has it, else fp32 (see `aiayn.backends.select`).
+        bf16: the old spelling of `precision="bf16"`, so that config files and runs saved before `precision`
+            still load; `bf16=true` becomes `precision="bf16"` (and `bf16` false), and is not saved.
         mlm_probability: share of tokens masked for masked-LM (0.15, as BERT).
         seed: seeds the model init, data order, dropout and masking; CPU runs repeat exactly.
         threads: torch CPU threads (0 = torch's default).
@@ -150,6 +153,7 @@ class TrainConfig:
     weight_decay: float | None = None
     label_smoothing: float = 0.1
     clip_norm: float = 0.0
+    precision: str | None = None
     bf16: bool = False
     mlm_probability: float = 0.15
     seed: int = 0
@@ -172,6 +176,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_field_types(self, "training")
+        if self.bf16:  # the old spelling: one name, `precision`, from here on
+            if self.precision not in (None, "bf16"):
+                raise ValueError(f"bf16=true and precision={self.precision} disagree: keep precision "
+                                 "(bf16 is its old spelling)")
+            object.__setattr__(self, "precision", "bf16")
+            object.__setattr__(self, "bf16", False)
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         for name, value, choices in (("schedule", self.schedule, SCHEDULES), ("optimizer", self.optimizer, OPTIMIZERS),
@@ -180,6 +190,7 @@ class TrainConfig:
                                      ("final_model", self.final_model, ("auto", "best", "last", "average")),
                                      ("recipe", self.recipe, RECIPES),
                                      ("distributed", self.distributed, STRATEGIES),
+                                     ("precision", self.precision, (None, "fp32", "bf16")),
                                      ("log_to", self.log_to, ("", "tensorboard"))):
             if value not in choices:
                 raise ValueError(f"{name} must be one of {', '.join(c for c in choices if c)}, got {value!r}")
@@ -220,8 +231,8 @@ class TrainConfig:
                              "keep one source (drop task= or the files)")
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain dict of every field."""
-        return dataclasses.asdict(self)
+        """Plain dict of every field but `bf16` (always false once built: `precision` holds it)."""
+        return {name: value for name, value in dataclasses.asdict(self).items() if name != "bf16"}
 
     @property
     def objective_task(self) -> Task:

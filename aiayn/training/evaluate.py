@@ -24,7 +24,7 @@ class EvalOptions:
     Attributes:
         max_tokens: tokens per batch. decode: also decode seq2seq outputs (BLEU, chrF, exact match).
         beam_size, length_penalty: decoding settings. max_batches: stop after this many batches (0 = all).
-        seed, mlm_probability: the masked-LM corruption. bf16: run in bfloat16.
+        seed, mlm_probability: the masked-LM corruption. precision: "fp32", "bf16" or None (the device's choice).
         examples: (input, prediction, reference) triples to return. bleu_tokenize: sacrebleu's tokenizer.
     """
 
@@ -35,7 +35,7 @@ class EvalOptions:
     max_batches: int = 0
     seed: int = 0
     mlm_probability: float = 0.15
-    bf16: bool = False
+    precision: str | None = None
     examples: int = 0
     bleu_tokenize: str = "auto"
 
@@ -44,7 +44,7 @@ class EvalOptions:
         """The options a run's `TrainConfig` implies, with `changes` (one place: the trainer and `aiayn eval` agree)."""
         t = train_config
         options = cls(max_tokens=t.max_tokens, beam_size=t.beam_size, length_penalty=t.length_penalty, seed=t.seed,
-                      mlm_probability=t.mlm_probability, bf16=t.bf16, examples=t.show_examples,
+                      mlm_probability=t.mlm_probability, precision=t.precision, examples=t.show_examples,
                       bleu_tokenize=t.bleu_tokenize)
         return replace(options, **changes)
 
@@ -55,7 +55,7 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     """Metrics of `model` on `split` (in eval mode, no dropout).
 
     The model runs as `backend` prepares it, once for the whole split (default: the fast inference
-    path of the model's device, in bf16 when `options.bf16`). `progress` is called with the number
+    path of the model's device, in `options.precision`). `progress` is called with the number
     of examples done after each batch (a progress bar).
 
     Returns:
@@ -68,7 +68,7 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     if not split.items:
         return {}
     if backend is None:
-        backend = select(model_device(model), "inference", "bf16" if options.bf16 else None)
+        backend = select(model_device(model), "inference", options.precision)
     was_training = model.training
     model.eval()
     runner = backend.prepare(model)

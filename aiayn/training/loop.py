@@ -234,7 +234,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.model = self._build_model(pretrained)
         # The train step runs a prepared copy sharing the model's parameters (see aiayn.backends).
-        self.backend = select(self.device, "train", "bf16" if cfg.bf16 else None)
+        self.backend = select(self.device, "train", cfg.precision)
         self.prepared = self.backend.prepare(self.model)
         self.recipe, notes = resolve_recipe(cfg, total_steps=self._planned_steps(), d_model=self.model.config.d_model)
         if main and self.budget is None:  # under a budget, the plan after the first steps reports the recipe
