@@ -41,12 +41,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--passes", type=int, default=0,
                    help="concurrent passes of the batching server (default: its own, cores // threads)")
     p.add_argument("--max-batch", type=int, default=0, help="most texts per batch of the batching server (0: no cap)")
+    p.add_argument("--texts", help="file of source texts for translation, one a line (a TSV's first column: "
+                   "a test split); default: held-out English number words, the demo's")
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: translate, embed")
     return p
 
 
-def sentences(kind: str, n: int = 2000) -> list[str]:
-    """Source texts: held-out English number words for translation, varied English sentences for embeddings."""
+def sentences(kind: str, n: int = 2000, path: str | None = None) -> list[str]:
+    """Source texts: `path`'s first column, else held-out English number words for translation, varied English
+    sentences for embeddings."""
+    if path:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        return [line.split("\t")[0] for line in lines if line.split("\t")[0].strip()][:n]
     if kind == "translate":
         from aiayn.data.tasks import numbers_task
 
@@ -179,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         translator = aiayn.load(run)
         if "translate" not in args.skip:
             compare("translation (POST /translate)", ["--run", f"en-de={run}"], translator, "translate", "/translate",
-                    "q", sentences("translate"), args.clients, args, cores, {"source": "en", "target": "de"})
+                    "q", sentences("translate", path=args.texts), args.clients, args, cores, {"source": "en", "target": "de"})
         if args.model and "embed" not in args.skip:
             embedder = aiayn.load(args.model)
             compare(f"embeddings (POST /v1/embeddings, {args.model})", ["--model", args.model], embedder, "embed",

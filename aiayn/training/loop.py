@@ -49,7 +49,7 @@ from aiayn.rundir import (
     open_run_dir,
 )
 from aiayn.tasks import get_task
-from aiayn.training.budget import BEAM_SAMPLE, FINISH_S, PROBE_STEPS, Budget, parse_duration
+from aiayn.training.budget import BEAM_SAMPLE, END_MARGIN, FINISH_S, PROBE_STEPS, Budget, parse_duration
 from aiayn.training.checkpoint import (
     average_checkpoints,
     best_checkpoint,
@@ -532,7 +532,7 @@ class Trainer:
         valid = budget.valid_estimate() if self.data.valid.items else 0.0
         checkpoint = budget.spent["checkpoint"] / max(self._saves, 1) if self._saves else 1.0
         test = budget.end_test_estimate(len(self.data.test.items), cfg.beam_size if decoded else 1, decoded)
-        return valid + checkpoint + test + FINISH_S
+        return END_MARGIN * (valid + test) + checkpoint + FINISH_S
 
     def _budget_allows(self, seconds: float) -> bool:
         """Whether `seconds` more of training (or validation) leave the end of the run its time; rank 0 decides."""

@@ -42,7 +42,9 @@ WARMUP_FRACTION = 0.3
 # (least training pairs, model preset, vocabulary size, batch tokens), largest first.
 SIZES = ((10_000, "small", 8000, 4096), (2_000, "small", 4000, 2048), (0, "tiny", 2000, 1024))
 SHORT_BUDGET_S = 3600.0
-SHORT = {"d_model": 128, "d_ff": 512}, 2048  # (model keys, batch tokens) of a "small" run under a short budget
+# A "small" run under a budget shorter than SHORT_BUDGET_S: (model keys, most vocabulary, batch tokens).
+SHORT = {"d_model": 128, "d_ff": 512}, 4000, 1024
+NO_DROPOUT_UNDER_S = 0.0  # a budget shorter than this trains without dropout (too few epochs to overfit)
 
 
 def uses_fit(cfg: TrainConfig) -> bool:
@@ -58,8 +60,11 @@ def fitted_keys(pairs: int, budget_s: float = 0.0) -> tuple[dict[str, Any], dict
     _, preset, vocab, tokens = next(row for row in SIZES if pairs >= row[0])
     model = {"preset": preset, "norm_first": True, "dropout": 0.1}
     if preset == "small" and 0 < budget_s < SHORT_BUDGET_S:
-        model.update(SHORT[0])
-        tokens = min(tokens, SHORT[1])
+        keys, most_vocab, tokens = SHORT
+        model.update(keys)
+        vocab = min(vocab, most_vocab)
+    if 0 < budget_s < NO_DROPOUT_UNDER_S:
+        model["dropout"] = 0.0
     train = {"vocab_size": vocab, "max_tokens": tokens, "lr": PEAK_LR, "warmup": 0,
              "warmup_fraction": WARMUP_FRACTION, "label_smoothing": 0.1}
     return train, model
