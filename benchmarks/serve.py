@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch", type=int, default=0, help="most texts per batch of the batching server (0: no cap)")
     p.add_argument("--texts", help="file of source texts for translation, one a line (a TSV's first column: "
                    "a test split); default: held-out English number words, the demo's")
+    p.add_argument("--pair", default="en-de", help="the language pair the run is served as (default en-de)")
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: translate, embed")
     return p
 
@@ -184,8 +185,10 @@ def main(argv: list[str] | None = None) -> int:
               if os.path.exists("/proc/loadavg") else f"{cores} cores")
         translator = aiayn.load(run)
         if "translate" not in args.skip:
-            compare("translation (POST /translate)", ["--run", f"en-de={run}"], translator, "translate", "/translate",
-                    "q", sentences("translate", path=args.texts), args.clients, args, cores, {"source": "en", "target": "de"})
+            source, target = args.pair.split("-", 1)
+            compare("translation (POST /translate)", ["--run", f"{args.pair}={run}"], translator, "translate",
+                    "/translate", "q", sentences("translate", path=args.texts), args.clients, args, cores,
+                    {"source": source, "target": target})
         if args.model and "embed" not in args.skip:
             embedder = aiayn.load(args.model)
             compare(f"embeddings (POST /v1/embeddings, {args.model})", ["--model", args.model], embedder, "embed",

@@ -106,3 +106,16 @@ def test_no_import_circles_between_parts():
 
     circles = sorted(part for part in graph if reaches(part, part, {part}))
     assert not circles, circles
+
+
+# Test files of no single part: the whole product as a user meets it, or the project's own checks.
+CROSS_CUTTING = {"hardening", "docs", "readme", "layout", "cuda", "bench", "seed004"}
+
+
+def test_each_test_file_is_named_after_the_part_it_tests():
+    """tests/test_<part>[_<what>].py, <part> a part of the package (`nn`, `training`, `cli`, ...), so the test of
+    what a change touches is found by its name."""
+    parts = {path.stem for path in PACKAGE.glob("*.py")} | {path.name for path in PACKAGE.iterdir() if path.is_dir()}
+    stray = [path.name for path in (PACKAGE.parent / "tests").glob("test_*.py")
+             if path.stem.split("_")[1] not in parts | CROSS_CUTTING]
+    assert not stray, f"name these after the part they test (tests/test_<part>_...py): {stray}"
