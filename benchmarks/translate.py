@@ -98,10 +98,9 @@ class TimedTrainer(Trainer):
 
     def _validate_in_loop(self):
         seconds, validated = self.training_seconds(), self.last_validated_step
-        stop = super()._validate_in_loop()  # under a budget, skipped when the end has no room for it
+        super()._validate_in_loop()  # under a budget, skipped when the end has no room for it
         if self.curve_s and self.last_validated_step != validated:
             self.marks.append((seconds, self.step))
-        return stop
 
     def _timed(self, name, fn, *args, **kwargs):
         start, cpu = time.perf_counter(), time.process_time()

@@ -13,7 +13,8 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,15 @@ class TrainResult:
     checkpoint: Path | None = None
     test: dict[str, Any] = field(default_factory=dict)
     budget: dict[str, Any] = field(default_factory=dict)  # how a `time_budget` was spent (Budget.summary)
+
+
+@dataclass
+class _LogWindow:
+    """The training steps since the last `train` log row: their tokens and losses, and when the first began."""
+
+    tokens: int = 0
+    losses: list[float] = field(default_factory=list)
+    began: float = field(default_factory=time.perf_counter)
 
 
 def read_run_config(run_dir: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
@@ -185,6 +195,7 @@ class Trainer:
         self.last_validated_step = -1
         self.last_saved_step = -1
         self._stop_requested = False
+        self.stopping: str | None = None  # why the loop ends: see `_loop`
         self._looping = False
         self._saves = 0  # checkpoints written (their mean time is a budget's estimate of the next)
         self.rank, self.world = 0, 1
@@ -344,42 +355,63 @@ class Trainer:
 
     # -- one optimizer step --------------------------------------------------------------------
     def _train_step(self, micro_batches: list[dict[str, torch.Tensor]], dropout_seeds: list[int]) -> dict[str, float]:
-        """One optimizer step; every process calls it at once, with as many micro-batches as the others.
+        """One optimizer step of the paper's recipe; every process calls it at once, with as many micro-batches.
 
         The summed loss is divided by the loss positions of the whole step over all processes (the
         loss per token of section 5.4); DDP and FSDP average gradients over the processes, so the
         factor `world` makes the update the one a single process makes on the same global batch.
         """
         cfg = self.cfg
-        units, tokens = self.parallel.total([sum(loss_units(b) for b in micro_batches),
-                                             sum(batch_tokens(b, self.data.source_tokenizer.pad_id)
-                                                 for b in micro_batches)])
-        scale = self.world / max(units, 1)
-        lr = self.recipe.lr(self.step + 1)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        units, tokens = self._step_totals(micro_batches)  # the batch of section 5.1, over all processes
+        scale = self.world / max(units, 1)  # the mean loss per token of the global batch
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = nll_sum = 0.0
-        for number, (batch, seed) in enumerate(zip(micro_batches, dropout_seeds)):
-            torch.manual_seed(seed)  # dropout keyed by the batch, not the process: equal at any world size
-            batch = to_device(batch, self.device)
-            # gradients are reduced across processes only after the step's last micro-batch
-            with self.parallel.micro_step(last=number == len(micro_batches) - 1):
+        for number, (host_batch, seed) in enumerate(zip(micro_batches, dropout_seeds)):
+            with self._micro_step(host_batch, seed, last=number == len(micro_batches) - 1) as batch:
                 with self.backend.autocast():
-                    logits, labels = self.parallel.module(batch)
-                loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)
+                    logits, labels = self.parallel.module(batch)  # forward, residual dropout on (section 5.4)
+                loss, nll = label_smoothed_loss(logits, labels, smoothing=cfg.label_smoothing)  # section 5.4
                 (loss * scale).backward()
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
-        loss_sum, nll_sum = self.parallel.total([loss_sum, nll_sum])  # NaN on any process: NaN on all
-        if not math.isfinite(loss_sum):
-            raise TrainingError(self._stop_message(f"non-finite loss ({loss_sum})"))
-        norm = self.parallel.clip_grad_norm(cfg.clip_norm if cfg.clip_norm > 0 else math.inf)
-        if not math.isfinite(norm):
-            raise TrainingError(self._stop_message(f"non-finite gradient norm ({norm})"))
-        self.optimizer.step()
+        loss_sum, nll_sum = self._finite_loss(loss_sum, nll_sum)  # over all processes
+        norm = self._clip_gradients()  # clip_norm (not in the paper; 0, the default, only measures the norm)
+        lr = self.recipe.lr(self.step + 1)  # equation 3 of section 5.3, or the schedule fitted to the run
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()  # Adam (section 5.3)
         self.step += 1
         return {"loss": loss_sum / max(units, 1), "nll": nll_sum / max(units, 1), "lr": lr, "grad_norm": norm,
                 "tokens": tokens}
+
+    def _step_totals(self, micro_batches: list[dict[str, torch.Tensor]]) -> list[float]:
+        """(loss positions, tokens) of the whole step, summed over all processes."""
+        pad_id = self.data.source_tokenizer.pad_id
+        return self.parallel.total([sum(loss_units(b) for b in micro_batches),
+                                    sum(batch_tokens(b, pad_id) for b in micro_batches)])
+
+    @contextmanager
+    def _micro_step(self, batch: dict[str, torch.Tensor], seed: int, *, last: bool) -> Iterator[dict[str, Any]]:
+        """The micro-batch on the device, its dropout seeded; gradients are reduced across processes only after the
+        step's `last` micro-batch."""
+        torch.manual_seed(seed)  # dropout keyed by the batch, not the process: equal at any world size
+        batch = to_device(batch, self.device)
+        with self.parallel.micro_step(last=last):
+            yield batch
+
+    def _finite_loss(self, loss_sum: float, nll_sum: float) -> tuple[float, float]:
+        """The step's summed loss and NLL over all processes; a non-finite loss (on any process) stops training."""
+        loss_sum, nll_sum = self.parallel.total([loss_sum, nll_sum])  # NaN on any process: NaN on all
+        if not math.isfinite(loss_sum):
+            raise TrainingError(self._stop_message(f"non-finite loss ({loss_sum})"))
+        return loss_sum, nll_sum
+
+    def _clip_gradients(self) -> float:
+        """Clip the gradients' global norm to `clip_norm` (0: no clipping) and return the norm before clipping; a
+        non-finite norm stops training."""
+        norm = self.parallel.clip_grad_norm(self.cfg.clip_norm if self.cfg.clip_norm > 0 else math.inf)
+        if not math.isfinite(norm):
+            raise TrainingError(self._stop_message(f"non-finite gradient norm ({norm})"))
+        return norm
 
     def _stop_message(self, what: str) -> str:
         last = latest_checkpoint(self.ckpt_dir)
@@ -462,8 +494,9 @@ class Trainer:
         if self.rank == 0:
             self.save()
 
-    def _validate_and_check_patience(self) -> bool:
-        """Validate on rank 0; True on every rank when `patience` validations in a row brought no better score."""
+    def _validate_and_check_patience(self) -> None:
+        """Validate on rank 0; every rank stops for "patience" when `patience` validations in a row brought no
+        better score."""
         self.parallel.gather()
         stop = False
         if self.rank == 0:
@@ -472,7 +505,8 @@ class Trainer:
             if stop:
                 self.report(f"early stop at step {self.step}: {self.cfg.metric} has not improved for "
                             f"{self.cfg.patience} validations (best {abs(self.best_score[0]):.4g})")
-        return self.parallel.from_rank0(stop)
+        if self.parallel.from_rank0(stop):
+            self.stopping = "patience"
 
     # -- the loop ------------------------------------------------------------------------------
     def _on_sigint(self, signum: int, frame: Any) -> None:
@@ -517,13 +551,6 @@ class Trainer:
             return TrainResult(self.run_dir, self.step, interrupted=True, checkpoint=checkpoint)
         return self._finish()
 
-    def _done(self) -> bool:
-        cfg = self.cfg
-        if self.budget is not None:  # the clock decides (`_budget_allows`); max_steps caps
-            return bool(cfg.max_steps and self.step >= cfg.max_steps)
-        return bool((cfg.max_steps and self.step >= cfg.max_steps) or (cfg.epochs and self.epoch >= cfg.epochs
-                                                                           and not cfg.max_steps))
-
     # -- the time budget -----------------------------------------------------------------------
     def _end_reserve(self) -> float:
         """Seconds the end of the run needs: a last validation and checkpoint, the test evaluation, the files."""
@@ -564,64 +591,130 @@ class Trainer:
                         f"{self._end_reserve():.3g} s kept for the end; recipe: {self.recipe.describe()}")
 
     def _loop(self) -> bool:
+        """Train until a reason to stop is set in `self.stopping`; True unless "interrupted" (then `fit` saves).
+
+        Each reason is decided in one place:
+
+        - "max_steps": `max_steps` optimizer steps are done (`_check_limits`: before the first step, after each
+          step and at each epoch's end).
+        - "epochs": `epochs` passes over the training split are done, when neither `max_steps` nor a time budget
+          sets the length of the run (`_check_limits`, at the same points).
+        - "budget": the time budget leaves no room for one more step (`_check_budget`, before each step).
+        - "patience": `patience` validations in a row brought no better score (`_validate_and_check_patience`,
+          at a scheduled validation, or at each epoch's end without `eval_every` and a budget).
+        - "interrupted": Ctrl-C or SIGTERM arrived (`_end_step`, once the step it arrived in is done).
+
+        After each step (`_end_step`), in this order: the `train` log row, a scheduled validation, a `save_every`
+        checkpoint, the `after_step` hook, then the signal and the limits. At an epoch's end (`_end_epoch`), without
+        a budget: a validation unless `eval_every`, then a checkpoint unless `save_every`. `self.epoch` and
+        `self.batch_index` say where the next step starts, so a checkpoint resumes exactly, mid-epoch too.
+        """
         from tqdm.auto import tqdm
 
         cfg = self.cfg
         bar = tqdm(total=self.recipe.total_steps, initial=self.step, disable=not self.progress or self.rank != 0,
                    unit="step", dynamic_ncols=True, desc="train")
-        tokens, clock, window = 0, time.perf_counter(), []
-        budget = self.budget
+        self._window = _LogWindow()
         self._looping = True
+        self.stopping = None
+        self._check_limits()  # a resumed run may have nothing left to train
         try:
-            while not self._done():
+            while self.stopping is None:
                 batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=self.epoch,
                                         max_sentences=cfg.max_sentences)
                 # A step takes `global_batches` batches, process r every world-th of them (None: an empty batch)
                 for stop, mine in shard_steps(len(batches), cfg.global_batches, rank=self.rank, world=self.world,
                                               start=self.batch_index):
-                    if budget is not None and not self._budget_allows(budget.step_s or 0.0):
-                        return True
-                    began = time.perf_counter()
-                    micro = [make_batch(self.data, self.data.train, batches[i] if i is not None else [],
-                                        mlm_probability=cfg.mlm_probability,
-                                        generator=masking_generator(cfg.seed, self.epoch, i or 0)) for i in mine]
-                    stats = self._train_step(micro, [batch_seed(cfg.seed, self.epoch, i or 0, stream=1) for i in mine])
-                    self.batch_index = stop
-                    if budget is not None:
-                        budget.record_step(time.perf_counter() - began)
-                        if budget.timed_steps == PROBE_STEPS and not budget.planned_steps:
-                            self._plan_budget()
-                    tokens += stats["tokens"]
-                    window.append(stats["loss"])
-                    bar.update(1)
-                    if self.rank == 0 and (self.step % cfg.log_every == 0 or self.step == 1):
-                        elapsed = max(time.perf_counter() - clock, 1e-9)
-                        row = {"split": "train", "step": self.step, "epoch": self.epoch,
-                               "loss": sum(window) / len(window), "nll": stats["nll"], "lr": stats["lr"],
-                               "grad_norm": stats["grad_norm"], "tokens_per_s": tokens / elapsed,
-                               "time_s": self.elapsed()}
-                        self.log.append(row)
-                        bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}",
-                                        tok_s=f"{row['tokens_per_s']:.0f}")
-                        tokens, clock, window = 0, time.perf_counter(), []
-                    if self._validation_due() and self._validate_in_loop():
-                        return True
-                    if cfg.save_every and self.step % cfg.save_every == 0:
-                        self._save_on_rank0()
-                    self.after_step()
-                    if self._stop_requested:
-                        return False
-                    if cfg.max_steps and self.step >= cfg.max_steps:
-                        return True
-                self.epoch += 1
-                self.batch_index = 0
-                if not cfg.eval_every and budget is None and self._validate_and_check_patience():
-                    return True
-                if not cfg.save_every and budget is None:  # a budget saves at validations and at the end
-                    self._save_on_rank0()
+                    self._check_budget()
+                    if self.stopping is not None:
+                        break
+                    stats = self._take_step(batches, mine, stop)
+                    self._end_step(stats, bar)
+                    if self.stopping is not None:
+                        break
+                if self.stopping is None:
+                    self._end_epoch()
         finally:
             bar.close()
-        return True
+        return self.stopping != "interrupted"
+
+    def _take_step(self, batches: list[list[int]], mine: list[int | None], stop: int) -> dict[str, float]:
+        """Train one step on this process's share `mine` of `batches`; the next step starts at batch `stop`."""
+        cfg = self.cfg
+        began = time.perf_counter()
+        micro = [make_batch(self.data, self.data.train, batches[i] if i is not None else [],
+                            mlm_probability=cfg.mlm_probability,
+                            generator=masking_generator(cfg.seed, self.epoch, i or 0)) for i in mine]
+        stats = self._train_step(micro, [batch_seed(cfg.seed, self.epoch, i or 0, stream=1) for i in mine])
+        self.batch_index = stop
+        if self.budget is not None:
+            self.budget.record_step(time.perf_counter() - began)
+            if self.budget.timed_steps == PROBE_STEPS and not self.budget.planned_steps:
+                self._plan_budget()
+        return stats
+
+    def _end_step(self, stats: dict[str, float], bar: Any) -> None:
+        """After a step: the log row, a scheduled validation, a `save_every` checkpoint, the `after_step` hook, and
+        whether to stop (a signal: "interrupted", or a limit)."""
+        cfg = self.cfg
+        self._log_train(stats, bar)
+        if self._validation_due():
+            self._validate_in_loop()
+            if self.stopping is not None:  # "patience": no checkpoint, no hook
+                return
+        if cfg.save_every and self.step % cfg.save_every == 0:
+            self._save_on_rank0()
+        self.after_step()
+        if self._stop_requested:
+            self.stopping = "interrupted"
+        else:
+            self._check_limits()
+
+    def _end_epoch(self) -> None:
+        """An epoch's end: the next starts at its first batch; without a budget, validate unless `eval_every` and save
+        unless `save_every` (a budget validates on its plan and saves at validations and at the end)."""
+        cfg = self.cfg
+        self.epoch += 1
+        self.batch_index = 0
+        if self.budget is None:
+            if not cfg.eval_every:
+                self._validate_and_check_patience()
+                if self.stopping is not None:  # "patience"
+                    return
+            if not cfg.save_every:
+                self._save_on_rank0()
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        """Stop for "max_steps" once that many steps are done, or for "epochs" once that many epochs are, when
+        neither `max_steps` nor a time budget sets the length (under a budget the clock decides, `_check_budget`)."""
+        cfg = self.cfg
+        if cfg.max_steps and self.step >= cfg.max_steps:
+            self.stopping = "max_steps"
+        elif cfg.epochs and not cfg.max_steps and self.budget is None and self.epoch >= cfg.epochs:
+            self.stopping = "epochs"
+
+    def _check_budget(self) -> None:
+        """Before each step under a time budget (every process at once): stop for "budget" when one more step would
+        leave the end of the run too little time."""
+        if self.budget is not None and not self._budget_allows(self.budget.step_s or 0.0):
+            self.stopping = "budget"
+
+    def _log_train(self, stats: dict[str, float], bar: Any) -> None:
+        """Count the step on the progress bar; at every `log_every` steps and the first, rank 0 logs a `train` row
+        (the mean loss of the steps since the last row)."""
+        window = self._window
+        window.tokens += stats["tokens"]
+        window.losses.append(stats["loss"])
+        bar.update(1)
+        if self.rank == 0 and (self.step % self.cfg.log_every == 0 or self.step == 1):
+            elapsed = max(time.perf_counter() - window.began, 1e-9)
+            row = {"split": "train", "step": self.step, "epoch": self.epoch,
+                   "loss": sum(window.losses) / len(window.losses), "nll": stats["nll"], "lr": stats["lr"],
+                   "grad_norm": stats["grad_norm"], "tokens_per_s": window.tokens / elapsed, "time_s": self.elapsed()}
+            self.log.append(row)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
+            self._window = _LogWindow()
 
     def _validation_due(self) -> bool:
         """Every `eval_every` steps; under a budget without one, at the planned steps."""
@@ -629,19 +722,19 @@ class Trainer:
             return self.step % self.cfg.eval_every == 0
         return self.budget is not None and self.budget.next_valid > 0 and self.step >= self.budget.next_valid
 
-    def _validate_in_loop(self) -> bool:
-        """A scheduled validation (skipped when a budget has no room for it); True to stop early."""
+    def _validate_in_loop(self) -> None:
+        """A scheduled validation, which may stop the run for "patience"; skipped when a budget has no room for it."""
         budget = self.budget
         if budget is None:
-            return self._validate_and_check_patience()
-        if not self._budget_allows(budget.valid_estimate()):
+            self._validate_and_check_patience()
+        elif not self._budget_allows(budget.valid_estimate()):
             budget.skipped_validations += 1
-            return False
-        stop = self._validate_and_check_patience()
-        if self.rank == 0 and get_task(self.cfg.objective).decodes and self.cfg.beam_size > 1 and self.data.valid.items:
-            self._time_beam()
-        self._plan_budget()  # the validation's measured time moves the plan
-        return stop
+        else:
+            self._validate_and_check_patience()
+            if (self.rank == 0 and get_task(self.cfg.objective).decodes and self.cfg.beam_size > 1
+                    and self.data.valid.items):
+                self._time_beam()
+            self._plan_budget()  # the validation's measured time moves the plan
 
     def _finish(self) -> TrainResult:
         if self.last_saved_step != self.step:
