@@ -3,7 +3,7 @@
 import pytest
 
 from aiayn.training.config import RunConfig, TrainConfig, load_run_config
-from aiayn.training.recipe import PEAK_LR, SIZES, fit_run, fitted_keys, uses_fit
+from aiayn.training.recipe import PEAK_LR, SHORT, SIZES, fit_run, fitted_keys, uses_fit
 
 
 @pytest.mark.parametrize(("pairs", "preset", "vocab", "tokens"), [(40_000, "small", 8000, 4096),
@@ -47,8 +47,11 @@ def test_the_rows_cover_every_corpus_size():
 def test_a_short_budget_narrows_the_model_for_more_steps():
     short, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m"]), 40_000)
     long, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=2h"]), 40_000)
-    assert short.model_overrides["d_model"] == 128 and short.train.max_tokens == 2048
-    assert "d_model" not in long.model_overrides and long.train.max_tokens == 4096
+    assert short.model_overrides["d_model"] == 128
+    assert (short.train.max_tokens, short.train.vocab_size) == (SHORT[2], SHORT[1]) == (1024, 4000)
+    assert "d_model" not in long.model_overrides and (long.train.max_tokens, long.train.vocab_size) == (4096, 8000)
+    small, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m"]), 500)  # tiny: not narrowed
+    assert small.model_preset == "tiny" and "d_model" not in small.model_overrides
     kept, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m", "model.d_model=256"]), 40_000)
     assert kept.model_overrides["d_model"] == 256 and kept.model_overrides["d_ff"] == 512
 
@@ -57,3 +60,10 @@ def test_a_preset_the_config_names_keeps_its_sizes_and_dropout():
     fitted, _ = fit_run(load_run_config(None, ["train=data.tsv", "model.preset=big", "time_budget=10m"]), 40_000)
     assert fitted.model_preset == "big" and fitted.model_overrides == {"norm_first": True}
     assert fitted.model_config(vocab_size=8000).dropout == 0.3  # the big preset's
+
+
+def test_a_budget_of_minutes_trains_without_dropout():
+    assert fitted_keys(40_000, 600)[1]["dropout"] == 0.0
+    assert fitted_keys(40_000, 1800)[1]["dropout"] == fitted_keys(40_000)[1]["dropout"] == 0.1
+    kept, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m", "model.dropout=0.2"]), 40_000)
+    assert kept.model_overrides["dropout"] == 0.2
