@@ -13,20 +13,21 @@ The rule, and what backs each lever (docs/training.md, "A recipe that fits the d
 | 2,000 to 10,000 | "small" | 4,000 | 2,048 |
 | fewer | "tiny" (d_model 64, 2 + 2 layers) | 2,000 | 1,024 |
 
-and, with a `time_budget` under `SHORT_BUDGET_S` (1 hour), the "small" model narrowed to d_model
-128 and d_ff 512, without dropout, with at most 4,000 pieces and 1,024-token batches (`SHORT`): a
-short run on a CPU is short of steps before it is short of parameters, the vocabulary projection is
-the largest product of a narrow model, and a run of minutes sees its data too few times to overfit
-it. At every size: pre-LN (`norm_first`), peak learning rate 3e-3 reached after 30% of
-the planned steps (`warmup_fraction`), then the inverse square root; label smoothing 0.1 (the paper's).
+and, with a `time_budget` under `SHORT_BUDGET_S` (1 hour), the "small" model narrowed to d_model 128
+and d_ff 512, without dropout, with at most 4,000 pieces and 1,024-token batches (`SHORT`): a short
+run on a CPU is short of steps before it is short of parameters, the vocabulary projection is the
+largest product of a narrow model, and 30 minutes (13 epochs) did not overfit without dropout. At
+every size: pre-LN (`norm_first`), peak learning rate 3e-3 reached after 30% of the planned steps
+(`warmup_fraction`), then the inverse square root; label smoothing 0.1 (the paper's).
 
 What backs it, on English -> French UI strings (38,626 pairs), 10 minutes on one thread: the short
 row's sizes made 2,420 steps and test BLEU 28.7, where 8,000 pieces and 2,048 tokens made 743 and
-21.2, 2,000 pieces 20.5, and the unnarrowed d_model 256 635 steps and 9.4; over 30 minutes, test BLEU
-39.2 without dropout and 39.0 with 0.1 (no dropout made 13% more steps). Pre-LN at 3e-3 with a short warmup learned about 3x
-faster than the paper's schedule fitted to a short run (English -> German, 26k pairs). The rows
-without a short budget keep the sizes of the earlier 71-minute runs; the smaller rows follow
-Sennrich & Zhang (2019), smaller vocabularies and batches for less data, and are not measured here.
+21.2, 2,000 pieces 20.5, and the unnarrowed d_model 256 635 steps and 9.4; over 30 minutes, test
+BLEU 39.2 without dropout and 39.0 with 0.1 (no dropout made 13% more steps). Pre-LN at 3e-3 with a
+short warmup learned about 3x faster than the paper's schedule fitted to a short run (English ->
+German, 26k pairs). The rows without a short budget keep the sizes of the earlier 71-minute runs;
+the smaller rows follow Sennrich & Zhang (2019), smaller vocabularies and batches for less data, and
+are not measured here.
 A `time_budget` then sets the steps (`aiayn.training.budget`), and with them the warmup.
 """
 
