@@ -50,7 +50,15 @@ from aiayn.rundir import (
     open_run_dir,
 )
 from aiayn.tasks import get_task
-from aiayn.training.budget import BEAM_SAMPLE, END_MARGIN, FINISH_S, PROBE_STEPS, Budget, parse_duration
+from aiayn.training.budget import (
+    BEAM_OVERRUN,
+    BEAM_SAMPLE,
+    END_MARGIN,
+    FINISH_S,
+    PROBE_STEPS,
+    Budget,
+    parse_duration,
+)
 from aiayn.training.checkpoint import (
     average_checkpoints,
     best_checkpoint,
@@ -767,8 +775,8 @@ class Trainer:
         if budget is None or not get_task(cfg.objective).decodes or cfg.beam_size == 1:
             return None
         n = len(self.data.test.items)
-        if budget.fits(budget.test_estimate(n, cfg.beam_size, True), FINISH_S):
-            return None
+        if budget.fits(budget.test_estimate(n, cfg.beam_size, True), FINISH_S - BEAM_OVERRUN * budget.seconds):
+            return None  # it fits, or ends at most BEAM_OVERRUN of the budget late
         self.report(f"time budget: the test is decoded greedily, beam {cfg.beam_size} would take about "
                     f"{budget.test_estimate(n, cfg.beam_size, True):.0f} s of the {budget.left():.0f} s left")
         return 1
