@@ -280,6 +280,22 @@ def test_a_layer_holds_only_the_weight_forms_its_kernels_use():
         PackedLinear(weight, None, kernels={"one": "fast"})
 
 
+def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "REPEATS", 1)
+    monkeypatch.setattr(calibrate, "_load", lambda: 64.0)  # far more runnable work than cores
+    busy = calibrate._load_or_measure(refresh=False)
+    assert busy.load == 64.0
+    assert calibrate._load_or_measure(refresh=False) == busy  # as busy now: kept
+    monkeypatch.setattr(calibrate, "_load", lambda: 0.5)
+    quiet = calibrate._load_or_measure(refresh=False)  # quieter now: measured again, and cached as quiet
+    assert quiet.load == 0.5
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("measured again"))
+    monkeypatch.setattr(calibrate, "_load", lambda: 0.0)
+    assert calibrate._load_or_measure(refresh=False) == quiet
+    assert not calibrate._measured_busy(1.0, 0.0)  # a quiet measurement stays until --recalibrate
+
+
 def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "REPEATS", 2)

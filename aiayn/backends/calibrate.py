@@ -32,7 +32,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -72,6 +72,8 @@ class Choices:
         fused_qkv_inference, fused_qkv_train: Q, K and V as one stacked product, by mode.
         seconds: the best time of each candidate, by "what: kernel".
         machine: the description the cache key was made from.
+        load: the machine's 1-minute load average when it was measured (other work competing for the cores
+            skews the ratios: see `_measured_busy`).
     """
 
     inference: dict[str, str]
@@ -80,6 +82,7 @@ class Choices:
     fused_qkv_train: bool
     seconds: dict[str, float]
     machine: dict[str, str]
+    load: float = 0.0
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -156,18 +159,35 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
     if not refresh:
         try:
             found = Choices(**json.loads(path.read_text(encoding="utf-8")))
-            if found.machine == description:
+            if found.machine == description and not _measured_busy(found.load, _load()):
                 return found
         except (OSError, ValueError, TypeError):
             pass
     with torch.inference_mode(False):
-        found = measure(description)
+        found = replace(measure(description), load=_load())
     try:
         atomic_write_text(path, json.dumps(asdict(found), indent=1))
     except OSError as err:  # a read-only home: measure again next time
         log.info("could not cache the CPU product measurements in %s (%s)", path, err)
     log.info("CPU products measured (%s): %s", path, found.describe())
     return found
+
+
+def _load() -> float:
+    """The 1-minute load average (0 where the system does not say)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def _measured_busy(then: float, now: float) -> bool:
+    """Whether choices measured at load `then` should be measured again at load `now`: they were taken while
+    other work held more than the cores (measured so, oneDNN's two-thread training products came out 1.56x
+    faster than F.linear, which then ran 1.16x faster on a quiet machine), and the machine is at most half as
+    busy now. Choices measured on a quiet machine stay until `--recalibrate`."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return then > cores and now <= then / 2
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
