@@ -52,8 +52,8 @@ def sentences(kind: str, n: int = 2000, path: str | None = None) -> list[str]:
     """Source texts: `path`'s first column, else held-out English number words for translation, varied English
     sentences for embeddings."""
     if path:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-        return [line.split("\t")[0] for line in lines if line.split("\t")[0].strip()][:n]
+        sources = [line.split("\t")[0] for line in Path(path).read_text(encoding="utf-8").splitlines()]
+        return [source for source in sources if source.strip()][:n]
     if kind == "translate":
         from aiayn.data.tasks import numbers_task
 
@@ -169,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print the tables; returns 0."""
     args = build_parser().parse_args(argv)
     import aiayn
+    from aiayn.backends import usable_cores
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     with tempfile.TemporaryDirectory() as tmp:
         run = args.run
         if not run:

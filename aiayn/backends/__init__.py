@@ -13,7 +13,8 @@ from aiayn.backends.devices import (
     describe_device,
     model_device,
     resolve_device,
+    usable_cores,
 )
 
 __all__ = ["MODES", "PRECISIONS", "Backend", "available_devices", "bf16_supported", "describe_device", "model_device",
-           "resolve_device", "select", "shared_copy", "weights_version"]
+           "resolve_device", "select", "shared_copy", "usable_cores", "weights_version"]

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from aiayn.backends.devices import usable_cores
 from aiayn.rundir import atomic_write_text
 
 log = logging.getLogger(__name__)
@@ -186,8 +187,7 @@ def _measured_busy(then: float, now: float) -> bool:
     other work held more than the cores (measured so, oneDNN's two-thread training products came out 1.56x
     faster than F.linear, which then ran 1.16x faster on a quiet machine), and the machine is at most half as
     busy now. Choices measured on a quiet machine stay until `--recalibrate`."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return then > cores and now <= then / 2
+    return then > usable_cores() and now <= then / 2
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 DEVICE_TYPES = ("cpu", "cuda", "mps")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system has one, else all of them)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def available_devices() -> list[str]:

@@ -78,9 +78,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                   "pip install 'aiayn[serve]'") from None
     import torch
 
+    from aiayn.backends import usable_cores
+
     if args.threads < 1 or args.passes < 0:
         raise ValueError(f"--threads must be at least 1 and --passes not negative, got {args.threads}, {args.passes}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = usable_cores()
     passes = args.passes or max(1, cores // args.threads)
     torch.set_num_threads(args.threads)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars,
