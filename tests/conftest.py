@@ -47,13 +47,14 @@ def frozen():
 
 def force_choices(monkeypatch, *, one: str = "columns", few: str = "packed", many: str = "packed",
                   train_onednn: bool = True, fused_qkv: bool = True):
-    """Make `select` see these measured choices (whatever this machine measured): every kernel can be
-    tested on every machine. Returns the forced `calibrate.Choices`."""
+    """Make `select` see these measured choices (whatever this machine measured), the same kernel for every
+    shape kind of a row class: every kernel can be tested on every machine. Returns the forced `calibrate.Choices`."""
     import dataclasses
 
     from aiayn.backends import calibrate
 
-    forced = dataclasses.replace(calibrate.choices(), inference={"one": one, "few": few, "many": many},
+    by_rows = calibrate.by_shape({"one": one, "few": few, "many": many})
+    forced = dataclasses.replace(calibrate.choices(), inference=by_rows,
                                  train_onednn=train_onednn, fused_qkv_inference=fused_qkv, fused_qkv_train=fused_qkv)
     monkeypatch.setattr(calibrate, "choices", lambda refresh=False: forced)
     return forced

@@ -1,5 +1,7 @@
 """The backend layer: it picks what this machine can use, prepares a model once, and stays equal to the plain path."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -63,8 +65,9 @@ def test_select_takes_what_this_machine_measured_and_plain_turns_everything_off(
     measured = calibrate.choices()
     backend = select("cpu", "inference", "fp32")
     assert backend.device.type == "cpu" and backend.fused_qkv == measured.fused_qkv_inference
-    assert dict(backend.kernels) == measured.inference
-    assert backend.prepack == backend.onednn == any(k != "dense" for k in measured.inference.values())
+    assert {(rows, kind): k for rows, kind, k in backend.kernels} == {
+        (rows, kind): k for rows, by_kind in measured.inference.items() for kind, k in by_kind.items()}
+    assert backend.prepack == backend.onednn == any(k != "dense" for _, _, k in backend.kernels)
     assert "cpu inference fp32" in backend.describe()
     train = select("cpu", "train")
     assert not train.prepack  # training keeps live weights
@@ -280,6 +283,34 @@ def test_a_layer_holds_only_the_weight_forms_its_kernels_use():
         PackedLinear(weight, None, kernels={"one": "fast"})
 
 
+@needs_onednn
+def test_each_layer_runs_the_kernels_measured_for_its_shape_kind(monkeypatch):
+    from aiayn.backends import cpu
+
+    forced = dataclasses.replace(calibrate.choices(), inference={
+        "one": {"wide": "columns", "square": "dense", "narrow": "packed"},
+        "few": dict.fromkeys(("wide", "square", "narrow"), "packed"),
+        "many": dict.fromkeys(("wide", "square", "narrow"), "dense")}, fused_qkv_inference=False)
+    monkeypatch.setattr(calibrate, "choices", lambda refresh=False: forced)
+    backend = select("cpu", "inference", "fp32")
+    assert "one wide columns/square dense/narrow packed, few packed, many dense" in backend.describe()
+    model = build_model(ModelConfig(vocab_size=40, d_model=16, d_ff=64, n_heads=2, n_encoder_layers=1,
+                                    n_decoder_layers=1, dropout=0.0)).eval()
+    prepared = backend.prepare(model)
+    ffn = prepared.encoder.layers[0].feed_forward
+    assert isinstance(ffn.linear1, cpu.PackedLinear) and ffn.linear1.kernels["one"] == "columns"  # 16 -> 64
+    assert ffn.linear2.kernels["one"] == "packed"  # 64 -> 16
+    assert prepared.encoder.layers[0].self_attn.q_proj.kernels["one"] == "dense"  # 16 -> 16
+    assert prepared.head.proj.kernels["one"] == "columns"  # 16 -> 40: the vocabulary projection widens
+    src = torch.randint(4, 40, (1, 5))
+    with torch.no_grad():
+        ours = generate(prepared, src, bos_id=1, eos_id=2, config=GenerationConfig(max_len=6, min_len=6))
+        plain = generate(model, src, bos_id=1, eos_id=2, config=GenerationConfig(max_len=6, min_len=6))
+    assert ours.tokens == plain.tokens
+    assert calibrate.shape_kind(512, 2048) == "wide" and calibrate.shape_kind(2048, 512) == "narrow"
+    assert calibrate.shape_kind(512, 512) == "square"
+
+
 def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(calibrate, "REPEATS", 1)
@@ -302,8 +333,10 @@ def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(t
     first = calibrate._load_or_measure(refresh=False)
     files = list(tmp_path.glob("cpu-products-*.json"))
     assert len(files) == 1 and set(first.inference) == {"one", "few", "many"}
-    assert {k.split(": ")[0] for k in first.seconds} == {"one", "few", "many", "qkv", "train", "qkv train"}
-    assert all(kernel in ("packed", "columns", "dense") for kernel in first.inference.values())
+    products = {f"{rows} {kind}" for rows in ("one", "few", "many") for kind in ("wide", "square", "narrow")}
+    assert {k.split(": ")[0] for k in first.seconds} == products | {"qkv one", "qkv", "train", "qkv train"}
+    assert all(kernel in ("packed", "columns", "dense") for by_kind in first.inference.values()
+               for kernel in by_kind.values())
     assert "inference products: one row" in first.describe()
     monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("measured again"))
     assert calibrate._load_or_measure(refresh=False) == first  # read back, not measured
@@ -326,5 +359,7 @@ def test_an_unwritable_cache_only_costs_a_measurement(tmp_path, monkeypatch):
     blocker.write_text("not a directory")
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(blocker / "aiayn"))
     monkeypatch.setattr(calibrate, "REPEATS", 1)
-    assert set(calibrate._load_or_measure(refresh=False).inference) == {"one", "few", "many"}
+    inference = calibrate._load_or_measure(refresh=False).inference
+    assert set(inference) == {"one", "few", "many"}
+    assert all(set(by_kind) == {"wide", "square", "narrow"} for by_kind in inference.values())
     assert blocker.read_text() == "not a directory"

@@ -7,8 +7,8 @@
 
 The tricks, by device (each is off with `plain=True`, which runs the modules of `aiayn.nn` as written):
 - CPU: each float32 product on the kernel measured fastest on this machine (`calibrate`: oneDNN with
-  prepacked weights, MKL over transposed weights, or PyTorch's default; per number of rows for
-  inference, forward and backward for training), among those that agree with `F.linear`
+  prepacked weights, MKL over transposed weights, or PyTorch's default; per number of rows and shape
+  kind for inference, forward and backward for training), among those that agree with `F.linear`
   (`cpu.onednn_usable`); on request, int8 inference chosen layer by layer by its measured error (`int8`).
 - CUDA: bf16 mixed precision by default where the GPU has it, which lets PyTorch's
   `scaled_dot_product_attention` take its flash kernel; `torch.compile` on request.
@@ -50,9 +50,10 @@ class Backend:
             copy of the weights); "int8" (inference on CPU: linear layers with int8 weights and
             activations quantised per call, where the error measured on calibration inputs allows).
         onednn: linear layers on oneDNN (CPU training), or on the measured kernels (CPU inference).
-        prepack: inference linear layers run the kernel measured fastest for their number of rows
-            (`kernels`), with the weight forms those kernels need made once (CPU).
-        kernels: the inference kernel per row class (`calibrate.ROW_CLASSES`), as (class, kernel) pairs.
+        prepack: inference linear layers run the kernel measured fastest for their number of rows and
+            their shape (`kernels`), with the weight forms those kernels need made once (CPU).
+        kernels: the inference kernel per row class (`calibrate.ROW_CLASSES`) and shape kind
+            (`calibrate.shape_kind`), as (class, kind, kernel) triples.
         fused_qkv: Q, K and V from one stacked product.
         compile: run the prepared model through `torch.compile`.
     """
@@ -64,7 +65,7 @@ class Backend:
     prepack: bool = False
     fused_qkv: bool = False
     compile: bool = False
-    kernels: tuple[tuple[str, str], ...] | None = None
+    kernels: tuple[tuple[str, str, str], ...] | None = None
 
     @property
     def plain(self) -> bool:
@@ -73,8 +74,9 @@ class Backend:
 
     def describe(self) -> str:
         """A short label: device, mode, precision and tricks
-        ("cpu inference fp32: kernels by rows (one columns, few packed, many packed), fused QKV")."""
-        measured = "kernels by rows (" + ", ".join(f"{rows} {k}" for rows, k in self.kernels or ()) + ")"
+        ("cpu inference fp32: kernels by rows (one wide columns/square dense/narrow dense, few packed, many
+        packed), fused QKV"; a row class whose kinds agree is one word)."""
+        measured = "kernels by rows (" + ", ".join(_row_kernels(self.kernels or ())) + ")"
         tricks = [name for name, on in (("int8 layer by layer, by measured error", self.precision == "int8"),
                                         (measured if self.prepack else "oneDNN", self.onednn),
                                         ("fused QKV", self.fused_qkv), ("torch.compile", self.compile)) if on]
@@ -111,6 +113,8 @@ class Backend:
             if self.prepack:
                 cpu.fuse_activations(prepared)
         prepared.train(self.mode == "train")
+        if self.mode == "inference" and not self.plain:
+            _without_dropout(prepared)
         return torch.compile(prepared) if self.compile else prepared
 
 
@@ -135,13 +139,39 @@ class Backend:
         return prepared
 
     def _packed(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-        """An inference linear layer running this backend's measured kernels."""
-        return cpu.PackedLinear(weight, bias, kernels=dict(self.kernels or cpu.DEFAULT_KERNELS))
+        """An inference linear layer running this backend's measured kernels for its shape."""
+        kernels = dict(cpu.DEFAULT_KERNELS)
+        kind = calibrate.shape_kind(weight.shape[1], weight.shape[0])
+        kernels.update({rows: kernel for rows, of_kind, kernel in self.kernels or () if of_kind == kind})
+        return cpu.PackedLinear(weight, bias, kernels=kernels)
+
+
+def kernel_triples(inference: dict[str, dict[str, str]]) -> tuple[tuple[str, str, str], ...]:
+    """`calibrate.Choices.inference` as `Backend.kernels`: (row class, shape kind, kernel) triples."""
+    return tuple((rows, kind, kernel) for rows, by_kind in inference.items() for kind, kernel in by_kind.items())
+
+
+def _row_kernels(kernels: tuple[tuple[str, str, str], ...]) -> list[str]:
+    """ "one columns" where every shape kind of a row class runs one kernel, else "one wide columns/square dense"."""
+    by_rows: dict[str, list[tuple[str, str]]] = {}
+    for rows, kind, kernel in kernels:
+        by_rows.setdefault(rows, []).append((kind, kernel))
+    return [f"{rows} {kinds[0][1]}" if len({k for _, k in kinds}) == 1
+            else f"{rows} " + "/".join(f"{kind} {k}" for kind, k in kinds) for rows, kinds in by_rows.items()]
 
 
 def _float32_layer(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
     """A float32 inference linear layer over a fixed weight, by `F.linear`."""
     return StackedLinear(weight, bias, F.linear)
+
+
+def _without_dropout(model: nn.Module) -> None:
+    """Every `nn.Dropout` of an inference copy replaced by `nn.Identity`, in place: at inference dropout is the
+    identity already, and a decoding step at batch 1 calls about 25 of them, each a Python call for nothing."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Dropout):
+                setattr(module, name, nn.Identity())
 
 
 def _stacked_away(model: nn.Module) -> frozenset[int]:
@@ -206,13 +236,13 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         return replace(backend, fused_qkv=True, compile=compile)
     measured = calibrate.choices()
     log.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
-    kernels = tuple(measured.inference.items())
+    kernels = kernel_triples(measured.inference)
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels
         return replace(backend, fused_qkv=True, kernels=kernels)
     if mode == "train":
         return replace(backend, onednn=measured.train_onednn and cpu.onednn_usable(),
                        fused_qkv=measured.fused_qkv_train, compile=compile)
-    swap = any(kernel != "dense" for _, kernel in kernels)
+    swap = any(kernel != "dense" for _, _, kernel in kernels)
     return replace(backend, onednn=swap, prepack=swap, kernels=kernels, fused_qkv=measured.fused_qkv_inference,
                    compile=compile)
 

@@ -3,16 +3,20 @@
 What is fast on one CPU is slow on another. On AMD processors with AVX-512, MKL (PyTorch's default
 for a float32 `F.linear`) skips its AVX-512 kernels and oneDNN runs about twice as fast; on an
 AVX2-only CPU PyTorch's default wins. A one-row product (a decoding step at batch 1) and a few-row
-one (beam 4) can go either way again. So nothing is assumed: `choices()` times each candidate on
-the shapes of a base model's layers (d_model 512, d_ff 2048) and keeps the plain kernel unless
-another is at least `MARGIN` faster (median of per-repeat ratios).
+one (beam 4) can go either way again, and differently for a layer that widens its input (FFN up,
+stacked Q/K/V, the vocabulary projection) than for one that narrows it (FFN down): on an AVX2 EPYC,
+MKL's product over the transposed weight streams a widening one-row product about twice as fast as
+`F.linear`, and a narrowing one slower. So nothing is assumed: `choices()` times each candidate on
+each shape kind of a base model's layers (`SHAPE_KINDS`: d_model 512, d_ff 2048) and keeps the plain
+kernel unless another is at least `MARGIN` faster (median of per-repeat ratios).
 
     kernel      computes x W^T + b with
     "dense"     F.linear over W as stored (out, in): PyTorch's default, the plain path
     "columns"   torch.mm over a copy of W transposed, (in, out) contiguous (MKL's matrix-vector product)
     "packed"    oneDNN over W reordered once into its blocked layout (`torch.ops.mkldnn`)
 
-Inference products are chosen per number of rows (`ROW_CLASSES`: one, a few, many); training
+Inference products are chosen per number of rows (`ROW_CLASSES`: one, a few, many) and per shape
+kind (`shape_kind`: wide, square, narrow); training
 products (forward and backward) are oneDNN or F.linear; fused Q/K/V (one stacked product instead of
 three) is kept only where measured faster, in each mode.
 
@@ -46,16 +50,16 @@ log = logging.getLogger(__name__)
 MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
 ROW_CLASSES = (("one", 1), ("few", 4), ("many", 256))  # (name, rows measured); few = 2..16 rows
 FEW_ROWS_MAX = 16
-# A base layer's products: attention projection, FFN up, FFN down (in_features, out_features).
-SHAPES = ((512, 512), (512, 2048), (2048, 512))
+# A base layer's products by shape kind (in_features, out_features): FFN up, attention projection, FFN down.
+SHAPE_KINDS = (("wide", (512, 2048)), ("square", (512, 512)), ("narrow", (2048, 512)))
 TRAIN_ROWS = 256
 # A decoding step at batch 1 streams every weight from memory once: one- and few-row products are timed
-# over this many copies of the shapes (about 75 MB, more than a CPU's last-level cache), not over weights
-# a repeat leaves in the cache.
-COLD_COPIES = 8
+# over enough copies of a shape to hold this many bytes (more than a CPU's last-level cache), not over
+# weights a repeat leaves in the cache.
+COLD_BYTES = 64 << 20
 REPEATS = 7
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 2  # bump when what is measured changes
+FORMAT = 3  # bump when what is measured changes (3: kernels by shape kind as well as rows)
 
 
 def row_class(rows: int) -> str:
@@ -63,12 +67,23 @@ def row_class(rows: int) -> str:
     return "one" if rows == 1 else "few" if rows <= FEW_ROWS_MAX else "many"
 
 
+def shape_kind(in_features: int, out_features: int) -> str:
+    """The shape kind ("wide", "square", "narrow") of a product from `in_features` to `out_features`."""
+    return "wide" if out_features > in_features else "narrow" if out_features < in_features else "square"
+
+
+def by_shape(per_rows: dict[str, str]) -> dict[str, dict[str, str]]:
+    """A kernel per row class, the same for every shape kind: {"one": {"wide": k, ...}, ...}."""
+    return {rows: dict.fromkeys((kind for kind, _ in SHAPE_KINDS), kernel) for rows, kernel in per_rows.items()}
+
+
 @dataclass(frozen=True)
 class Choices:
     """What `select` uses on this machine, and the timings that decided it.
 
     Attributes:
-        inference: kernel per row class ("one", "few", "many") for float32 inference products.
+        inference: kernel per row class ("one", "few", "many") and shape kind ("wide", "square", "narrow")
+            for float32 inference products: `inference["one"]["wide"]`.
         train_onednn: float32 training products (forward and backward) on oneDNN instead of F.linear.
         fused_qkv_inference, fused_qkv_train: Q, K and V as one stacked product, by mode.
         seconds: the best time of each candidate, by "what: kernel".
@@ -77,7 +92,7 @@ class Choices:
             skews the ratios: see `_measured_busy`).
     """
 
-    inference: dict[str, str]
+    inference: dict[str, dict[str, str]]
     train_onednn: bool
     fused_qkv_inference: bool
     fused_qkv_train: bool
@@ -91,13 +106,17 @@ class Choices:
             faster = self.seconds[f"{what}: {plain}"] / self.seconds[f"{what}: {chosen}"]
             return f"{faster:.2f}x" if faster > 0 else "unavailable"
 
-        rows = ", ".join(f"{name} row{'s' if name != 'one' else ''} {kernel}"
-                         + (f" ({ratio(name, kernel, 'dense')} dense)" if kernel != "dense" else "")
-                         for name, kernel in self.inference.items())
+        def kinds(name: str, by_kind: dict[str, str]) -> str:
+            return ", ".join(f"{kind} {kernel}" + (f" ({ratio(f'{name} {kind}', kernel, 'dense')} dense)"
+                                                   if kernel != "dense" else "") for kind, kernel in by_kind.items())
+
+        rows = "; ".join(f"{name} row{'s' if name != 'one' else ''}: {kinds(name, by_kind)}"
+                         for name, by_kind in self.inference.items())
         train = "oneDNN" if self.train_onednn else "F.linear"
         return (f"inference products: {rows}; training products: {train} "
                 f"({ratio('train', 'onednn', 'dense')} F.linear's speed); fused QKV: inference "
-                f"{'yes' if self.fused_qkv_inference else 'no'} ({ratio('qkv', 'fused', 'separate')}), training "
+                f"{'yes' if self.fused_qkv_inference else 'no'} (one row {ratio('qkv one', 'fused', 'separate')}, "
+                f"many {ratio('qkv', 'fused', 'separate')}), training "
                 f"{'yes' if self.fused_qkv_train else 'no'} ({ratio('qkv train', 'fused', 'separate')})")
 
 
@@ -229,43 +248,70 @@ def _record(seconds: dict[str, float], what: str, times: dict[str, list[float]])
     seconds.update({f"{what}: {name}": min(t) for name, t in times.items()})
 
 
+def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, str]], seconds: dict[str, float],
+                         gen: torch.Generator) -> bool:
+    """Whether Q, K and V run faster as one stacked (3 d, d) product than as three (d, d) ones at inference.
+
+    Each side runs the kernels just chosen for it (the stack is a wide product, each projection a square
+    one), at one row over weights streamed from memory (a decoding step) and at many rows (an encoder).
+    Fused wins where it is faster for one of the two and not slower for the other.
+    """
+    from aiayn.backends import cpu
+
+    verdicts = []
+    for name, rows in (ROW_CLASSES[0], ROW_CLASSES[-1]):
+        kernels = {kind: dict.fromkeys(("one", "few", "many"), inference[name][kind]) for kind in ("square", "wide")}
+        copies = -(-COLD_BYTES // (3 * square.numel() * square.element_size())) if rows <= FEW_ROWS_MAX else 1
+        separate, fused = [], []
+        for _ in range(copies):
+            qkv = [square.clone() for _ in range(3)]
+            separate.append([cpu.PackedLinear(w, None, kernels=kernels["square"]) for w in qkv])
+            fused.append(cpu.PackedLinear(torch.cat(qkv), None, kernels=kernels["wide"]))
+        x = torch.randn(rows, square.shape[1], generator=gen)
+        timed = _timed({"separate": lambda layers=separate, x=x: [p(x) for three in layers for p in three],
+                        "fused": lambda layers=fused, x=x: [p(x) for p in layers]})
+        _record(seconds, "qkv" if name == ROW_CLASSES[-1][0] else f"qkv {name}", timed)
+        faster, slower = _pick(timed, "separate") == "fused", _pick(timed, "fused") == "separate"
+        verdicts.append("faster" if faster else "slower" if slower else "even")
+        del separate, fused
+    return "faster" in verdicts and "slower" not in verdicts
+
+
 def measure(description: dict[str, str] | None = None) -> Choices:
     """Time every candidate kernel on this machine now (no cache)."""
     from aiayn.backends import cpu  # the kernels measured live there
 
     gen = torch.Generator().manual_seed(0)
-    weights = [(torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
-               for n_in, n_out in SHAPES]
+    weights = {kind: (torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
+               for kind, (n_in, n_out) in SHAPE_KINDS}
     usable = cpu.onednn_usable()
     seconds: dict[str, float] = {}
-    inference = {}
+    inference: dict[str, dict[str, str]] = {}
     with torch.no_grad():
         for name, rows in ROW_CLASSES:
-            copies = COLD_COPIES if rows <= FEW_ROWS_MAX else 1
-            shaped = [(w if c == 0 else w.clone(), b) for c in range(copies) for w, b in weights]
-            xs = [torch.randn(rows, w.shape[1], generator=gen) for w, _ in shaped]
-            layers = {"dense": [lambda x, w=w, b=b: F.linear(x, w, b) for w, b in shaped]}
-            if usable:
-                layers["packed"] = [cpu.PackedLinear(w, b, kernels=dict.fromkeys(("one", "few", "many"), "packed"))
-                                    for w, b in shaped]
-            if name == "one":
-                columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
-                layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
-            timed = _timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)]) for k, fs in layers.items()})
-            _record(seconds, name, timed)
-            inference[name] = _pick(timed, "dense")
-            del layers, shaped
-        d = SHAPES[0][0]
-        q, k, v = (weights[0][0].clone() for _ in range(3))
-        stacked = torch.cat([q, k, v])
-        x = torch.randn(ROW_CLASSES[-1][1], d, generator=gen)
-        timed = _timed({"separate": lambda: [F.linear(x, w) for w in (q, k, v)],
-                        "fused": lambda: F.linear(x, stacked)})
-        _record(seconds, "qkv", timed)
-        fused_inference = _pick(timed, "separate") == "fused"
+            inference[name] = {}
+            for kind, (w, b) in weights.items():
+                copies = -(-COLD_BYTES // (w.numel() * w.element_size())) if rows <= FEW_ROWS_MAX else 1
+                shaped = [(w if c == 0 else w.clone(), b) for c in range(copies)]
+                xs = [torch.randn(rows, w.shape[1], generator=gen) for w, _ in shaped]
+                layers = {"dense": [lambda x, w=w, b=b: F.linear(x, w, b) for w, b in shaped]}
+                if usable:
+                    layers["packed"] = [cpu.PackedLinear(w, b, kernels=dict.fromkeys(("one", "few", "many"), "packed"))
+                                        for w, b in shaped]
+                if name == "one":
+                    columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
+                    layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
+                timed = _timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)]) for k, fs in layers.items()})
+                _record(seconds, f"{name} {kind}", timed)
+                inference[name][kind] = _pick(timed, "dense")
+                del layers, shaped
+        square = weights["square"][0]
+        d = square.shape[0]
+        q, k, v = (square.clone() for _ in range(3))
+        fused_inference = _fused_qkv_inference(square, inference, seconds, gen)
     with torch.enable_grad():
-        params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in weights]
-        xs = [torch.randn(TRAIN_ROWS, n_in, generator=gen, requires_grad=True) for n_in, _ in SHAPES]
+        params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in weights.values()]
+        xs = [torch.randn(TRAIN_ROWS, n_in, generator=gen, requires_grad=True) for _, (n_in, _) in SHAPE_KINDS]
 
         def train_step(product: Callable) -> Callable[[], None]:
             return lambda: torch.autograd.backward([product(x, w, b).sum() for x, (w, b) in zip(xs, params)])
