@@ -36,8 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", help="write the translations here, one line per input line (default: stdout)")
     p.add_argument("--beam", type=integer(1), default=4, help="beam size; 1 is greedy (default 4)")
     p.add_argument("--alpha", type=number(), default=0.6, help="length penalty alpha (default 0.6)")
-    p.add_argument("--max-len", type=integer(1), default=None,
+    p.add_argument("--max-new-tokens", type=integer(1), default=None,
                    help="most output tokens (default: --length-ratio x source length + --extra-len)")
+    # The old spelling, kept so that scripts written before still run (the model's max_len is its positions).
+    p.add_argument("--max-len", type=integer(1), default=None, help=argparse.SUPPRESS)
     p.add_argument("--length-ratio", type=number(above=0), default=1.0,
                    help="a in the output limit a x source length + b (default 1, the paper's)")
     p.add_argument("--extra-len", type=integer(0), default=50, help="b in that limit (default 50, the paper's)")
@@ -76,7 +78,8 @@ def _generation_config(args: argparse.Namespace):
     if args.batch_size < 0:
         raise ValueError(f"--batch-size must not be negative, got {args.batch_size}")
     return GenerationConfig(
-        max_len=args.max_len, length_ratio=args.length_ratio, extra_len=args.extra_len, min_len=args.min_len,
+        max_new_tokens=args.max_new_tokens, max_len=args.max_len, length_ratio=args.length_ratio,
+        extra_len=args.extra_len, min_len=args.min_len,
         beam_size=1 if args.sample else args.beam, length_penalty=args.alpha, do_sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,

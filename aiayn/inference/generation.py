@@ -17,7 +17,7 @@ beam search; the decoder's start token counts as generated), so that the outputs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,11 +34,12 @@ class GenerationConfig:
     """Decoding settings; the paper used beam 4, alpha 0.6, max length = source length + 50 (section 6.1).
 
     Attributes:
-        max_len: most new tokens per sentence, `</s>` included; None means `length_ratio` x the
-            sentence's real (unpadded) source length + `extra_len`. Never more than the model's `max_len`.
-        length_ratio: a in the limit a x source length + b when `max_len` is None (1 in the paper;
+        max_new_tokens: most new tokens per sentence, `</s>` included (Hugging Face's name); None means
+            `length_ratio` x the sentence's real (unpadded) source length + `extra_len`. Never more than
+            the model's `max_len` positions.
+        length_ratio: a in the limit a x source length + b when `max_new_tokens` is None (1 in the paper;
             fairseq's max_len_a); lower it to stop runaway repetitions sooner.
-        extra_len: b, added to the scaled source length when `max_len` is None (50 in the paper).
+        extra_len: b, added to the scaled source length when `max_new_tokens` is None (50 in the paper).
         min_len: fewest tokens before `</s>` may be chosen (its log-probability is set to -inf before).
         beam_size: 1 is greedy (or sampling); more runs beam search.
         length_penalty: alpha in score = sum(log p) / length ** alpha (beam search only).
@@ -52,9 +53,12 @@ class GenerationConfig:
         no_repeat_ngram_size: no n-gram of this size occurs twice in an output (0 is off).
         seed: seeds the sampling generator; None draws from torch's global generator.
         return_attention: also return the cross-attention weights of the chosen outputs.
+        max_len: the old spelling of `max_new_tokens` (the model's `max_len` is its position table), so
+            that code written before still runs; `max_len=n` becomes `max_new_tokens=n` (and `max_len`
+            None), and errors name the setting as the caller spelled it.
     """
 
-    max_len: int | None = None
+    max_new_tokens: int | None = None
     length_ratio: float = 1.0
     extra_len: int = 50
     min_len: int = 0
@@ -69,11 +73,21 @@ class GenerationConfig:
     no_repeat_ngram_size: int = 0
     seed: int | None = None
     return_attention: bool = False
+    max_len: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_field_types(self, "decoding")  # kinds first: True is not a beam size, NaN not a length penalty
-        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 1):
-            raise ValueError(f"max_len must be a positive integer or None, got {self.max_len!r}")
+        spelled = "max_new_tokens"
+        if self.max_len is not None:  # the old spelling: one name, `max_new_tokens`, from here on
+            if self.max_new_tokens not in (None, self.max_len):
+                raise ValueError(f"max_len={self.max_len} and max_new_tokens={self.max_new_tokens} disagree: keep "
+                                 "max_new_tokens (max_len is its old spelling)")
+            spelled = "max_len"
+            object.__setattr__(self, "max_new_tokens", self.max_len)
+            object.__setattr__(self, "max_len", None)
+        limit = self.max_new_tokens
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"{spelled} must be a positive integer or None, got {limit!r}")
         for name in ("extra_len", "min_len", "top_k", "no_repeat_ngram_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
@@ -88,8 +102,8 @@ class GenerationConfig:
             raise ValueError(f"temperature must be positive, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.max_len is not None and self.min_len > self.max_len:
-            raise ValueError(f"min_len {self.min_len} is above max_len {self.max_len}: no output could end")
+        if limit is not None and self.min_len > limit:
+            raise ValueError(f"min_len {self.min_len} is above {spelled} {limit}: no output could end")
         if self.do_sample and self.beam_size > 1:
             raise ValueError("sampling decodes one hypothesis per sentence: use beam_size=1 with do_sample")
 
@@ -148,8 +162,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
 
     # Decode only the non-empty sources, without the columns that are padding in every row.
     sub = src[rows][:, : int(real.any(dim=0).nonzero().max()) + 1]
-    if config.max_len is not None:
-        limits = torch.full((len(rows),), config.max_len, dtype=torch.long)
+    if config.max_new_tokens is not None:
+        limits = torch.full((len(rows),), config.max_new_tokens, dtype=torch.long)
     else:
         limits = (lengths[rows].cpu() * config.length_ratio).long() + config.extra_len
     limits = limits.clamp(min=1, max=cfg.max_len)
