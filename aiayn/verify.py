@@ -341,11 +341,11 @@ def _gradient_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
     labels = tgt.clone()
     labels[1, 3:] = -100
 
-    def step(runner: nn.Module, device: torch.device, autocast) -> tuple[float, dict[str, torch.Tensor]]:
+    def step(module: nn.Module, device: torch.device, autocast) -> tuple[float, dict[str, torch.Tensor]]:
         model.zero_grad(set_to_none=True)
         batch = {"src": src.to(device), "tgt_in": tgt.to(device), "labels": labels.to(device)}
         with autocast:
-            logits, kept = forward(runner, batch, SEQ2SEQ)
+            logits, kept = forward(module, batch, SEQ2SEQ)
         loss, _ = label_smoothed_loss(logits.float(), kept, smoothing=0.1)
         loss.backward()
         return float(loss.detach()), {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}

@@ -42,4 +42,4 @@ def test_the_core_guide_examples_run(capsys):
     assert isinstance(scope["out"].tokens[0], list)
     src, tgt = scope["src"], scope["tgt"]
     with torch.no_grad():
-        torch.testing.assert_close(scope["runner"](src, tgt), scope["model"](src, tgt), atol=1e-5, rtol=0)
+        torch.testing.assert_close(scope["prepared"](src, tgt), scope["model"](src, tgt), atol=1e-5, rtol=0)

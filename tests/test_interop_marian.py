@@ -133,9 +133,9 @@ def test_hf_generate_returns_the_same_sequences(seed, run_on):
     hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=eos)
     settings = [(1, True, 0), (4, True, 0), (4, False, 0), (3, True, 2)]
     ended, seen = 0, set()
-    runner = run_on(model)
+    module = run_on(model)
     for beam, early, min_len in settings:
-        ours = generate(runner, src, bos_id=BOS, eos_id=eos,
+        ours = generate(module, src, bos_id=BOS, eos_id=eos,
                         config=GenerationConfig(max_new_tokens=12, min_len=min_len, beam_size=beam,
                                                 length_penalty=0.6, early_stopping=early))
         with torch.no_grad():

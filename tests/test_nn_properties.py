@@ -209,3 +209,26 @@ def test_weights_saved_when_the_head_was_called_generator_still_load(tmp_path, t
     src, tgt = torch.randint(1, 30, (2, 6)), torch.randint(1, 30, (2, 5))
     assert torch.equal(loaded(src, tgt), model(src, tgt))
     assert (loaded.head.proj.weight is loaded.src_embed.tokens.weight) == tied
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_masked_lm_weights_saved_when_its_vocabulary_linear_was_called_decoder_still_load(tmp_path, tied):
+    from safetensors.torch import save_file
+
+    from aiayn.io import CONFIG_NAME, WEIGHTS_NAME, load_model
+    from aiayn.tasks.names import MASKED_LM
+
+    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "head": MASKED_LM,
+                                       "tie_embeddings": tied})).eval()
+    state = {k.replace("head.proj.", "head.decoder."): v.contiguous() for k, v in model.state_dict().items()}
+    if tied:  # safetensors keeps a shared matrix once, under the first name in sorted order
+        del state["head.decoder.weight"]
+    save_file(state, tmp_path / WEIGHTS_NAME)
+    (tmp_path / CONFIG_NAME).write_text(model.config.to_json())
+    loaded = load_model(tmp_path)
+    ids = torch.randint(1, 40, (2, 6))
+    assert torch.equal(loaded(ids), model(ids))
+    assert (loaded.head.proj.weight is loaded.embed.tokens.weight) == tied
+    fresh = build_model(model.config).eval()
+    fresh.load_state_dict(state, strict=False)  # the module's own loader renames them too
+    assert torch.equal(fresh(ids), model(ids))

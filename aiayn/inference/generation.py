@@ -398,8 +398,8 @@ class _Beams:
         self.sentence_done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.in_top_k = torch.arange(2 * k, device=device) < k  # (2k,)
         self.base = torch.arange(batch, device=device)[:, None] * k  # (B, 1) first flat row of each sentence
-        self.history: torch.Tensor | None = None  # (B*k, T, n_layers, h, S) attention of the running beams
-        self.done_history: torch.Tensor | None = None
+        self.attention: torch.Tensor | None = None  # (B*k, T, n_layers, h, S) attention of the running beams
+        self.done_attention: torch.Tensor | None = None
 
     def candidates(self, log_probs: torch.Tensor, tokens: torch.Tensor, step: int,
                    limits: torch.Tensor) -> _Candidates:
@@ -416,11 +416,12 @@ class _Beams:
 
     def finish(self, cand: _Candidates, step: int, step_weights: torch.Tensor | None) -> None:
         """Candidates among the top k that end here join the finished hypotheses, ranked with the length penalty."""
-        cand_history = None
+        cand_attention = None
         if step_weights is not None:  # (B*k, n_layers, h, S)
             step_weights = step_weights[:, None]  # (B*k, 1, n_layers, h, S)
-            self.history = step_weights if self.history is None else torch.cat([self.history, step_weights], dim=1)
-            cand_history = self.history.index_select(0, (self.base + cand.beam).view(-1))  # (B*2k, t, ...)
+            self.attention = (step_weights if self.attention is None
+                              else torch.cat([self.attention, step_weights], dim=1))
+            cand_attention = self.attention.index_select(0, (self.base + cand.beam).view(-1))  # (B*2k, t, ...)
         new_done = cand.ends & self.in_top_k & ~self.sentence_done[:, None] & (cand.scores > NEG_INF)
         normalised = (cand.scores / (step + 1) ** self.alpha).masked_fill(~new_done, NEG_INF)
         merged_scores, keep = torch.cat([self.done_scores, normalised], dim=1).topk(self.k, dim=1)  # (B, k)
@@ -429,16 +430,16 @@ class _Beams:
         self.done_flags = torch.cat([self.done_flags, new_done], dim=1).gather(1, keep)
         self.done_steps = torch.cat([self.done_steps, torch.full_like(cand.token, step + 1)], dim=1).gather(1, keep)
         self.done_scores = merged_scores
-        if cand_history is not None:
-            self.done_history = _merge_history(self.done_history, cand_history, keep, self.batch, self.k)
+        if cand_attention is not None:
+            self.done_attention = _merge_attention(self.done_attention, cand_attention, keep, self.batch, self.k)
 
     def advance(self, cand: _Candidates, step: int, limits: torch.Tensor) -> torch.Tensor:
         """Keep the best k candidates that did not end as the running beams; returns their parents' flat rows (B*k,)."""
         self.running_scores, pick = cand.scores.masked_fill(cand.ends, NEG_INF).topk(self.k, dim=1)  # (B, k)
         self.running = cand.tokens.gather(1, pick[:, :, None].expand(-1, -1, self.steps))
         parents = (self.base + cand.beam.gather(1, pick)).view(-1)  # (B*k,) flat rows the beams continue
-        if self.history is not None:
-            self.history = self.history.index_select(0, parents)
+        if self.attention is not None:
+            self.attention = self.attention.index_select(0, parents)
         best_running = self.running_scores[:, 0] / (step + 1) ** self.alpha
         can_improve = torch.tensor(not self.early_stopping, device=best_running.device) & (
             best_running > self.done_scores.min(dim=1).values)
@@ -451,21 +452,21 @@ class _Beams:
         for b in range(self.batch):
             row = self.done_tokens[b, 0, : int(self.done_steps[b, 0])].tolist()
             tokens.append(_until_eos(row, self.eos_id))
-            if self.done_history is not None:  # (T, n_layers, h, S) -> (n_layers, h, T, S)
-                attn.append(self.done_history[b * self.k].permute(1, 2, 0, 3).cpu())
+            if self.done_attention is not None:  # (T, n_layers, h, S) -> (n_layers, h, T, S)
+                attn.append(self.done_attention[b * self.k].permute(1, 2, 0, 3).cpu())
         return tokens, self.done_scores[:, 0].cpu(), attn or None
 
 
-def _merge_history(done_history: torch.Tensor | None, cand_history: torch.Tensor, keep: torch.Tensor,
+def _merge_attention(done_attention: torch.Tensor | None, cand_attention: torch.Tensor, keep: torch.Tensor,
                    batch: int, k: int) -> torch.Tensor:
     """Attention of the finished hypotheses after a merge: (B*k, T, ...) old + (B*2k, t, ...) new -> (B*k, t, ...)."""
-    t = cand_history.shape[1]
-    if done_history is None:
-        done_history = cand_history.new_zeros((batch * k, t, *cand_history.shape[2:]))
-    elif done_history.shape[1] < t:
-        pad = done_history.new_zeros((batch * k, t - done_history.shape[1], *done_history.shape[2:]))
-        done_history = torch.cat([done_history, pad], dim=1)
-    merged = torch.cat([done_history.view(batch, k, *done_history.shape[1:]),
-                        cand_history.view(batch, 2 * k, *cand_history.shape[1:])], dim=1)  # (B, 3k, t, ...)
+    t = cand_attention.shape[1]
+    if done_attention is None:
+        done_attention = cand_attention.new_zeros((batch * k, t, *cand_attention.shape[2:]))
+    elif done_attention.shape[1] < t:
+        pad = done_attention.new_zeros((batch * k, t - done_attention.shape[1], *done_attention.shape[2:]))
+        done_attention = torch.cat([done_attention, pad], dim=1)
+    merged = torch.cat([done_attention.view(batch, k, *done_attention.shape[1:]),
+                        cand_attention.view(batch, 2 * k, *cand_attention.shape[1:])], dim=1)  # (B, 3k, t, ...)
     index = keep.view(batch, k, *([1] * (merged.dim() - 2))).expand(-1, -1, *merged.shape[2:])
     return merged.gather(1, index).reshape(batch * k, *merged.shape[2:])

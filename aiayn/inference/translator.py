@@ -179,13 +179,13 @@ class Translator(ModelRunner):
                             "first (.decode('utf-8'))")
         ids = self.encode(list(texts), truncate=truncate)
         out: list[Translation] = [Translation("", [], 0.0) for _ in ids]
-        runner = self.prepared_model()
+        prepared = self.prepared_model()
         target = self.target_tokenizer
         for batch in token_batches([len(row) for row in ids], max_tokens, shuffle=False, max_sentences=max_sentences):
             real = [i for i in batch if ids[i]]
             if real:
                 src = pad([ids[i] for i in real], self.model.config.pad_id).to(self.device)  # (B, S)
-                result = generate(runner, src, bos_id=target.bos_id, eos_id=target.eos_id, config=config)
+                result = generate(prepared, src, bos_id=target.bos_id, eos_id=target.eos_id, config=config)
                 texts_out = target.decode_batch(result.tokens)
                 for j, i in enumerate(real):
                     attention = None if result.attention is None else result.attention[j]

@@ -221,8 +221,8 @@ def load_bert_weights(model: EncoderModel, state: dict[str, torch.Tensor]) -> No
             shapes.append(f"{key} {tuple(value.shape)} vs {name} {tuple(own[name].shape)}")
         else:
             mapped[name] = value
-    if "head.decoder.weight" in own and "head.decoder.weight" not in mapped and model.config.tie_embeddings:
-        mapped["head.decoder.weight"] = mapped.get("embed.tokens.weight", own["head.decoder.weight"])
+    if "head.proj.weight" in own and "head.proj.weight" not in mapped and model.config.tie_embeddings:
+        mapped["head.proj.weight"] = mapped.get("embed.tokens.weight", own["head.proj.weight"])
     missing = [name for name in own if name not in mapped]
     missing_body = [name for name in missing if not name.startswith("head.")]
     problems = []

@@ -199,12 +199,16 @@ class EncoderDecoderModel(nn.Module):
         return KVCache.empty(len(self.decoder.layers))
 
 
+# Older names of weights, by prefix: the vocabulary head was `generator` before it was `head`, and the
+# masked-LM head's vocabulary Linear was `decoder` (BERT's name) before it was `proj`.
+_OLD_PREFIXES = {"generator.": "head.", "head.decoder.": "head.proj."}
+
+
 def upgrade_keys(state_dict: dict, prefix: str = "") -> dict:
-    """Rename, in place, the keys of weights saved under older names: before the vocabulary head was named
-    `head` it was `generator`. Returns `state_dict`."""
-    old = prefix + "generator."
-    for key in [k for k in state_dict if k.startswith(old)]:
-        state_dict[prefix + "head." + key[len(old):]] = state_dict.pop(key)
+    """Rename, in place, the keys of weights saved under older names (`_OLD_PREFIXES`). Returns `state_dict`."""
+    for old, new in _OLD_PREFIXES.items():
+        for key in [k for k in state_dict if k.startswith(prefix + old)]:
+            state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
     return state_dict
 
 
@@ -217,6 +221,7 @@ class EncoderModel(nn.Module):
         self.embed = embed
         self.encoder = encoder
         self.head = head
+        self.register_load_state_dict_pre_hook(lambda module, state, prefix, *args: upgrade_keys(state, prefix))
 
     def source_mask(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """(B, 1, 1, L) bool mask of real tokens, or None when nothing is padded."""
@@ -379,5 +384,5 @@ def _build(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
     model = EncoderModel(cfg, embed=embed, encoder=build_encoder(cfg), head=head)
     _init_weights(model)
     if isinstance(head, MaskedLMHead) and cfg.tie_embeddings:
-        head.decoder.weight = embed.tokens.weight
+        head.proj.weight = embed.tokens.weight
     return model
