@@ -65,7 +65,7 @@ def test_translate_reads_a_file_or_stdin(run_dir, capsys, monkeypatch, tmp_path)
     assert code == 0 and len(from_file) == 2
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
     code, from_stdin, _ = _run(capsys, "--run", str(run_dir), "--max-new-tokens", "5", "--beam", "1",
-                               "--batch-size", "1")
+                               "--max-sentences", "1")
     assert code == 0 and from_stdin == from_file
     code, scored, _ = _run(capsys, "--run", str(run_dir), "--input", str(source), "--max-new-tokens", "5",
                            "--beam", "1", "--scores")
@@ -75,13 +75,15 @@ def test_translate_reads_a_file_or_stdin(run_dir, capsys, monkeypatch, tmp_path)
 def test_old_option_spellings_still_work(run_dir, capsys):
     # Scripts written before the rename keep running; the help shows only the one name.
     argv = ("--run", str(run_dir), "The cat sat on the mat.", "How are you today?", "--beam", "1")
-    new = _run(capsys, *argv, "--max-new-tokens", "5")
-    assert new[0] == 0 and _run(capsys, *argv, "--max-len", "5") == new
+    new = _run(capsys, *argv, "--max-new-tokens", "5", "--max-sentences", "1")
+    assert new[0] == 0 and _run(capsys, *argv, "--max-len", "5", "--batch-size", "1") == new
     code, _, err = _run(capsys, *argv, "--max-new-tokens", "5", "--max-len", "4")
     assert code == 2 and "max_len=4 and max_new_tokens=5 disagree" in err
     with pytest.raises(SystemExit):
         main(["translate", "--help"])
-    assert "--max-new-tokens" in (shown := capsys.readouterr().out) and "--max-len" not in shown
+    shown = capsys.readouterr().out
+    assert "--max-new-tokens" in shown and "--max-sentences" in shown
+    assert "--max-len" not in shown and "--batch-size" not in shown
 
 
 def test_translate_samples_with_a_seed(run_dir, capsys):

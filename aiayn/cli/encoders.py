@@ -23,7 +23,8 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="mean over real tokens, or the first token's ([CLS]) state (default: the checkpoint's)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors (no L2 normalisation)")
     p.add_argument("--max-length", type=integer(3), help="most tokens per text, [CLS] and [SEP] included")
-    p.add_argument("--batch-size", type=integer(1), default=16, help="texts per forward pass (default 16)")
+    p.add_argument("--batch-size", type=integer(1), default=16,
+                   help="texts per forward pass, sorted by length first (default 16)")
     add_precision_argument(p, default="fp32")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(p)

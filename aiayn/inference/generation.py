@@ -198,7 +198,7 @@ def _check_search_size(model: EncoderDecoderModel, batch: int, src_len: int, ste
         per = 4 * (2 * cfg.n_decoder_layers * (steps + src_len) * cfg.d_model + 4 * vocab)
         what = f"decoding {batch} sentence{'s' if batch != 1 else ''} with beam {config.beam_size}"
         check_memory(batch * config.beam_size * per, what,
-                     "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --batch-size)")
+                     "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --max-sentences)")
 
 
 def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, eos_id: int) -> None:
