@@ -119,3 +119,14 @@ def test_each_test_file_is_named_after_the_part_it_tests():
     stray = [path.name for path in (PACKAGE.parent / "tests").glob("test_*.py")
              if path.stem.split("_")[1] not in parts | CROSS_CUTTING]
     assert not stray, f"name these after the part they test (tests/test_<part>_...py): {stray}"
+
+
+def test_every_command_module_is_registered():
+    """Each aiayn/cli module that defines `register(subparsers)` is one of `COMMAND_MODULES`, so a command moved into
+    a module of its own (cli/export.py, cli/translate.py) is not left out of the parser."""
+    from aiayn.cli.main import COMMAND_MODULES
+
+    defining = {path.stem for path in (PACKAGE / "cli").glob("*.py")
+                if any(isinstance(node, ast.FunctionDef) and node.name == "register"
+                       for node in ast.parse(path.read_text(encoding="utf-8")).body)}
+    assert defining == set(COMMAND_MODULES), sorted(defining ^ set(COMMAND_MODULES))
