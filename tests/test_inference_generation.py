@@ -7,6 +7,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.inference.generation import GenerationConfig, _beam_search, generate
+from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import build_model
 
 BOS, EOS, PAD = 1, 2, 0
@@ -178,7 +179,8 @@ def test_attention_weights_on_request(beam):
     tgt = torch.tensor([[BOS] + out.tokens[i][:-1]])
     source = src[i : i + 1, : int((src[i] != PAD).sum())]
     with torch.no_grad():
-        _, cross = model.decode(tgt, model.encode(source), return_cross_attention=True)  # n_layers x (1, h, T, S)
+        with attention_weights([layer.cross_attn for layer in model.decoder.layers]) as cross:
+            model.decode(tgt, model.encode(source))  # cross: n_layers x (1, h, T, S)
     torch.testing.assert_close(out.attention[i][-1], cross[-1][0], atol=1e-5, rtol=0)
 
 

@@ -17,13 +17,15 @@ beam search; the decoder's start token counts as generated), so that the outputs
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from aiayn.config import check_field_types
-from aiayn.nn.attention import KVCache
+from aiayn.nn.attention import KVCache, attention_weights
 from aiayn.nn.model import EncoderDecoderModel, check_memory
 
 NEG_INF = float("-inf")
@@ -172,7 +174,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     was_training = model.training
     model.eval()
     try:
-        out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
+        with _recording_cross_attention(model, config.return_attention) as cross:
+            out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config, cross)
     finally:
         model.train(was_training)  # generating during training (validation) leaves the mode as it was
     for j, i in enumerate(rows.tolist()):
@@ -219,12 +222,28 @@ def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, e
 
 # -- shared steps ---------------------------------------------------------------------------------
 
+@contextmanager
+def _recording_cross_attention(model: EncoderDecoderModel, on: bool) -> Iterator[list[torch.Tensor | None] | None]:
+    """When `on`, the list `attention_weights` keeps each decoder layer's latest cross-attention in; else None.
+
+    Self-attention is written out too (its weights not kept), as the layers did when they returned
+    weights on request: decoding with attention runs the same arithmetic as before, to the last bit.
+    """
+    if not on:
+        yield None
+        return
+    layers = model.decoder.layers
+    with attention_weights([layer.cross_attn for layer in layers]) as cross, \
+            attention_weights([layer.self_attn for layer in layers], keep=False):
+        yield cross
+
+
 def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
-          memory_mask: torch.Tensor | None, cache: KVCache, record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, when `record`,
-    this step's cross-attention weights (N, n_layers, h, S)."""
-    out = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache, return_cross_attention=record)
-    hidden, cross = out if record else (out, None)  # (N, 1, d_model), n_layers x (N, h, 1, S)
+          memory_mask: torch.Tensor | None, cache: KVCache,
+          cross: list[torch.Tensor | None] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, with `cross` (the list
+    `_recording_cross_attention` yields), this step's cross-attention weights (N, n_layers, h, S)."""
+    hidden = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
     logits = model.head(hidden[:, -1]).float()  # (N, V)
     weights = None if cross is None else torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
     return logits, weights
@@ -293,8 +312,9 @@ def _warp(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
 # -- greedy and sampling --------------------------------------------------------------------------
 
 def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                      eos_id: int, config: GenerationConfig):
-    """One hypothesis per sentence: the most likely token each step, or a sampled one."""
+                      eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None):
+    """One hypothesis per sentence: the most likely token each step, or a sampled one; with `cross`, its
+    cross-attention too."""
     batch, device = src.shape[0], src.device
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -311,7 +331,7 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
     start = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
     for step in range(steps):
-        logits, step_weights = _step(model, next_input, memory, src_mask, cache, config.return_attention)
+        logits, step_weights = _step(model, next_input, memory, src_mask, cache, cross)
         log_probs = F.log_softmax(logits, dim=-1)  # (B, V): the score counts the model's own probabilities
         logits = _constrain(logits, torch.cat([start, out[:, :step]], dim=1), step, eos_id, config)
         if config.do_sample:
@@ -340,8 +360,9 @@ def _until_eos(row: list[int], eos_id: int) -> list[int]:
 # -- beam search ----------------------------------------------------------------------------------
 
 def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                 eos_id: int, config: GenerationConfig):
-    """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone."""
+                 eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None):
+    """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone. With
+    `cross` (see `_step`), the chosen hypotheses' cross-attention too."""
     batch, device, k = src.shape[0], src.device, config.beam_size
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -353,7 +374,7 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
     start = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
     for step in range(beams.steps):
-        logits, step_weights = _step(model, next_input, memory, mask, cache, config.return_attention)  # (B*k, V)
+        logits, step_weights = _step(model, next_input, memory, mask, cache, cross)  # (B*k, V)
         history = torch.cat([start, beams.running.view(batch * k, -1)[:, :step]], dim=1)  # (B*k, 1 + step)
         log_probs = _constrain(F.log_softmax(logits, dim=-1), history, step, eos_id, config)
         # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
