@@ -156,7 +156,7 @@ def _check_limit(translator: Translator) -> int:
 
 
 def _aiayn_tokens(translator: Translator, texts: list[str], beam_size: int) -> list[list[int]]:
-    config = GenerationConfig(beam_size=beam_size, max_len=_check_limit(translator), length_penalty=0.6)
+    config = GenerationConfig(beam_size=beam_size, max_new_tokens=_check_limit(translator), length_penalty=0.6)
     return [t.tokens for t in translator.translations(texts, config)]
 
 
@@ -196,7 +196,7 @@ def check_ctranslate2(translator: Translator, directory: str | Path, *, quantize
     texts = list(CHECK_TEXTS)
     model = ctranslate2.Translator(str(directory), device="cpu")
     theirs = translate_tokens(model, translator.source_tokenizer, texts, target_tokenizer=translator.target_tokenizer,
-                              beam_size=1, max_len=_check_limit(translator))
+                              beam_size=1, max_new_tokens=_check_limit(translator))
     ours = _aiayn_tokens(translator, texts, 1)
     note = "quantized weights: some difference is expected" if quantized else ""
     return [Agreement("ctranslate2.Translator, greedy, tokens", sum(a == b for a, b in zip(ours, theirs)),

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from aiayn.config import ModelConfig, preset
+from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import EncoderDecoderModel, build_model
 from aiayn.tokenization import Tokenizer, train_tokenizer
 
@@ -186,8 +187,9 @@ def _trace_encoder(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, l
     for i, layer in enumerate(model.encoder.layers, start=1):
         outputs, inputs = _projections(layer.self_attn)
         outputs.update(norm1=layer.attn_sublayer, hidden=layer.feed_forward.activation, norm2=layer.ffn_sublayer)
-        with _recording(outputs, inputs) as s:
-            x, s["weights"] = layer(x, mask, need_weights=True)
+        with _recording(outputs, inputs) as s, attention_weights([layer.self_attn]) as weights:
+            x = layer(x, mask)
+        s["weights"] = weights[0]
         stages.append(f"-- encoder layer {i} --")
         stages += _attention_stages(f"enc{i}", s, cfg.n_heads)
         stages.append(_stage(f"enc{i} after Add & Norm 1", s["norm1"][0]))
@@ -207,8 +209,9 @@ def _trace_decoder_step(model: EncoderDecoderModel, memory: torch.Tensor, target
     for i, layer in enumerate(model.decoder.layers, start=1):
         outputs = dict(norm1=layer.self_attn_sublayer, norm2=layer.cross_attn_sublayer,
                        hidden=layer.feed_forward.activation, norm3=layer.ffn_sublayer)
-        with _recording(outputs) as s:
-            x, self_weights, cross_weights = layer(x, memory, need_weights=True)
+        with _recording(outputs) as s, attention_weights([layer.self_attn, layer.cross_attn]) as weights:
+            x = layer(x, memory)
+        self_weights, cross_weights = weights
         stages.append(f"-- decoder layer {i} --")
         stages.append(_stage(f"dec{i} masked self-attn softmax weights", self_weights[0], "rows sum to 1"))
         stages.append(_stage(f"dec{i} after Add & Norm 1", s["norm1"][0]))

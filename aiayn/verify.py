@@ -319,7 +319,7 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
     if hf is None:
         return  # token-by-token equality is for exact paths; approximate ones may pick another near-tie
     for beam in (1, 4):
-        config = GenerationConfig(max_len=steps, min_len=steps, beam_size=beam, length_penalty=0.6)
+        config = GenerationConfig(max_new_tokens=steps, min_len=steps, beam_size=beam, length_penalty=0.6)
         ours = generate(prepared, src.to(device), bos_id=1, eos_id=2, config=config).tokens
         with torch.no_grad():
             out = hf.generate(input_ids=src, attention_mask=(src != 0).long(), num_beams=beam, do_sample=False,
@@ -342,11 +342,11 @@ def _gradient_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
     labels = tgt.clone()
     labels[1, 3:] = -100
 
-    def step(runner: nn.Module, device: torch.device, autocast) -> tuple[float, dict[str, torch.Tensor]]:
+    def step(module: nn.Module, device: torch.device, autocast) -> tuple[float, dict[str, torch.Tensor]]:
         model.zero_grad(set_to_none=True)
         batch = {"src": src.to(device), "tgt_in": tgt.to(device), "labels": labels.to(device)}
         with autocast:
-            logits, kept = forward(runner, batch, SEQ2SEQ)
+            logits, kept = forward(module, batch, SEQ2SEQ)
         loss, _ = label_smoothed_loss(logits.float(), kept, smoothing=0.1)
         loss.backward()
         return float(loss.detach()), {n: p.grad.detach().float().cpu() for n, p in model.named_parameters()}

@@ -78,23 +78,23 @@ def piece_name(i: int) -> str:
     return {0: "<blank>", 1: "<s>", 2: "</s>", 3: "<unk>"}.get(i, f"t{i}")
 
 
-def _contenders(runners: dict, src: torch.Tensor, beam: int, new_tokens: int) -> dict[str, Callable[[], None]]:
+def _contenders(engines: dict, src: torch.Tensor, beam: int, new_tokens: int) -> dict[str, Callable[[], None]]:
     """One call per contender decoding `src` with `beam` to exactly `new_tokens` tokens (checked)."""
-    config = GenerationConfig(max_len=new_tokens, min_len=new_tokens, beam_size=beam, length_penalty=0.6)
+    config = GenerationConfig(max_new_tokens=new_tokens, min_len=new_tokens, beam_size=beam, length_penalty=0.6)
     pieces = [[piece_name(i) for i in row] for row in src.tolist()]
     fns: dict[str, Callable[[], None]] = {}
-    for name, runner in runners.items():
+    for name, engine in engines.items():
         if name.startswith("aiayn"):
-            def fn(model=runner):
+            def fn(model=engine):
                 out = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
                 assert all(len(t) == new_tokens for t in out.tokens)
         elif name.startswith("CTranslate2"):
-            def fn(translator=runner):
+            def fn(translator=engine):
                 out = translator.translate_batch(pieces, beam_size=beam, max_decoding_length=new_tokens,
                                                  min_decoding_length=new_tokens, length_penalty=0.6)
                 assert all(len(r.hypotheses[0]) == new_tokens for r in out)
         else:
-            def fn(hf=runner):
+            def fn(hf=engine):
                 out = hf.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=beam,
                                   do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                   length_penalty=0.6, early_stopping=True)
@@ -142,15 +142,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _runners(plain, args, workdir: Path) -> tuple[dict, str]:
+def _engines(plain, args, workdir: Path) -> tuple[dict, str]:
     """The contenders' models by name, and a line saying what each is."""
     precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     peers = {p.strip() for p in args.peers.split(",") if p.strip()} - {"none"}
-    runners: dict = {}
+    engines: dict = {}
     notes = []
     for precision in precisions:
         backend = select(args.device, "inference", precision)
-        runners[f"aiayn {precision}"] = backend.prepare(plain)
+        engines[f"aiayn {precision}"] = backend.prepare(plain)
         notes.append(f"aiayn {precision}: {backend.describe()}")
     device = select(args.device, "inference").device
     if "ctranslate2" in peers:
@@ -162,7 +162,7 @@ def _runners(plain, args, workdir: Path) -> tuple[dict, str]:
             for precision in precisions:
                 quantization = {"fp32": "float32", "int8": "int8"}[precision]
                 path = ctranslate2_export(plain, workdir, quantization)
-                runners[f"CTranslate2 {precision}"] = ctranslate2.Translator(
+                engines[f"CTranslate2 {precision}"] = ctranslate2.Translator(
                     str(path), device="cuda" if device.type == "cuda" else "cpu", compute_type=quantization,
                     intra_threads=torch.get_num_threads(), inter_threads=1)
             notes.append(f"CTranslate2 {ctranslate2.__version__}")
@@ -172,9 +172,9 @@ def _runners(plain, args, workdir: Path) -> tuple[dict, str]:
         from aiayn.interop.marian import to_marian
 
         transformers.logging.set_verbosity_error()
-        runners["HF fp32"] = to_marian(plain, decoder_start_token_id=BOS, eos_token_id=EOS).to(device)
+        engines["HF fp32"] = to_marian(plain, decoder_start_token_id=BOS, eos_token_id=EOS).to(device)
         notes.append(f"transformers {transformers.__version__}")
-    return runners, "; ".join(notes)
+    return engines, "; ".join(notes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,19 +189,19 @@ def main(argv: list[str] | None = None) -> int:
     plain = build_model(cfg).eval()
     searches = [(name, beam) for name, beam in SEARCHES if name in args.searches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        runners, notes = _runners(plain, args, Path(tmp))
+        engines, notes = _engines(plain, args, Path(tmp))
         device = select(args.device, "inference").device
         print(f"{args.preset} model (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
               f"vocab {cfg.vocab_size}), source 16 tokens, {new_tokens} new tokens forced, torch {torch.__version__}, "
               f"{torch.get_num_threads()} threads; {notes}")
         print(f"tokens/s: best of {repeats} rotating repeats; ratios: median of per-repeat ratios")
-        names = list(runners)
+        names = list(engines)
         print(f"{'search':<8} {'batch':>5} " + " ".join(f"{n:>17}" for n in names) + "   ratios")
         for batch in (int(b) for b in args.batches.split(",")):
             # The last id is CTranslate2's <pad> (see ctranslate2_export): sources avoid it.
             src = torch.randint(4, cfg.vocab_size - 1, (batch, 16), device=device)
             for search, beam in searches:
-                fns = _contenders(runners, src, beam, new_tokens)
+                fns = _contenders(engines, src, beam, new_tokens)
                 with torch.inference_mode():
                     for fn in fns.values():
                         fn()  # warm up every contender
@@ -209,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
                 rates = " ".join(f"{batch * new_tokens / min(times[n]):>17.1f}" for n in names)
                 print(f"{search:<8} {batch:>5} {rates}   {_ratios(times)}", flush=True)
     positions = (16, 64) if args.quick else (16, 256)
-    model = runners.get("aiayn fp32") or next(iter(runners.values()))
+    model = engines.get("aiayn fp32") or next(iter(engines.values()))
     step = _step_times(model, positions, device)
     a, b = positions
     print(f"greedy step time at output position {a}: {step[a] * 1e3:.2f} ms, at {b}: {step[b] * 1e3:.2f} ms "

@@ -8,7 +8,7 @@ attention) computes the same in blocks and never holds the whole matrix, so memo
 Each length runs in a fresh process, so its peak resident memory (`ru_maxrss`) belongs to that length
 alone; the figure is the peak during the forward minus what the process held just before (model and
 input built, one short warm-up forward). `--naive-max` also runs the written-out equation
-(`need_weights=True`) up to that length, to show the matrix it holds.
+(`need_weights=True`, asked through `attention_weights`) up to that length, to show the matrix it holds.
 
     aiayn bench long [--lengths 1024,2048,4096,8192,16384] [--threads N] [--naive-max 4096]
 """
@@ -26,6 +26,7 @@ import torch
 
 from aiayn.backends import select
 from aiayn.config import preset
+from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import build_encoder
 
 
@@ -46,8 +47,10 @@ def measure(length: int, preset_name: str, naive: bool) -> dict:
     def forward(inputs: torch.Tensor) -> torch.Tensor:
         if not naive:
             return encoder(inputs)
-        for layer in encoder.layers:  # the equation written out: the weights (B, h, L, L) are materialised
-            inputs, _ = layer(inputs, need_weights=True)
+        # the equation written out: each layer's weights (B, h, L, L) are materialised, then freed
+        with attention_weights([layer.self_attn for layer in encoder.layers], keep=False):
+            for layer in encoder.layers:
+                inputs = layer(inputs)
         return inputs
 
     with torch.inference_mode():

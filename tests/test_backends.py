@@ -115,10 +115,10 @@ def test_the_train_step_equals_the_plain_step_in_loss_and_gradients():
     prepared = select("cpu", "train").prepare(model)
     batch = seq2seq_batch(cfg)
 
-    def step(runner) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def step(module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         model.zero_grad(set_to_none=True)
         torch.manual_seed(1)  # the same dropout masks on both paths
-        logits, kept = forward(runner, batch, "seq2seq")
+        logits, kept = forward(module, batch, "seq2seq")
         loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
@@ -247,11 +247,11 @@ def test_generate_runs_the_model_as_given_the_plain_path_when_asked(measured):
     torch.manual_seed(0)
     model = build_model(ModelConfig(**TINY, dropout=0.0)).eval()
     src = torch.randint(4, 50, (3, 6))
-    config = GenerationConfig(max_len=6, beam_size=2)
+    config = GenerationConfig(max_new_tokens=6, beam_size=2)
     outputs = {}
 
-    def run(runner, name):
-        outputs[name] = generate(runner, src, bos_id=1, eos_id=2, config=config)
+    def run(module, name):
+        outputs[name] = generate(module, src, bos_id=1, eos_id=2, config=config)
 
     plain_ops = operators(lambda: run(model, "plain"))
     fast_ops = operators(lambda: run(select("cpu", "inference").prepare(model), "fast"))

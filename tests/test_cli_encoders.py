@@ -1,4 +1,4 @@
-"""`aiayn embed`, `similarity`, `search` and `export`, run as docs/pretrained.md shows them."""
+"""`aiayn embed`, `similarity` and `search`, run as docs/pretrained.md shows them."""
 
 import io
 import json
@@ -7,14 +7,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
-import pytest
-import torch
 
 from aiayn.cli.main import main
-from aiayn.config import ModelConfig
-from aiayn.io import save_model
-from aiayn.nn.model import build_model
-from aiayn.tokenization import train_tokenizer
 
 CORPUS = "The cat sits on the mat.\nStocks fell sharply today.\n\nA kitten rests on a rug.\nParis is in France.\n"
 
@@ -84,52 +78,6 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
     assert code == 2 and "corpus file" in err and "none.txt does not exist" in err
     code, _, err = run(capsys, "embed", "--model", str(tmp_path / "nowhere"), "x")
     assert code == 2 and "no such checkpoint directory" in err
-
-
-def test_export_hf_default_model(capsys, tmp_path):
-    transformers = pytest.importorskip("transformers")
-    out = tmp_path / "minilm-hf"
-    code, stdout, _ = run(capsys, "export", "--out", str(out))
-    assert code == 0 and "wrote sentence-transformers files" in stdout
-    model = transformers.AutoModel.from_pretrained(out).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(out)
-    batch = tok(["A man is eating food."], return_tensors="pt")
-    with torch.inference_mode():
-        hidden = model(**batch).last_hidden_state
-    vector = torch.nn.functional.normalize(hidden.mean(1), dim=1)[0].numpy()
-    run(capsys, "embed", "A man is eating food.", "-o", str(tmp_path / "v.npy"))
-    np.testing.assert_allclose(vector, np.load(tmp_path / "v.npy")[0], atol=1e-5)
-
-
-def test_export_onnx_default_model(capsys, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    out = tmp_path / "minilm-onnx"
-    code, stdout, _ = run(capsys, "export", "--onnx", "--out", str(out))
-    assert code == 0 and (out / "tokenizer.json").is_file()
-    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    ids = np.array([[101, 1037, 2158, 102]], dtype=np.int64)
-    (hidden,) = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
-                                   "token_type_ids": np.zeros_like(ids)})
-    assert hidden.shape == (1, 4, 384)
-
-
-def test_export_onnx_of_an_aiayn_encoder(capsys, tmp_path):
-    ort = pytest.importorskip("onnxruntime")
-    texts = ["the cat sat on the mat", "a dog ran in the park", "birds fly over the sea"] * 5
-    tokenizer = train_tokenizer(texts, vocab_size=60, kind="wordpiece")
-    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2,
-                      n_decoder_layers=0, max_len=32, dropout=0.0)
-    save_model(build_model(cfg), tmp_path / "enc", tokenizer=tokenizer)
-    out = tmp_path / "enc-onnx"
-    code, stdout, _ = run(capsys, "export", "--onnx", "--model", str(tmp_path / "enc"), "--out", str(out))
-    assert code == 0 and (out / "model.onnx").is_file() and (out / "tokenizer.json").is_file()
-    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    ids = np.array([[1, 5, 6, 7, 2], [1, 8, 2, 0, 0]], dtype=np.int64)
-    mask = (ids != 0).astype(np.int64)
-    (hidden,) = session.run(None, {"input_ids": ids, "attention_mask": mask})
-    assert hidden.shape == (2, 5, 16)
-    code, stdout, _ = run(capsys, "embed", "--model", str(tmp_path / "enc"), "the cat ran")
-    assert code == 0 and len(json.loads(stdout)["embedding"]) == 16
 
 
 def test_large_inputs_show_a_progress_bar(capsys, tmp_path, monkeypatch):

@@ -24,7 +24,7 @@ def test_token_batches_are_seeded_per_epoch():
 
 
 def _shards(n_batches, per_step, world, start=0):
-    """{rank: [(stop, micro-batch indices), ...]} of `shard_steps` for every rank."""
+    """{rank: [(next_batch, micro-batch indices), ...]} of `shard_steps` for every rank."""
     return {rank: list(shard_steps(n_batches, per_step, rank=rank, world=world, start=start)) for rank in range(world)}
 
 
@@ -49,10 +49,10 @@ def test_shard_steps_deal_every_batch_once_to_equal_micro_step_counts(world, per
 
 
 def test_shard_steps_resume_at_a_global_position_on_any_number_of_processes():
-    one = [stop for stop, _ in shard_steps(11, 4, rank=0, world=1)]
+    one = [next_batch for next_batch, _ in shard_steps(11, 4, rank=0, world=1)]
     for world in (1, 2, 3, 8):
         resumed = _shards(11, 4, world, start=4)
-        assert [stop for stop, _ in resumed[0]] == one[1:]
+        assert [next_batch for next_batch, _ in resumed[0]] == one[1:]
         assert sorted(i for r in resumed for _, m in resumed[r] for i in m if i is not None) == list(range(4, 11))
     with pytest.raises(ValueError, match="rank"):
         list(shard_steps(4, 2, rank=2, world=2))

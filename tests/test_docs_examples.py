@@ -40,6 +40,8 @@ def test_the_core_guide_examples_run(capsys):
     assert scope["plain"].encoder.layers[0].self_attn.q_proj.weight is scope["model"].encoder.layers[
         0].self_attn.q_proj.weight
     assert isinstance(scope["out"].tokens[0], list)
+    cross = scope["cross"]  # each decoder layer's cross-attention, asked for with attention_weights
+    assert [tuple(w.shape) for w in cross] == [(1, 4, 3, 4)] * 2 and all(bool((w[..., 3] == 0).all()) for w in cross)
     src, tgt = scope["src"], scope["tgt"]
     with torch.no_grad():
-        torch.testing.assert_close(scope["runner"](src, tgt), scope["model"](src, tgt), atol=1e-5, rtol=0)
+        torch.testing.assert_close(scope["prepared"](src, tgt), scope["model"](src, tgt), atol=1e-5, rtol=0)

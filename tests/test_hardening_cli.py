@@ -299,8 +299,10 @@ MODELS = [
 
 # arguments
 ARGUMENTS = [
+    Case("--min-len above --max-new-tokens", ["translate", "--run", "run", "hi", "--min-len", "5",
+                                               "--max-new-tokens", "3"], 2, r"min_len 5 is above max_new_tokens 3"),
     Case("--min-len above --max-len", ["translate", "--run", "run", "hi", "--min-len", "5", "--max-len", "3"], 2,
-         r"min_len 5 is above max_len 3"),
+         r"min_len 5 is above max_len 3"),  # the old spelling, named as the user spelled it
     Case("search --index a file aiayn did not write", ["search", "--model", "enc", "--corpus", "good.tsv",
                                                        "--index", "notes.txt", "q"], 2,
          r"notes.txt: not an aiayn search index .*left as it is"),
@@ -652,8 +654,8 @@ AREA_TEXT = {
     "models": ("models, checkpoints, tokenizers",
                "truncated or empty `model.safetensors`, a NaN weight, `config.json` missing a key, a pickle `.bin`, "
                "every checkpoint damaged"),
-    "arguments": ("arguments", "`--min-len` above `--max-len`, a local-looking `--model` path (never sent to the "
-                               "network)"),
+    "arguments": ("arguments", "`--min-len` above `--max-new-tokens`, a local-looking `--model` path (never sent to "
+                               "the network)"),
     "system": ("system and numbers", "`embed -o out.npy` on a full disk leaves the old file whole (4), `eval` with a "
                                      "NaN loss (3)"),
     "outputs": ("outputs that would replace what they must not",

@@ -7,6 +7,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.inference.generation import GenerationConfig, _beam_search, generate
+from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import build_model
 
 BOS, EOS, PAD = 1, 2, 0
@@ -36,7 +37,7 @@ def padded_sources(vocab: int = 24) -> torch.Tensor:
 def test_cached_decoding_equals_full_recomputation(run_on):
     model = run_on(make_model())
     src = padded_sources()
-    out = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=10))
+    out = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=10))
     mask = model.source_mask(src)
     memory = model.encode(src, mask)
     cache = model.new_cache()
@@ -59,10 +60,11 @@ def test_cached_decoding_equals_full_recomputation(run_on):
 def test_beam_size_one_equals_greedy(seed, run_on):
     model = run_on(make_model(seed))
     src = padded_sources()
-    greedy = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=12))
+    greedy = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=12))
     # generate() sends beam_size=1 to the greedy loop; the beam search code with one beam must agree.
     limits = torch.full((4,), 12)
-    tokens, scores, _ = _beam_search(model, src, limits, BOS, EOS, GenerationConfig(max_len=12, length_penalty=0.6))
+    config = GenerationConfig(max_new_tokens=12, length_penalty=0.6)
+    tokens, scores, _ = _beam_search(model, src, limits, BOS, EOS, config)
     assert tokens == greedy.tokens
     # A beam of one scores sum(log p) / length ** alpha, the length counting </s> when emitted.
     lengths = torch.tensor([min(len(t) + 1, 12) for t in tokens], dtype=torch.float)
@@ -73,7 +75,7 @@ def test_beam_size_one_equals_greedy(seed, run_on):
 def test_batch_equals_one_by_one(beam, run_on):
     model = run_on(make_model(3))
     src = padded_sources()
-    config = GenerationConfig(beam_size=beam, max_len=12)
+    config = GenerationConfig(beam_size=beam, max_new_tokens=12)
     batch = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
     for i in range(src.shape[0]):
         alone = generate(model, src[i : i + 1], bos_id=BOS, eos_id=EOS, config=config)
@@ -84,27 +86,40 @@ def test_batch_equals_one_by_one(beam, run_on):
 def test_eos_ends_a_sentence_and_is_not_returned():
     model = make_model(1)
     src = padded_sources()
-    free = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=12))
+    free = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=12))
     # Make the first output token of sentence 0 the end-of-sentence token: that sentence becomes empty.
     first = free.tokens[0][0]
-    out = generate(model, src[:1], bos_id=BOS, eos_id=first, config=GenerationConfig(max_len=12))
+    out = generate(model, src[:1], bos_id=BOS, eos_id=first, config=GenerationConfig(max_new_tokens=12))
     assert out.tokens == [[]]
     # With min_len the same token cannot end it before 3 tokens.
-    out = generate(model, src[:1], bos_id=BOS, eos_id=first, config=GenerationConfig(max_len=12, min_len=3))
+    out = generate(model, src[:1], bos_id=BOS, eos_id=first, config=GenerationConfig(max_new_tokens=12, min_len=3))
     assert len(out.tokens[0]) >= 3 and first not in out.tokens[0][:3]
 
 
-def test_max_len_caps_the_output_and_defaults_to_source_length_plus_extra():
+def test_max_new_tokens_caps_the_output_and_defaults_to_source_length_plus_extra():
     model = make_model(0)
     src = padded_sources()
     eos_out_of_reach = model.config.vocab_size - 1
     for beam in (1, 3):
         out = generate(model, src, bos_id=BOS, eos_id=eos_out_of_reach,
-                       config=GenerationConfig(max_len=5, beam_size=beam, min_len=5))
+                       config=GenerationConfig(max_new_tokens=5, beam_size=beam, min_len=5))
         assert [len(t) for t in out.tokens] == [5, 5, 5, 5]
     out = generate(model, src, bos_id=BOS, eos_id=eos_out_of_reach,
                    config=GenerationConfig(extra_len=2, min_len=64))
     assert [len(t) for t in out.tokens] == [9, 7, 5, 9]  # real source length + 2 per sentence
+
+
+def test_max_len_is_the_old_spelling_of_max_new_tokens():
+    # Code written before the rename keeps running: max_len=n is max_new_tokens=n, named as it was spelled.
+    assert GenerationConfig(max_len=5, beam_size=2) == GenerationConfig(max_new_tokens=5, beam_size=2)
+    assert GenerationConfig(max_len=5, max_new_tokens=5).max_new_tokens == 5
+    assert "max_len" not in repr(GenerationConfig(max_len=5))
+    with pytest.raises(ValueError, match=r"^max_len=5 and max_new_tokens=6 disagree"):
+        GenerationConfig(max_len=5, max_new_tokens=6)
+    with pytest.raises(ValueError, match=r"^max_len must be a positive integer or None, got 0$"):
+        GenerationConfig(max_len=0)
+    with pytest.raises(ValueError, match=r"^min_len 9 is above max_new_tokens 4"):
+        GenerationConfig(min_len=9, max_new_tokens=4)
 
 
 def test_empty_input_gives_empty_output():
@@ -113,7 +128,7 @@ def test_empty_input_gives_empty_output():
     assert out.tokens == [[], []] and out.scores.tolist() == [0.0, 0.0]
     src = padded_sources()
     src[2] = PAD  # a sentence of padding only, inside a batch
-    out = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=6, beam_size=2))
+    out = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=6, beam_size=2))
     assert out.tokens[2] == [] and out.tokens[0]
 
 
@@ -134,16 +149,16 @@ def test_too_long_source_and_bad_settings_raise_clear_errors():
 def test_sampling_is_seeded_and_top_k_one_is_greedy():
     model = make_model(2)
     src = padded_sources()
-    config = GenerationConfig(max_len=10, do_sample=True, temperature=1.5, top_p=0.9, seed=7)
+    config = GenerationConfig(max_new_tokens=10, do_sample=True, temperature=1.5, top_p=0.9, seed=7)
     first = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
     again = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
     assert first.tokens == again.tokens
-    greedy = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=10))
+    greedy = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=10))
     top1 = generate(model, src, bos_id=BOS, eos_id=EOS,
-                    config=GenerationConfig(max_len=10, do_sample=True, top_k=1, seed=3))
+                    config=GenerationConfig(max_new_tokens=10, do_sample=True, top_k=1, seed=3))
     assert top1.tokens == greedy.tokens
     others = {tuple(map(tuple, generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(
-        max_len=10, do_sample=True, temperature=2.0, seed=s)).tokens)) for s in range(4)}
+        max_new_tokens=10, do_sample=True, temperature=2.0, seed=s)).tokens)) for s in range(4)}
     assert len(others) > 1
 
 
@@ -151,10 +166,10 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy():
 def test_attention_weights_on_request(beam):
     model = make_model(1)
     src = padded_sources()
-    config = GenerationConfig(max_len=8, beam_size=beam)
+    config = GenerationConfig(max_new_tokens=8, beam_size=beam)
     plain = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
     out = generate(model, src, bos_id=BOS, eos_id=EOS,
-                   config=GenerationConfig(max_len=8, beam_size=beam, return_attention=True))
+                   config=GenerationConfig(max_new_tokens=8, beam_size=beam, return_attention=True))
     assert out.tokens == plain.tokens and plain.attention is None
     for i, weights in enumerate(out.attention):
         assert weights.shape == (2, 4, len(out.tokens[i]), int((src[i] != PAD).sum()))
@@ -164,7 +179,8 @@ def test_attention_weights_on_request(beam):
     tgt = torch.tensor([[BOS] + out.tokens[i][:-1]])
     source = src[i : i + 1, : int((src[i] != PAD).sum())]
     with torch.no_grad():
-        _, cross = model.decode(tgt, model.encode(source), return_cross_attention=True)  # n_layers x (1, h, T, S)
+        with attention_weights([layer.cross_attn for layer in model.decoder.layers]) as cross:
+            model.decode(tgt, model.encode(source))  # cross: n_layers x (1, h, T, S)
     torch.testing.assert_close(out.attention[i][-1], cross[-1][0], atol=1e-5, rtol=0)
 
 
@@ -202,19 +218,20 @@ def test_tiny_vocabulary_beam():
     # More candidates (2 x beam) than the vocabulary offers on the first step: still a full-length answer.
     small = make_model(0, vocab=5)
     out = generate(small, torch.tensor([[4, 3, 4]]), bos_id=BOS, eos_id=4,
-                   config=GenerationConfig(max_len=4, min_len=4, beam_size=4))
+                   config=GenerationConfig(max_new_tokens=4, min_len=4, beam_size=4))
     assert len(out.tokens[0]) == 4 and torch.isfinite(out.scores).all()
 
 
 def test_training_mode_is_restored_and_left_padding_is_kept():
     model = make_model(1)
     src = padded_sources()
-    expected = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=6)).tokens
+    expected = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=6)).tokens
     model.train()
-    assert generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=6)).tokens == expected
+    assert generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=6)).tokens == expected
     assert model.training
     # Padding on the left is masked too; no real token is cut off.
     left = torch.full((1, 9), PAD)
     left[0, 4:] = src[1, :5]
-    out = generate(model, left, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_len=6, return_attention=True))
+    out = generate(model, left, bos_id=BOS, eos_id=EOS,
+                   config=GenerationConfig(max_new_tokens=6, return_attention=True))
     assert out.attention[0].shape[-1] == 5

@@ -45,7 +45,7 @@ def tiny_model() -> torch.nn.Module:
 @pytest.mark.parametrize("beam", [1, 4])
 def test_a_decoding_step_reads_nothing_back_to_the_host(monkeypatch, prepared, beam):
     model = tiny_model()
-    runner = select("cpu", "inference", "fp32").prepare(model) if prepared else model
+    module = select("cpu", "inference", "fp32").prepare(model) if prepared else model
     src = torch.randint(4, 40, (3, 7))
     src[1, 5:] = 0  # padded: the source mask is used at every step
     real_step = generation._step
@@ -61,7 +61,7 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(monkeypatch, prepared, b
 
     monkeypatch.setattr(generation, "_step", step)
     with torch.no_grad():
-        result = generate(runner, src, bos_id=1, eos_id=2, config=GenerationConfig(max_len=8, beam_size=beam))
+        result = generate(module, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=8, beam_size=beam))
     assert len(calls) >= 4 and len(result.tokens) == 3
     assert in_steps == [], f"host reads inside a decoding step: {sorted(set(in_steps))}"
 
@@ -69,7 +69,7 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(monkeypatch, prepared, b
 def test_the_generation_loop_reads_at_most_once_a_step(monkeypatch):
     model = tiny_model()
     src = torch.randint(4, 40, (3, 7))
-    config = GenerationConfig(max_len=8, min_len=8, beam_size=1)
+    config = GenerationConfig(max_new_tokens=8, min_len=8, beam_size=1)
     with torch.no_grad():
         generate(model, src, bos_id=1, eos_id=2, config=config)  # warm
         with counting_reads() as seen:

@@ -15,6 +15,7 @@ from conftest import CLASSIFIED, SAMPLE_LINES, TAGGED
 import aiayn
 from aiayn.config import ModelConfig
 from aiayn.inference import Classifier, Embedder, GenerationConfig, Tagger, Translator, generate
+from aiayn.inference.translator import search_settings
 from aiayn.io import load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
 from aiayn.rundir import DirectoryRefused
@@ -70,7 +71,7 @@ def test_translate_equals_generate_in_any_batching(translation_run):
     for line in SAMPLE_LINES:
         ids = source.encode(line, add_eos=True) if line.strip() else []
         out = generate(model, torch.tensor([ids]), bos_id=target.bos_id, eos_id=target.eos_id,
-                       config=GenerationConfig(beam_size=2, max_len=8)) if ids else None
+                       config=GenerationConfig(beam_size=2, max_new_tokens=8)) if ids else None
         expected.append(target.decode(out.tokens[0]) if out else "")
     assert translator.translate(SAMPLE_LINES, num_beams=2, max_new_tokens=8) == expected
     assert translator.translate(SAMPLE_LINES, beam_size=2, max_new_tokens=8, max_tokens=12) == expected
@@ -83,11 +84,12 @@ def test_translate_equals_generate_in_any_batching(translation_run):
 
 def test_translate_settings_follow_generate(translation_run):
     translator = aiayn.load(translation_run)
-    config = GenerationConfig(beam_size=1, max_len=6, no_repeat_ngram_size=2)
+    config = GenerationConfig(beam_size=1, max_new_tokens=6, no_repeat_ngram_size=2)
     assert translator.translate(SAMPLE_LINES, config) == translator.translate(
         SAMPLE_LINES, num_beams=1, max_new_tokens=6, no_repeat_ngram_size=2)
     with pytest.raises(ValueError, match="contradicts"):
         translator.translate("a", num_beams=2, beam_size=3)
+    assert search_settings(config, max_len=4) == search_settings(config, max_new_tokens=4)  # the old spelling
     with pytest.raises(TypeError):
         translator.translate("a", num_beam=2)
     with pytest.raises(ValueError, match="max_len .*truncate=True"):

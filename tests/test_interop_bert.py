@@ -74,8 +74,9 @@ def test_every_hidden_state_equals_bert_model_in_a_padded_batch(minilm, hf_minil
     batch = hf_tok(VARIED[:7], padding=True, truncation=True, max_length=64, return_tensors="pt")
     with torch.inference_mode():
         theirs = hf(**batch, output_hidden_states=True).hidden_states
-        last, ours = model.encode(batch["input_ids"], attention_mask=batch["attention_mask"],
-                                  token_type_ids=batch["token_type_ids"], return_hidden_states=True)
+        inputs = dict(attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"])
+        ours = model.hidden_states(batch["input_ids"], **inputs)
+        last = model.encode(batch["input_ids"], **inputs)
     assert len(ours) == len(theirs) == 7
     real = batch["attention_mask"].bool()
     for mine, ref in zip(ours, theirs):
@@ -171,7 +172,7 @@ def test_hf_export_round_trip(minilm, tmp_path):
     batch = hf_tok(VARIED[:5], padding=True, return_tensors="pt")
     with torch.inference_mode():
         theirs = loaded(**batch, output_hidden_states=True).hidden_states
-        _, ours = model.encode(batch["input_ids"], attention_mask=batch["attention_mask"], return_hidden_states=True)
+        ours = model.hidden_states(batch["input_ids"], attention_mask=batch["attention_mask"])
     real = batch["attention_mask"].bool()
     for mine, ref in zip(ours, theirs):
         torch.testing.assert_close(mine[real], ref[real], atol=1e-5, rtol=1e-5)

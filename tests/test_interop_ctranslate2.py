@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from aiayn.interop.ctranslate2 import to_ctranslate2, translate_tokens  # noqa: E402
 
 
-def aiayn_greedy(model, source, target, lines, max_len):
+def aiayn_greedy(model, source, target, lines, max_new_tokens):
     """aiayn's greedy output ids per line, one sentence at a time (an empty line gives nothing)."""
     out = []
     for line in lines:
@@ -24,7 +24,7 @@ def aiayn_greedy(model, source, target, lines, max_len):
             out.append([])
             continue
         result = generate(model, torch.tensor([ids]), bos_id=target.bos_id, eos_id=target.eos_id,
-                          config=GenerationConfig(max_len=max_len))
+                          config=GenerationConfig(max_new_tokens=max_new_tokens))
         out.append(result.tokens[0])
     return out
 
@@ -36,8 +36,8 @@ def test_greedy_output_equals_aiayn_on_a_trained_run(translation_run, tmp_path):
     out = to_ctranslate2(model, source, tmp_path / "ct2")
     assert (out / "model.bin").is_file() and (out / "tokenizer.json").is_file()
     translator = ctranslate2.Translator(str(out), device="cpu")
-    ours = aiayn_greedy(model, source, target, SAMPLE_LINES, max_len=20)
-    theirs = translate_tokens(translator, source, SAMPLE_LINES, max_len=20)
+    ours = aiayn_greedy(model, source, target, SAMPLE_LINES, max_new_tokens=20)
+    theirs = translate_tokens(translator, source, SAMPLE_LINES, max_new_tokens=20)
     assert theirs == ours
     lengths = {len(t) for t in ours if t}
     assert min(lengths) < 20 and max(lengths) == 20  # some end with </s>, some run to the limit
@@ -52,12 +52,13 @@ def test_separate_vocabularies_and_int8(tmp_path):
     model = build_model(cfg).eval()
     out = to_ctranslate2(model, source, tmp_path / "ct2", target_tokenizer=target)
     translator = ctranslate2.Translator(str(out), device="cpu")
-    assert translate_tokens(translator, source, lines[:2], target_tokenizer=target, max_len=8) == aiayn_greedy(
-        model, source, target, lines[:2], max_len=8)
+    ours = aiayn_greedy(model, source, target, lines[:2], max_new_tokens=8)
+    assert translate_tokens(translator, source, lines[:2], target_tokenizer=target, max_new_tokens=8) == ours
+    assert translate_tokens(translator, source, lines[:2], target_tokenizer=target, max_len=8) == ours  # old spelling
     assert (out / "target" / "tokenizer.json").is_file()
     quantized = ctranslate2.Translator(str(to_ctranslate2(model, source, tmp_path / "int8", target_tokenizer=target,
                                                          quantization="int8")), device="cpu")
-    ids = translate_tokens(quantized, source, lines[:2], target_tokenizer=target, max_len=8)
+    ids = translate_tokens(quantized, source, lines[:2], target_tokenizer=target, max_new_tokens=8)
     assert len(ids) == 2 and all(0 <= i < target.vocab_size for row in ids for i in row)
 
 

@@ -87,7 +87,7 @@ def test_interleaved_model_generates_the_same_with_hf():
     model.load_state_dict(marian_like(1).state_dict())
     hf = to_marian(model, decoder_start_token_id=BOS)
     src = padded()
-    ours = generate(model, src, bos_id=BOS, eos_id=2, config=GenerationConfig(max_len=10, beam_size=3))
+    ours = generate(model, src, bos_id=BOS, eos_id=2, config=GenerationConfig(max_new_tokens=10, beam_size=3))
     with torch.no_grad():
         out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=3, max_length=11,
                           length_penalty=0.6, early_stopping=True)
@@ -109,11 +109,11 @@ def test_unmappable_models_are_refused_with_the_reason():
 
 def _emitted_token(model: torch.nn.Module, src: torch.Tensor) -> int:
     """A token that ends some greedy sentence mid-way when used as </s> (random models rarely emit a fixed one)."""
-    out = generate(model, src, bos_id=BOS, eos_id=BOS, config=GenerationConfig(max_len=12))
+    out = generate(model, src, bos_id=BOS, eos_id=BOS, config=GenerationConfig(max_new_tokens=12))
     firsts = sorted({(t, token) for tokens in out.tokens for t, token in enumerate(tokens)
                      if token not in tokens[:t] and token != BOS}, reverse=True)
     for _, token in firsts:  # the token that first appears latest first
-        ended = generate(model, src, bos_id=BOS, eos_id=token, config=GenerationConfig(max_len=12))
+        ended = generate(model, src, bos_id=BOS, eos_id=token, config=GenerationConfig(max_new_tokens=12))
         if any(0 < len(t) < 12 for t in ended.tokens):
             return token
     return 2
@@ -133,10 +133,10 @@ def test_hf_generate_returns_the_same_sequences(seed, run_on):
     hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=eos)
     settings = [(1, True, 0), (4, True, 0), (4, False, 0), (3, True, 2)]
     ended, seen = 0, set()
-    runner = run_on(model)
+    module = run_on(model)
     for beam, early, min_len in settings:
-        ours = generate(runner, src, bos_id=BOS, eos_id=eos,
-                        config=GenerationConfig(max_len=12, min_len=min_len, beam_size=beam,
+        ours = generate(module, src, bos_id=BOS, eos_id=eos,
+                        config=GenerationConfig(max_new_tokens=12, min_len=min_len, beam_size=beam,
                                                 length_penalty=0.6, early_stopping=early))
         with torch.no_grad():
             out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=beam, do_sample=False,
@@ -160,10 +160,11 @@ def test_runaway_guards_equal_hf_generate(seed):
     src = padded()
     eos = _emitted_token(model, src)
     hf = to_marian(model, decoder_start_token_id=BOS, eos_token_id=eos)
-    plain = generate(model, src, bos_id=BOS, eos_id=eos, config=GenerationConfig(max_len=12))
+    plain = generate(model, src, bos_id=BOS, eos_id=eos, config=GenerationConfig(max_new_tokens=12))
     changed = 0
     for beam, penalty, ngram in [(1, 1.5, 0), (1, 1.0, 2), (4, 1.3, 0), (3, 1.0, 3), (4, 1.2, 2)]:
-        config = GenerationConfig(max_len=12, beam_size=beam, repetition_penalty=penalty, no_repeat_ngram_size=ngram)
+        config = GenerationConfig(max_new_tokens=12, beam_size=beam, repetition_penalty=penalty,
+                                  no_repeat_ngram_size=ngram)
         ours = generate(model, src, bos_id=BOS, eos_id=eos, config=config)
         with torch.no_grad():
             out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=beam, do_sample=False,

@@ -119,3 +119,32 @@ def test_each_test_file_is_named_after_the_part_it_tests():
     stray = [path.name for path in (PACKAGE.parent / "tests").glob("test_*.py")
              if path.stem.split("_")[1] not in parts | CROSS_CUTTING]
     assert not stray, f"name these after the part they test (tests/test_<part>_...py): {stray}"
+
+
+def test_every_command_module_is_registered():
+    """Each aiayn/cli module that defines `register(subparsers)` is one of `COMMAND_MODULES`, so a command moved into
+    a module of its own (cli/export.py, cli/translate.py) is not left out of the parser."""
+    from aiayn.cli.main import COMMAND_MODULES
+
+    defining = {path.stem for path in (PACKAGE / "cli").glob("*.py")
+                if any(isinstance(node, ast.FunctionDef) and node.name == "register"
+                       for node in ast.parse(path.read_text(encoding="utf-8")).body)}
+    assert defining == set(COMMAND_MODULES), sorted(defining ^ set(COMMAND_MODULES))
+
+
+def test_model_calls_return_one_type():
+    """A module's `forward` (and a model's `encode` / `decode`) returns one type, whatever its flags: no `X | Y` or
+    Union return. Attention weights come through `aiayn.nn.attention.attention_weights` (forward hooks) and every
+    layer's states through `hidden_states`, not through a flag that turns a tensor into a tuple."""
+    found = []
+    for path in [*(PACKAGE / "nn").glob("*.py"), *(PACKAGE / "backends").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef) or node.name not in {"forward", "encode", "decode"}:
+                continue
+            returns = node.returns
+            union = (isinstance(returns, ast.BinOp) and isinstance(returns.op, ast.BitOr)) or (
+                isinstance(returns, ast.Subscript) and ast.unparse(returns.value).endswith(("Union", "Optional")))
+            if returns is None or union:
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.name} -> "
+                             f"{ast.unparse(returns) if returns else 'no annotation'}")
+    assert not found, found

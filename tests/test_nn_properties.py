@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from aiayn.config import ModelConfig
-from aiayn.nn.attention import MultiHeadAttention
+from aiayn.nn.attention import MultiHeadAttention, attention_weights
 from aiayn.nn.model import build_decoder, build_encoder, build_model
 
 ATOL = 1e-5
@@ -18,16 +18,21 @@ def seq2seq(**options) -> nn.Module:
 
 
 def explicit_forward(model: nn.Module, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-    """The model's logits with every attention written out (`need_weights=True`), walking the layers."""
-    src_mask = model.source_mask(src)
-    x = model.src_embed(src)
-    for layer in model.encoder.layers:
-        x, _ = layer(x, src_mask, need_weights=True)
-    memory = x if model.encoder.final_norm is None else model.encoder.final_norm(x)
-    y = model.tgt_embed(tgt)
-    for layer in model.decoder.layers:
-        y, _, _ = layer(y, memory, memory_mask=src_mask, need_weights=True)
-    return model.head(y if model.decoder.final_norm is None else model.decoder.final_norm(y))
+    """The model's logits with every attention written out (`need_weights=True`, through `attention_weights`),
+    walking the layers."""
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    with attention_weights(attentions) as weights:
+        src_mask = model.source_mask(src)
+        x = model.src_embed(src)
+        for layer in model.encoder.layers:
+            x = layer(x, src_mask)
+        memory = x if model.encoder.final_norm is None else model.encoder.final_norm(x)
+        y = model.tgt_embed(tgt)
+        for layer in model.decoder.layers:
+            y = layer(y, memory, memory_mask=src_mask)
+        logits = model.head(y if model.decoder.final_norm is None else model.decoder.final_norm(y))
+    assert all(w is not None for w in weights)  # each wrote the equation out
+    return logits
 
 
 @pytest.mark.parametrize("options", [{}, dict(norm_first=True, activation="gelu", bias=False)],
@@ -51,6 +56,25 @@ def test_attention_weights_from_the_explicit_path_are_a_distribution_over_allowe
     assert torch.all(weights[1, :, :, 2:] == 0)
     sdpa, _ = attn(x, mask=mask)
     torch.testing.assert_close(out, sdpa, atol=ATOL, rtol=0)
+
+
+@torch.no_grad()
+def test_attention_weights_come_through_hooks_and_leave_the_layers_as_they_were():
+    model = seq2seq()
+    src, tgt = torch.randint(1, 40, (2, 7)), torch.randint(1, 40, (2, 5))
+    src[1, 4:] = PAD
+    layer = model.encoder.layers[0]
+    x, mask = model.src_embed(src), model.source_mask(src)
+    with attention_weights([layer.self_attn]) as weights:
+        out = layer(x, mask)
+    _, expected = layer.self_attn(x, mask=mask, need_weights=True)  # post-LN: the sub-layer sees x itself
+    assert torch.equal(weights[0], expected) and weights[0].shape == (2, 4, 7, 7)
+    torch.testing.assert_close(out, layer(x, mask), atol=ATOL, rtol=0)  # SDPA again, once the block is over
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in attentions)
+    with attention_weights(attentions, keep=False) as kept:
+        model(src, tgt)
+    assert kept == [None] * len(attentions)
 
 
 @pytest.mark.parametrize("positional", ["sinusoidal", "learned"])
@@ -209,3 +233,26 @@ def test_weights_saved_when_the_head_was_called_generator_still_load(tmp_path, t
     src, tgt = torch.randint(1, 30, (2, 6)), torch.randint(1, 30, (2, 5))
     assert torch.equal(loaded(src, tgt), model(src, tgt))
     assert (loaded.head.proj.weight is loaded.src_embed.tokens.weight) == tied
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_masked_lm_weights_saved_when_its_vocabulary_linear_was_called_decoder_still_load(tmp_path, tied):
+    from safetensors.torch import save_file
+
+    from aiayn.io import CONFIG_NAME, WEIGHTS_NAME, load_model
+    from aiayn.tasks.names import MASKED_LM
+
+    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "head": MASKED_LM,
+                                       "tie_embeddings": tied})).eval()
+    state = {k.replace("head.proj.", "head.decoder."): v.contiguous() for k, v in model.state_dict().items()}
+    if tied:  # safetensors keeps a shared matrix once, under the first name in sorted order
+        del state["head.decoder.weight"]
+    save_file(state, tmp_path / WEIGHTS_NAME)
+    (tmp_path / CONFIG_NAME).write_text(model.config.to_json())
+    loaded = load_model(tmp_path)
+    ids = torch.randint(1, 40, (2, 6))
+    assert torch.equal(loaded(ids), model(ids))
+    assert (loaded.head.proj.weight is loaded.embed.tokens.weight) == tied
+    fresh = build_model(model.config).eval()
+    fresh.load_state_dict(state, strict=False)  # the module's own loader renames them too
+    assert torch.equal(fresh(ids), model(ids))

@@ -75,8 +75,8 @@ def test_six_layer_encoder_reproduces_seed_004():
     x, layers = seed_draws()
     encoder = seed_encoder(layers)
     with torch.no_grad():
-        out, states = encoder(torch.from_numpy(x)[None], return_hidden_states=True)  # x straight in
-    out = out[0].numpy()
+        states = encoder.hidden_states(torch.from_numpy(x)[None])  # x straight in
+    out = states[-1][0].numpy()
     assert out.shape == (3, 8)
     assert (np.round(out[1, :4], 3) + 0.0).tolist() == SUIS_OUT
     after_first = states[1][0].numpy()

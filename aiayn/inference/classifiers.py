@@ -92,12 +92,12 @@ class _LabelledModel(ModelRunner):
         """(index, logits) per batch of id rows, longest first; logits as the head gives them, in float32."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        runner, pad_id = self.prepared_model(), self.tokenizer.pad_id
+        prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
         for batch in length_sorted_batches([len(row) for row in rows], batch_size):
             ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
             mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
             with torch.inference_mode():
-                yield batch, runner(ids, attention_mask=mask).float()
+                yield batch, prepared(ids, attention_mask=mask).float()
 
 
 class Classifier(_LabelledModel):

@@ -17,13 +17,15 @@ beam search; the decoder's start token counts as generated), so that the outputs
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from aiayn.config import check_field_types
-from aiayn.nn.attention import KVCache
+from aiayn.nn.attention import KVCache, attention_weights
 from aiayn.nn.model import EncoderDecoderModel, check_memory
 
 NEG_INF = float("-inf")
@@ -34,11 +36,12 @@ class GenerationConfig:
     """Decoding settings; the paper used beam 4, alpha 0.6, max length = source length + 50 (section 6.1).
 
     Attributes:
-        max_len: most new tokens per sentence, `</s>` included; None means `length_ratio` x the
-            sentence's real (unpadded) source length + `extra_len`. Never more than the model's `max_len`.
-        length_ratio: a in the limit a x source length + b when `max_len` is None (1 in the paper;
+        max_new_tokens: most new tokens per sentence, `</s>` included (Hugging Face's name); None means
+            `length_ratio` x the sentence's real (unpadded) source length + `extra_len`. Never more than
+            the model's `max_len` positions.
+        length_ratio: a in the limit a x source length + b when `max_new_tokens` is None (1 in the paper;
             fairseq's max_len_a); lower it to stop runaway repetitions sooner.
-        extra_len: b, added to the scaled source length when `max_len` is None (50 in the paper).
+        extra_len: b, added to the scaled source length when `max_new_tokens` is None (50 in the paper).
         min_len: fewest tokens before `</s>` may be chosen (its log-probability is set to -inf before).
         beam_size: 1 is greedy (or sampling); more runs beam search.
         length_penalty: alpha in score = sum(log p) / length ** alpha (beam search only).
@@ -52,9 +55,12 @@ class GenerationConfig:
         no_repeat_ngram_size: no n-gram of this size occurs twice in an output (0 is off).
         seed: seeds the sampling generator; None draws from torch's global generator.
         return_attention: also return the cross-attention weights of the chosen outputs.
+        max_len: the old spelling of `max_new_tokens` (the model's `max_len` is its position table), so
+            that code written before still runs; `max_len=n` becomes `max_new_tokens=n` (and `max_len`
+            None), and errors name the setting as the caller spelled it.
     """
 
-    max_len: int | None = None
+    max_new_tokens: int | None = None
     length_ratio: float = 1.0
     extra_len: int = 50
     min_len: int = 0
@@ -69,11 +75,21 @@ class GenerationConfig:
     no_repeat_ngram_size: int = 0
     seed: int | None = None
     return_attention: bool = False
+    max_len: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_field_types(self, "decoding")  # kinds first: True is not a beam size, NaN not a length penalty
-        if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 1):
-            raise ValueError(f"max_len must be a positive integer or None, got {self.max_len!r}")
+        spelled = "max_new_tokens"
+        if self.max_len is not None:  # the old spelling: one name, `max_new_tokens`, from here on
+            if self.max_new_tokens not in (None, self.max_len):
+                raise ValueError(f"max_len={self.max_len} and max_new_tokens={self.max_new_tokens} disagree: keep "
+                                 "max_new_tokens (max_len is its old spelling)")
+            spelled = "max_len"
+            object.__setattr__(self, "max_new_tokens", self.max_len)
+            object.__setattr__(self, "max_len", None)
+        limit = self.max_new_tokens
+        if limit is not None and (not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"{spelled} must be a positive integer or None, got {limit!r}")
         for name in ("extra_len", "min_len", "top_k", "no_repeat_ngram_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
@@ -88,8 +104,8 @@ class GenerationConfig:
             raise ValueError(f"temperature must be positive, got {self.temperature!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.max_len is not None and self.min_len > self.max_len:
-            raise ValueError(f"min_len {self.min_len} is above max_len {self.max_len}: no output could end")
+        if limit is not None and self.min_len > limit:
+            raise ValueError(f"min_len {self.min_len} is above {spelled} {limit}: no output could end")
         if self.do_sample and self.beam_size > 1:
             raise ValueError("sampling decodes one hypothesis per sentence: use beam_size=1 with do_sample")
 
@@ -148,8 +164,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
 
     # Decode only the non-empty sources, without the columns that are padding in every row.
     sub = src[rows][:, : int(real.any(dim=0).nonzero().max()) + 1]
-    if config.max_len is not None:
-        limits = torch.full((len(rows),), config.max_len, dtype=torch.long)
+    if config.max_new_tokens is not None:
+        limits = torch.full((len(rows),), config.max_new_tokens, dtype=torch.long)
     else:
         limits = (lengths[rows].cpu() * config.length_ratio).long() + config.extra_len
     limits = limits.clamp(min=1, max=cfg.max_len)
@@ -158,7 +174,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     was_training = model.training
     model.eval()
     try:
-        out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config)
+        with _recording_cross_attention(model, config.return_attention) as cross:
+            out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config, cross)
     finally:
         model.train(was_training)  # generating during training (validation) leaves the mode as it was
     for j, i in enumerate(rows.tolist()):
@@ -184,7 +201,7 @@ def _check_search_size(model: EncoderDecoderModel, batch: int, src_len: int, ste
         per = 4 * (2 * cfg.n_decoder_layers * (steps + src_len) * cfg.d_model + 4 * vocab)
         what = f"decoding {batch} sentence{'s' if batch != 1 else ''} with beam {config.beam_size}"
         check_memory(batch * config.beam_size * per, what,
-                     "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --batch-size)")
+                     "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --max-sentences)")
 
 
 def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, eos_id: int) -> None:
@@ -205,12 +222,28 @@ def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, e
 
 # -- shared steps ---------------------------------------------------------------------------------
 
+@contextmanager
+def _recording_cross_attention(model: EncoderDecoderModel, on: bool) -> Iterator[list[torch.Tensor | None] | None]:
+    """When `on`, the list `attention_weights` keeps each decoder layer's latest cross-attention in; else None.
+
+    Self-attention is written out too (its weights not kept), as the layers did when they returned
+    weights on request: decoding with attention runs the same arithmetic as before, to the last bit.
+    """
+    if not on:
+        yield None
+        return
+    layers = model.decoder.layers
+    with attention_weights([layer.cross_attn for layer in layers]) as cross, \
+            attention_weights([layer.self_attn for layer in layers], keep=False):
+        yield cross
+
+
 def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
-          memory_mask: torch.Tensor | None, cache: KVCache, record: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, when `record`,
-    this step's cross-attention weights (N, n_layers, h, S)."""
-    out = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache, return_cross_attention=record)
-    hidden, cross = out if record else (out, None)  # (N, 1, d_model), n_layers x (N, h, 1, S)
+          memory_mask: torch.Tensor | None, cache: KVCache,
+          cross: list[torch.Tensor | None] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, with `cross` (the list
+    `_recording_cross_attention` yields), this step's cross-attention weights (N, n_layers, h, S)."""
+    hidden = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
     logits = model.head(hidden[:, -1]).float()  # (N, V)
     weights = None if cross is None else torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
     return logits, weights
@@ -279,8 +312,9 @@ def _warp(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
 # -- greedy and sampling --------------------------------------------------------------------------
 
 def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                      eos_id: int, config: GenerationConfig):
-    """One hypothesis per sentence: the most likely token each step, or a sampled one."""
+                      eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None):
+    """One hypothesis per sentence: the most likely token each step, or a sampled one; with `cross`, its
+    cross-attention too."""
     batch, device = src.shape[0], src.device
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -297,7 +331,7 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
     start = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
     for step in range(steps):
-        logits, step_weights = _step(model, next_input, memory, src_mask, cache, config.return_attention)
+        logits, step_weights = _step(model, next_input, memory, src_mask, cache, cross)
         log_probs = F.log_softmax(logits, dim=-1)  # (B, V): the score counts the model's own probabilities
         logits = _constrain(logits, torch.cat([start, out[:, :step]], dim=1), step, eos_id, config)
         if config.do_sample:
@@ -326,8 +360,9 @@ def _until_eos(row: list[int], eos_id: int) -> list[int]:
 # -- beam search ----------------------------------------------------------------------------------
 
 def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                 eos_id: int, config: GenerationConfig):
-    """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone."""
+                 eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None):
+    """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone. With
+    `cross` (see `_step`), the chosen hypotheses' cross-attention too."""
     batch, device, k = src.shape[0], src.device, config.beam_size
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -339,7 +374,7 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
     start = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
     for step in range(beams.steps):
-        logits, step_weights = _step(model, next_input, memory, mask, cache, config.return_attention)  # (B*k, V)
+        logits, step_weights = _step(model, next_input, memory, mask, cache, cross)  # (B*k, V)
         history = torch.cat([start, beams.running.view(batch * k, -1)[:, :step]], dim=1)  # (B*k, 1 + step)
         log_probs = _constrain(F.log_softmax(logits, dim=-1), history, step, eos_id, config)
         # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
@@ -384,8 +419,8 @@ class _Beams:
         self.sentence_done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.in_top_k = torch.arange(2 * k, device=device) < k  # (2k,)
         self.base = torch.arange(batch, device=device)[:, None] * k  # (B, 1) first flat row of each sentence
-        self.history: torch.Tensor | None = None  # (B*k, T, n_layers, h, S) attention of the running beams
-        self.done_history: torch.Tensor | None = None
+        self.attention: torch.Tensor | None = None  # (B*k, T, n_layers, h, S) attention of the running beams
+        self.done_attention: torch.Tensor | None = None
 
     def candidates(self, log_probs: torch.Tensor, tokens: torch.Tensor, step: int,
                    limits: torch.Tensor) -> _Candidates:
@@ -402,11 +437,12 @@ class _Beams:
 
     def finish(self, cand: _Candidates, step: int, step_weights: torch.Tensor | None) -> None:
         """Candidates among the top k that end here join the finished hypotheses, ranked with the length penalty."""
-        cand_history = None
+        cand_attention = None
         if step_weights is not None:  # (B*k, n_layers, h, S)
             step_weights = step_weights[:, None]  # (B*k, 1, n_layers, h, S)
-            self.history = step_weights if self.history is None else torch.cat([self.history, step_weights], dim=1)
-            cand_history = self.history.index_select(0, (self.base + cand.beam).view(-1))  # (B*2k, t, ...)
+            self.attention = (step_weights if self.attention is None
+                              else torch.cat([self.attention, step_weights], dim=1))
+            cand_attention = self.attention.index_select(0, (self.base + cand.beam).view(-1))  # (B*2k, t, ...)
         new_done = cand.ends & self.in_top_k & ~self.sentence_done[:, None] & (cand.scores > NEG_INF)
         normalised = (cand.scores / (step + 1) ** self.alpha).masked_fill(~new_done, NEG_INF)
         merged_scores, keep = torch.cat([self.done_scores, normalised], dim=1).topk(self.k, dim=1)  # (B, k)
@@ -415,16 +451,16 @@ class _Beams:
         self.done_flags = torch.cat([self.done_flags, new_done], dim=1).gather(1, keep)
         self.done_steps = torch.cat([self.done_steps, torch.full_like(cand.token, step + 1)], dim=1).gather(1, keep)
         self.done_scores = merged_scores
-        if cand_history is not None:
-            self.done_history = _merge_history(self.done_history, cand_history, keep, self.batch, self.k)
+        if cand_attention is not None:
+            self.done_attention = _merge_attention(self.done_attention, cand_attention, keep, self.batch, self.k)
 
     def advance(self, cand: _Candidates, step: int, limits: torch.Tensor) -> torch.Tensor:
         """Keep the best k candidates that did not end as the running beams; returns their parents' flat rows (B*k,)."""
         self.running_scores, pick = cand.scores.masked_fill(cand.ends, NEG_INF).topk(self.k, dim=1)  # (B, k)
         self.running = cand.tokens.gather(1, pick[:, :, None].expand(-1, -1, self.steps))
         parents = (self.base + cand.beam.gather(1, pick)).view(-1)  # (B*k,) flat rows the beams continue
-        if self.history is not None:
-            self.history = self.history.index_select(0, parents)
+        if self.attention is not None:
+            self.attention = self.attention.index_select(0, parents)
         best_running = self.running_scores[:, 0] / (step + 1) ** self.alpha
         can_improve = torch.tensor(not self.early_stopping, device=best_running.device) & (
             best_running > self.done_scores.min(dim=1).values)
@@ -437,21 +473,21 @@ class _Beams:
         for b in range(self.batch):
             row = self.done_tokens[b, 0, : int(self.done_steps[b, 0])].tolist()
             tokens.append(_until_eos(row, self.eos_id))
-            if self.done_history is not None:  # (T, n_layers, h, S) -> (n_layers, h, T, S)
-                attn.append(self.done_history[b * self.k].permute(1, 2, 0, 3).cpu())
+            if self.done_attention is not None:  # (T, n_layers, h, S) -> (n_layers, h, T, S)
+                attn.append(self.done_attention[b * self.k].permute(1, 2, 0, 3).cpu())
         return tokens, self.done_scores[:, 0].cpu(), attn or None
 
 
-def _merge_history(done_history: torch.Tensor | None, cand_history: torch.Tensor, keep: torch.Tensor,
+def _merge_attention(done_attention: torch.Tensor | None, cand_attention: torch.Tensor, keep: torch.Tensor,
                    batch: int, k: int) -> torch.Tensor:
     """Attention of the finished hypotheses after a merge: (B*k, T, ...) old + (B*2k, t, ...) new -> (B*k, t, ...)."""
-    t = cand_history.shape[1]
-    if done_history is None:
-        done_history = cand_history.new_zeros((batch * k, t, *cand_history.shape[2:]))
-    elif done_history.shape[1] < t:
-        pad = done_history.new_zeros((batch * k, t - done_history.shape[1], *done_history.shape[2:]))
-        done_history = torch.cat([done_history, pad], dim=1)
-    merged = torch.cat([done_history.view(batch, k, *done_history.shape[1:]),
-                        cand_history.view(batch, 2 * k, *cand_history.shape[1:])], dim=1)  # (B, 3k, t, ...)
+    t = cand_attention.shape[1]
+    if done_attention is None:
+        done_attention = cand_attention.new_zeros((batch * k, t, *cand_attention.shape[2:]))
+    elif done_attention.shape[1] < t:
+        pad = done_attention.new_zeros((batch * k, t - done_attention.shape[1], *done_attention.shape[2:]))
+        done_attention = torch.cat([done_attention, pad], dim=1)
+    merged = torch.cat([done_attention.view(batch, k, *done_attention.shape[1:]),
+                        cand_attention.view(batch, 2 * k, *cand_attention.shape[1:])], dim=1)  # (B, 3k, t, ...)
     index = keep.view(batch, k, *([1] * (merged.dim() - 2))).expand(-1, -1, *merged.shape[2:])
     return merged.gather(1, index).reshape(batch * k, *merged.shape[2:])

@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 
 # The paper's search (section 6.1): beam 4, length penalty 0.6, at most source length + 50 tokens.
 DEFAULT_SEARCH = GenerationConfig(beam_size=4, length_penalty=0.6)
-# Hugging Face's names for `GenerationConfig` fields.
-_HF_NAMES = {"num_beams": "beam_size", "max_new_tokens": "max_len", "min_new_tokens": "min_len"}
+# Other names for `GenerationConfig` fields: Hugging Face's, and `max_len`, the old spelling of `max_new_tokens`.
+_FIELD_NAMES = {"num_beams": "beam_size", "min_new_tokens": "min_len", "max_len": "max_new_tokens"}
 
 
 @dataclass
@@ -46,14 +46,15 @@ class Translation:
 
 
 def search_settings(config: GenerationConfig | None = None, **changes: object) -> GenerationConfig:
-    """`config` (default: the paper's beam 4) with `changes` (Hugging Face's names too; None: unchanged)."""
+    """`config` (default: the paper's beam 4) with `changes` (Hugging Face's names and old spellings too; None:
+    unchanged)."""
     config = config or DEFAULT_SEARCH
     fields = {f.name for f in dataclasses.fields(GenerationConfig)}
     updates = {}
     for name, value in changes.items():
         if value is None:
             continue
-        field = _HF_NAMES.get(name, name)
+        field = _FIELD_NAMES.get(name, name)
         if field not in fields:
             raise TypeError(f"unknown decoding setting {name!r}")
         if field in updates and updates[field] != value:
@@ -61,10 +62,10 @@ def search_settings(config: GenerationConfig | None = None, **changes: object) -
         updates[field] = value
     try:
         return dataclasses.replace(config, **updates)
-    except ValueError as err:  # name the setting as the caller spelled it (max_new_tokens, not max_len)
+    except ValueError as err:  # name the setting as the caller spelled it (num_beams, not beam_size)
         message = str(err)
         for name in changes:
-            field = _HF_NAMES.get(name, name)
+            field = _FIELD_NAMES.get(name, name)
             if field != name and re.search(rf"\b{field}\b", message):
                 message = re.sub(rf"\b{field}\b", name, message)
         raise ValueError(message) from None
@@ -178,13 +179,13 @@ class Translator(ModelRunner):
                             "first (.decode('utf-8'))")
         ids = self.encode(list(texts), truncate=truncate)
         out: list[Translation] = [Translation("", [], 0.0) for _ in ids]
-        runner = self.prepared_model()
+        prepared = self.prepared_model()
         target = self.target_tokenizer
         for batch in token_batches([len(row) for row in ids], max_tokens, shuffle=False, max_sentences=max_sentences):
             real = [i for i in batch if ids[i]]
             if real:
                 src = pad([ids[i] for i in real], self.model.config.pad_id).to(self.device)  # (B, S)
-                result = generate(runner, src, bos_id=target.bos_id, eos_id=target.eos_id, config=config)
+                result = generate(prepared, src, bos_id=target.bos_id, eos_id=target.eos_id, config=config)
                 texts_out = target.decode_batch(result.tokens)
                 for j, i in enumerate(real):
                     attention = None if result.attention is None else result.attention[j]

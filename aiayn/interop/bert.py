@@ -102,30 +102,33 @@ def resolve_checkpoint(path_or_hub_id: str | Path | None) -> Path:
 
 # -- config ------------------------------------------------------------------------------------
 
-def config_from_bert(hf: dict, *, head: str = "none", num_labels: int = 0, pooling: str = "first") -> ModelConfig:
+def config_from_bert(bert_config: dict, *, head: str = "none", num_labels: int = 0,
+                     pooling: str = "first") -> ModelConfig:
     """Translate a BERT `config.json` dict into an encoder-only `ModelConfig`."""
-    model_type = hf.get("model_type", "bert")
+    model_type = bert_config.get("model_type", "bert")
     if model_type != "bert":
         raise ValueError(f"model_type {model_type!r} is not supported; only BERT-layout checkpoints (bert)")
-    if hf.get("position_embedding_type", "absolute") != "absolute":
+    if bert_config.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(
-            f"position_embedding_type {hf['position_embedding_type']!r} is not supported (only absolute)"
+            f"position_embedding_type {bert_config['position_embedding_type']!r} is not supported (only absolute)"
         )
     missing = [key for key in ("vocab_size", "hidden_size", "num_attention_heads", "intermediate_size",
-                               "num_hidden_layers") if key not in hf]
+                               "num_hidden_layers") if key not in bert_config]
     if missing:
         raise ValueError(f"the BERT config lacks {', '.join(missing)}")
-    act = hf.get("hidden_act", "gelu")
+    act = bert_config.get("hidden_act", "gelu")
     if act not in _ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r} is not supported; one of {', '.join(_ACTIVATIONS)}")
     return ModelConfig(
-        vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_heads=hf["num_attention_heads"],
-        d_ff=hf["intermediate_size"], n_encoder_layers=hf["num_hidden_layers"], n_decoder_layers=0,
-        dropout=hf.get("hidden_dropout_prob", 0.1), attention_dropout=hf.get("attention_probs_dropout_prob", 0.1),
-        activation=_ACTIVATIONS[act], norm_first=False, layer_norm_eps=hf.get("layer_norm_eps", 1e-12),
-        positional="learned", max_len=hf.get("max_position_embeddings", 512), scale_embeddings=False,
-        tie_embeddings=True, share_embeddings=True, bias=True, pad_id=hf.get("pad_token_id", 0) or 0,
-        type_vocab_size=hf.get("type_vocab_size", 2), embedding_norm=True, head=head, num_labels=num_labels,
+        vocab_size=bert_config["vocab_size"], d_model=bert_config["hidden_size"],
+        n_heads=bert_config["num_attention_heads"], d_ff=bert_config["intermediate_size"],
+        n_encoder_layers=bert_config["num_hidden_layers"], n_decoder_layers=0,
+        dropout=bert_config.get("hidden_dropout_prob", 0.1),
+        attention_dropout=bert_config.get("attention_probs_dropout_prob", 0.1),
+        activation=_ACTIVATIONS[act], norm_first=False, layer_norm_eps=bert_config.get("layer_norm_eps", 1e-12),
+        positional="learned", max_len=bert_config.get("max_position_embeddings", 512), scale_embeddings=False,
+        tie_embeddings=True, share_embeddings=True, bias=True, pad_id=bert_config.get("pad_token_id", 0) or 0,
+        type_vocab_size=bert_config.get("type_vocab_size", 2), embedding_norm=True, head=head, num_labels=num_labels,
         pooling=pooling,
     )
 
@@ -221,8 +224,8 @@ def load_bert_weights(model: EncoderModel, state: dict[str, torch.Tensor]) -> No
             shapes.append(f"{key} {tuple(value.shape)} vs {name} {tuple(own[name].shape)}")
         else:
             mapped[name] = value
-    if "head.decoder.weight" in own and "head.decoder.weight" not in mapped and model.config.tie_embeddings:
-        mapped["head.decoder.weight"] = mapped.get("embed.tokens.weight", own["head.decoder.weight"])
+    if "head.proj.weight" in own and "head.proj.weight" not in mapped and model.config.tie_embeddings:
+        mapped["head.proj.weight"] = mapped.get("embed.tokens.weight", own["head.proj.weight"])
     missing = [name for name in own if name not in mapped]
     missing_body = [name for name in missing if not name.startswith("head.")]
     problems = []
@@ -315,11 +318,11 @@ def load_pretrained(path_or_hub_id: str | Path | None = None, *, head: str = "no
         (model, tokenizer); the tokenizer's bos/eos are [CLS]/[SEP].
     """
     directory = resolve_checkpoint(path_or_hub_id)
-    hf_config = _read_json(directory / "config.json")
-    if not hf_config:
+    bert_config = _read_json(directory / "config.json")
+    if not bert_config:
         raise FileNotFoundError(f"{directory}: config.json is missing")
     try:
-        cfg = config_from_bert(hf_config, head=head, num_labels=num_labels, pooling=pooling)
+        cfg = config_from_bert(bert_config, head=head, num_labels=num_labels, pooling=pooling)
     except ValueError as err:
         raise ValueError(f"{directory / 'config.json'}: {err}") from None
     if dropout is not None:
@@ -374,14 +377,14 @@ def export_hf(model: EncoderModel, tokenizer: Tokenizer | None, directory: str |
     if not isinstance(model, EncoderModel):
         raise ValueError("only encoder-only models export to BERT format")
     directory = Path(directory)
-    hf_config = config_to_bert(model.config)
+    bert_config = config_to_bert(model.config)
     if model.head is not None:
         log.warning("the %s head is not exported; the export is the encoder (BertModel)", model.config.head)
     directory.mkdir(parents=True, exist_ok=True)
     state = bert_state_dict(model)
     atomic_write_bytes(directory / "model.safetensors",
                        safetensors.torch.save(state, metadata={"format": "pt"}))
-    atomic_write_bytes(directory / "config.json", (json.dumps(hf_config, indent=2) + "\n").encode())
+    atomic_write_bytes(directory / "config.json", (json.dumps(bert_config, indent=2) + "\n").encode())
     if tokenizer is not None:
         save_hf_tokenizer(tokenizer, directory, template="encoder", max_len=model.config.max_len,
                           model_input_names=encoder_input_names(model.config))

@@ -104,19 +104,24 @@ def source_tokens(tokenizer: Tokenizer, text: str) -> list[str]:
 
 
 def translate_tokens(translator, tokenizer: Tokenizer, texts: Sequence[str], *,
-                     target_tokenizer: Tokenizer | None = None, beam_size: int = 1, max_len: int = 256,
-                     length_penalty: float = 1.0) -> list[list[int]]:
+                     target_tokenizer: Tokenizer | None = None, beam_size: int = 1, max_new_tokens: int | None = None,
+                     length_penalty: float = 1.0, max_len: int | None = None) -> list[list[int]]:
     """Output ids (no `</s>`) of a `ctranslate2.Translator` for `texts`; an empty text gives an empty output.
 
-    `max_len` counts output tokens, `</s>` included, as `aiayn.inference.GenerationConfig.max_len`.
+    `max_new_tokens` (default 256) counts output tokens, `</s>` included, as
+    `aiayn.inference.GenerationConfig.max_new_tokens`; `max_len` is its old spelling, still accepted.
     """
+    if max_len is not None and max_new_tokens not in (None, max_len):
+        raise ValueError(f"max_len={max_len} and max_new_tokens={max_new_tokens} disagree: keep max_new_tokens "
+                         "(max_len is its old spelling)")
+    limit = max_new_tokens if max_new_tokens is not None else 256 if max_len is None else max_len
     target = target_tokenizer or tokenizer
     rows = [i for i, text in enumerate(texts) if text.strip()]
     out: list[list[int]] = [[] for _ in texts]
     if not rows:
         return out
     results = translator.translate_batch([source_tokens(tokenizer, texts[i]) for i in rows], beam_size=beam_size,
-                                         max_decoding_length=max_len, length_penalty=length_penalty)
+                                         max_decoding_length=limit, length_penalty=length_penalty)
     for i, result in zip(rows, results):
         out[i] = [target.hf.token_to_id(piece) for piece in result.hypotheses[0]]
     return out

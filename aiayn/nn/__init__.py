@@ -1,6 +1,6 @@
 """The model's parts, one concept a file."""
 
-from aiayn.nn.attention import AttentionCache, KVCache, MultiHeadAttention
+from aiayn.nn.attention import AttentionCache, KVCache, MultiHeadAttention, attention_weights
 from aiayn.nn.embedding import LearnedPositionalEmbedding, SinusoidalPositionalEncoding, TokenEmbedding
 from aiayn.nn.feedforward import PositionwiseFeedForward
 from aiayn.nn.heads import MaskedLMHead, SequenceClassificationHead, TokenClassificationHead, VocabularyHead
@@ -9,7 +9,7 @@ from aiayn.nn.masks import causal_mask, padding_mask
 from aiayn.nn.model import Decoder, Encoder, EncoderDecoderModel, EncoderModel, build_model
 
 __all__ = [
-    "AttentionCache", "KVCache", "MultiHeadAttention", "LearnedPositionalEmbedding",
+    "AttentionCache", "KVCache", "MultiHeadAttention", "attention_weights", "LearnedPositionalEmbedding",
     "SinusoidalPositionalEncoding", "TokenEmbedding", "PositionwiseFeedForward", "MaskedLMHead",
     "SequenceClassificationHead", "TokenClassificationHead", "VocabularyHead", "DecoderLayer",
     "EncoderLayer", "SublayerConnection", "causal_mask", "padding_mask", "Decoder", "Encoder",

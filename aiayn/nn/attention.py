@@ -3,12 +3,16 @@
 Two paths compute the same thing:
 - by default `torch.nn.functional.scaled_dot_product_attention` (PyTorch's fused kernels);
 - with `need_weights=True`, softmax(Q K^T / sqrt(d_k)) V written out, returning the weights.
+The layers and models around it return their states only; `attention_weights` asks chosen attention
+modules for their weights from outside, with forward hooks, and collects them.
 Masks follow `aiayn.nn.masks`: bool, True = may attend.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -253,3 +257,40 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         if weights is not None:
             weights = weights.masked_fill(empty_rows, 0.0)
     return out, weights
+
+
+@contextmanager
+def attention_weights(attentions: Sequence[nn.Module], *, keep: bool = True) -> Iterator[list[torch.Tensor | None]]:
+    """While the block runs, each of `attentions` is called with `need_weights=True` (equation 1 written out).
+
+    The layers pass their attention modules no flag and return their states only; this asks for the
+    weights from outside, with forward hooks (removed when the block ends), the way `aiayn.inspect`
+    records the other stages.
+
+    Args:
+        attentions: `MultiHeadAttention` modules (or a backend's versions of them), e.g.
+            `[layer.cross_attn for layer in model.decoder.layers]`.
+        keep: keep each module's latest weights in the list yielded; False only writes the equation out
+            (the weights are freed as soon as the module returns, as without the hooks).
+
+    Yields:
+        One entry per module, in the order given: the weights (B, h, L_q, L_k) of its latest call, None
+        before its first.
+    """
+    latest: list[torch.Tensor | None] = [None] * len(attentions)
+
+    def ask(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        return args, {**kwargs, "need_weights": True}
+
+    def record(index: int, output: tuple[torch.Tensor, torch.Tensor | None]) -> None:
+        latest[index] = output[1]
+
+    handles = [attn.register_forward_pre_hook(ask, with_kwargs=True) for attn in attentions]
+    if keep:
+        handles += [attn.register_forward_hook(lambda m, args, out, i=i: record(i, out))
+                    for i, attn in enumerate(attentions)]
+    try:
+        yield latest
+    finally:
+        for handle in handles:
+            handle.remove()

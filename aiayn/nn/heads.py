@@ -66,15 +66,16 @@ class TokenClassificationHead(nn.Module):
 
 
 class MaskedLMHead(nn.Module):
-    """BERT's masked-LM head: Linear -> activation -> LayerNorm -> vocabulary Linear (+ bias)."""
+    """BERT's masked-LM head: Linear -> activation -> LayerNorm -> vocabulary Linear `proj` (+ bias; BERT's
+    `decoder`, a name that here means the decoder stack)."""
 
     def __init__(self, d_model: int, vocab_size: int, *, activation: str = "gelu", eps: float = 1e-12):
         super().__init__()
         self.dense = nn.Linear(d_model, d_model)
         self.activation = make_activation(activation)
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.decoder = nn.Linear(d_model, vocab_size)
+        self.proj = nn.Linear(d_model, vocab_size)
 
     def forward(self, hidden: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, L, d_model) -> vocabulary logits (B, L, V)."""
-        return self.decoder(self.norm(self.activation(self.dense(hidden))))
+        return self.proj(self.norm(self.activation(self.dense(hidden))))

@@ -42,21 +42,17 @@ class EncoderLayer(nn.Module):
         self.attn_sublayer = SublayerConnection(d_model, dropout=dropout, norm_first=norm_first, eps=eps)
         self.ffn_sublayer = SublayerConnection(d_model, dropout=dropout, norm_first=norm_first, eps=eps)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
-                need_weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, S, d_model) -> (B, S, d_model); `mask` (B, 1, 1, S) marks real source tokens.
 
-        With `need_weights`, also the self-attention weights (B, h, S, S).
+        The self-attention weights (B, h, S, S) come through `aiayn.nn.attention.attention_weights`.
         """
-        weights: dict[str, torch.Tensor | None] = {}
 
         def self_attention(y: torch.Tensor) -> torch.Tensor:
-            out, weights["self"] = self.self_attn(y, mask=mask, need_weights=need_weights)
-            return out
+            return self.self_attn(y, mask=mask)[0]
 
         x = self.attn_sublayer(x, self_attention)
-        x = self.ffn_sublayer(x, self.feed_forward)
-        return (x, weights["self"]) if need_weights else x
+        return self.ffn_sublayer(x, self.feed_forward)
 
 
 class DecoderLayer(nn.Module):
@@ -82,8 +78,7 @@ class DecoderLayer(nn.Module):
         memory_mask: torch.Tensor | None = None,
         self_cache: AttentionCache | None = None,
         cross_cache: AttentionCache | None = None,
-        need_weights: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> torch.Tensor:
         """One decoder layer.
 
         Args:
@@ -92,25 +87,18 @@ class DecoderLayer(nn.Module):
             tgt_mask: bool mask of target keys (B, 1, 1|T, T_total); the look-ahead mask is always added.
             memory_mask: bool mask of source keys (B, 1, 1, S).
             self_cache, cross_cache: key/value caches for incremental decoding.
-            need_weights: also return the self-attention (B, h, T, T_total) and cross-attention
-                (B, h, T, S) weights.
 
         Returns:
-            (B, T, d_model), or (states, self-attention weights, cross-attention weights).
+            (B, T, d_model). The self-attention (B, h, T, T_total) and cross-attention (B, h, T, S) weights
+            come through `aiayn.nn.attention.attention_weights`.
         """
-        weights: dict[str, torch.Tensor | None] = {}
 
         def self_attention(y: torch.Tensor) -> torch.Tensor:
-            out, weights["self"] = self.self_attn(y, mask=tgt_mask, is_causal=True, cache=self_cache,
-                                                  need_weights=need_weights)
-            return out
+            return self.self_attn(y, mask=tgt_mask, is_causal=True, cache=self_cache)[0]
 
         def cross_attention(y: torch.Tensor) -> torch.Tensor:
-            out, weights["cross"] = self.cross_attn(y, memory, mask=memory_mask, cache=cross_cache, static_kv=True,
-                                                    need_weights=need_weights)
-            return out
+            return self.cross_attn(y, memory, mask=memory_mask, cache=cross_cache, static_kv=True)[0]
 
         x = self.self_attn_sublayer(x, self_attention)
         x = self.cross_attn_sublayer(x, cross_attention)
-        x = self.ffn_sublayer(x, self.feed_forward)
-        return (x, weights["self"], weights["cross"]) if need_weights else x
+        return self.ffn_sublayer(x, self.feed_forward)

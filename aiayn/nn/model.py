@@ -74,17 +74,21 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *,
-                return_hidden_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """(B, S, d_model) -> (B, S, d_model); with `return_hidden_states`, also the input and each layer's output."""
-        states = [x]
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, S, d_model) -> (B, S, d_model)."""
         for layer in self.layers:
             x = layer(x, mask)
-            states.append(x)
+        return x if self.final_norm is None else self.final_norm(x)
+
+    def hidden_states(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The input (B, S, d_model) and each layer's output, the last one `forward`'s (after the final LayerNorm
+        of a pre-LN stack): Hugging Face's `output_hidden_states`."""
+        states = [x]
+        for layer in self.layers:
+            states.append(layer(states[-1], mask))
         if self.final_norm is not None:
-            x = self.final_norm(x)
-            states[-1] = x
-        return (x, states) if return_hidden_states else x
+            states[-1] = self.final_norm(states[-1])
+        return states
 
 
 class Decoder(nn.Module):
@@ -96,28 +100,19 @@ class Decoder(nn.Module):
         self.final_norm = final_norm
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor, *, tgt_mask: torch.Tensor | None = None,
-                memory_mask: torch.Tensor | None = None, cache: KVCache | None = None,
-                return_cross_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+                memory_mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         """(B, T, d_model) target states attending to memory (B, S, d_model) -> (B, T, d_model).
 
-        With `return_cross_attention`, also each layer's cross-attention weights (B, h, T, S).
+        Each layer's cross-attention weights (B, h, T, S) come through `aiayn.nn.attention.attention_weights`
+        over `[layer.cross_attn for layer in self.layers]`.
         """
-        cross = []
         for i, layer in enumerate(self.layers):
-            out = layer(
+            x = layer(
                 x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask,
                 self_cache=None if cache is None else cache.self_attn[i],
                 cross_cache=None if cache is None else cache.cross_attn[i],
-                need_weights=return_cross_attention,
             )
-            if return_cross_attention:
-                x, _, weights = out
-                cross.append(weights)
-            else:
-                x = out
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return (x, cross) if return_cross_attention else x
+        return x if self.final_norm is None else self.final_norm(x)
 
 
 def _source_mask(ids: torch.Tensor, pad_id: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -160,15 +155,14 @@ class EncoderDecoderModel(nn.Module):
         return self.encoder(x, src_mask)
 
     def decode(self, tgt: torch.Tensor, memory: torch.Tensor, *, memory_mask: torch.Tensor | None = None,
-               cache: KVCache | None = None, tgt_mask: torch.Tensor | None = None,
-               return_cross_attention: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+               cache: KVCache | None = None, tgt_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Shifted target ids (B, T) and memory (B, S, d_model) -> decoder states (B, T, d_model).
 
         The look-ahead mask is always applied. Target padding is not masked by default: with
         right padding (the only kind aiayn makes) it cannot reach real positions through the
         look-ahead mask, and the loss ignores padded positions. With a `cache`, `tgt` holds only
-        the new positions and the cache supplies the earlier ones. With `return_cross_attention`,
-        also each decoder layer's cross-attention weights (B, h, T, S).
+        the new positions and the cache supplies the earlier ones. Each decoder layer's
+        cross-attention weights (B, h, T, S) come through `aiayn.nn.attention.attention_weights`.
         """
         if tgt.dim() != 2:
             raise ValueError(f"target ids must have shape (batch, length), got {tuple(tgt.shape)}")
@@ -184,8 +178,7 @@ class EncoderDecoderModel(nn.Module):
         if tgt_mask is not None:
             tgt_mask = check_mask(tgt_mask, batch, length, offset + length)
         x = self.tgt_embed(tgt, offset=offset)  # (B, T, d_model)
-        return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache,
-                            return_cross_attention=return_cross_attention)
+        return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher forcing: source ids (B, S), shifted target ids (B, T) -> logits (B, T, V)."""
@@ -199,12 +192,16 @@ class EncoderDecoderModel(nn.Module):
         return KVCache.empty(len(self.decoder.layers))
 
 
+# Older names of weights, by prefix: the vocabulary head was `generator` before it was `head`, and the
+# masked-LM head's vocabulary Linear was `decoder` (BERT's name) before it was `proj`.
+_OLD_PREFIXES = {"generator.": "head.", "head.decoder.": "head.proj."}
+
+
 def upgrade_keys(state_dict: dict, prefix: str = "") -> dict:
-    """Rename, in place, the keys of weights saved under older names: before the vocabulary head was named
-    `head` it was `generator`. Returns `state_dict`."""
-    old = prefix + "generator."
-    for key in [k for k in state_dict if k.startswith(old)]:
-        state_dict[prefix + "head." + key[len(old):]] = state_dict.pop(key)
+    """Rename, in place, the keys of weights saved under older names (`_OLD_PREFIXES`). Returns `state_dict`."""
+    for old, new in _OLD_PREFIXES.items():
+        for key in [k for k in state_dict if k.startswith(prefix + old)]:
+            state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
     return state_dict
 
 
@@ -217,21 +214,27 @@ class EncoderModel(nn.Module):
         self.embed = embed
         self.encoder = encoder
         self.head = head
+        self.register_load_state_dict_pre_hook(lambda module, state, prefix, *args: upgrade_keys(state, prefix))
 
     def source_mask(self, ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor | None:
         """(B, 1, 1, L) bool mask of real tokens, or None when nothing is padded."""
         return _source_mask(ids, self.config.pad_id, attention_mask)
 
     def encode(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
-               token_type_ids: torch.Tensor | None = None,
-               return_hidden_states: bool = False) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        """Ids (B, L) -> hidden states (B, L, d_model) (and every layer's states on request).
+               token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Ids (B, L) -> hidden states (B, L, d_model).
 
         `attention_mask` is (B, L), 1/True for real tokens; by default tokens equal to `pad_id` are masked.
         """
         mask = self.source_mask(ids, attention_mask)
-        return self.encoder(self.embed(ids, token_type_ids=token_type_ids), mask,
-                            return_hidden_states=return_hidden_states)
+        return self.encoder(self.embed(ids, token_type_ids=token_type_ids), mask)
+
+    def hidden_states(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
+                      token_type_ids: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """The embeddings and every layer's states, each (B, L, d_model), the last `encode`'s (Hugging Face's
+        `output_hidden_states`); the arguments as `encode`'s."""
+        mask = self.source_mask(ids, attention_mask)
+        return self.encoder.hidden_states(self.embed(ids, token_type_ids=token_type_ids), mask)
 
     def forward(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -379,5 +382,5 @@ def _build(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
     model = EncoderModel(cfg, embed=embed, encoder=build_encoder(cfg), head=head)
     _init_weights(model)
     if isinstance(head, MaskedLMHead) and cfg.tie_embeddings:
-        head.decoder.weight = embed.tokens.weight
+        head.proj.weight = embed.tokens.weight
     return model

@@ -21,11 +21,11 @@ class MaskedLM(Task):
     name = MASKED_LM
     head = MASKED_LM
     special_tokens = (MASK,)
-    bert_keys = {  # BertForMaskedLM's `cls.predictions`; the vocabulary bias sits outside its decoder there
+    bert_keys = {  # BertForMaskedLM's `cls.predictions`; the vocabulary bias sits outside its Linear there
         "cls.predictions.transform.dense": "head.dense",
         "cls.predictions.transform.LayerNorm": "head.norm",
-        "cls.predictions.decoder": "head.decoder",
-        "cls.predictions.bias": "head.decoder.bias",
+        "cls.predictions.decoder": "head.proj",
+        "cls.predictions.bias": "head.proj.bias",
     }
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:

@@ -77,16 +77,16 @@ class Replicas:
         optimizer: the optimizer over `model.parameters()`.
         rank, world: this process and the number of processes.
         device: where the model lives (CUDA: DDP on that device, collectives through NCCL).
-        runner: what runs the forward pass, when not `model` itself: a backend's prepared copy that
+        prepared: what runs the forward pass, when not `model` itself: a backend's prepared copy that
             shares `model`'s parameters (see `aiayn.backends`).
     """
 
     def __init__(self, model: nn.Module, objective: str, optimizer: torch.optim.Optimizer, *, rank: int = 0,
-                 world: int = 1, device: torch.device | None = None, runner: nn.Module | None = None):
+                 world: int = 1, device: torch.device | None = None, prepared: nn.Module | None = None):
         self.model, self.optimizer = model, optimizer
         self.rank, self.world = rank, world
         self.device = device or torch.device("cpu")
-        self.module = self._wrap(ObjectiveForward(model if runner is None else runner, objective))
+        self.module = self._wrap(ObjectiveForward(model if prepared is None else prepared, objective))
 
     def _wrap(self, module: nn.Module) -> nn.Module:
         if self.world == 1:
@@ -243,12 +243,12 @@ class Sharded(Replicas):
 
 def data_parallel(model: nn.Module, objective: str, optimizer: torch.optim.Optimizer, *, strategy: str, rank: int,
                   world: int, make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
-                  device: torch.device | None = None, runner: nn.Module | None = None) -> Replicas:
+                  device: torch.device | None = None, prepared: nn.Module | None = None) -> Replicas:
     """`Sharded` for `strategy="fsdp"` with more than one process, else `Replicas` (one process, or DDP) running
-    `runner` (a backend's prepared copy of `model`, sharing its parameters) when given."""
+    `prepared` (a backend's prepared copy of `model`, sharing its parameters) when given."""
     if strategy not in STRATEGIES:
         raise ValueError(f"distributed must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if strategy == "fsdp" and world > 1:
         return Sharded(model, objective, optimizer, make_optimizer=make_optimizer, rank=rank, world=world,
                        device=device)
-    return Replicas(model, objective, optimizer, rank=rank, world=world, device=device, runner=runner)
+    return Replicas(model, objective, optimizer, rank=rank, world=world, device=device, prepared=prepared)

@@ -71,7 +71,7 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
         backend = select(model_device(model), "inference", options.precision)
     was_training = model.training
     model.eval()
-    runner = backend.prepare(model)
+    prepared = backend.prepare(model)
     batches = token_batches(split.lengths, options.max_tokens, shuffle=False)
     if options.max_batches:
         batches = batches[:options.max_batches]
@@ -81,7 +81,7 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     for number, indices in enumerate(batches):
         batch = to_device(make_batch(data, split, indices, mlm_probability=options.mlm_probability,
                                      generator=masking_generator(options.seed, -1, number)), backend.device)
-        logits, labels = task.forward(runner, batch)
+        logits, labels = task.forward(prepared, batch)
         logits = logits.float()
         _, nll = label_smoothed_loss(logits, labels, smoothing=0.0)
         c, n = correct_count(logits, labels)
@@ -89,7 +89,7 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
         units += n
         predictions.update(task.predictions(logits, labels, indices))
         if task.decodes and options.decode:
-            predictions.update(_decode(runner, data, batch["src"], indices, options))
+            predictions.update(_decode(prepared, data, batch["src"], indices, options))
         if progress is not None:
             progress(len(indices))
     mean_nll = nll_sum / max(units, 1)

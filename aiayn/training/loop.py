@@ -273,7 +273,7 @@ class Trainer:
                 self.report(f"{self.world} processes share {cfg.global_batches} batches a step (global_batches): "
                             "some train an empty batch at each step")
         self.parallel = data_parallel(self.model, cfg.objective, self.optimizer, strategy=cfg.distributed,
-                                      rank=self.rank, world=self.world, device=self.device, runner=self.prepared,
+                                      rank=self.rank, world=self.world, device=self.device, prepared=self.prepared,
                                       make_optimizer=lambda ps: make_optimizer(ps, self.recipe))
         self.optimizer = self.parallel.optimizer
         if self.budget is not None:
@@ -631,12 +631,12 @@ class Trainer:
                 batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=self.epoch,
                                         max_sentences=cfg.max_sentences)
                 # A step takes `global_batches` batches, process r every world-th of them (None: an empty batch)
-                for stop, mine in shard_steps(len(batches), cfg.global_batches, rank=self.rank, world=self.world,
+                for next_batch, mine in shard_steps(len(batches), cfg.global_batches, rank=self.rank, world=self.world,
                                               start=self.batch_index):
                     self._check_budget()
                     if self.stopping is not None:
                         break
-                    stats = self._take_step(batches, mine, stop)
+                    stats = self._take_step(batches, mine, next_batch)
                     self._end_step(stats, bar)
                     if self.stopping is not None:
                         break
@@ -646,15 +646,15 @@ class Trainer:
             bar.close()
         return self.stopping != "interrupted"
 
-    def _take_step(self, batches: list[list[int]], mine: list[int | None], stop: int) -> dict[str, float]:
-        """Train one step on this process's share `mine` of `batches`; the next step starts at batch `stop`."""
+    def _take_step(self, batches: list[list[int]], mine: list[int | None], next_batch: int) -> dict[str, float]:
+        """Train one step on this process's share `mine` of `batches`; the next step starts at batch `next_batch`."""
         cfg = self.cfg
         began = time.perf_counter()
         micro = [make_batch(self.data, self.data.train, batches[i] if i is not None else [],
                             mlm_probability=cfg.mlm_probability,
                             generator=masking_generator(cfg.seed, self.epoch, i or 0)) for i in mine]
         stats = self._train_step(micro, [batch_seed(cfg.seed, self.epoch, i or 0, stream=1) for i in mine])
-        self.batch_index = stop
+        self.batch_index = next_batch
         if self.budget is not None:
             self.budget.record_step(time.perf_counter() - began)
             if self.budget.timed_steps == PROBE_STEPS and not self.budget.planned_steps:
