@@ -304,8 +304,8 @@ def test_each_layer_runs_the_kernels_measured_for_its_shape_kind(monkeypatch):
     assert prepared.head.proj.kernels["one"] == "columns"  # 16 -> 40: the vocabulary projection widens
     src = torch.randint(4, 40, (1, 5))
     with torch.no_grad():
-        ours = generate(prepared, src, bos_id=1, eos_id=2, config=GenerationConfig(max_len=6, min_len=6))
-        plain = generate(model, src, bos_id=1, eos_id=2, config=GenerationConfig(max_len=6, min_len=6))
+        ours = generate(prepared, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=6, min_len=6))
+        plain = generate(model, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=6, min_len=6))
     assert ours.tokens == plain.tokens
     assert calibrate.shape_kind(512, 2048) == "wide" and calibrate.shape_kind(2048, 512) == "narrow"
     assert calibrate.shape_kind(512, 512) == "square"
