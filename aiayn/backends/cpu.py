@@ -33,11 +33,13 @@ KERNELS = ("packed", "columns", "dense")  # see aiayn.backends.calibrate
 # What a PackedLinear runs where no measurement says otherwise: oneDNN, but MKL for one row.
 DEFAULT_KERNELS = {"one": "columns", "few": "packed", "many": "packed"}
 
-# Activations oneDNN applies inside a product: name -> (post-op, algorithm, the same function in torch)
+# Activations oneDNN applies inside a product: name -> (post-op, algorithm, the same function in torch, in place).
+# In place because the product's output is a new tensor: an activation writing another one of a batch's FFN size
+# would touch fresh memory on every call, which costs as much as a product of the layer's (docs/core.md).
 POST_OPS = {
-    "relu": ("relu", "", F.relu),
-    "gelu": ("gelu", "none", F.gelu),
-    "gelu_tanh": ("gelu", "tanh", lambda x: F.gelu(x, approximate="tanh")),
+    "relu": ("relu", "", torch.relu_),
+    "gelu": ("gelu", "none", lambda x: torch.ops.aten.gelu_(x)),
+    "gelu_tanh": ("gelu", "tanh", lambda x: torch.ops.aten.gelu_(x, approximate="tanh")),
 }
 
 
