@@ -203,6 +203,19 @@ _TYPE_WORDS = {"bool": "true or false", "int": "an integer", "float": "a number"
 MAX_INT = 2**63 - 1  # the largest count a setting may hold (torch's and numpy's int64)
 
 
+def fold_old_spelling(name: str, value: Any, old_name: str, old_value: Any, *, old_shown: str | None = None) -> Any:
+    """The value of setting `name`, given as `value` or under its old spelling `old_name` (`old_value`, None
+    when not given, already in the new setting's terms), so that config files and code written before a
+    rename still run. Both given and different: ValueError naming both (`old_shown`: how the old one was
+    written, when not `old_value`)."""
+    if old_value is None:
+        return value
+    if value not in (None, old_value):
+        raise ValueError(f"{old_name}={old_shown or old_value} and {name}={value} disagree: keep {name} "
+                         f"({old_name} is its old spelling)")
+    return old_value
+
+
 def check_field_types(instance: Any, where: str) -> None:
     """Raise ValueError when a dataclass field holds a value of the wrong type, whatever source it came from.
 

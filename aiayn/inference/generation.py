@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from aiayn.config import check_field_types
+from aiayn.config import check_field_types, fold_old_spelling
 from aiayn.nn.attention import KVCache, attention_weights
 from aiayn.nn.model import EncoderDecoderModel, check_memory
 
@@ -81,11 +81,9 @@ class GenerationConfig:
         check_field_types(self, "decoding")  # kinds first: True is not a beam size, NaN not a length penalty
         spelled = "max_new_tokens"
         if self.max_len is not None:  # the old spelling: one name, `max_new_tokens`, from here on
-            if self.max_new_tokens not in (None, self.max_len):
-                raise ValueError(f"max_len={self.max_len} and max_new_tokens={self.max_new_tokens} disagree: keep "
-                                 "max_new_tokens (max_len is its old spelling)")
             spelled = "max_len"
-            object.__setattr__(self, "max_new_tokens", self.max_len)
+            object.__setattr__(self, "max_new_tokens",
+                               fold_old_spelling("max_new_tokens", self.max_new_tokens, "max_len", self.max_len))
             object.__setattr__(self, "max_len", None)
         limit = self.max_new_tokens
         if limit is not None and (not isinstance(limit, int) or limit < 1):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from aiayn.config import fold_old_spelling
 from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.interop.marian import to_marian
 from aiayn.nn.model import EncoderDecoderModel
@@ -111,10 +112,8 @@ def translate_tokens(translator, tokenizer: Tokenizer, texts: Sequence[str], *,
     `max_new_tokens` (default 256) counts output tokens, `</s>` included, as
     `aiayn.inference.GenerationConfig.max_new_tokens`; `max_len` is its old spelling, still accepted.
     """
-    if max_len is not None and max_new_tokens not in (None, max_len):
-        raise ValueError(f"max_len={max_len} and max_new_tokens={max_new_tokens} disagree: keep max_new_tokens "
-                         "(max_len is its old spelling)")
-    limit = max_new_tokens if max_new_tokens is not None else 256 if max_len is None else max_len
+    limit = fold_old_spelling("max_new_tokens", max_new_tokens, "max_len", max_len)
+    limit = 256 if limit is None else limit
     target = target_tokenizer or tokenizer
     rows = [i for i, text in enumerate(texts) if text.strip()]
     out: list[list[int]] = [[] for _ in texts]

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from aiayn.config import ModelConfig, check_field_types, parse_overrides, preset
+from aiayn.config import ModelConfig, check_field_types, fold_old_spelling, parse_overrides, preset
 from aiayn.data.readers import decode_text
 from aiayn.rundir import check_input_file
 from aiayn.tasks import OBJECTIVES, SEQ2SEQ, Task, get_task
@@ -177,10 +177,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_field_types(self, "training")
         if self.bf16:  # the old spelling: one name, `precision`, from here on
-            if self.precision not in (None, "bf16"):
-                raise ValueError(f"bf16=true and precision={self.precision} disagree: keep precision "
-                                 "(bf16 is its old spelling)")
-            object.__setattr__(self, "precision", "bf16")
+            precision = fold_old_spelling("precision", self.precision, "bf16", "bf16", old_shown="true")
+            object.__setattr__(self, "precision", precision)
             object.__setattr__(self, "bf16", False)
         if self.objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
