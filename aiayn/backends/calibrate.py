@@ -258,9 +258,9 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
     """
     from aiayn.backends import cpu
 
-    verdicts = []
+    faster, slower = [], []
     for name, rows in (ROW_CLASSES[0], ROW_CLASSES[-1]):
-        kernels = {kind: dict.fromkeys(("one", "few", "many"), inference[name][kind]) for kind in ("square", "wide")}
+        kernels = {kind: dict.fromkeys(inference, inference[name][kind]) for kind in ("square", "wide")}
         copies = -(-COLD_BYTES // (3 * square.numel() * square.element_size())) if rows <= FEW_ROWS_MAX else 1
         separate, fused = [], []
         for _ in range(copies):
@@ -271,10 +271,10 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
         timed = _timed({"separate": lambda layers=separate, x=x: [p(x) for three in layers for p in three],
                         "fused": lambda layers=fused, x=x: [p(x) for p in layers]})
         _record(seconds, "qkv" if name == ROW_CLASSES[-1][0] else f"qkv {name}", timed)
-        faster, slower = _pick(timed, "separate") == "fused", _pick(timed, "fused") == "separate"
-        verdicts.append("faster" if faster else "slower" if slower else "even")
+        faster.append(_pick(timed, "separate") == "fused")
+        slower.append(_pick(timed, "fused") == "separate")
         del separate, fused
-    return "faster" in verdicts and "slower" not in verdicts
+    return any(faster) and not any(slower)
 
 
 def measure(description: dict[str, str] | None = None) -> Choices:
@@ -305,10 +305,7 @@ def measure(description: dict[str, str] | None = None) -> Choices:
                 _record(seconds, f"{name} {kind}", timed)
                 inference[name][kind] = _pick(timed, "dense")
                 del layers, shaped
-        square = weights["square"][0]
-        d = square.shape[0]
-        q, k, v = (square.clone() for _ in range(3))
-        fused_inference = _fused_qkv_inference(square, inference, seconds, gen)
+        fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
     with torch.enable_grad():
         params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in weights.values()]
         xs = [torch.randn(TRAIN_ROWS, n_in, generator=gen, requires_grad=True) for _, (n_in, _) in SHAPE_KINDS]
@@ -323,8 +320,9 @@ def measure(description: dict[str, str] | None = None) -> Choices:
         _record(seconds, "train", timed)
         seconds.setdefault("train: onednn", float("inf"))
         train_onednn = _pick(timed, "dense") == "onednn"
-        wq, wk, wv = (p.clone().detach().requires_grad_() for p in (q, k, v))
-        xq = torch.randn(TRAIN_ROWS, d, generator=gen, requires_grad=True)
+        square = weights["square"][0]
+        wq, wk, wv = (square.clone().requires_grad_() for _ in range(3))
+        xq = torch.randn(TRAIN_ROWS, square.shape[1], generator=gen, requires_grad=True)
         timed = _timed({
             "separate": lambda: torch.autograd.backward([sum(F.linear(xq, w).sum() for w in (wq, wk, wv))]),
             "fused": lambda: torch.autograd.backward([F.linear(xq, torch.cat([wq, wk, wv])).sum()]),
