@@ -12,6 +12,7 @@ import httpx
 import pytest
 from serving import metric, wait_until
 
+from aiayn.backends import usable_cores
 from aiayn.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,6 +36,12 @@ def test_nothing_to_serve_and_clashing_names_are_one_line_errors(capsys, transla
     assert "two models share a name" in capsys.readouterr().err
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux's /proc)."""
+    listed = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in listed.read_text().split()] if listed.exists() else []
+
+
 def test_sigterm_answers_the_requests_in_flight_then_exits(translation_run):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     # a long gathering window holds the request in the queue while the signal arrives
@@ -51,9 +58,14 @@ def test_sigterm_answers_the_requests_in_flight_then_exits(translation_run):
             httpx.post(f"{url}/translate", json={"q": ["c a", "a b c"], "target": "de"}, timeout=60)))
         sender.start()
         wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 2)
+        workers = children(server.pid)
+        if usable_cores() > 1:  # on a CPU, a worker process a pass
+            spawned = [pid for pid in workers if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            assert "worker processes" in first and len(spawned) == usable_cores(), (first, workers)
         server.send_signal(signal.SIGTERM)
         sender.join(timeout=60)
         assert server.wait(timeout=60) == 0
+        wait_until(lambda: not [pid for pid in workers if Path(f"/proc/{pid}").exists()])  # they left with it
         import aiayn
 
         assert answers[0].status_code == 200

@@ -21,19 +21,34 @@ from serving import metric, serving, wait_until
 
 import aiayn
 from aiayn.serve import Limits, create_app
+from aiayn.serve.workers import WorkerPool
 
 TEXTS = ["A man is eating food.", "A man eats.", "Someone is having a meal.", "The cat sleeps on the sofa."]
 
 
 @pytest.fixture(scope="module")
-def objects(translation_run, classification_run, tagging_run):
-    return {"en-de": aiayn.load(translation_run), "sentiment": aiayn.load(classification_run),
-            "ner": aiayn.load(tagging_run), "minilm": aiayn.load("minilm")}
+def sources(translation_run, classification_run, tagging_run):
+    return {"en-de": str(translation_run), "sentiment": str(classification_run), "ner": str(tagging_run),
+            "minilm": "minilm"}
 
 
 @pytest.fixture(scope="module")
-def url(objects):
-    with serving(create_app(objects, passes=2, max_wait=0.005)) as base:
+def objects(sources):
+    return {name: aiayn.load(source) for name, source in sources.items()}
+
+
+@pytest.fixture(scope="module")
+def pool(sources):
+    """Two worker processes holding the same models: how `aiayn serve` runs its passes on a CPU."""
+    workers = WorkerPool(sources, 2)
+    workers.start()
+    yield workers
+    workers.close()
+
+
+@pytest.fixture(scope="module")
+def url(objects, pool):
+    with serving(create_app(objects, passes=2, max_wait=0.005, pool=pool)) as base:
         yield base
 
 
@@ -279,3 +294,24 @@ def test_the_serving_guides_python_example_runs(url, objects):
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
         exec(compile(block.replace("http://127.0.0.1:8000", url), "docs/serving.md", "exec"), scope)
     np.testing.assert_allclose(scope["vectors"], objects["minilm"].embed(["A man eats."]), atol=1e-5)
+
+
+def test_a_worker_process_that_dies_is_replaced_and_fails_at_most_its_batch(url, pool, objects, monkeypatch):
+    expected = {"translatedText": objects["en-de"].translate(["h g f e", "a b"])}
+    request = {"q": ["h g f e", "a b"], "source": "en", "target": "de"}
+    idle = pool._workers[1]  # killed while idle: replaced before it takes a batch
+    idle.process.kill()
+    idle.process.join()
+    for _ in range(4):
+        assert httpx.post(f"{url}/translate", json=request, timeout=120).json() == expected
+    victim = pool._workers[0]  # killed under a batch: that batch fails with one line, the next is answered
+    victim.process.kill()
+    victim.process.join()
+    monkeypatch.setattr(type(victim), "alive", lambda self: True)
+    answers = [httpx.post(f"{url}/translate", json=request, timeout=120) for _ in range(3)]
+    failed = [a for a in answers if a.status_code != 200]
+    assert len(failed) == 1 and all("worker process running this batch died" in a.json()["error"] for a in failed)
+    assert [a.json() for a in answers if a.status_code == 200] == [expected] * (3 - len(failed))
+    monkeypatch.undo()
+    assert all(worker.alive() for worker in pool._workers) and not {idle, victim} & set(pool._workers)
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"

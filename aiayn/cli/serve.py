@@ -30,6 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads per forward pass (default 1)")
     p.add_argument("--passes", type=int, default=0,
                    help="most forward passes at once (default: cores // --threads, so they never exceed the cores)")
+    p.add_argument("--in-threads", action="store_true",
+                   help="run every pass in a thread of the server's process (less memory: one copy of each model; "
+                        "but the passes then take turns at Python's lock). Default on CPU with more than one pass: "
+                        "a worker process per pass")
     p.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="how long a free pass waits for more requests to batch with (default 5 ms)")
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch (default 4096)")
@@ -55,16 +59,15 @@ def _named(spec: str) -> tuple[str, str]:
     return name, path
 
 
-def _objects(args: argparse.Namespace) -> dict[str, object]:
-    import aiayn
-
+def _sources(args: argparse.Namespace) -> dict[str, str]:
+    """Model name -> what `aiayn.load` takes, from --run and --model."""
     specs = [_named(spec) for spec in [*args.run, *args.model]]
     if not specs:
         raise ValueError("nothing to serve: give --run DIR and/or --model minilm")
     names = [name for name, _ in specs]
     if len(set(names)) != len(names):
         raise ValueError(f"two models share a name ({', '.join(names)}); give them names as NAME=DIR")
-    return {name: aiayn.load(path, device=args.device) for name, path in specs}
+    return dict(specs)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -78,7 +81,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                   "pip install 'aiayn[serve]'") from None
     import torch
 
+    import aiayn
     from aiayn.backends import usable_cores
+    from aiayn.serve.workers import WorkerPool
 
     if args.threads < 1 or args.passes < 0:
         raise ValueError(f"--threads must be at least 1 and --passes not negative, got {args.threads}, {args.passes}")
@@ -87,15 +92,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars,
                     max_queue=args.max_queue)
-    app = create_app(_objects(args), limits=limits, passes=passes, threads=args.threads,
-                     max_tokens=args.max_tokens, max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000)
+    sources = _sources(args)
+    objects = {name: aiayn.load(source, device=args.device) for name, source in sources.items()}
+    on_cpu = all(obj.device.type == "cpu" for obj in objects.values())
+    pool = None
+    if passes > 1 and on_cpu and not args.in_threads:  # a process a pass: passes in threads share Python's lock
+        pool = WorkerPool(sources, passes, threads=args.threads, device=args.device)
+        pool.start()
+    app = create_app(objects, limits=limits, passes=passes, threads=args.threads, max_tokens=args.max_tokens,
+                     max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000, pool=pool)
     sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     sock.listen(2048)  # connections wait in the backlog from now on, while uvicorn starts
     host, port = sock.getsockname()[:2]
     names = ", ".join(f"{m.name} ({m.kind})" for m in app.state.models)
-    print(f"aiayn serve: http://{host}:{port} serving {names}; {passes} passes x {args.threads} threads "
+    where = f"{passes} worker processes" if pool is not None else f"{passes} passes in threads"
+    print(f"aiayn serve: http://{host}:{port} serving {names}; {where} x {args.threads} torch threads "
           f"on {cores} cores", file=sys.stderr, flush=True)
     if passes * args.threads > cores:
         print(f"aiayn serve: warning: {passes} passes x {args.threads} threads ask for more than the {cores} cores; "

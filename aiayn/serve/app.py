@@ -34,6 +34,7 @@ from aiayn.serve.batching import Passes, QueueFull
 from aiayn.serve.limits import ApiError, Limits, read_fields, string_field, texts_field
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.models import SERVED, Served, ServedLabeller, ServedTranslator, pick, pick_translator
+from aiayn.serve.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +115,8 @@ class Server:
 
 
 def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, passes: int = 1, threads: int = 1,
-               max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005) -> FastAPI:
+               max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005,
+               pool: WorkerPool | None = None) -> FastAPI:
     """The application serving `objects` (name -> Translator / Embedder / Classifier / Tagger).
 
     Args:
@@ -122,19 +124,25 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         passes: most forward passes at once; `threads` torch threads each (passes x threads <= cores).
         max_tokens: token budget of a batch gathered across requests; max_batch caps its texts (0: no cap).
         max_wait: seconds a free pass waits for more requests before it runs what is queued.
+        pool: started worker processes holding the same models (one a pass, `pool.size == passes`): the
+            batches run there instead of in the server's threads. The application closes it when it stops.
     """
+    if pool is not None and pool.size != passes:
+        raise ValueError(f"a pool of {pool.size} worker processes serves {pool.size} passes, not {passes}")
     server = Server([], limits or Limits(), Metrics(), Passes(passes, threads))
     for name, obj in objects.items():
         served = SERVED.get(type(obj))
         if served is None:
             raise ValueError(f"cannot serve {name!r}: a {type(obj).__name__} is not a task object aiayn serves")
         server.models.append(served(name, obj, server.slots, server.limits, server.metrics, max_tokens=max_tokens,
-                                    max_batch=max_batch, max_wait=max_wait))
+                                    max_batch=max_batch, max_wait=max_wait, pool=pool))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
         server.slots.close()
+        if pool is not None:
+            pool.close()
 
     app = FastAPI(title="aiayn serve", lifespan=lifespan)
     app.state.models, app.state.metrics, app.state.limits = server.models, server.metrics, server.limits

@@ -3,7 +3,8 @@
 One class per kind of object (`SERVED` maps the task object's class to it): a translator answers
 `/translate`, an embedder `/v1/embeddings` and `/embed`, a classifier or tagger `/predict`. Each one
 counts a request's tokens before it is queued (so a text the model cannot take is refused alone,
-with 422) and runs a gathered batch through the object's own batched call.
+with 422) and runs a gathered batch through the object's own batched call (`call`): in the server's
+pass thread, or, given a `WorkerPool`, in a worker process that holds its own copy of the object.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from aiayn.inference.translator import DEFAULT_SEARCH, Translator
 from aiayn.serve.batching import Batcher, Passes
 from aiayn.serve.limits import ApiError, Limits
 from aiayn.serve.metrics import Metrics
+from aiayn.serve.workers import WorkerPool
 
 ANY_LANGUAGE = "auto"
 
@@ -31,8 +33,8 @@ class Served(abc.ABC):
     kind = ""
 
     def __init__(self, name: str, obj: Any, passes: Passes, limits: Limits, metrics: Metrics, *,
-                 max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005):
-        self.name, self.obj = name, obj
+                 max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005, pool: WorkerPool | None = None):
+        self.name, self.obj, self.pool = name, obj, pool
         self.max_tokens = max_tokens
         self.batcher = Batcher(self.run, passes, max_tokens=max_tokens, max_texts=max_batch, max_wait=max_wait,
                                max_queue=limits.max_queue,
@@ -43,9 +45,21 @@ class Served(abc.ABC):
     def count_tokens(self, texts: Sequence[str]) -> int:
         """Input tokens of `texts`; ApiError 422 for a text the model cannot take."""
 
+    @staticmethod
     @abc.abstractmethod
+    def call(obj: Any, texts: list[str], **options) -> list:
+        """`obj`'s batched call on `texts`: one result per text, in order (here or in a worker process)."""
+
+    @property
+    def options(self) -> dict:
+        """The keyword arguments `call` gets from this server."""
+        return {}
+
     def run(self, texts: list[str]) -> list:
-        """The object's batched call on `texts`: one result per text, in order."""
+        """`call` on this model's object, or on its copy in an idle worker process when there is a pool."""
+        if self.pool is not None:
+            return self.pool.call(self.name, texts, self.options)
+        return self.call(self.obj, texts, **self.options)
 
     async def answer(self, texts: list[str]) -> list:
         """Results of `texts`, batched with the other requests queued for this model."""
@@ -72,8 +86,13 @@ class ServedTranslator(Served):
         except ValueError as err:
             raise ApiError(422, str(err)) from None
 
-    def run(self, texts: list[str]) -> list[str]:
-        return self.obj.translate(texts, max_tokens=self.max_tokens)
+    @staticmethod
+    def call(obj: Translator, texts: list[str], max_tokens: int = 4096) -> list[str]:
+        return obj.translate(texts, max_tokens=max_tokens)
+
+    @property
+    def options(self) -> dict:
+        return {"max_tokens": self.max_tokens}
 
     def describe(self) -> dict:
         return {**super().describe(), "source": self.source, "target": self.target}
@@ -113,8 +132,9 @@ class ServedEmbedder(Served):
     def count_tokens(self, texts: Sequence[str]) -> int:
         return sum(len(ids) for ids in self.obj.tokenize(texts))
 
-    def run(self, texts: list[str]) -> list:
-        return list(self.obj.embed(texts))
+    @staticmethod
+    def call(obj: Embedder, texts: list[str]) -> list:
+        return list(obj.embed(texts))
 
     def describe(self) -> dict:
         return {**super().describe(), "dim": self.obj.dim}
@@ -128,8 +148,9 @@ class ServedLabeller(Served):
     def count_tokens(self, texts: Sequence[str]) -> int:
         return sum(len(ids) for ids in encode_texts(self.obj.tokenizer, texts, self.obj.model.config.max_len))
 
-    def run(self, texts: list[str]) -> list:
-        return self.obj.predict(texts)
+    @staticmethod
+    def call(obj: Classifier | Tagger, texts: list[str]) -> list:
+        return obj.predict(texts)
 
     @staticmethod
     def as_json(result: Prediction | list) -> list[dict]:

@@ -1,0 +1,182 @@
+"""Forward passes in worker processes: one process a pass, so that the passes never share Python's lock.
+
+A decoding step of a small model is a few dozen small torch calls, and between them the Python that drives
+them holds the interpreter's lock (the GIL). Two passes in threads of one process take turns at that lock
+and run no faster than one; in processes of their own they run side by side, one core each. `WorkerPool`
+starts `size` processes (`spawn`: nothing of the server's threads is copied into them), each loading the
+served models itself from where the server loaded them and running one short call of each before it says
+it is ready (so that the first request does not pay for loading or preparing the kernels).
+
+`WorkerPool.call(name, texts, options)` sends one batch to an idle worker and waits for its answer (in the
+server's pass thread, which waits without holding the lock). The server bounds the calls in flight by the
+pool's size, so an idle worker is always there. A worker that dies (a crash, the kernel's OOM killer) is
+replaced, and the batch it was running fails with one clear line; the batcher then retries that batch's
+requests one at a time, so the others are answered.
+
+Workers ignore SIGINT and SIGTERM (the server drains its requests first, and needs them for that) and exit
+when the server closes their pipe or exits.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import signal
+import threading
+from collections.abc import Mapping
+from multiprocessing.connection import Connection
+
+logger = logging.getLogger(__name__)
+
+WARM_UP_TEXT = "Hello, world."
+
+
+class WorkerPool:
+    """`size` worker processes, each holding every served model, loaded from `sources`.
+
+    Args:
+        sources: model name -> what `aiayn.load` takes for it (a run directory, `minilm`, ...).
+        size: worker processes (the server's passes).
+        threads: torch threads in each worker.
+        device: the device the workers load the models on.
+    """
+
+    def __init__(self, sources: Mapping[str, str], size: int, *, threads: int = 1, device: str | None = None):
+        if size < 1 or threads < 1:
+            raise ValueError(f"worker processes and threads must be at least 1, got {size} and {threads}")
+        self.sources, self.size, self.threads, self.device = dict(sources), size, threads, device
+        self._context = multiprocessing.get_context("spawn")
+        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers: list[_Worker] = []
+
+    def start(self) -> None:
+        """Start the workers and wait until each has loaded the models (RuntimeError naming what failed)."""
+        workers = [self._spawn() for _ in range(self.size)]  # they load side by side
+        for worker in workers:
+            worker.ready()
+            self._workers.append(worker)
+            self._idle.put(worker)
+
+    def call(self, name: str, texts: list, options: Mapping) -> list:
+        """The results of `texts` from model `name`'s batched call with `options`, computed in an idle worker."""
+        worker = self._idle.get()
+        try:
+            if not worker.alive():  # it died while idle: replace it before it takes a batch
+                worker = self._replace(worker)
+            try:
+                status, value = worker.ask((name, texts, dict(options)))
+            except (EOFError, OSError):  # it died under this batch: replace it, fail only this batch
+                code = worker.process.exitcode
+                worker = self._replace(worker)
+                raise RuntimeError(f"the worker process running this batch died (exit code {code}); it was "
+                                   "replaced, retry the request") from None
+        finally:
+            self._idle.put(worker)
+        if status == "error":
+            raise value
+        return value
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        code = worker.stop()
+        logger.warning("worker process %s exited (code %s); starting another", worker.process.pid, code)
+        replacement = self._spawn()
+        replacement.ready()
+        with self._lock:
+            self._workers = [replacement if w is worker else w for w in self._workers]
+        return replacement
+
+    def close(self) -> None:
+        """Ask every worker to exit and wait for it (a worker that does not exit in time is killed)."""
+        with self._lock:
+            workers, self._workers = self._workers, []
+        for worker in workers:
+            worker.stop()
+
+    def _spawn(self) -> _Worker:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(target=_work, args=(child, self.sources, self.threads, self.device),
+                                        name="aiayn-pass", daemon=True)
+        process.start()
+        child.close()
+        return _Worker(process, parent)
+
+
+class _Worker:
+    """One worker process and the server's end of its pipe."""
+
+    def __init__(self, process, connection: Connection):
+        self.process, self.connection = process, connection
+
+    def ready(self) -> None:
+        """Wait for the worker's first message: ready, or why it could not load the models."""
+        try:
+            status, value = self.connection.recv()
+        except EOFError:
+            self.process.join()
+            raise RuntimeError(f"a worker process exited while loading the models (exit code "
+                               f"{self.process.exitcode})") from None
+        if status != "ready":
+            self.stop()
+            raise RuntimeError(f"a worker process could not load the models: {value}")
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.process.is_alive()
+
+    def ask(self, message: tuple):
+        """Send `message` and return the worker's answer, ("ok", results) or ("error", exception)."""
+        self.connection.send(message)
+        return self.connection.recv()
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """Close the pipe (the worker exits on it), wait `timeout` seconds, kill it if still there; its exit code."""
+        self.connection.close()
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        return self.process.exitcode
+
+
+def _work(connection: Connection, sources: Mapping[str, str], threads: int, device: str | None) -> None:
+    """A worker's life: load the models, warm each up, then answer batches until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop (it drains first)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        import torch
+
+        import aiayn
+        from aiayn.serve.models import SERVED
+
+        torch.set_num_threads(threads)
+        objects = {name: aiayn.load(source, device=device) for name, source in sources.items()}
+        calls = {name: SERVED[type(obj)].call for name, obj in objects.items()}
+        for name, obj in objects.items():
+            calls[name](obj, [WARM_UP_TEXT])
+    except Exception as err:  # noqa: BLE001 - sent to the server, which names it
+        connection.send(("failed", f"{type(err).__name__}: {err}"))
+        return
+    connection.send(("ready", None))
+    while True:
+        try:
+            name, texts, options = connection.recv()
+        except (EOFError, OSError):  # the server closed the pipe or exited
+            return
+        try:
+            answer = ("ok", calls[name](objects[name], texts, **options))
+        except Exception as err:  # noqa: BLE001 - one batch's error goes back to its requests
+            answer = ("error", _sendable(err))
+        connection.send(answer)
+
+
+def _sendable(err: Exception) -> Exception:
+    """`err` if it survives pickling, else a RuntimeError with its type and message."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(err).__name__}: {err}")
