@@ -12,7 +12,12 @@ cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Ada
   its users train it: logits over the padded batch, `F.cross_entropy(label_smoothing=0.1)`;
 - the same sizes built on `torch.nn.Transformer` (batch_first, post-LN, ReLU, dropout 0.1) with a shared,
   tied embedding x sqrt(d_model), sinusoidal positions and a causal mask;
-- the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP), by PyTorch's default and by oneDNN.
+- the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP), by PyTorch's default and by oneDNN;
+- with `--threads N` (N > 1, CPU), aiayn once more as N data-parallel processes of one thread each (the
+  trainer's DDP over gloo, as `torchrun --nproc_per_node N -m aiayn train threads=1` runs it): each process
+  takes every N-th batch of the same list and the gradients are averaged after each step. Small products
+  gain little from a second thread; a second process computes its own batch. Timed after the others
+  (separate processes), so a neighbour that comes or goes in between moves it alone.
 Batches are a real run's: sentence lengths drawn like short real sentences (source mean `--mean-len`
 tokens, the target 0.8-1.3 times as long), cut into batches of at most `--max-tokens` padded tokens by
 the trainer's own length bucketing, random ids; identical for every model. Model FLOPs count the
@@ -24,10 +29,16 @@ All models are timed on every batch in rotating order; rates are medians, and th
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -190,6 +201,64 @@ def matmul_peak(n: int = 1024, repeats: int = 5, *, onednn: bool = False,
     return 2.0 * n**3 / best
 
 
+def data_parallel_rate(argv: list[str], processes: int) -> float:
+    """Real tokens/s of aiayn's step as `processes` DDP processes of one thread each, on this script's batches."""
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(processes),
+           "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    ranks = [subprocess.Popen([sys.executable, __file__, *argv, "--threads", "1", "--rank", str(rank)],
+                              env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, text=True)
+             for rank in range(processes)]
+    outputs = [rank.communicate()[0] for rank in ranks]
+    if any(rank.returncode for rank in ranks):
+        raise RuntimeError(f"a data-parallel process failed (exit codes {[rank.returncode for rank in ranks]})")
+    return json.loads(outputs[0].strip().splitlines()[-1])["tokens_per_second"]
+
+
+def data_parallel_rank(args: argparse.Namespace, cfg: ModelConfig) -> int:
+    """One DDP process of `data_parallel_rate`: trains its share of the batches, rank 0 prints the rate (JSON)."""
+    import torch.distributed as dist
+
+    from aiayn.training.distributed import Replicas
+
+    torch.set_num_threads(1)
+    rank, world = args.rank, int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    torch.manual_seed(0)
+    backend = select("cpu", "train", args.precision)
+    ours = build_model(cfg).train()
+    opt = _optimizer(ours)
+    replicas = Replicas(ours, "seq2seq", opt, rank=rank, world=world, prepared=backend.prepare(ours))
+    batches = make_batches(cfg, args.steps + args.warmup, args.max_tokens, args.mean_len)
+    timed = batches[args.warmup:]
+    steps = len(timed) // world
+
+    def step(batch) -> None:
+        src, tgt_in, labels = batch
+        opt.zero_grad(set_to_none=True)
+        with backend.autocast():
+            logits, kept = replicas.module({"src": src, "tgt_in": tgt_in, "labels": labels})
+            loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
+        (loss / int((labels != -100).sum())).backward()
+        opt.step()
+
+    step(batches[0])  # warm up (DDP builds its buckets on the first backward)
+    dist.barrier()
+    start = time.perf_counter()
+    for k in range(steps):
+        step(timed[k * world + rank])
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    tokens = sum(int((s != cfg.pad_id).sum() + (lab != -100).sum()) for s, _, lab in timed[: steps * world])
+    if rank == 0:
+        print(json.dumps({"tokens_per_second": tokens / seconds}))
+    dist.destroy_process_group()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print tokens/s of each step, the ratios, and aiayn's FLOP/s as a fraction of the matmul peak."""
     parser = argparse.ArgumentParser(prog="aiayn bench train", description=__doc__.splitlines()[0])
@@ -203,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                         help="aiayn's training precision (default: the backend's choice for the device)")
+    parser.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)  # a data-parallel process
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -210,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = preset(args.preset)
     if args.vocab:
         cfg = cfg.replace(vocab_size=args.vocab)
+    if args.rank >= 0:
+        return data_parallel_rank(args, cfg)
     backend = select(args.device, "train", args.precision)
     device = backend.device
     ours, theirs = build_model(cfg).train(), TorchTransformerMT(cfg).to(device).train()
@@ -266,7 +338,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} / {peer}: {sum(seconds[peer]) / sum(seconds[name]):.2f}x tokens/s "
                   f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "
                   f"range {min(ratios):.2f}-{max(ratios):.2f})")
+    threads = torch.get_num_threads()
+    if threads > 1 and device.type == "cpu" and args.steps >= threads:
+        rate = data_parallel_rate(_rank_argv(args), threads)
+        name = f"aiayn, {threads} processes x 1 thread (DDP)"
+        print(f"  {name:22s} {rate:10.0f} tokens/s (timed after the rows above)")
+        for peer in ("aiayn", "Hugging Face Marian"):
+            if peer in seconds:
+                print(f"  {name} / {peer} ({threads} threads): {rate / (tokens / sum(seconds[peer])):.2f}x tokens/s")
     return 0
+
+
+def _rank_argv(args: argparse.Namespace) -> list[str]:
+    """The arguments a data-parallel process needs to build the same model and batches."""
+    argv = ["--preset", args.preset, "--vocab", str(args.vocab), "--max-tokens", str(args.max_tokens),
+            "--mean-len", str(args.mean_len), "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    return argv + (["--precision", args.precision] if args.precision else [])
 
 
 if __name__ == "__main__":

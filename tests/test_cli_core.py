@@ -146,6 +146,20 @@ def test_bench_runs_the_scripts_of_the_source_tree(capsys):
         load_benchmark("nonexistent")
 
 
+def test_bench_train_with_two_threads_also_times_two_data_parallel_processes(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, out, _ = run(capsys, "bench", "train", "--preset", "tiny", "--max-tokens", "64", "--mean-len", "5",
+                           "--steps", "2", "--warmup", "0", "--device", "cpu", "--threads", "2")
+    finally:
+        torch.set_num_threads(before)
+    assert code == 0
+    assert re.search(r"aiayn, 2 processes x 1 thread \(DDP\) +\d+ tokens/s", out)
+    assert re.search(r"\(DDP\) / Hugging Face Marian \(2 threads\): [\d.]+x tokens/s", out)
+
+
 def test_bench_long_measures_each_length_in_its_own_process(capsys):
     code, out, _ = run(capsys, "bench", "long", "--preset", "tiny", "--lengths", "96", "--naive-max", "96")
     assert code == 0
