@@ -22,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -67,12 +68,14 @@ def start_server(spec: list[str], options: list[str], threads: int) -> tuple[sub
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
     server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", *spec, "--port", "0", "--threads",
                                str(threads), *options], env=env, stderr=subprocess.PIPE, text=True)
-    line = server.stderr.readline()
-    found = re.search(r"(http://[\d.]+:\d+)", line)
-    if not found:
-        server.kill()
-        raise RuntimeError(f"aiayn serve did not start: {line}{server.stderr.read()}")
-    return server, found.group(1)
+    seen = []
+    for line in server.stderr:  # warnings of the loading may come first
+        seen.append(line)
+        if found := re.search(r"aiayn serve: (http://[\d.]+:\d+)", line):
+            threading.Thread(target=server.stderr.read, daemon=True).start()  # a full pipe would stall the server
+            return server, found.group(1)
+    server.kill()
+    raise RuntimeError(f"aiayn serve did not start: {''.join(seen)}")
 
 
 def stop_server(server: subprocess.Popen) -> None:

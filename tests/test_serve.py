@@ -315,3 +315,10 @@ def test_a_worker_process_that_dies_is_replaced_and_fails_at_most_its_batch(url,
     monkeypatch.undo()
     assert all(worker.alive() for worker in pool._workers) and not {idle, victim} & set(pool._workers)
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_a_worker_that_cannot_load_its_models_says_why(tmp_path):
+    pool = WorkerPool({"x": str(tmp_path / "missing")}, 1)
+    with pytest.raises(RuntimeError, match="a worker process could not load the models: FileNotFoundError"):
+        pool.start()
+    pool.close()
