@@ -324,7 +324,10 @@ def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quiete
     monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("measured again"))
     monkeypatch.setattr(calibrate, "_load", lambda: 0.0)
     assert calibrate._load_or_measure(refresh=False) == quiet
-    assert not calibrate._measured_busy(1.0, 0.0)  # a quiet measurement stays until --recalibrate
+    monkeypatch.setattr(calibrate, "usable_cores", lambda: 2)
+    assert not calibrate._measured_busy(1.0, 0.0, threads=1)  # a core was free for it: stays until --recalibrate
+    assert calibrate._measured_busy(1.99, 1.3, threads=2)  # two threads beside another job: measured again
+    assert not calibrate._measured_busy(0.3, 0.0, threads=2)
 
 
 def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(tmp_path, monkeypatch):

@@ -179,7 +179,8 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
     if not refresh:
         try:
             found = Choices(**json.loads(path.read_text(encoding="utf-8")))
-            if found.machine == description and not _measured_busy(found.load, _load()):
+            if found.machine == description and not _measured_busy(found.load, _load(),
+                                                                          int(description["threads"])):
                 return found
         except (OSError, ValueError, TypeError):
             pass
@@ -201,12 +202,18 @@ def _load() -> float:
         return 0.0
 
 
-def _measured_busy(then: float, now: float) -> bool:
-    """Whether choices measured at load `then` should be measured again at load `now`: they were taken while
-    other work held more than the cores (measured so, oneDNN's two-thread training products came out 1.56x
-    faster than F.linear, which then ran 1.16x faster on a quiet machine), and the machine is at most half as
-    busy now. Choices measured on a quiet machine stay until `--recalibrate`."""
-    return then > usable_cores() and now <= then / 2
+def _busy(load: float, threads: int) -> bool:
+    """Whether a 1-minute load of `load` left fewer than `threads` cores free (half a core to spare)."""
+    return load > usable_cores() - threads + 0.5
+
+
+def _measured_busy(then: float, now: float, threads: int) -> bool:
+    """Whether choices measured with `threads` threads at load `then` should be measured again at load `now`:
+    other work held some of the cores the measurement needed (measured so, oneDNN's two-thread training
+    products came out 1.5x faster than F.linear, which then ran 1.1x faster on a quiet machine), and the
+    machine is quieter now by half a core or more. Choices measured on a quiet machine stay until
+    `--recalibrate`."""
+    return _busy(then, threads) and now < then - 0.5
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
