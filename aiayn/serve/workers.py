@@ -54,8 +54,14 @@ class WorkerPool:
     def start(self) -> None:
         """Start the workers and wait until each has loaded the models (RuntimeError naming what failed)."""
         workers = [self._spawn() for _ in range(self.size)]  # they load side by side
+        try:
+            for worker in workers:
+                worker.ready()
+        except RuntimeError:
+            for worker in workers:
+                worker.stop()
+            raise
         for worker in workers:
-            worker.ready()
             self._workers.append(worker)
             self._idle.put(worker)
 
@@ -68,7 +74,7 @@ class WorkerPool:
             try:
                 status, value = worker.ask((name, texts, dict(options)))
             except (EOFError, OSError):  # it died under this batch: replace it, fail only this batch
-                code = worker.process.exitcode
+                code = worker.stop()
                 worker = self._replace(worker)
                 raise RuntimeError(f"the worker process running this batch died (exit code {code}); it was "
                                    "replaced, retry the request") from None
@@ -79,6 +85,7 @@ class WorkerPool:
         return value
 
     def _replace(self, worker: _Worker) -> _Worker:
+        """A new worker in `worker`'s place (`worker` is stopped first, if it is not already)."""
         code = worker.stop()
         logger.warning("worker process %s exited (code %s); starting another", worker.process.pid, code)
         replacement = self._spawn()
