@@ -317,8 +317,11 @@ def test_a_worker_process_that_dies_is_replaced_and_fails_at_most_its_batch(url,
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
 
 
-def test_a_worker_that_cannot_load_its_models_says_why(tmp_path):
-    pool = WorkerPool({"x": str(tmp_path / "missing")}, 1)
+def test_a_worker_that_cannot_load_its_models_says_why_and_the_pool_stops_the_others(tmp_path):
+    import multiprocessing
+
+    pool = WorkerPool({"x": str(tmp_path / "missing")}, 2)
     with pytest.raises(RuntimeError, match="a worker process could not load the models: FileNotFoundError"):
         pool.start()
+    assert not [p for p in multiprocessing.active_children() if p.name == "aiayn-pass"]
     pool.close()
