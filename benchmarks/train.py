@@ -50,8 +50,8 @@ from aiayn.config import ModelConfig, preset
 from aiayn.data.batching import token_batches
 from aiayn.nn.embedding import sinusoidal_table
 from aiayn.nn.model import build_model
+from aiayn.training.distributed import ObjectiveForward, Replicas
 from aiayn.training.loss import label_smoothed_loss
-from aiayn.training.objectives import forward
 from aiayn.training.optim import make_adam
 
 
@@ -133,14 +133,16 @@ def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
     return make_adam(model.parameters(), lr=1e-4)  # the trainer's Adam (fused kernel), for both
 
 
-def aiayn_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+def aiayn_step(module: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
     """One aiayn training step, as `aiayn.training` runs it (vocabulary logits only where the loss counts).
 
-    `model` is the trainer's prepared copy (`aiayn.backends`), or the plain model for comparison.
+    `module` is the objective's forward as the trainer wraps it (`ObjectiveForward`, DDP around it with
+    more than one process) over the trainer's prepared copy (`aiayn.backends`), or over the plain model
+    for comparison.
     """
     src, tgt_in, labels = batch
     opt.zero_grad(set_to_none=True)
-    logits, kept = forward(model, {"src": src, "tgt_in": tgt_in, "labels": labels}, "seq2seq")
+    logits, kept = module({"src": src, "tgt_in": tgt_in, "labels": labels})
     loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
     (loss / int((labels != -100).sum())).backward()
     opt.step()
@@ -201,6 +203,12 @@ def matmul_peak(n: int = 1024, repeats: int = 5, *, onednn: bool = False,
     return 2.0 * n**3 / best
 
 
+def real_token_count(cfg: ModelConfig, batch) -> int:
+    """The batch's real (not padding) source tokens plus its target tokens the loss counts."""
+    src, _, labels = batch
+    return int((src != cfg.pad_id).sum() + (labels != -100).sum())
+
+
 def data_parallel_rate(argv: list[str], processes: int) -> float:
     """Real tokens/s of aiayn's step as `processes` DDP processes of one thread each, on this script's batches."""
     with socket.socket() as free:
@@ -222,8 +230,6 @@ def data_parallel_rank(args: argparse.Namespace, cfg: ModelConfig) -> int:
     """One DDP process of `data_parallel_rate`: trains its share of the batches, rank 0 prints the rate (JSON)."""
     import torch.distributed as dist
 
-    from aiayn.training.distributed import Replicas
-
     torch.set_num_threads(1)
     rank, world = args.rank, int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -237,13 +243,8 @@ def data_parallel_rank(args: argparse.Namespace, cfg: ModelConfig) -> int:
     steps = len(timed) // world
 
     def step(batch) -> None:
-        src, tgt_in, labels = batch
-        opt.zero_grad(set_to_none=True)
         with backend.autocast():
-            logits, kept = replicas.module({"src": src, "tgt_in": tgt_in, "labels": labels})
-            loss, _ = label_smoothed_loss(logits, kept, smoothing=0.1)
-        (loss / int((labels != -100).sum())).backward()
-        opt.step()
+            aiayn_step(replicas.module, opt, batch)
 
     step(batches[0])  # warm up (DDP builds its buckets on the first backward)
     dist.barrier()
@@ -252,7 +253,7 @@ def data_parallel_rank(args: argparse.Namespace, cfg: ModelConfig) -> int:
         step(timed[k * world + rank])
     dist.barrier()
     seconds = time.perf_counter() - start
-    tokens = sum(int((s != cfg.pad_id).sum() + (lab != -100).sum()) for s, _, lab in timed[: steps * world])
+    tokens = sum(real_token_count(cfg, batch) for batch in timed[: steps * world])
     if rank == 0:
         print(json.dumps({"tokens_per_second": tokens / seconds}))
     dist.destroy_process_group()
@@ -289,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     plain.load_state_dict(ours.state_dict())
     prepared = backend.prepare(ours)  # shares `ours`' parameters (moved to the device), as in the trainer
     plain.to(device)
-    steps = {"aiayn": (aiayn_step, prepared, _optimizer(ours), backend.autocast),
-             "aiayn, plain modules": (aiayn_step, plain, _optimizer(plain), nullcontext),
+    steps = {"aiayn": (aiayn_step, ObjectiveForward(prepared, "seq2seq"), _optimizer(ours), backend.autocast),
+             "aiayn, plain modules": (aiayn_step, ObjectiveForward(plain, "seq2seq"), _optimizer(plain), nullcontext),
              "torch.nn.Transformer": (torch_step, theirs, _optimizer(theirs), nullcontext)}
     marian = marian_peer(cfg)
     if marian is not None:
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         steps["Hugging Face Marian"] = (marian_step, marian, _optimizer(marian), nullcontext)
     batches = [tuple(t.to(device) for t in batch)
                for batch in make_batches(cfg, args.steps + args.warmup, args.max_tokens, args.mean_len)]
-    real_tokens = [int((s != cfg.pad_id).sum() + (lab != -100).sum()) for s, _, lab in batches]
+    real_tokens = [real_token_count(cfg, batch) for batch in batches]
     params = sum(p.numel() for p in ours.parameters())
     print(f"train step, preset {args.preset} ({params / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}), batches "
           f"of <= {args.max_tokens} padded tokens (mean {statistics.mean(real_tokens):.0f} real source + target "

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import pickle
 import queue
 import signal
 import threading
@@ -74,10 +75,9 @@ class WorkerPool:
             try:
                 status, value = worker.ask((name, texts, dict(options)))
             except (EOFError, OSError):  # it died under this batch: replace it, fail only this batch
-                code = worker.stop()
-                worker = self._replace(worker)
-                raise RuntimeError(f"the worker process running this batch died (exit code {code}); it was "
-                                   "replaced, retry the request") from None
+                dead, worker = worker, self._replace(worker)
+                raise RuntimeError(f"the worker process running this batch died (exit code "
+                                   f"{dead.process.exitcode}); it was replaced, retry the request") from None
         finally:
             self._idle.put(worker)
         if status == "error":
@@ -85,7 +85,7 @@ class WorkerPool:
         return value
 
     def _replace(self, worker: _Worker) -> _Worker:
-        """A new worker in `worker`'s place (`worker` is stopped first, if it is not already)."""
+        """A new worker in `worker`'s place (`worker` is stopped and reaped first)."""
         code = worker.stop()
         logger.warning("worker process %s exited (code %s); starting another", worker.process.pid, code)
         replacement = self._spawn()
@@ -180,8 +180,6 @@ def _work(connection: Connection, sources: Mapping[str, str], threads: int, devi
 
 def _sendable(err: Exception) -> Exception:
     """`err` if it survives pickling, else a RuntimeError with its type and message."""
-    import pickle
-
     try:
         pickle.loads(pickle.dumps(err))
         return err
