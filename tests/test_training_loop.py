@@ -35,11 +35,13 @@ def test_loss_falls(tmp_path):
 
 
 def test_copy_task_is_learned_to_100_percent(tmp_path):
+    # a rate decayed to zero, not noam's: under noam (warmup 300) the run ended with 99 of 100 test copies on an
+    # AVX-512 CPU (validation swung 58-100 on the way there); linear decay ends at 100 on AVX-512 and AVX2 alike
     run = load_run_config(None, [
         "task=copy", "task_train=1000", "task_valid=50", "task_test=100", "task_max_len=4", "vocab_size=24",
         "max_tokens=300", "threads=1", "model.d_model=64", "model.d_ff=128", "model.n_heads=4",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.dropout=0.0", "label_smoothing=0",
-        "warmup=300", "lr_scale=1", "epochs=40", "log_every=20", "show_examples=0"])
+        "schedule=linear", "warmup=100", "lr=3e-3", "epochs=40", "log_every=20", "show_examples=0"])
     result = Trainer(run, tmp_path / "run").fit()
     assert result.test["exact_match"] == 100.0
     # the finished run directory is a model directory: it loads and translates the same way
