@@ -1,5 +1,6 @@
 """Embedder equals sentence-transformers' encode(); batching, pooling and the search index behave."""
 
+import itertools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -92,6 +93,24 @@ def test_length_sorted_batches_cover_everything_longest_first():
     assert flat == sorted(lengths, reverse=True) and all(len(b) <= 3 for b in batches)
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         length_sorted_batches(lengths, 0)
+
+
+def test_length_sorted_batches_split_off_a_long_text_rather_than_pad_to_it():
+    from aiayn.inference.embeddings import CALL_COST_TOKENS as call
+
+    # one long text among short ones runs alone: padding seven 10s to 200 costs far more than a second pass
+    assert length_sorted_batches([10, 200, 10, 11, 10, 10, 10, 10], 16) == [[1], [3, 0, 2, 4, 5, 6, 7]]
+    # equal lengths share a pass, up to batch_size
+    assert sorted(len(b) for b in length_sorted_batches([30] * 40, 16)) == [8, 16, 16]
+    # each cut is worth its pass: brute force over every way to cut five sorted lengths agrees
+    lengths = [90, 64, 40, 38, 12]
+
+    def total(batches):
+        return sum(call + len(b) * lengths[b[0]] for b in batches)
+
+    best = min(total([list(range(a, b)) for a, b in zip((0, *cuts), (*cuts, 5))])
+               for n in range(5) for cuts in itertools.combinations(range(1, 5), n))
+    assert total(length_sorted_batches(lengths, 5)) == best
 
 
 def test_bf16_embedder_stays_close(embedder):

@@ -36,12 +36,34 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) ->
     return [[tokenizer.bos_id, *ids[: max_length - 2], tokenizer.eos_id] for ids in body]
 
 
+# What one more forward pass costs, in padded tokens: MiniLM on one CPU thread takes about 6.5 ms a call plus
+# 0.135 ms a token (B x L), so a pass is worth ~48 tokens of padding. Splitting off a long text rather than
+# padding the rest to it doubled the rate of 16 texts of random lengths (76 -> 148 texts/s).
+CALL_COST_TOKENS = 48
+
+
 def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices grouped into batches of at most `batch_size`, longest first, so padding stays small."""
+    """Indices grouped into batches of at most `batch_size`, longest first, with the least padding overall.
+
+    The texts are sorted by length and cut where it is cheapest: each batch costs its padded size (its
+    count x its longest) plus `CALL_COST_TOKENS` for the pass itself, and the cuts minimise the total
+    (dynamic programming over the sorted lengths). A handful of texts of mixed lengths (what a server
+    gathers) then runs as a few tight batches instead of one padded to its longest; many texts come out
+    as full batches of similar lengths.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    cost = [0] + [0] * len(order)  # cost[end]: the cheapest batching of order[:end]
+    start_of = [0] * (len(order) + 1)  # where the last batch of that batching starts
+    for end in range(1, len(order) + 1):
+        cost[end], start_of[end] = min((cost[start] + CALL_COST_TOKENS + (end - start) * lengths[order[start]], start)
+                                       for start in range(max(0, end - batch_size), end))
+    batches, end = [], len(order)
+    while end:
+        batches.append(order[start_of[end] : end])
+        end = start_of[end]
+    return batches[::-1]
 
 
 def _read_json(path: Path) -> dict:
