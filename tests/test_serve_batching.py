@@ -55,6 +55,43 @@ def test_the_text_cap_splits_batches():
     assert calls == [["a", "b", "c"], ["d", "e", "f"]]
 
 
+def test_idle_passes_share_the_queue_and_run_side_by_side():
+    calls, both = [], threading.Barrier(2, timeout=10)  # broken unless two batches are in flight at once
+
+    def run(texts):
+        calls.append(list(texts))
+        both.wait()
+        return [text.upper() for text in texts]
+
+    async def main():
+        batcher = Batcher(run, Passes(2), max_tokens=100, max_wait=0.01)
+        return await asyncio.gather(*(batcher.submit([t], 1) for t in "abcdefgh"))
+
+    assert asyncio.run(main()) == [[t.upper()] for t in "abcdefgh"]
+    assert calls == [list("abcd"), list("efgh")]  # half each, not all eight on one pass and none on the other
+
+
+def test_a_job_that_waited_for_a_pass_runs_without_waiting_the_window_again():
+    calls, gate = [], threading.Event()
+
+    async def main():
+        batcher = Batcher(recording(calls, gate=gate), Passes(1), max_wait=0.5)
+        first = asyncio.ensure_future(batcher.submit(["first"], 1))
+        await asyncio.sleep(0.01)
+        while batcher.queue:  # until the first has waited its window and its batch holds the only pass
+            await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(batcher.submit(["second"], 1))
+        await asyncio.sleep(0.6)  # longer than the window, waiting for the only pass
+        gate.set()
+        await first
+        start = asyncio.get_running_loop().time()
+        await second
+        return asyncio.get_running_loop().time() - start
+
+    assert asyncio.run(main()) < 0.4  # it ran as soon as the pass was free (the window of 0.5 s had passed)
+    assert calls == [["first"], ["second"]]
+
+
 def test_a_failing_batch_fails_only_the_job_that_caused_it():
     calls = []
 
@@ -90,6 +127,21 @@ def test_a_cancelled_job_leaves_the_queue_and_never_runs_and_a_full_queue_refuse
 
     assert asyncio.run(main()) == ["FIRST"]
     assert calls == [["first"]]
+
+
+def test_a_batcher_that_breaks_fails_its_queued_jobs_and_the_next_job_starts_it_again(monkeypatch):
+    calls = []
+
+    async def main():
+        batcher = Batcher(recording(calls), Passes(1), max_wait=0.0)
+        with monkeypatch.context() as patched:
+            patched.setattr(batcher, "_take", lambda share=1: 1 / 0)  # a bug in the gathering loop
+            with pytest.raises(RuntimeError, match="the batcher failed .ZeroDivisionError"):
+                await asyncio.wait_for(batcher.submit(["lost"], 1), 10)  # answered, not left waiting
+        return await batcher.submit(["next"], 1)
+
+    assert asyncio.run(main()) == ["NEXT"]
+    assert calls == [["next"]]
 
 
 def test_passes_must_be_positive():

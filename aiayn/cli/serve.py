@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "but the passes then take turns at Python's lock). Default on CPU with more than one pass: "
                         "a worker process per pass")
     p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long a free pass waits for more requests to batch with (default 5 ms)")
+                   help="how long the oldest queued request waits for others to batch with (default 5 ms)")
     p.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch (default 4096)")
     p.add_argument("--max-batch", type=int, default=0,
                    help="most texts in one batch (default 0: no cap beyond --max-tokens)")

@@ -123,7 +123,7 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         limits: request bounds (`Limits`).
         passes: most forward passes at once; `threads` torch threads each (passes x threads <= cores).
         max_tokens: token budget of a batch gathered across requests; max_batch caps its texts (0: no cap).
-        max_wait: seconds a free pass waits for more requests before it runs what is queued.
+        max_wait: seconds the oldest queued request waits (from its arrival) for others to join its batch.
         pool: started worker processes holding the same models (one a pass, `pool.size == passes`): the
             batches run there instead of in the server's threads. The application closes it when it stops.
     """
@@ -187,7 +187,7 @@ def service_routes(server: Server) -> APIRouter:
         model = pick(server.models, "translate", string_field(fields, "model"))
         count = model.count_tokens(texts)  # 422 for a text the model cannot take
         loop = asyncio.get_running_loop()
-        async with server.slots.free:
+        async with server.slots.slot():
             result = await loop.run_in_executor(server.slots.executor, model.inspect, texts[0])
         return {**result, "tokens": count}
 
@@ -236,7 +236,7 @@ def openai_routes(server: Server) -> APIRouter:
         vectors = await server.run(request, model, texts)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
-                 if encoding == "base64" else [float(x) for x in v]} for i, v in enumerate(vectors)]
+                 if encoding == "base64" else np.asarray(v, dtype=np.float32).tolist()} for i, v in enumerate(vectors)]
         return JSONResponse({"object": "list", "data": data, "model": model.name,
                              "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
@@ -257,7 +257,7 @@ def tei_routes(server: Server) -> APIRouter:
         fields = await read_fields(request, server.limits)
         texts, _ = texts_field(fields, "inputs", server.limits)
         model = pick(server.models, "embed", string_field(fields, "model"))
-        return JSONResponse([[float(x) for x in v] for v in await server.run(request, model, texts)])
+        return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in await server.run(request, model, texts)])
 
     @router.post("/predict")
     async def tei_predict(request: Request) -> list:

@@ -2,11 +2,15 @@
 
 Each loaded object has a `Batcher`. A request becomes a job (its texts and their token count) in the
 batcher's queue. The batcher waits for a free forward-pass slot (`Passes`, shared by every model of
-the server, so torch threads x concurrent passes stay within the cores), then for the gathering window
-(`max_wait`) or until the queued jobs fill the token budget, and hands the texts of the jobs it took to
-the object's own batched call in a worker thread; that call sorts them by length and cuts them into
-padded batches (`Translator.translations`, `Embedder.embed`, `.predict`). Each job gets back its own
-slice. While every slot is busy, jobs keep queueing, so batches grow with the load.
+the server, so torch threads x concurrent passes stay within the cores), then until the oldest queued
+job has waited the gathering window (`max_wait`) or the queued jobs fill the token budget, and hands
+the texts of the jobs it took to the object's own batched call in a worker thread; that call sorts them
+by length and cuts them into padded batches (`Translator.translations`, `Embedder.embed`, `.predict`).
+Each job gets back its own slice. While every slot is busy, jobs keep queueing, so batches grow with
+the load. While other slots are idle, a batch takes only its share of the queue (the queued texts over
+the idle slots), so that the passes run side by side: taking everything would leave the other passes
+idle, and the clients, all answered by one batch, would come back together for the next one (a convoy:
+with 32 clients and two worker processes, each worker was busy 43% of the time, one after the other).
 
 A job whose client went away before its batch started is dropped; a batch that raises is retried one
 job at a time, so an error in one request fails only that request.
@@ -15,6 +19,7 @@ job at a time, so an error in one request fails only that request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -43,6 +48,7 @@ class Passes:
         self.slots, self.threads = slots, threads
         self.executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="aiayn-pass",
                                            initializer=torch.set_num_threads, initargs=(threads,))
+        self.busy = 0  # slots held now
         self._free: asyncio.Semaphore | None = None  # made on the event loop that uses it
 
     @property
@@ -51,6 +57,30 @@ class Passes:
         if self._free is None:
             self._free = asyncio.Semaphore(self.slots)
         return self._free
+
+    @property
+    def idle(self) -> int:
+        """Slots nobody holds now."""
+        return self.slots - self.busy
+
+    async def acquire(self) -> None:
+        """Wait for a free slot and hold it."""
+        await self.free.acquire()
+        self.busy += 1
+
+    def release(self) -> None:
+        """Give a held slot back."""
+        self.busy -= 1
+        self.free.release()
+
+    @contextlib.asynccontextmanager
+    async def slot(self):
+        """Hold a slot for the duration of the block."""
+        await self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
 
     def close(self) -> None:
         """Stop the worker threads once the passes running now have finished."""
@@ -76,7 +106,8 @@ class Batcher:
         max_tokens: token budget of one gathered batch (a single larger job still runs, alone).
         max_texts: most texts in one gathered batch (0: no cap): smaller batches let the next batch
             compute while the answers of the last one are written and their clients send again.
-        max_wait: seconds to wait for more jobs once a slot is free and one job is queued.
+        max_wait: seconds the oldest queued job waits (from its arrival) for others to join its batch; a job
+            that waited that long for a free slot already runs at once.
         max_queue: most texts waiting; a job beyond it raises `QueueFull`.
         observe: called as observe(texts, tokens, seconds) after each batch ran (metrics).
     """
@@ -121,27 +152,49 @@ class Batcher:
         if self._loop_task is None or self._loop_task.done():
             self._arrived = asyncio.Event()
             self._loop_task = asyncio.get_running_loop().create_task(self._gather_loop())
+            self._loop_task.add_done_callback(self._gathering_ended)
+
+    def _gathering_ended(self, task: asyncio.Task) -> None:
+        """The gathering loop never returns; if it raised, fail the queued jobs (not leave them waiting forever)."""
+        if task.cancelled() or task.exception() is None:
+            return
+        err = task.exception()
+        logger.error("the batcher of %d queued jobs stopped: %s: %s", len(self.queue), type(err).__name__, err,
+                     exc_info=err)
+        while self.queue:
+            _settle(self.queue.popleft(), error=RuntimeError(f"the batcher failed ({type(err).__name__}: {err}); "
+                                                             "retry the request"))
 
     async def _gather_loop(self) -> None:
         while True:
             while not self.queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            await self.passes.free.acquire()
-            deadline = time.perf_counter() + self.max_wait
-            while (remaining := deadline - time.perf_counter()) > 0 and not self._full():
-                self._arrived.clear()
-                try:
-                    await asyncio.wait_for(self._arrived.wait(), remaining)
-                except asyncio.TimeoutError:
-                    break
-            jobs = self._take()
+            await self.passes.acquire()
+            try:
+                jobs = await self._gather()
+            except BaseException:
+                self.passes.release()
+                raise
             if not jobs:
-                self.passes.free.release()
+                self.passes.release()
                 continue
-            task = asyncio.get_running_loop().create_task(self._run_batch(jobs))
+            task = asyncio.get_running_loop().create_task(self._run_batch(jobs))  # it releases the slot
             self._running.add(task)
             task.add_done_callback(self._running.discard)
+
+    async def _gather(self) -> list[Job]:
+        """The jobs of the next batch, once the oldest has waited its window or the queue fills a batch."""
+        while self.queue and self.queue[0].future.done():  # clients that went away while it waited
+            self.queue.popleft()
+        deadline = (self.queue[0].queued_at if self.queue else time.perf_counter()) + self.max_wait
+        while (remaining := deadline - time.perf_counter()) > 0 and not self._full():
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except asyncio.TimeoutError:
+                break
+        return self._take(share=1 + self.passes.idle)
 
     def _full(self) -> bool:
         """Whether the queued jobs already fill a batch (its token budget or its number of texts)."""
@@ -149,17 +202,19 @@ class Batcher:
         return (sum(job.tokens for job in waiting) >= self.max_tokens
                 or 0 < self.max_texts <= sum(len(job.texts) for job in waiting))
 
-    def _take(self) -> list[Job]:
-        """Jobs from the head of the queue while they fit the token budget and the text cap (always at least one)."""
+    def _take(self, share: int = 1) -> list[Job]:
+        """Jobs from the head of the queue while they fit the token budget, the text cap and 1 / `share` of the
+        queued texts (the passes that could take the rest); always at least one."""
         jobs: list[Job] = []
         tokens = texts = 0
+        mine = -(-self.queued_texts // share)  # ceil
         while self.queue:
             job = self.queue[0]
             if job.future.done():
                 self.queue.popleft()
                 continue
             if jobs and (tokens + job.tokens > self.max_tokens
-                         or 0 < self.max_texts < texts + len(job.texts)):
+                         or 0 < self.max_texts < texts + len(job.texts) or texts >= mine):
                 break
             jobs.append(self.queue.popleft())
             tokens += job.tokens
@@ -188,7 +243,7 @@ class Batcher:
                 _settle(job, results=results[offset : offset + len(job.texts)])
                 offset += len(job.texts)
         finally:
-            self.passes.free.release()
+            self.passes.release()
 
     async def _run_alone(self, job: Job) -> None:
         loop = asyncio.get_running_loop()
