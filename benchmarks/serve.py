@@ -1,12 +1,14 @@
 """Serving throughput and latency: `aiayn serve` batching across requests, beside one-request-at-a-time serving
 and the same sentences through the in-process object (batched), in one run.
 
-N concurrent clients (asyncio + httpx, in this process) send one text per request for T seconds to a server
-started as its own process (`aiayn serve`), first batching (the default: passes = cores // threads, a 5 ms
-gathering window), then answering one request at a time (one pass, a batch budget of one request, no window:
-what a server that translates inside a critical section does). The in-process figure is the object's own
-batched call (`Translator.translate` / `Embedder.embed`) on the sentences the batching server answered, with
-as many torch threads as the server used cores. Run it on a quiet machine:
+N concurrent clients (a keep-alive HTTP/1.1 connection each, on asyncio's streams, in this process) send one
+text per request for T seconds to a server started as its own process (`aiayn serve`), first batching (the
+default: passes = cores // threads, a 5 ms gathering window), then answering one request at a time (one pass,
+a batch budget of one request, no window: what a server that translates inside a critical section does). The
+in-process figure is the object's own batched call (`Translator.translate` / `Embedder.embed`) on the
+sentences the batching server answered, with as many torch threads as the server used cores, once in one call
+and once in calls of as many texts as the server's batches held on average (from its `/metrics`), which
+separates what HTTP and gathering cost from what smaller batches cost. Run it on a quiet machine:
 
     aiayn bench serve --run runs/demo --seconds 15       # or: python benchmarks/serve.py ...
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import signal
@@ -87,29 +90,62 @@ def stop_server(server: subprocess.Popen) -> None:
         server.wait()
 
 
+class Connection:
+    """One keep-alive HTTP/1.1 connection that POSTs JSON and reads the answer: a load generator's client.
+
+    Written on asyncio's streams, as wrk or hey are written in C and Go, so that the load costs the cores it
+    shares with the server little (httpx's AsyncClient took 1.7 ms of CPU a request here, 15% of 2 cores at
+    the batching server's rate).
+    """
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, route: str, payload: dict) -> bytes:
+        """The answer's body; RuntimeError for a status other than 200."""
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        body = json.dumps(payload).encode()
+        self.writer.write(f"POST {route} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
+        answer = await self.reader.readexactly(int(headers.get("content-length", headers.get("Content-Length", 0))))
+        if head[0].split()[1] != "200":
+            raise RuntimeError(f"{route} answered {head[0]}: {answer[:200]!r}")
+        return answer
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
 async def load(url: str, route: str, field: str, texts: list[str], clients: int, seconds: float,
                extra: dict) -> tuple[list[float], list[str]]:
     """Latencies of every answered request and the texts answered, `clients` at a time for `seconds`."""
-    import httpx
-
+    host, port = re.match(r"http://([\d.]+):(\d+)", url).groups()
+    connections = [Connection(host, int(port)) for _ in range(clients)]
     latencies, sent = [], []
-    deadline = time.perf_counter() + seconds
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-        async def one_client(k: int) -> None:
-            i = k
-            while time.perf_counter() < deadline:
-                text = texts[i % len(texts)]
-                i += clients
-                start = time.perf_counter()
-                response = await client.post(route, json={field: text, **extra})
-                response.raise_for_status()
-                latencies.append(time.perf_counter() - start)
-                sent.append(text)
 
-        for text in texts[:clients]:  # warm up: every client's first request, not measured
-            (await client.post(route, json={field: text, **extra})).raise_for_status()
-        await asyncio.gather(*(one_client(k) for k in range(clients)))
+    async def one_client(k: int, deadline: float) -> None:
+        i = k
+        while time.perf_counter() < deadline:
+            text = texts[i % len(texts)]
+            i += clients
+            start = time.perf_counter()
+            await connections[k].post(route, {field: text, **extra})
+            latencies.append(time.perf_counter() - start)
+            sent.append(text)
+
+    try:
+        for k, text in enumerate(texts[:clients]):  # warm up: every client's first request, not measured
+            await connections[k].post(route, {field: text, **extra})
+        await asyncio.gather(*(one_client(k, time.perf_counter() + seconds) for k in range(clients)))
+    finally:
+        for connection in connections:
+            connection.close()
     return latencies, sent
 
 
@@ -120,15 +156,27 @@ def percentile(values: list[float], q: float) -> float:
 def row(name: str, count: int, seconds: float, latencies: list[float] | None) -> str:
     rate = count / seconds
     if latencies is None:
-        return f"{name:<34} {rate:>9.1f} {'-':>8} {'-':>8} {'-':>8}"
+        return f"{name:<44} {rate:>9.1f} {'-':>8} {'-':>8} {'-':>8}"
     ms = [1000 * percentile(latencies, q) for q in (50, 95, 99)]
-    return f"{name:<34} {rate:>9.1f} {ms[0]:>8.1f} {ms[1]:>8.1f} {ms[2]:>8.1f}"
+    return f"{name:<44} {rate:>9.1f} {ms[0]:>8.1f} {ms[1]:>8.1f} {ms[2]:>8.1f}"
 
 
-def in_process(obj, call: str, texts: list[str], cores: int) -> float:
-    """Seconds the object's batched call takes on `texts`, with `cores` torch threads (best of two)."""
+def mean_batch(url: str) -> float:
+    """Texts per batched call the server ran so far (from its `/metrics`: the batch histogram's sum / count)."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    total = sum(float(v) for v in re.findall(r"^aiayn_batch_texts_sum\{.*\} (\S+)$", text, re.M))
+    count = sum(float(v) for v in re.findall(r"^aiayn_batch_texts_count\{.*\} (\S+)$", text, re.M))
+    return total / count if count else 0.0
+
+
+def in_process(obj, call: str, texts: list[str], cores: int, chunk: int = 0) -> float:
+    """Seconds the object's batched call takes on `texts` (in calls of `chunk` texts, 0: one call), with `cores`
+    torch threads (best of two)."""
     import torch
 
+    chunks = [texts[i : i + chunk] for i in range(0, len(texts), chunk)] if chunk else [texts]
     before = torch.get_num_threads()
     torch.set_num_threads(cores)
     try:
@@ -136,7 +184,8 @@ def in_process(obj, call: str, texts: list[str], cores: int) -> float:
         best = float("inf")
         for _ in range(2):
             start = time.perf_counter()
-            getattr(obj, call)(texts)
+            for part in chunks:
+                getattr(obj, call)(part)
             best = min(best, time.perf_counter() - start)
         return best
     finally:
@@ -146,25 +195,30 @@ def in_process(obj, call: str, texts: list[str], cores: int) -> float:
 def compare(name: str, spec: list[str], obj, call: str, route: str, field: str, texts: list[str], clients: int,
             args: argparse.Namespace, cores: int, extra: dict) -> dict[str, float]:
     print(f"\n{name}: {clients} concurrent clients, {args.seconds:g} s each, one text per request")
-    print(f"{'':<34} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")
+    print(f"{'':<44} {'texts/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}")
     rates = {}
     batched = BATCHED + (["--passes", str(args.passes)] if args.passes else []) + ["--max-batch", str(args.max_batch)]
     for label, options in (("aiayn serve (batching)", batched), ("one request at a time", ONE_AT_A_TIME)):
         server, url = start_server(spec, options, args.threads)
         try:
             latencies, sent = asyncio.run(load(url, route, field, texts, clients, args.seconds, extra))
+            if label.startswith("aiayn serve"):
+                answered, gathered = sent, mean_batch(url)
         finally:
             stop_server(server)
         rates[label] = len(sent) / args.seconds
         print(row(label, len(sent), args.seconds, latencies), flush=True)
-        if label.startswith("aiayn serve"):
-            answered = sent
+    name = f"in-process {type(obj).__name__}.{call}"
     seconds = in_process(obj, call, answered, cores)
     rates["in-process"] = len(answered) / seconds
-    print(row(f"in-process {type(obj).__name__}.{call}", len(answered), seconds, None), flush=True)
+    print(row(name, len(answered), seconds, None), flush=True)
+    chunk = max(1, round(gathered))  # what the server's batches held: the rest of the gap is HTTP and gathering
+    seconds = in_process(obj, call, answered, cores, chunk)
+    print(row(f"{name}, {chunk} a call", len(answered), seconds, None), flush=True)
     batched = rates["aiayn serve (batching)"]
     print(f"ratios: batching / one-at-a-time {batched / rates['one request at a time']:.2f}x, "
-          f"batching / in-process {batched / rates['in-process']:.2f}x")
+          f"batching / in-process {batched / rates['in-process']:.2f}x (the server's batches held {gathered:.1f} "
+          f"texts on average; in-process at that size {batched * seconds / len(answered):.2f}x)")
     return rates
 
 
