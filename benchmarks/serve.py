@@ -104,15 +104,30 @@ class Connection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def post(self, route: str, payload: dict) -> bytes:
-        """The answer's body; RuntimeError for a status other than 200."""
+        """The answer's body; RuntimeError for a status other than 200. A kept-alive connection the server
+        closed meanwhile (its keep-alive timeout) is opened again once."""
+        body = json.dumps(payload).encode()
+        request = (f"POST {route} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+                   f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+        reused = self.writer is not None
+        try:
+            return await self._exchange(route, request)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if not reused:
+                raise
+            self.close()
+            return await self._exchange(route, request)
+
+    async def _exchange(self, route: str, request: bytes) -> bytes:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        body = json.dumps(payload).encode()
-        self.writer.write(f"POST {route} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self.writer.write(request)
         head = (await self.reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-        headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
-        answer = await self.reader.readexactly(int(headers.get("content-length", headers.get("Content-Length", 0))))
+        headers = {name.strip().lower(): value.strip()
+                   for name, _, value in (line.partition(":") for line in head[1:] if ":" in line)}
+        if "content-length" not in headers:
+            raise RuntimeError(f"{route} answered without a Content-Length (this client reads no other framing)")
+        answer = await self.reader.readexactly(int(headers["content-length"]))
         if head[0].split()[1] != "200":
             raise RuntimeError(f"{route} answered {head[0]}: {answer[:200]!r}")
         return answer
@@ -120,6 +135,7 @@ class Connection:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+        self.reader = self.writer = None
 
 
 async def load(url: str, route: str, field: str, texts: list[str], clients: int, seconds: float,
@@ -140,8 +156,8 @@ async def load(url: str, route: str, field: str, texts: list[str], clients: int,
             sent.append(text)
 
     try:
-        for k, text in enumerate(texts[:clients]):  # warm up: every client's first request, not measured
-            await connections[k].post(route, {field: text, **extra})
+        await asyncio.gather(*(connections[k].post(route, {field: text, **extra})  # warm up, not measured
+                               for k, text in enumerate(texts[:clients])))
         await asyncio.gather(*(one_client(k, time.perf_counter() + seconds) for k in range(clients)))
     finally:
         for connection in connections:

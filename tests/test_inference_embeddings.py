@@ -111,6 +111,8 @@ def test_length_sorted_batches_split_off_a_long_text_rather_than_pad_to_it():
     best = min(total([list(range(a, b)) for a, b in zip((0, *cuts), (*cuts, 5))])
                for n in range(5) for cuts in itertools.combinations(range(1, 5), n))
     assert total(length_sorted_batches(lengths, 5)) == best
+    # without a cost (a GPU's passes): full batches of the sorted texts
+    assert length_sorted_batches([10, 200, 10, 11], 3, call_cost=None) == [[1, 3, 0], [2]]
 
 
 def test_bf16_embedder_stays_close(embedder):

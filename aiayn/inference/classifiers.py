@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from aiayn.data.collate import pad
-from aiayn.inference.embeddings import encode_texts, length_sorted_batches
+from aiayn.inference.embeddings import encode_texts, length_sorted_batches, pass_cost
 from aiayn.inference.runner import ModelRunner
 from aiayn.tasks import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 from aiayn.tokenization import Tokenizer
@@ -93,7 +93,8 @@ class _LabelledModel(ModelRunner):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
-        for batch in length_sorted_batches([len(row) for row in rows], batch_size):
+        cost = pass_cost(torch.device(self.device))
+        for batch in length_sorted_batches([len(row) for row in rows], batch_size, cost):
             ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
             mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
             with torch.inference_mode():

@@ -42,28 +42,37 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) ->
 CALL_COST_TOKENS = 48
 
 
-def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+def length_sorted_batches(lengths: Sequence[int], batch_size: int,
+                          call_cost: int | None = CALL_COST_TOKENS) -> list[list[int]]:
     """Indices grouped into batches of at most `batch_size`, longest first, with the least padding overall.
 
     The texts are sorted by length and cut where it is cheapest: each batch costs its padded size (its
-    count x its longest) plus `CALL_COST_TOKENS` for the pass itself, and the cuts minimise the total
+    count x its longest) plus `call_cost` tokens for the pass itself, and the cuts minimise the total
     (dynamic programming over the sorted lengths). A handful of texts of mixed lengths (what a server
-    gathers) then runs as a few tight batches instead of one padded to its longest; many texts come out
-    as full batches of similar lengths.
+    gathers) then runs as a few tight batches instead of one padded to its longest; many texts of
+    similar lengths come out as full batches. `call_cost=None` cuts the sorted texts into full batches
+    only (on a GPU, where a pass costs far more than 48 tokens, that is what the cost would choose).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    if call_cost is None:
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     cost = [0] + [0] * len(order)  # cost[end]: the cheapest batching of order[:end]
     start_of = [0] * (len(order) + 1)  # where the last batch of that batching starts
     for end in range(1, len(order) + 1):
-        cost[end], start_of[end] = min((cost[start] + CALL_COST_TOKENS + (end - start) * lengths[order[start]], start)
+        cost[end], start_of[end] = min((cost[start] + call_cost + (end - start) * lengths[order[start]], start)
                                        for start in range(max(0, end - batch_size), end))
     batches, end = [], len(order)
     while end:
         batches.append(order[start_of[end] : end])
         end = start_of[end]
     return batches[::-1]
+
+
+def pass_cost(device: torch.device) -> int | None:
+    """The cost of a pass in tokens for `length_sorted_batches` on `device` (None: full batches only)."""
+    return CALL_COST_TOKENS if device.type == "cpu" else None
 
 
 def _read_json(path: Path) -> dict:
@@ -231,7 +240,7 @@ class Embedder(ModelRunner):
         ids = self.tokenize(texts)
         pad = self.tokenizer.pad_id
         with torch.inference_mode():
-            for batch in length_sorted_batches([len(row) for row in ids], batch_size):
+            for batch in length_sorted_batches([len(row) for row in ids], batch_size, pass_cost(self.backend.device)):
                 longest = len(ids[batch[0]])
                 rows = np.full((len(batch), longest), pad, dtype=np.int64)  # (B, L)
                 mask = np.zeros((len(batch), longest), dtype=np.int64)  # (B, L), 1 = real token

@@ -156,8 +156,8 @@ class Batcher:
 
     def _gathering_ended(self, task: asyncio.Task) -> None:
         """The gathering loop never returns; if it raised, fail the queued jobs (not leave them waiting forever)."""
-        if task.cancelled() or task.exception() is None:
-            return
+        if task is not self._loop_task or task.cancelled() or task.exception() is None:
+            return  # (a submit in between may have started another loop: its jobs are not this one's)
         err = task.exception()
         logger.error("the batcher of %d queued jobs stopped: %s: %s", len(self.queue), type(err).__name__, err,
                      exc_info=err)
@@ -187,7 +187,9 @@ class Batcher:
         """The jobs of the next batch, once the oldest has waited its window or the queue fills a batch."""
         while self.queue and self.queue[0].future.done():  # clients that went away while it waited
             self.queue.popleft()
-        deadline = (self.queue[0].queued_at if self.queue else time.perf_counter()) + self.max_wait
+        if not self.queue:
+            return []  # the loop gives the slot back and waits for the next job
+        deadline = self.queue[0].queued_at + self.max_wait
         while (remaining := deadline - time.perf_counter()) > 0 and not self._full():
             self._arrived.clear()
             try:
