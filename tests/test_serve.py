@@ -2,6 +2,9 @@
 answer equals what the task object returns for that request alone, in any mix of concurrent requests; the limits
 and faults each answered as documented (aiayn/serve/limits.py)."""
 
+import asyncio
+import importlib.util
+import json
 import os
 import random
 import re
@@ -326,3 +329,31 @@ def test_a_worker_that_cannot_load_its_models_says_why_and_the_pool_stops_the_ot
         pool.start()
     assert not set(multiprocessing.active_children()) - others
     pool.close()
+
+
+def test_the_serving_benchmarks_client_reads_each_answer_whole_and_names_a_refusal(url, objects):
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "serve.py"
+    spec = importlib.util.spec_from_file_location("bench_serve", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    host, port = re.match(r"http://([\d.]+):(\d+)", url).groups()
+
+    async def main():
+        connection = bench.Connection(host, int(port))
+        try:  # one keep-alive connection, several answers in a row, each read whole
+            answers = [await connection.post("/translate", {"q": q, "source": "en", "target": "de"})
+                       for q in ("a b c", "h g f e", "naïve café")]
+            with pytest.raises(RuntimeError, match="answered HTTP/1.1 422"):
+                await connection.post("/translate", {"source": "en", "target": "de"})
+            after = await connection.post("/translate", {"q": "a b", "source": "en", "target": "de"})
+        finally:
+            connection.close()
+        latencies, sent = await bench.load(url, "/translate", "q", ["a b c", "h g f e"], 2, 0.3,
+                                           {"source": "en", "target": "de"})
+        return answers, after, latencies, sent
+
+    answers, after, latencies, sent = asyncio.run(main())
+    assert [json.loads(a)["translatedText"] for a in answers] == objects["en-de"].translate(["a b c", "h g f e",
+                                                                                             "naïve café"])
+    assert json.loads(after)["translatedText"] == objects["en-de"].translate("a b")
+    assert sent and len(latencies) == len(sent)
