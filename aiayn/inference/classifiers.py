@@ -93,8 +93,7 @@ class _LabelledModel(ModelRunner):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
-        cost = pass_cost(torch.device(self.device))
-        for batch in length_sorted_batches([len(row) for row in rows], batch_size, cost):
+        for batch in length_sorted_batches([len(row) for row in rows], batch_size, pass_cost(self.device)):
             ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
             mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
             with torch.inference_mode():

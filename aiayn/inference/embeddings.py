@@ -58,7 +58,7 @@ def length_sorted_batches(lengths: Sequence[int], batch_size: int,
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     if call_cost is None:
         return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    cost = [0] + [0] * len(order)  # cost[end]: the cheapest batching of order[:end]
+    cost = [0] * (len(order) + 1)  # cost[end]: the cheapest batching of order[:end]
     start_of = [0] * (len(order) + 1)  # where the last batch of that batching starts
     for end in range(1, len(order) + 1):
         cost[end], start_of[end] = min((cost[start] + call_cost + (end - start) * lengths[order[start]], start)
@@ -240,7 +240,7 @@ class Embedder(ModelRunner):
         ids = self.tokenize(texts)
         pad = self.tokenizer.pad_id
         with torch.inference_mode():
-            for batch in length_sorted_batches([len(row) for row in ids], batch_size, pass_cost(self.backend.device)):
+            for batch in length_sorted_batches([len(row) for row in ids], batch_size, pass_cost(self.device)):
                 longest = len(ids[batch[0]])
                 rows = np.full((len(batch), longest), pad, dtype=np.int64)  # (B, L)
                 mask = np.zeros((len(batch), longest), dtype=np.int64)  # (B, L), 1 = real token
