@@ -236,12 +236,25 @@ def _recording_cross_attention(model: EncoderDecoderModel, on: bool) -> Iterator
         yield cross
 
 
+def _direct_steps(model: EncoderDecoderModel, cross: list[torch.Tensor | None] | None) -> bool:
+    """Whether the steps after the first may run `decode_step`: nothing asks the decoder's modules for
+    more than their output (attention weights, or any other forward hook, see `forward`)."""
+    return cross is None and not any(m._forward_hooks or m._forward_pre_hooks for m in model.decoder.modules())
+
+
 def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
           memory_mask: torch.Tensor | None, cache: KVCache,
-          cross: list[torch.Tensor | None] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+          cross: list[torch.Tensor | None] | None, direct: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, with `cross` (the list
-    `_recording_cross_attention` yields), this step's cross-attention weights (N, n_layers, h, S)."""
-    hidden = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
+    `_recording_cross_attention` yields), this step's cross-attention weights (N, n_layers, h, S).
+
+    With `direct` (see `_direct_steps`), the steps after the first run `model.decode_step`, the same
+    arithmetic in fewer calls.
+    """
+    if direct and cache.length:
+        hidden = model.decode_step(next_input, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
+    else:
+        hidden = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
     logits = model.head(hidden[:, -1]).float()  # (N, V)
     weights = None if cross is None else torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
     return logits, weights
@@ -268,10 +281,16 @@ def topk_rows(x: torch.Tensor, n: int, width: int = 64) -> tuple[torch.Tensor, t
     return values, columns.gather(1, where)
 
 
-def _constrain(scores: torch.Tensor, history: torch.Tensor, step: int, eos_id: int,
+def _uses_history(config: GenerationConfig) -> bool:
+    """Whether `_constrain` reads the tokens so far (repetition penalty or n-gram blocking)."""
+    return config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
+
+
+def _constrain(scores: torch.Tensor, history: torch.Tensor | None, step: int, eos_id: int,
                config: GenerationConfig) -> torch.Tensor:
-    """Hugging Face's logits processors on (N, V) scores, given each row's tokens so far (N, t), start included:
-    repetition penalty, n-gram blocking, and no `</s>` before `min_len`."""
+    """Hugging Face's logits processors on (N, V) scores, given each row's tokens so far (N, t), start included
+    (None where `_uses_history` says they are not read): repetition penalty, n-gram blocking, and no `</s>`
+    before `min_len`."""
     if config.repetition_penalty != 1.0:
         seen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, history, True)  # (N, V)
         penalised = torch.where(scores < 0, scores * config.repetition_penalty, scores / config.repetition_penalty)
@@ -328,15 +347,18 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
     weights: list[torch.Tensor] = []
     start = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
+    direct = _direct_steps(model, cross)
     for step in range(steps):
-        logits, step_weights = _step(model, next_input, memory, src_mask, cache, cross)
+        logits, step_weights = _step(model, next_input, memory, src_mask, cache, cross, direct)
         log_probs = F.log_softmax(logits, dim=-1)  # (B, V): the score counts the model's own probabilities
-        logits = _constrain(logits, torch.cat([start, out[:, :step]], dim=1), step, eos_id, config)
+        history = torch.cat([start, out[:, :step]], dim=1) if _uses_history(config) else None  # (B, 1 + step)
+        logits = _constrain(logits, history, step, eos_id, config)
         if config.do_sample:
             probs = _warp(logits, config).softmax(dim=-1)
             best = torch.multinomial(probs, 1, generator=sampler)[:, 0]  # (B,)
         else:
-            best = logits.argmax(dim=-1)  # (B,)
+            # max's indices are argmax's (the first of equal maxima), in one pass of half argmax's time on CPU.
+            best = logits.max(dim=-1).indices  # (B,)
         best = best.masked_fill(finished, eos_id)
         scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(finished, 0.0)
         out[:, step] = best
@@ -371,9 +393,12 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
     beams = _Beams(batch, k, int(limits.max()), eos_id, config, device)
     start = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
+    direct = _direct_steps(model, cross)
     for step in range(beams.steps):
-        logits, step_weights = _step(model, next_input, memory, mask, cache, cross)  # (B*k, V)
-        history = torch.cat([start, beams.running.view(batch * k, -1)[:, :step]], dim=1)  # (B*k, 1 + step)
+        logits, step_weights = _step(model, next_input, memory, mask, cache, cross, direct)  # (B*k, V)
+        history = None
+        if _uses_history(config):
+            history = torch.cat([start, beams.running.view(batch * k, -1)[:, :step]], dim=1)  # (B*k, 1 + step)
         log_probs = _constrain(F.log_softmax(logits, dim=-1), history, step, eos_id, config)
         # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
         # are among the best 2k tokens of each of its beams: only those are scored.

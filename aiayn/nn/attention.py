@@ -184,6 +184,29 @@ class MultiHeadAttention(nn.Module):
         out = out.transpose(1, 2).reshape(b, length, self.d_model)  # (B, L_q, d_model): heads concatenated
         return self.out_proj(out), weights
 
+    def step(self, query: torch.Tensor, cache: AttentionCache, *, mask: torch.Tensor | None = None,
+             static_kv: bool = False) -> torch.Tensor:
+        """`forward` for one new position on a cache already filled: the same arithmetic, without the checks and
+        branches a call of any shape needs (beside its products, a decoding step's time is such calls).
+
+        Args:
+            query: (B, 1, d_model), the newest position.
+            cache: self-attention's keys and values of the prefix (this position's are appended), or with
+                `static_kv` cross-attention's keys and values of the memory (computed by an earlier `forward`).
+            mask: bool (B, 1, 1, L_k) or None, True = may attend (the newest position sees its whole prefix).
+            static_kv: cross-attention.
+
+        Returns:
+            (B, 1, d_model); no weights (`forward` with `need_weights` writes them out).
+        """
+        if static_kv:
+            q, k, v = self._split_heads(self.q_proj(query)), cache.key, cache.value  # (B, h, 1|S, d_k)
+        else:
+            q, k, v = (self._split_heads(t) for t in self.project_qkv(query))  # (B, h, 1, d_k)
+            k, v = cache.append(k, v)  # (B, h, L, d_k)
+        out = self.attend(q, k, v, mask, dropout_p=0.0, need_weights=False)[0]  # (B, h, 1, d_k)
+        return self.out_proj(out.transpose(1, 2).reshape(query.shape[0], 1, self.d_model))  # heads concatenated
+
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
                dropout_p: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Equation 1 on split heads by `attend` (see there); `aiayn.backends` may pick another kernel."""
