@@ -27,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,8 +140,9 @@ class Connection:
 
 
 async def load(url: str, route: str, field: str, texts: list[str], clients: int, seconds: float,
-               extra: dict) -> tuple[list[float], list[str]]:
-    """Latencies of every answered request and the texts answered, `clients` at a time for `seconds`."""
+               extra: dict, warmed: Callable[[], object] | None = None) -> tuple[list[float], list[str]]:
+    """Latencies of every answered request and the texts answered, `clients` at a time for `seconds`
+    (`warmed` is called between the warm-up requests and the timed ones)."""
     host, port = re.match(r"http://([\d.]+):(\d+)", url).groups()
     connections = [Connection(host, int(port)) for _ in range(clients)]
     latencies, sent = [], []
@@ -158,6 +160,8 @@ async def load(url: str, route: str, field: str, texts: list[str], clients: int,
     try:
         await asyncio.gather(*(connections[k].post(route, {field: text, **extra})  # warm up, not measured
                                for k, text in enumerate(texts[:clients])))
+        if warmed is not None:
+            warmed()
         await asyncio.gather(*(one_client(k, time.perf_counter() + seconds) for k in range(clients)))
     finally:
         for connection in connections:
@@ -177,14 +181,20 @@ def row(name: str, count: int, seconds: float, latencies: list[float] | None) ->
     return f"{name:<44} {rate:>9.1f} {ms[0]:>8.1f} {ms[1]:>8.1f} {ms[2]:>8.1f}"
 
 
-def mean_batch(url: str) -> float:
-    """Texts per batched call the server ran so far (from its `/metrics`: the batch histogram's sum / count)."""
+def batch_totals(url: str) -> tuple[float, float]:
+    """Texts and batched calls the server ran so far (from its `/metrics`: the batch histogram's sum and count)."""
     import httpx
 
     text = httpx.get(f"{url}/metrics", timeout=30).text
     total = sum(float(v) for v in re.findall(r"^aiayn_batch_texts_sum\{.*\} (\S+)$", text, re.M))
     count = sum(float(v) for v in re.findall(r"^aiayn_batch_texts_count\{.*\} (\S+)$", text, re.M))
-    return total / count if count else 0.0
+    return total, count
+
+
+def mean_batch(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Texts per batched call between two `batch_totals`."""
+    calls = after[1] - before[1]
+    return (after[0] - before[0]) / calls if calls else 0.0
 
 
 def in_process(obj, call: str, texts: list[str], cores: int, chunk: int = 0) -> float:
@@ -217,9 +227,11 @@ def compare(name: str, spec: list[str], obj, call: str, route: str, field: str, 
     for label, options in (("aiayn serve (batching)", batched), ("one request at a time", ONE_AT_A_TIME)):
         server, url = start_server(spec, options, args.threads)
         try:
-            latencies, sent = asyncio.run(load(url, route, field, texts, clients, args.seconds, extra))
+            marks = []  # the batch totals after the warm-up: the mean counts the timed batches only
+            latencies, sent = asyncio.run(load(url, route, field, texts, clients, args.seconds, extra,
+                                               warmed=lambda url=url, marks=marks: marks.append(batch_totals(url))))
             if label.startswith("aiayn serve"):
-                answered, gathered = sent, mean_batch(url)
+                answered, gathered = sent, mean_batch(marks[0], batch_totals(url))
         finally:
             stop_server(server)
         rates[label] = len(sent) / args.seconds
