@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from aiayn.serve.batching import Batcher, Passes, QueueFull
+from aiayn.serve.batching import Batcher, Job, Passes, QueueFull
 
 
 def recording(calls, fail_on=None, gate=None):
@@ -147,3 +147,45 @@ def test_a_batcher_that_breaks_fails_its_queued_jobs_and_the_next_job_starts_it_
 def test_passes_must_be_positive():
     with pytest.raises(ValueError, match="at least 1"):
         Passes(0)
+
+
+def test_a_slot_released_to_a_waiter_is_not_counted_idle():
+    async def main():
+        passes = Passes(1)
+        await passes.acquire()
+        waiter = asyncio.get_running_loop().create_task(passes.acquire())
+        await asyncio.sleep(0)  # the waiter now waits for the slot
+        passes.release()  # handed to the waiter, which has not run yet
+        idle_before_it_runs = passes.idle
+        await waiter
+        return idle_before_it_runs, passes.busy, passes.idle
+
+    assert asyncio.run(main()) == (0, 1, 0)
+
+
+def test_a_batch_cancelled_before_or_while_it_runs_gives_its_slot_back_and_answers_its_jobs():
+    calls, gate = [], threading.Event()
+
+    async def main():
+        passes = Passes(1)
+        batcher = Batcher(recording(calls, gate=gate), passes, max_tokens=100, max_wait=0.0)
+        outcomes = []
+        for cancel_at_once in (True, False):
+            await passes.acquire()  # as the gathering loop does before it starts a batch
+            job = Job(["a"], 1, asyncio.get_running_loop().create_future())
+            task = batcher._start_batch([job])
+            if not cancel_at_once:
+                await asyncio.sleep(0.05)  # the batch is inside the model's call, which waits for the gate
+            task.cancel()  # the server stopping
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0)  # its done callback
+            with pytest.raises(RuntimeError, match="server stopped"):
+                await job.future
+            outcomes.append((passes.busy, passes.idle))
+        gate.set()
+        passes.close()  # the started call finishes
+        return outcomes
+
+    assert asyncio.run(main()) == [(0, 1), (0, 1)]
+    assert calls == [["a"]]  # only the second batch had started its call

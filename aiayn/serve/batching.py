@@ -49,6 +49,7 @@ class Passes:
         self.executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="aiayn-pass",
                                            initializer=torch.set_num_threads, initargs=(threads,))
         self.busy = 0  # slots held now
+        self.waiting = 0  # callers of `acquire` not yet given a slot
         self._free: asyncio.Semaphore | None = None  # made on the event loop that uses it
 
     @property
@@ -60,12 +61,17 @@ class Passes:
 
     @property
     def idle(self) -> int:
-        """Slots nobody holds now."""
-        return self.slots - self.busy
+        """Slots nobody holds now and nobody waits for (a released slot goes to a waiter, which counts it busy
+        only once it runs again)."""
+        return max(0, self.slots - self.busy - self.waiting)
 
     async def acquire(self) -> None:
         """Wait for a free slot and hold it."""
-        await self.free.acquire()
+        self.waiting += 1
+        try:
+            await self.free.acquire()
+        finally:
+            self.waiting -= 1
         self.busy += 1
 
     def release(self) -> None:
@@ -179,9 +185,32 @@ class Batcher:
             if not jobs:
                 self.passes.release()
                 continue
-            task = asyncio.get_running_loop().create_task(self._run_batch(jobs))  # it releases the slot
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            self._start_batch(jobs)
+
+    def _start_batch(self, jobs: list[Job]) -> asyncio.Task:
+        """Run the jobs as a task on the slot the gathering loop holds; `_batch_ended` gives the slot back."""
+        task = asyncio.get_running_loop().create_task(self._run_batch(jobs))
+        self._running.add(task)
+        task.add_done_callback(lambda task: self._batch_ended(task, jobs))
+        return task
+
+    def _batch_ended(self, task: asyncio.Task, jobs: list[Job]) -> None:
+        """Give the batch's slot back, also when its task was cancelled (the server stopping) before it ran or
+        failed outside the model's call; the jobs it left unanswered get an error rather than wait forever."""
+        self._running.discard(task)
+        self.passes.release()
+        err = None if task.cancelled() else task.exception()
+        if err is not None:
+            logger.error("a batch of %d requests failed: %s: %s", len(jobs), type(err).__name__, err, exc_info=err)
+        unanswered = [job for job in jobs if not job.future.done()]
+        if not unanswered:
+            return
+        if err is None:
+            error = RuntimeError("the server stopped before this request was answered; retry it")
+        else:
+            error = RuntimeError(f"the batch of this request failed ({type(err).__name__}: {err}); retry it")
+        for job in unanswered:
+            _settle(job, error=error)
 
     async def _gather(self) -> list[Job]:
         """The jobs of the next batch, once the oldest has waited its window or the queue fills a batch."""
@@ -224,28 +253,26 @@ class Batcher:
         return jobs
 
     async def _run_batch(self, jobs: list[Job]) -> None:
+        """Run the jobs as one call (the model's batched call in a pass's thread); a failed batch runs job by job."""
         loop = asyncio.get_running_loop()
+        texts = [text for job in jobs for text in job.texts]
+        start = time.perf_counter()
         try:
-            texts = [text for job in jobs for text in job.texts]
-            start = time.perf_counter()
-            try:
-                results = list(await loop.run_in_executor(self.passes.executor, self.run, texts))
-            except Exception as err:
-                if len(jobs) == 1:
-                    _settle(jobs[0], error=err)
-                    return
-                logger.warning("a batch of %d requests failed (%s); running them one at a time", len(jobs), err)
-                for job in jobs:
-                    await self._run_alone(job)
+            results = list(await loop.run_in_executor(self.passes.executor, self.run, texts))
+        except Exception as err:
+            if len(jobs) == 1:
+                _settle(jobs[0], error=err)
                 return
-            if self.observe is not None:
-                self.observe(len(texts), sum(job.tokens for job in jobs), time.perf_counter() - start)
-            offset = 0
+            logger.warning("a batch of %d requests failed (%s); running them one at a time", len(jobs), err)
             for job in jobs:
-                _settle(job, results=results[offset : offset + len(job.texts)])
-                offset += len(job.texts)
-        finally:
-            self.passes.release()
+                await self._run_alone(job)
+            return
+        if self.observe is not None:
+            self.observe(len(texts), sum(job.tokens for job in jobs), time.perf_counter() - start)
+        offset = 0
+        for job in jobs:
+            _settle(job, results=results[offset : offset + len(job.texts)])
+            offset += len(job.texts)
 
     async def _run_alone(self, job: Job) -> None:
         loop = asyncio.get_running_loop()
