@@ -53,19 +53,47 @@ def test_decode_step_equals_decode_on_the_same_cache(how, norm_first, activation
 @torch.no_grad()
 def test_generate_with_direct_steps_equals_the_module_path(monkeypatch, how, beam):
     model = prepared(tiny(False), how)
-    config = GenerationConfig(max_new_tokens=10, beam_size=beam, no_repeat_ngram_size=2 if beam > 1 else 0)
+    config = GenerationConfig(max_new_tokens=10, min_len=10, beam_size=beam,
+                              no_repeat_ngram_size=2 if beam > 1 else 0)
+    steps = []
+    decode_step = type(model).decode_step
+    monkeypatch.setattr(type(model), "decode_step", lambda self, *a, **k: steps.append(1) or decode_step(self, *a, **k))
     direct = generate(model, source(), bos_id=1, eos_id=2, config=config)
+    assert len(steps) == 9  # every step after the first
     monkeypatch.setattr(generation, "_direct_steps", lambda model, cross: False)
     modules = generate(model, source(), bos_id=1, eos_id=2, config=config)
+    assert len(steps) == 9
     assert direct.tokens == modules.tokens
     assert torch.equal(direct.scores, modules.scores)
 
 
-@torch.no_grad()
-def test_hooks_on_the_decoder_keep_every_step_on_the_modules():
+def test_decode_step_takes_the_mask_source_mask_returns():
     model = tiny(False)
-    with attention_weights([layer.cross_attn for layer in model.decoder.layers]) as cross:
-        assert not generation._direct_steps(model, None)  # the hooks would miss the direct steps
-        generate(model, source(), bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=5))
-        assert all(w is not None and w.shape[2] == 1 for w in cross)  # the last step's weights (B, h, 1, S)
-    assert generation._direct_steps(model, None)
+    src = source()
+    mask = model.source_mask(src)
+    memory, cache = model.encode(src, mask), model.new_cache()
+    with torch.no_grad():
+        model.decode(torch.ones(3, 1, dtype=torch.long), memory, memory_mask=mask, cache=cache)
+        with pytest.raises(ValueError, match=r"\(B, 1, 1, S\).*model.source_mask"):
+            model.decode_step(torch.ones(3, 1, dtype=torch.long), memory_mask=mask[:, 0], cache=cache)
+
+
+@torch.no_grad()
+def test_hooks_keep_every_step_on_the_modules():
+    model = tiny(False)
+    calls = []
+    with attention_weights([model.decoder.layers[0].cross_attn], keep=False):  # pre-hooks only
+        pre = model.decoder.layers[0].cross_attn.register_forward_pre_hook(lambda *args: calls.append("pre"))
+        generate(model, source(), bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=5, min_len=5))
+        pre.remove()
+    assert calls.count("pre") == 5
+    handle = model.decoder.layers[1].register_forward_hook(lambda *args: calls.append("layer"))
+    every = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, *args: calls.append("every") if module is model.decoder.layers[0] else None)
+    try:
+        generate(model, source(), bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=5, min_len=5))
+    finally:
+        handle.remove()
+        every.remove()
+    assert calls.count("layer") == 5 and calls.count("every") == 5  # each of the five steps through the modules
+    assert generation._direct_steps(model, None)  # hooks gone: direct again

@@ -238,8 +238,14 @@ def _recording_cross_attention(model: EncoderDecoderModel, on: bool) -> Iterator
 
 def _direct_steps(model: EncoderDecoderModel, cross: list[torch.Tensor | None] | None) -> bool:
     """Whether the steps after the first may run `decode_step`: nothing asks the decoder's modules for
-    more than their output (attention weights, or any other forward hook, see `forward`)."""
-    return cross is None and not any(m._forward_hooks or m._forward_pre_hooks for m in model.decoder.modules())
+    more than their output (attention weights, or any forward hook: the module's own, or one that
+    `torch.nn.modules.module.register_module_forward_hook` sets on every module, as profilers do)."""
+    if cross is not None:
+        return False
+    every_module = torch.nn.modules.module  # where PyTorch keeps the hooks it calls on every module
+    if getattr(every_module, "_global_forward_hooks", None) or getattr(every_module, "_global_forward_pre_hooks", None):
+        return False
+    return not any(m._forward_hooks or m._forward_pre_hooks for m in model.decoder.modules())
 
 
 def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,

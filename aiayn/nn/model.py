@@ -191,6 +191,9 @@ class EncoderDecoderModel(nn.Module):
         """`decode` for the newest token ids (B, 1) once `cache` holds the earlier positions and the memory's keys
         and values (every decoding step after the first; `memory_mask` as `source_mask` returns it): the same
         arithmetic with fewer checks and calls (docs/generation.md, "Speed"). -> decoder states (B, 1, d_model)."""
+        if memory_mask is not None and memory_mask.dim() != 4:  # `decode` normalises other shapes; a step does not
+            raise ValueError(f"decode_step takes the source mask as source_mask returns it, (B, 1, 1, S); got shape "
+                             f"{tuple(memory_mask.shape)}: pass model.source_mask(src)")
         x = self.tgt_embed(token, offset=cache.length)  # (B, 1, d_model)
         return self.decoder.step(x, memory_mask=memory_mask, cache=cache)
 
