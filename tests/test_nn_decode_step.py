@@ -67,12 +67,14 @@ def test_generate_with_direct_steps_equals_the_module_path(monkeypatch, how, bea
     assert torch.equal(direct.scores, modules.scores)
 
 
-def test_decode_step_takes_the_mask_source_mask_returns():
+def test_decode_step_takes_a_filled_cache_and_the_mask_source_mask_returns():
     model = tiny(False)
     src = source()
     mask = model.source_mask(src)
     memory, cache = model.encode(src, mask), model.new_cache()
     with torch.no_grad():
+        with pytest.raises(ValueError, match="cache that decode has filled"):
+            model.decode_step(torch.ones(3, 1, dtype=torch.long), memory_mask=mask, cache=cache)
         model.decode(torch.ones(3, 1, dtype=torch.long), memory, memory_mask=mask, cache=cache)
         with pytest.raises(ValueError, match=r"\(B, 1, 1, S\).*model.source_mask"):
             model.decode_step(torch.ones(3, 1, dtype=torch.long), memory_mask=mask[:, 0], cache=cache)

@@ -199,11 +199,7 @@ class MultiHeadAttention(nn.Module):
         Returns:
             (B, 1, d_model); no weights (`forward` with `need_weights` writes them out).
         """
-        if static_kv:
-            q, k, v = self._split_heads(self.q_proj(query)), cache.key, cache.value  # (B, h, 1|S, d_k)
-        else:
-            q, k, v = (self._split_heads(t) for t in self.project_qkv(query))  # (B, h, 1, d_k)
-            k, v = cache.append(k, v)  # (B, h, L, d_k)
+        q, k, v, _ = self._heads(query, None, cache, static_kv)  # (B, h, 1, d_k), K and V (B, h, L|S, d_k)
         out = self.attend(q, k, v, mask, dropout_p=0.0, need_weights=False)[0]  # (B, h, 1, d_k)
         return self.out_proj(out.transpose(1, 2).reshape(query.shape[0], 1, self.d_model))  # heads concatenated
 

@@ -191,6 +191,8 @@ class EncoderDecoderModel(nn.Module):
         """`decode` for the newest token ids (B, 1) once `cache` holds the earlier positions and the memory's keys
         and values (every decoding step after the first; `memory_mask` as `source_mask` returns it): the same
         arithmetic with fewer checks and calls (docs/generation.md, "Speed"). -> decoder states (B, 1, d_model)."""
+        if not cache.length:  # the memory's keys and values are computed by `decode`'s first call
+            raise ValueError("decode_step needs a cache that decode has filled: run the first step with decode")
         if memory_mask is not None and memory_mask.dim() != 4:  # `decode` normalises other shapes; a step does not
             raise ValueError(f"decode_step takes the source mask as source_mask returns it, (B, 1, 1, S); got shape "
                              f"{tuple(memory_mask.shape)}: pass model.source_mask(src)")
