@@ -83,6 +83,47 @@ def test_batch_equals_one_by_one(beam, run_on):
         torch.testing.assert_close(alone.scores[0], batch.scores[i], atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_finished_sentences_leave_the_batch_and_the_others_decode_as_alone(beam, run_on, monkeypatch):
+    from aiayn.inference import generation
+
+    model = run_on(make_model(4))
+    torch.manual_seed(5)
+    src = torch.randint(4, 24, (9, 9))
+    for i, length in enumerate([9, 2, 5, 3, 9, 1, 7, 4, 6]):
+        src[i, length:] = PAD
+    # Each sentence runs to its own limit (real length + 3) or ends at </s> before: they finish at different steps.
+    config = GenerationConfig(beam_size=beam, extra_len=3)
+    rows = []  # the batch of every step
+    step = generation._step
+    monkeypatch.setattr(generation, "_step", lambda model, next_input, *a, **k: (
+        rows.append(next_input.shape[0]), step(model, next_input, *a, **k))[1])
+    batch = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
+    assert rows[0] == 9 * beam and rows[-1] < rows[0] and rows == sorted(rows, reverse=True)
+    for i in range(src.shape[0]):
+        alone = generate(model, src[i : i + 1], bos_id=BOS, eos_id=EOS, config=config)
+        assert alone.tokens[0] == batch.tokens[i]
+        torch.testing.assert_close(alone.scores[0], batch.scores[i], atol=1e-4, rtol=1e-5)
+    assert [len(t) <= int((s != PAD).sum()) + 3 for t, s in zip(batch.tokens, src)] == [True] * 9
+
+
+def test_sampling_and_recorded_attention_keep_every_row(monkeypatch):
+    from aiayn.inference import generation
+
+    model = make_model(4)
+    src = padded_sources()
+    rows = []
+    step = generation._step
+    monkeypatch.setattr(generation, "_step", lambda model, next_input, *a, **k: (
+        rows.append(next_input.shape[0]), step(model, next_input, *a, **k))[1])
+    for config in (GenerationConfig(do_sample=True, seed=0, extra_len=3),
+                   GenerationConfig(return_attention=True, extra_len=3),
+                   GenerationConfig(return_attention=True, beam_size=3, extra_len=3)):
+        rows.clear()
+        generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
+        assert set(rows) == {4 * config.beam_size}
+
+
 def test_eos_ends_a_sentence_and_is_not_returned():
     model = make_model(1)
     src = padded_sources()

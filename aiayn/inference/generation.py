@@ -29,6 +29,9 @@ from aiayn.nn.attention import KVCache, attention_weights
 from aiayn.nn.model import EncoderDecoderModel, check_memory
 
 NEG_INF = float("-inf")
+# Finished sentences leave a beam search's batch once at least 1 / RETIRE_FRACTION of it (and at least one) has
+# finished: each retirement copies the cross-attention cache, so a large batch waits for several to finish.
+RETIRE_FRACTION = 8
 
 
 @dataclass(frozen=True)
@@ -354,10 +357,12 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
     start = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
     direct = _direct_steps(model, cross)
+    sentences = torch.arange(batch, device=device)  # (B,) each row's sentence in the first batch
+    retired: dict[int, tuple[list[int], float]] = {}  # sentence -> its tokens and score, once it left the batch
     for step in range(steps):
         logits, step_weights = _step(model, next_input, memory, src_mask, cache, cross, direct)
         log_probs = F.log_softmax(logits, dim=-1)  # (B, V): the score counts the model's own probabilities
-        history = torch.cat([start, out[:, :step]], dim=1) if _uses_history(config) else None  # (B, 1 + step)
+        history = torch.cat([start[: out.shape[0]], out[:, :step]], dim=1) if _uses_history(config) else None
         logits = _constrain(logits, history, step, eos_id, config)
         if config.do_sample:
             probs = _warp(logits, config).softmax(dim=-1)
@@ -371,12 +376,26 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
         if step_weights is not None:
             weights.append(step_weights)
         finished |= (best == eos_id) | (step + 1 >= limits)
-        if bool(finished.all()):
+        ended = int(finished.sum())
+        if ended == out.shape[0]:
             break
         next_input = best[:, None]
-    tokens = [_until_eos(row, eos_id) for row in out.tolist()]
+        if cross is None and not config.do_sample and ended >= max(1, out.shape[0] // RETIRE_FRACTION):
+            # Finished sentences leave the batch (as in beam search); sampling keeps its rows, so that its
+            # draws stay those of the whole batch.
+            done, alive = finished.nonzero()[:, 0], (~finished).nonzero()[:, 0]
+            for sentence, row, score in zip(sentences[done].tolist(), out[done].tolist(), scores[done].tolist()):
+                retired[sentence] = (_until_eos(row, eos_id), score)
+            sentences, out, finished, scores, limits, next_input = (
+                t.index_select(0, alive) for t in (sentences, out, finished, scores, limits, next_input))
+            memory = memory.index_select(0, alive)
+            src_mask = None if src_mask is None else src_mask.index_select(0, alive)
+            cache.reorder(alive)
+    for sentence, row, score in zip(sentences.tolist(), out.tolist(), scores.tolist()):
+        retired[sentence] = (_until_eos(row, eos_id), score)
+    order = sorted(retired)
     attn = torch.stack(weights, dim=3).cpu() if weights else None  # (B, n_layers, h, T, S)
-    return tokens, scores.cpu(), attn
+    return [retired[s][0] for s in order], torch.tensor([retired[s][1] for s in order]), attn
 
 
 def _until_eos(row: list[int], eos_id: int) -> list[int]:
@@ -404,7 +423,8 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
         logits, step_weights = _step(model, next_input, memory, mask, cache, cross, direct)  # (B*k, V)
         history = None
         if _uses_history(config):
-            history = torch.cat([start, beams.running.view(batch * k, -1)[:, :step]], dim=1)  # (B*k, 1 + step)
+            history = torch.cat([start[: beams.batch * k], beams.running.view(beams.batch * k, -1)[:, :step]],
+                                dim=1)  # (B*k, 1 + step)
         log_probs = _constrain(F.log_softmax(logits, dim=-1), history, step, eos_id, config)
         # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
         # are among the best 2k tokens of each of its beams: only those are scored.
@@ -412,12 +432,22 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
         candidates = beams.candidates(*top, step, limits)
         beams.finish(candidates, step, step_weights)
         parents = beams.advance(candidates, step, limits)
-        if bool(beams.sentence_done.all()):
+        ended = int(beams.sentence_done.sum())
+        if ended == beams.batch:
             break
+        if cross is None and ended >= max(1, beams.batch // RETIRE_FRACTION):
+            # Sentences whose search ended leave the batch, so that the steps left compute the others only.
+            alive = beams.retire()  # (B',) the sentences still searching, as rows of the batch before
+            rows = (alive[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B'*k,) their beams' rows
+            parents = parents.view(-1, k).index_select(0, alive).view(-1)
+            limits, memory = limits.index_select(0, alive), memory.index_select(0, rows)
+            mask = None if mask is None else mask.index_select(0, rows)
+            for layer_cache in cache.cross_attn:
+                layer_cache.reorder(rows)
         # Cross-attention keys/values are the same for every beam of a sentence: reorder only self-attention.
         for layer_cache in cache.self_attn:
             layer_cache.reorder(parents)
-        next_input = beams.running[:, :, step].reshape(batch * k, 1)
+        next_input = beams.running[:, :, step].reshape(beams.batch * k, 1)
     return beams.results()
 
 
@@ -433,10 +463,16 @@ class _Candidates:
 
 
 class _Beams:
-    """Beam search's state: per sentence, k running beams and the k best finished hypotheses."""
+    """Beam search's state: per sentence, k running beams and the k best finished hypotheses.
+
+    `retire` takes the sentences whose search ended out of the state (keeping their results), so that
+    `batch` counts the sentences still searching; `sentences` says which of the first batch they are.
+    """
 
     def __init__(self, batch: int, k: int, steps: int, eos_id: int, config: GenerationConfig, device: torch.device):
         self.batch, self.k, self.steps, self.eos_id = batch, k, steps, eos_id
+        self.sentences = torch.arange(batch, device=device)  # (B,) each row's sentence in the first batch
+        self.retired: dict[int, tuple[list[int], float]] = {}  # sentence -> its best tokens and score
         self.alpha, self.early_stopping = config.length_penalty, config.early_stopping
         self.running = torch.full((batch, k, steps), eos_id, dtype=torch.long, device=device)
         self.running_scores = torch.zeros(batch, k, device=device)
@@ -496,15 +532,35 @@ class _Beams:
         self.sentence_done |= (self.done_flags.all(dim=1) & ~can_improve) | (step + 1 >= limits)
         return parents
 
+    def retire(self) -> torch.Tensor:
+        """Keep the results of the sentences whose search ended and drop them from the state (not with attention
+        recorded); returns the rows (B',) of the sentences still searching, in the batch before."""
+        ended = self.sentence_done.nonzero()[:, 0]
+        alive = (~self.sentence_done).nonzero()[:, 0]
+        lengths = self.done_steps[ended, 0].tolist()
+        for sentence, row, length, score in zip(self.sentences[ended].tolist(), self.done_tokens[ended, 0].tolist(),
+                                                lengths, self.done_scores[ended, 0].tolist()):
+            self.retired[sentence] = (_until_eos(row[:length], self.eos_id), score)
+        for name in ("sentences", "running", "running_scores", "done_tokens", "done_scores", "done_flags",
+                     "done_steps", "sentence_done"):
+            setattr(self, name, getattr(self, name).index_select(0, alive))
+        self.batch = alive.numel()
+        self.base = self.base[: self.batch]
+        return alive
+
     def results(self) -> tuple[list[list[int]], torch.Tensor, list[torch.Tensor] | None]:
         """The best finished hypothesis of each sentence: tokens, score, attention (n_layers, h, T, S)."""
-        tokens, attn = [], []
-        for b in range(self.batch):
+        retired = dict(self.retired)
+        attn = []
+        scores = self.done_scores[:, 0].tolist()
+        for b, sentence in enumerate(self.sentences.tolist()):
             row = self.done_tokens[b, 0, : int(self.done_steps[b, 0])].tolist()
-            tokens.append(_until_eos(row, self.eos_id))
+            retired[sentence] = (_until_eos(row, self.eos_id), scores[b])
             if self.done_attention is not None:  # (T, n_layers, h, S) -> (n_layers, h, T, S)
                 attn.append(self.done_attention[b * self.k].permute(1, 2, 0, 3).cpu())
-        return tokens, self.done_scores[:, 0].cpu(), attn or None
+        order = sorted(retired)
+        return ([retired[s][0] for s in order], torch.tensor([retired[s][1] for s in order]),
+                attn or None)
 
 
 def _merge_attention(done_attention: torch.Tensor | None, cand_attention: torch.Tensor, keep: torch.Tensor,

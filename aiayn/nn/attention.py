@@ -65,19 +65,25 @@ class AttentionCache:
         return self._buffers is not None and self._views[0] is self.key and self._views[1] is self.value
 
     def reorder(self, index: torch.Tensor) -> None:
-        """Keep batch rows `index` (beam search reorders hypotheses each step).
+        """Keep batch rows `index` (beam search reorders hypotheses each step, and drops finished sentences).
 
         Rows are gathered into a second pair of buffers, which then swaps with the first: views of
-        `key`/`value` taken before the previous reorder see the rows written by this one.
+        `key`/`value` taken before the previous reorder see the rows written by this one. Fewer rows than
+        the cache holds go into new buffers of that many rows (with the same room to grow).
         """
         if self.key is None:
             return
-        if not self._owns_views() or index.numel() != self.key.shape[0] or self.key.requires_grad:
+        if not self._owns_views() or self.key.requires_grad:
             self.key, self.value = self.key.index_select(0, index), self.value.index_select(0, index)
             self._buffers = self._spare = None
             return
         length = self.key.shape[2]
-        spare = self._spare or (torch.empty_like(self._buffers[0]), torch.empty_like(self._buffers[1]))
+        if index.numel() != self.key.shape[0]:  # fewer rows (finished sentences leave): buffers of the new size
+            shape = (index.numel(), *self._buffers[0].shape[1:])
+            spare = (self._buffers[0].new_empty(shape), self._buffers[1].new_empty(shape))
+            self._buffers = None  # no spare of the old size is kept
+        else:
+            spare = self._spare or (torch.empty_like(self._buffers[0]), torch.empty_like(self._buffers[1]))
         self.key = torch.index_select(self.key, 0, index, out=spare[0].narrow(2, 0, length))
         self.value = torch.index_select(self.value, 0, index, out=spare[1].narrow(2, 0, length))
         self._buffers, self._spare, self._views = spare, self._buffers, (self.key, self.value)
