@@ -46,7 +46,7 @@ def frozen():
 
 
 def force_choices(monkeypatch, *, one: str = "columns", few: str = "packed", many: str = "packed",
-                  train_onednn: bool = True, fused_qkv: bool = True):
+                  train_onednn: bool = True, fused_qkv: bool = True, torch_layers: bool = False):
     """Make `select` see these measured choices (whatever this machine measured), the same kernel for every
     shape kind of a row class: every kernel can be tested on every machine. Returns the forced `calibrate.Choices`."""
     import dataclasses
@@ -55,7 +55,8 @@ def force_choices(monkeypatch, *, one: str = "columns", few: str = "packed", man
 
     by_rows = calibrate.by_shape({"one": one, "few": few, "many": many})
     forced = dataclasses.replace(calibrate.choices(), inference=by_rows,
-                                 train_onednn=train_onednn, fused_qkv_inference=fused_qkv, fused_qkv_train=fused_qkv)
+                                 train_onednn=train_onednn, fused_qkv_inference=fused_qkv, fused_qkv_train=fused_qkv,
+                                 torch_layers_inference=torch_layers)
     monkeypatch.setattr(calibrate, "choices", lambda refresh=False: forced)
     return forced
 

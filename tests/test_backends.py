@@ -337,7 +337,8 @@ def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(t
     files = list(tmp_path.glob("cpu-products-*.json"))
     assert len(files) == 1 and set(first.inference) == {"one", "few", "many"}
     products = {f"{rows} {kind}" for rows in ("one", "few", "many") for kind in ("wide", "square", "narrow")}
-    assert {k.split(": ")[0] for k in first.seconds} == products | {"qkv one", "qkv", "train", "qkv train"}
+    assert {k.split(": ")[0] for k in first.seconds} == products | {"qkv one", "qkv", "train", "qkv train",
+                                                              "encoder layer"}
     assert all(kernel in ("packed", "columns", "dense") for by_kind in first.inference.values()
                for kernel in by_kind.values())
     assert "inference products: one row" in first.describe()

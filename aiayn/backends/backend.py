@@ -31,7 +31,7 @@ from torch import nn
 
 from aiayn.backends import calibrate, cpu, int8
 from aiayn.backends.devices import bf16_supported, resolve_device
-from aiayn.backends.fused import FusedQKVAttention, StackedLinear, fuse_qkv
+from aiayn.backends.fused import FusedQKVAttention, StackedLinear, fuse_qkv, use_torch_encoder_layers
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class Backend:
         kernels: the inference kernel per row class (`calibrate.ROW_CLASSES`) and shape kind
             (`calibrate.shape_kind`), as (class, kind, kernel) triples.
         fused_qkv: Q, K and V from one stacked product.
+        torch_layers: encoder layers run PyTorch's fused layer (`fused.TorchEncoderLayer`) on many rows.
         compile: run the prepared model through `torch.compile`.
     """
 
@@ -64,13 +65,14 @@ class Backend:
     onednn: bool = False
     prepack: bool = False
     fused_qkv: bool = False
+    torch_layers: bool = False
     compile: bool = False
     kernels: tuple[tuple[str, str, str], ...] | None = None
 
     @property
     def plain(self) -> bool:
         """True when the model's modules run as written (no trick applied)."""
-        return not (self.onednn or self.prepack or self.fused_qkv or self.compile)
+        return not (self.onednn or self.prepack or self.fused_qkv or self.torch_layers or self.compile)
 
     def describe(self) -> str:
         """A short label: device, mode, precision and tricks
@@ -79,7 +81,9 @@ class Backend:
         measured = "kernels by rows (" + ", ".join(_row_kernels(self.kernels or ())) + ")"
         tricks = [name for name, on in (("int8 layer by layer, by measured error", self.precision == "int8"),
                                         (measured if self.prepack else "oneDNN", self.onednn),
-                                        ("fused QKV", self.fused_qkv), ("torch.compile", self.compile)) if on]
+                                        ("fused QKV", self.fused_qkv),
+                                        ("PyTorch's fused encoder layers", self.torch_layers),
+                                        ("torch.compile", self.compile)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -102,6 +106,8 @@ class Backend:
             prepared = copy.deepcopy(model).to(torch.bfloat16)
         else:
             prepared = shared_copy(model)
+        if self.torch_layers and self.mode == "inference":
+            prepared = use_torch_encoder_layers(prepared)
         product = cpu.onednn_linear if self.onednn else F.linear
         if self.fused_qkv:
             frozen = None
@@ -244,5 +250,5 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
                        fused_qkv=measured.fused_qkv_train, compile=compile)
     swap = any(kernel != "dense" for _, _, kernel in kernels)
     return replace(backend, onednn=swap, prepack=swap, kernels=kernels, fused_qkv=measured.fused_qkv_inference,
-                   compile=compile)
+                   torch_layers=measured.torch_layers_inference, compile=compile)
 

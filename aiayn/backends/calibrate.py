@@ -59,7 +59,11 @@ TRAIN_ROWS = 256
 COLD_BYTES = 64 << 20
 REPEATS = 7
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 3  # bump when what is measured changes (3: kernels by shape kind as well as rows)
+FORMAT = 4  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers)
+# PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
+# the same products, so the difference is small and steady: the rest of each layer's passes)
+LAYER_MARGIN = 0.01
+LAYER_REPEATS = 11
 
 
 def row_class(rows: int) -> str:
@@ -86,6 +90,7 @@ class Choices:
             for float32 inference products: `inference["one"]["wide"]`.
         train_onednn: float32 training products (forward and backward) on oneDNN instead of F.linear.
         fused_qkv_inference, fused_qkv_train: Q, K and V as one stacked product, by mode.
+        torch_layers_inference: encoder layers on many rows run PyTorch's fused layer (`fused.TorchEncoderLayer`).
         seconds: the best time of each candidate, by "what: kernel".
         machine: the description the cache key was made from.
         load: the machine's 1-minute load average when it was measured (other work competing for the cores
@@ -99,6 +104,7 @@ class Choices:
     seconds: dict[str, float]
     machine: dict[str, str]
     load: float = 0.0
+    torch_layers_inference: bool = False
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -117,7 +123,9 @@ class Choices:
                 f"({ratio('train', 'onednn', 'dense')} F.linear's speed); fused QKV: inference "
                 f"{'yes' if self.fused_qkv_inference else 'no'} (one row {ratio('qkv one', 'fused', 'separate')}, "
                 f"many {ratio('qkv', 'fused', 'separate')}), training "
-                f"{'yes' if self.fused_qkv_train else 'no'} ({ratio('qkv train', 'fused', 'separate')})")
+                f"{'yes' if self.fused_qkv_train else 'no'} ({ratio('qkv train', 'fused', 'separate')}); "
+                f"PyTorch's fused encoder layer: {'yes' if self.torch_layers_inference else 'no'} "
+                f"({ratio('encoder layer', 'torch', 'aiayn')})")
 
 
 @functools.cache
@@ -284,6 +292,30 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
     return any(faster) and not any(slower)
 
 
+def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: bool, seconds: dict[str, float]) -> bool:
+    """Whether PyTorch's fused encoder layer runs a base encoder layer on many rows (2 x 128 tokens) faster than
+    the layer written out on the kernels just chosen (and fused Q/K/V where chosen)."""
+    from aiayn.backends.backend import Backend, kernel_triples
+    from aiayn.backends.fused import TorchEncoderLayer
+    from aiayn.config import preset
+    from aiayn.nn.model import build_encoder
+
+    layer = build_encoder(preset("base").replace(dropout=0.0, n_encoder_layers=1)).layers[0].eval()
+    if not TorchEncoderLayer.runs(layer):
+        seconds.update({"encoder layer: aiayn": 1.0, "encoder layer: torch": float("inf")})
+        return False
+    kernels = kernel_triples(inference)
+    swap = any(kernel != "dense" for _, _, kernel in kernels)
+    backend = Backend(torch.device("cpu"), "inference", "fp32", onednn=swap, prepack=swap, kernels=kernels,
+                      fused_qkv=fused_qkv)
+    written_out, fused = backend.prepare(layer), TorchEncoderLayer(layer)
+    x = torch.randn(2, 128, layer.self_attn.d_model, generator=torch.Generator().manual_seed(1))
+    timed = _timed({"aiayn": lambda: written_out(x), "torch": lambda: fused(x)}, LAYER_REPEATS)
+    _record(seconds, "encoder layer", timed)
+    ratio = statistics.median(t / p for t, p in zip(timed["torch"], timed["aiayn"]))
+    return ratio < 1 - LAYER_MARGIN
+
+
 def measure(description: dict[str, str] | None = None) -> Choices:
     """Time every candidate kernel on this machine now (no cache)."""
     from aiayn.backends import cpu  # the kernels measured live there
@@ -313,6 +345,7 @@ def measure(description: dict[str, str] | None = None) -> Choices:
                 inference[name][kind] = _pick(timed, "dense")
                 del layers, shaped
         fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
+        torch_layers = _torch_layers_inference(inference, fused_inference, seconds)
     with torch.enable_grad():
         params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in weights.values()]
         xs = [torch.randn(TRAIN_ROWS, n_in, generator=gen, requires_grad=True) for _, (n_in, _) in SHAPE_KINDS]
@@ -337,4 +370,5 @@ def measure(description: dict[str, str] | None = None) -> Choices:
         _record(seconds, "qkv train", timed)
         fused_train = _pick(timed, "separate") == "fused"
     return Choices(inference=inference, train_onednn=train_onednn, fused_qkv_inference=fused_inference,
-                   fused_qkv_train=fused_train, seconds=seconds, machine=description or machine())
+                   fused_qkv_train=fused_train, seconds=seconds, machine=description or machine(),
+                   torch_layers_inference=torch_layers)

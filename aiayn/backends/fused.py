@@ -15,12 +15,19 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from aiayn.backends.calibrate import FEW_ROWS_MAX
 from aiayn.nn.attention import MultiHeadAttention, attend
+from aiayn.nn.layers import EncoderLayer, hooked
 
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x, weight, bias) -> y
 Frozen = Callable[[torch.Tensor, torch.Tensor | None], nn.Module]  # (stacked weight, bias) -> an inference layer
 ROLES = {"self_attn": "self", "cross_attn": "cross"}  # the layers' attribute names in aiayn.nn.layers
 SINGLE_QUERY_WRITTEN_OUT = 64  # rows x heads from which one-query attention runs written out (measured, CPU)
+# PyTorch's fused encoder layer writes out the attention scores of every row and head (B x h x L x L floats);
+# for sequences longer than this, or scores of more bytes (32 base-model sentences of 181 tokens), the layer
+# written out, whose attention is blocked (never an L x L matrix), runs instead.
+FUSED_MAX_LENGTH = 256
+FUSED_SCORES_BYTES = 32 << 20
 
 
 class FusedQKVAttention(MultiHeadAttention):
@@ -122,4 +129,88 @@ def fuse_qkv(model: nn.Module, *, product: Product, frozen: Frozen | None) -> nn
                 fused = FusedQKVAttention.from_attention(child, product=product, frozen=frozen,
                                                          role=ROLES.get(name, "any"))
                 setattr(module, name, fused)
+    return model
+
+
+class TorchEncoderLayer(nn.Module):
+    """An encoder layer run by PyTorch's own fused layer (`torch._transformer_encoder_layer_fwd`, the kernel of
+    `nn.TransformerEncoderLayer`'s inference fast path and of Hugging Face's BetterTransformer), with the plain
+    layer's weights.
+
+    The fused layer runs the same arithmetic in one C++ call: Q, K and V from one product without bias, their
+    bias and the 1 / sqrt(d_k) scale in one pass, in-place residual adds, PyTorch's default products. `select`
+    uses it where calibration measured it faster than the layer written out on the kernels chosen there
+    (`calibrate`, a base layer on 2 x 128 tokens; figures in docs/core.md). It runs only where it computes what
+    `layer` does: inference on float32 CPU inputs (B, S, d_model) of more than `calibrate.FEW_ROWS_MAX` rows,
+    no padded-out sequence, no hook on the layer's modules (recorded attention, profilers), and sequences and
+    scores within `FUSED_MAX_LENGTH` and `FUSED_SCORES_BYTES` (it writes the L x L attention matrices out); any
+    other call runs `layer` itself. The weights are copied out when built: prepare again after changing them.
+    """
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+        attn, ffn = layer.self_attn, layer.feed_forward
+        d_model = attn.d_model
+        norms = (layer.attn_sublayer.norm, layer.ffn_sublayer.norm)
+        with torch.no_grad():
+            def bias(linear: nn.Linear) -> torch.Tensor:
+                b = linear.bias
+                return linear.weight.new_zeros(linear.out_features) if b is None else b.detach()
+
+            self.weights = (
+                torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach(),  # (3 d, d)
+                torch.cat([bias(attn.q_proj), bias(attn.k_proj), bias(attn.v_proj)]),
+                attn.out_proj.weight.detach(), bias(attn.out_proj),
+                *(t for n in norms for t in (n.weight.detach(),
+                                             n.weight.new_zeros(d_model) if n.bias is None else n.bias.detach())),
+                ffn.linear1.weight.detach(), bias(ffn.linear1), ffn.linear2.weight.detach(), bias(ffn.linear2))
+        self.d_model, self.n_heads = d_model, attn.n_heads
+        self.gelu = type(ffn.activation) is nn.GELU
+        self.norm_first, self.eps = layer.attn_sublayer.norm_first, norms[0].eps
+
+    def __getattr__(self, name: str):
+        """The layer's own parts (`self_attn`, `feed_forward`, ...), for code that reads them (hooks, inspection)."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("layer"), name)
+
+    @staticmethod
+    def runs(layer: nn.Module) -> bool:
+        """Whether the fused layer computes what `layer` does: ReLU or exact GELU, the same eps in both norms."""
+        ffn = layer.feed_forward
+        activation = ffn.activation
+        norms = (layer.attn_sublayer.norm, layer.ffn_sublayer.norm)
+        return (hasattr(torch, "_transformer_encoder_layer_fwd") and type(layer.self_attn) is MultiHeadAttention
+                and all(type(m) is nn.Linear for m in (ffn.linear1, ffn.linear2)) and norms[0].eps == norms[1].eps
+                and (type(activation) is nn.ReLU or (type(activation) is nn.GELU and activation.approximate == "none")))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, S, d_model) -> (B, S, d_model); `mask` (B, 1, 1, S) marks real tokens, as the layer's."""
+        if not self._takes(x, mask):
+            return self.layer(x, mask)
+        padding = None if mask is None else ~mask[:, 0, 0]  # (B, S) True = padding, torch's convention
+        return torch._transformer_encoder_layer_fwd(
+            x, self.d_model, self.n_heads, *self.weights[:4], self.gelu, self.norm_first, self.eps,
+            *self.weights[4:], padding, None if padding is None else 1)  # mask type 1: key padding
+
+    def _takes(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
+        if (torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 3
+                or x.shape[0] * x.shape[1] <= FEW_ROWS_MAX or hooked(self.layer)):
+            return False
+        if x.shape[1] > FUSED_MAX_LENGTH or x.shape[0] * self.n_heads * x.shape[1] ** 2 * 4 > FUSED_SCORES_BYTES:
+            return False  # it holds every (row, head)'s L x L scores; the layer written out runs blocked attention
+        if mask is None:
+            return True
+        # (a sequence of padding only attends everywhere in the layer written out, and gets zeros: keep that)
+        return mask.shape == (x.shape[0], 1, 1, x.shape[1]) and mask.dtype == torch.bool and bool(mask.any(-1).all())
+
+
+def use_torch_encoder_layers(model: nn.Module) -> nn.Module:
+    """Wrap every encoder layer of `model` that the fused layer computes in a `TorchEncoderLayer`, in place."""
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is EncoderLayer and TorchEncoderLayer.runs(child):
+                setattr(module, name, TorchEncoderLayer(child))
     return model

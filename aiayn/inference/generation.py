@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from aiayn.config import check_field_types, fold_old_spelling
 from aiayn.nn.attention import KVCache, attention_weights
+from aiayn.nn.layers import hooked
 from aiayn.nn.model import EncoderDecoderModel, check_memory
 
 NEG_INF = float("-inf")
@@ -243,12 +244,7 @@ def _direct_steps(model: EncoderDecoderModel, cross: list[torch.Tensor | None] |
     """Whether the steps after the first may run `decode_step`: nothing asks the decoder's modules for
     more than their output (attention weights, or any forward hook: the module's own, or one that
     `torch.nn.modules.module.register_module_forward_hook` sets on every module, as profilers do)."""
-    if cross is not None:
-        return False
-    every_module = torch.nn.modules.module  # where PyTorch keeps the hooks it calls on every module
-    if getattr(every_module, "_global_forward_hooks", None) or getattr(every_module, "_global_forward_pre_hooks", None):
-        return False
-    return not any(m._forward_hooks or m._forward_pre_hooks for m in model.decoder.modules())
+    return cross is None and not hooked(model.decoder)
 
 
 def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
