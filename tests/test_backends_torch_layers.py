@@ -70,6 +70,22 @@ def test_calls_it_cannot_take_run_the_layer_written_out(op_calls):
 
 
 @torch.no_grad()
+def test_training_mode_runs_the_layer_written_out(op_calls):
+    # (found in review) without gradients but in training mode, as Monte-Carlo dropout runs: the layer written out
+    # applies its dropout, the fused layer (whose own fast path requires eval mode) would apply none
+    torch.manual_seed(0)
+    plain = build_encoder(ModelConfig(**{**LAYER, "dropout": 0.5, "attention_dropout": 0.5}))
+    fused = use_torch_encoder_layers(select("cpu", plain=True).prepare(plain))
+    plain.train(), fused.train()
+    x = torch.randn(4, 9, LAYER["d_model"])
+    torch.manual_seed(1)
+    expected = plain(x)
+    torch.manual_seed(1)
+    torch.testing.assert_close(fused(x), expected)
+    assert op_calls == []
+
+
+@torch.no_grad()
 def test_recorded_attention_and_hooks_see_the_layer_written_out(op_calls):
     plain = encoder()
     fused = use_torch_encoder_layers(select("cpu", plain=True).prepare(plain))
@@ -111,10 +127,12 @@ def test_select_uses_it_where_calibration_measured_it_faster(chosen, measured, o
     assert not select("cpu", "train").torch_layers  # training runs the layer written out
 
 
-def test_calibration_measures_it_and_says_so():
+def test_calibration_measures_it_and_says_so(op_calls):
     seconds: dict[str, float] = {}
     inference = calibrate.by_shape({"one": "dense", "few": "dense", "many": "dense"})
-    chosen = calibrate._torch_layers_inference(inference, False, seconds)
+    with torch.no_grad():  # as `measure` runs it
+        chosen = calibrate._torch_layers_inference(inference, False, seconds)
+    assert op_calls  # it timed PyTorch's fused layer, not the layer written out twice
     assert set(seconds) == {"encoder layer: aiayn", "encoder layer: torch"} and isinstance(chosen, bool)
     choices = dataclasses.replace(calibrate.choices(), torch_layers_inference=chosen, seconds={
         **calibrate.choices().seconds, **seconds})

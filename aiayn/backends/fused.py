@@ -141,10 +141,11 @@ class TorchEncoderLayer(nn.Module):
     bias and the 1 / sqrt(d_k) scale in one pass, in-place residual adds, PyTorch's default products. `select`
     uses it where calibration measured it faster than the layer written out on the kernels chosen there
     (`calibrate`, a base layer on 2 x 128 tokens; figures in docs/core.md). It runs only where it computes what
-    `layer` does: inference on float32 CPU inputs (B, S, d_model) of more than `calibrate.FEW_ROWS_MAX` rows,
-    no padded-out sequence, no hook on the layer's modules (recorded attention, profilers), and sequences and
-    scores within `FUSED_MAX_LENGTH` and `FUSED_SCORES_BYTES` (it writes the L x L attention matrices out); any
-    other call runs `layer` itself. The weights are copied out when built: prepare again after changing them.
+    `layer` does: inference (eval mode, no gradients) on float32 CPU inputs (B, S, d_model) of more than
+    `calibrate.FEW_ROWS_MAX` rows, no padded-out sequence, no hook on the layer's modules (recorded attention,
+    profilers), and sequences and scores within `FUSED_MAX_LENGTH` and `FUSED_SCORES_BYTES` (it writes the
+    L x L attention matrices out); any other call runs `layer` itself. The weights are copied out when built:
+    prepare again after changing them.
     """
 
     def __init__(self, layer: nn.Module):
@@ -168,6 +169,7 @@ class TorchEncoderLayer(nn.Module):
         self.d_model, self.n_heads = d_model, attn.n_heads
         self.gelu = type(ffn.activation) is nn.GELU
         self.norm_first, self.eps = layer.attn_sublayer.norm_first, norms[0].eps
+        self.train(layer.training)
 
     def __getattr__(self, name: str):
         """The layer's own parts (`self_attn`, `feed_forward`, ...), for code that reads them (hooks, inspection)."""
@@ -196,8 +198,8 @@ class TorchEncoderLayer(nn.Module):
             *self.weights[4:], padding, None if padding is None else 1)  # mask type 1: key padding
 
     def _takes(self, x: torch.Tensor, mask: torch.Tensor | None) -> bool:
-        if (torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 3
-                or x.shape[0] * x.shape[1] <= FEW_ROWS_MAX or hooked(self.layer)):
+        if (self.training or torch.is_grad_enabled() or x.device.type != "cpu" or x.dtype != torch.float32
+                or x.dim() != 3 or x.shape[0] * x.shape[1] <= FEW_ROWS_MAX or hooked(self.layer)):
             return False
         if x.shape[1] > FUSED_MAX_LENGTH or x.shape[0] * self.n_heads * x.shape[1] ** 2 * 4 > FUSED_SCORES_BYTES:
             return False  # it holds every (row, head)'s L x L scores; the layer written out runs blocked attention
