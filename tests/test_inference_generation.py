@@ -107,6 +107,28 @@ def test_finished_sentences_leave_the_batch_and_the_others_decode_as_alone(beam,
     assert [len(t) <= int((s != PAD).sum()) + 3 for t, s in zip(batch.tokens, src)] == [True] * 9
 
 
+@pytest.mark.parametrize("beam", [1, 4])
+def test_on_finished_hears_each_sentence_once_as_it_leaves_the_batch(beam, monkeypatch):
+    from aiayn.inference import generation
+
+    model = make_model(4)
+    src = torch.randint(4, 24, (6, 9))
+    for i, length in enumerate([9, 2, 0, 5, 1, 7]):
+        src[i, length:] = PAD  # sentence 2 is empty
+    steps, heard = [], []
+    step = generation._step
+    monkeypatch.setattr(generation, "_step", lambda *a, **k: (steps.append(1), step(*a, **k))[1])
+    config = GenerationConfig(beam_size=beam, extra_len=3, min_len=64)  # each runs to its own limit
+    out = generate(model, src, bos_id=BOS, eos_id=EOS, config=config,
+                   on_finished=lambda i, tokens, score: heard.append((i, tokens, score, len(steps))))
+    assert sorted(i for i, *_ in heard) == list(range(6))
+    for i, tokens, score, _ in heard:
+        assert tokens == out.tokens[i] and score == pytest.approx(float(out.scores[i]))
+    when = {i: at for i, _, _, at in heard}
+    assert when[4] < when[1] < when[3] < when[5] < len(steps)  # the shortest limits first, before the last step
+    assert when[2] == len(steps)  # (the empty one at the end, with those that never left)
+
+
 def test_sampling_and_recorded_attention_keep_every_row(monkeypatch):
     from aiayn.inference import generation
 

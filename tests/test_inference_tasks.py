@@ -82,6 +82,18 @@ def test_translate_equals_generate_in_any_batching(translation_run):
     assert sum(done) == len(SAMPLE_LINES) and len(done) == 5
 
 
+def test_translations_tell_each_result_once_as_it_is_known(translation_run):
+    translator = aiayn.load(translation_run)
+    for config in (GenerationConfig(beam_size=2, max_new_tokens=8),
+                   GenerationConfig(beam_size=2, max_new_tokens=8, return_attention=True)):
+        heard = []
+        out = translator.translations(SAMPLE_LINES, config, max_tokens=12,
+                                      on_result=lambda i, translation, heard=heard: heard.append((i, translation)))
+        assert sorted(i for i, _ in heard) == list(range(len(SAMPLE_LINES)))  # the empty line too
+        assert all(out[i] == translation for i, translation in heard)
+        assert [t.text for t in out] == translator.translate(SAMPLE_LINES, config, max_tokens=12)
+
+
 def test_translate_settings_follow_generate(translation_run):
     translator = aiayn.load(translation_run)
     config = GenerationConfig(beam_size=1, max_new_tokens=6, no_repeat_ngram_size=2)

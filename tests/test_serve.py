@@ -193,13 +193,13 @@ def small(objects):
     hold, entered, seen, run = threading.Event(), threading.Semaphore(0), [], served.batcher.run
     hold.set()
 
-    def held(texts):
+    def held(texts, *on_result):  # (a translator's batcher also passes the callback that answers text by text)
         entered.release()
         hold.wait(timeout=60)
         seen.extend(texts)
         if "boom" in texts:
             raise RuntimeError("boom")
-        return run(texts)
+        return run(texts, *on_result)
 
     served.batcher.run = held
     with serving(app) as base:
@@ -297,6 +297,15 @@ def test_the_serving_guides_python_example_runs(url, objects):
     for block in re.findall(r"```python\n(.*?)```", text, re.S):
         exec(compile(block.replace("http://127.0.0.1:8000", url), "docs/serving.md", "exec"), scope)
     np.testing.assert_allclose(scope["vectors"], objects["minilm"].embed(["A man eats."]), atol=1e-5)
+
+
+def test_a_worker_sends_each_translation_as_its_search_ends(pool, objects):
+    texts = ["h g f e d c b a", "a b", "", "c d e"]
+    heard = []
+    answer = pool.call("en-de", texts, {"max_tokens": 4096}, on_result=lambda i, text: heard.append((i, text)))
+    assert answer == objects["en-de"].translate(texts)
+    assert sorted(heard) == sorted(enumerate(answer))
+    assert pool.call("en-de", texts, {"max_tokens": 4096}) == answer  # without a listener, no parts are sent
 
 
 def test_a_worker_process_that_dies_is_replaced_and_fails_at_most_its_batch(url, pool, objects, monkeypatch):

@@ -189,3 +189,40 @@ def test_a_batch_cancelled_before_or_while_it_runs_gives_its_slot_back_and_answe
 
     assert asyncio.run(main()) == [(0, 1), (0, 1)]
     assert calls == [["a"]]  # only the second batch had started its call
+
+
+def test_a_streaming_batch_answers_each_job_once_its_own_texts_are_done():
+    """A translator's batch tells each text's result as its search ends: a job is answered then, not when the
+    slowest text of its batch is; a failure later retries only the jobs not yet answered."""
+    release, calls = threading.Event(), []
+
+    def run(texts, on_result):
+        calls.append(list(texts))
+        for i, text in enumerate(texts):
+            if text.startswith("slow"):
+                continue
+            on_result(i, text.upper())
+        if "slow" in texts:
+            assert release.wait(timeout=30)
+        if "slow boom" in texts:
+            raise ValueError("boom")
+        return [text.upper() for text in texts]
+
+    async def main():
+        batcher = Batcher(run, Passes(1), max_tokens=100, max_wait=0.01, streams=True)
+        fast = asyncio.ensure_future(batcher.submit(["a", "b"], 2))
+        slow = asyncio.ensure_future(batcher.submit(["c", "slow"], 2))
+        assert await asyncio.wait_for(fast, 10) == ["A", "B"]  # while its batch still runs
+        assert not slow.done()
+        release.set()
+        assert await slow == ["C", "SLOW"]
+        release.clear()
+        answered = asyncio.ensure_future(batcher.submit(["d"], 1))
+        failed = asyncio.ensure_future(batcher.submit(["slow boom"], 1))
+        assert await asyncio.wait_for(answered, 10) == ["D"]
+        release.set()
+        with pytest.raises(ValueError, match="boom"):
+            await failed
+
+    asyncio.run(main())
+    assert calls == [["a", "b", "c", "slow"], ["d", "slow boom"], ["slow boom"]]  # "d" is not run again

@@ -17,7 +17,7 @@ beam search; the decoder's start token counts as generated), so that the outputs
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -127,9 +127,12 @@ class GenerationOutput:
     attention: list[torch.Tensor] | None = None
 
 
+Finished = Callable[[int, list[int], float], None]  # (sentence, its tokens, its score) once its search ended
+
+
 @torch.no_grad()
 def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_id: int,
-             config: GenerationConfig | None = None) -> GenerationOutput:
+             config: GenerationConfig | None = None, on_finished: Finished | None = None) -> GenerationOutput:
     """Translate source ids (B, S), right-padded with the model's `pad_id`, into target ids.
 
     The model runs as given: pass `aiayn.backends.select(device).prepare(model)` for the fast path
@@ -141,6 +144,9 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
         bos_id: the token the decoder starts from (`<s>`; Marian starts from `<pad>`).
         eos_id: the token that ends a sentence.
         config: the decoding settings.
+        on_finished: called once for each sentence (its row in `src`, its tokens, its score, as returned) as
+            soon as its search has ended and it left the batch, the rest when the last ends: a server can
+            answer a short sentence before the long ones of its batch are done.
 
     Returns:
         `GenerationOutput`; an empty source (no real tokens) gives an empty output with score 0.
@@ -161,7 +167,14 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     if config.return_attention:
         n_layers, n_heads = len(model.decoder.layers), cfg.n_heads
         attention = [torch.zeros(n_layers, n_heads, 0, int(n)) for n in lengths]
+    reported: set[int] = set()
+
+    def finished(j: int, out_tokens: list[int], score: float) -> None:  # j: a row of `sub`
+        reported.add(int(rows[j]))
+        on_finished(int(rows[j]), out_tokens, score)
+
     if rows.numel() == 0:
+        _report_rest(on_finished, batch, reported, tokens, scores)
         return GenerationOutput(tokens, scores, attention)
 
     # Decode only the non-empty sources, without the columns that are padding in every row.
@@ -177,7 +190,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     model.eval()
     try:
         with _recording_cross_attention(model, config.return_attention) as cross:
-            out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config, cross)
+            out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config, cross,
+                                                      finished if on_finished is not None else None)
     finally:
         model.train(was_training)  # generating during training (validation) leaves the mode as it was
     for j, i in enumerate(rows.tolist()):
@@ -185,7 +199,17 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
         scores[i] = out_scores[j]
         if attention is not None:
             attention[i] = out_attn[j][:, :, : len(out_tokens[j]), real[i, : sub.shape[1]]]
+    _report_rest(on_finished, batch, reported, tokens, scores)
     return GenerationOutput(tokens, scores, attention)
+
+
+def _report_rest(on_finished: Finished | None, batch: int, reported: set[int], tokens: list[list[int]],
+                 scores: torch.Tensor) -> None:
+    """`on_finished` for the sentences the search did not report as they left the batch."""
+    if on_finished is not None:
+        for i in range(batch):
+            if i not in reported:
+                on_finished(i, tokens[i], float(scores[i]))
 
 
 def _check_search_size(model: EncoderDecoderModel, batch: int, src_len: int, steps: int,
@@ -334,9 +358,10 @@ def _warp(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
 # -- greedy and sampling --------------------------------------------------------------------------
 
 def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                      eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None):
+                      eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None,
+                      on_finished: Finished | None = None):
     """One hypothesis per sentence: the most likely token each step, or a sampled one; with `cross`, its
-    cross-attention too."""
+    cross-attention too; `on_finished` hears of each sentence that leaves the batch."""
     batch, device = src.shape[0], src.device
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -382,6 +407,8 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
             done, alive = finished.nonzero()[:, 0], (~finished).nonzero()[:, 0]
             for sentence, row, score in zip(sentences[done].tolist(), out[done].tolist(), scores[done].tolist()):
                 retired[sentence] = (_until_eos(row, eos_id), score)
+                if on_finished is not None:
+                    on_finished(sentence, *retired[sentence])
             sentences, out, finished, scores, limits, next_input = (
                 t.index_select(0, alive) for t in (sentences, out, finished, scores, limits, next_input))
             memory = memory.index_select(0, alive)
@@ -401,9 +428,11 @@ def _until_eos(row: list[int], eos_id: int) -> list[int]:
 # -- beam search ----------------------------------------------------------------------------------
 
 def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                 eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None):
+                 eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None,
+                 on_finished: Finished | None = None):
     """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone. With
-    `cross` (see `_step`), the chosen hypotheses' cross-attention too."""
+    `cross` (see `_step`), the chosen hypotheses' cross-attention too; `on_finished` hears of each sentence
+    that leaves the batch."""
     batch, device, k = src.shape[0], src.device, config.beam_size
     src_mask = model.source_mask(src)
     memory = model.encode(src, src_mask)  # (B, S, d_model)
@@ -433,7 +462,7 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
             break
         if cross is None and ended >= max(1, beams.batch // RETIRE_FRACTION):
             # Sentences whose search ended leave the batch, so that the steps left compute the others only.
-            alive = beams.retire()  # (B',) the sentences still searching, as rows of the batch before
+            alive = beams.retire(on_finished)  # (B',) the sentences still searching, as rows of the batch before
             rows = (alive[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B'*k,) their beams' rows
             parents = parents.view(-1, k).index_select(0, alive).view(-1)
             limits, memory = limits.index_select(0, alive), memory.index_select(0, rows)
@@ -528,15 +557,18 @@ class _Beams:
         self.sentence_done |= (self.done_flags.all(dim=1) & ~can_improve) | (step + 1 >= limits)
         return parents
 
-    def retire(self) -> torch.Tensor:
-        """Keep the results of the sentences whose search ended and drop them from the state (not with attention
-        recorded); returns the rows (B',) of the sentences still searching, in the batch before."""
+    def retire(self, on_finished: Finished | None = None) -> torch.Tensor:
+        """Keep the results of the sentences whose search ended (and tell `on_finished`) and drop them from the
+        state (not with attention recorded); returns the rows (B',) of the sentences still searching, in the batch
+        before."""
         ended = self.sentence_done.nonzero()[:, 0]
         alive = (~self.sentence_done).nonzero()[:, 0]
         lengths = self.done_steps[ended, 0].tolist()
         for sentence, row, length, score in zip(self.sentences[ended].tolist(), self.done_tokens[ended, 0].tolist(),
                                                 lengths, self.done_scores[ended, 0].tolist()):
             self.retired[sentence] = (_until_eos(row[:length], self.eos_id), score)
+            if on_finished is not None:
+                on_finished(sentence, *self.retired[sentence])
         for name in ("sentences", "running", "running_scores", "done_tokens", "done_scores", "done_flags",
                      "done_steps", "sentence_done"):
             setattr(self, name, getattr(self, name).index_select(0, alive))

@@ -168,9 +168,13 @@ class Translator(ModelRunner):
         return rows
 
     def translations(self, texts: Sequence[str], config: GenerationConfig | None = None, *, max_tokens: int = 4096,
-                     max_sentences: int = 0, truncate: bool = False,
-                     progress: Callable[[int], None] | None = None) -> list[Translation]:
-        """`Translation`s (text, ids, score, attention) of `texts` in the order given; see `translate`."""
+                     max_sentences: int = 0, truncate: bool = False, progress: Callable[[int], None] | None = None,
+                     on_result: Callable[[int, Translation], None] | None = None) -> list[Translation]:
+        """`Translation`s (text, ids, score, attention) of `texts` in the order given; see `translate`.
+
+        `on_result(i, translation)` hears of each text's translation as soon as it is known: a sentence leaves
+        its batch when its search ends (with attention asked for, when its batch ends), so a server can answer
+        it before the longer sentences decoded beside it."""
         config = config or DEFAULT_SEARCH
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
@@ -181,15 +185,29 @@ class Translator(ModelRunner):
         out: list[Translation] = [Translation("", [], 0.0) for _ in ids]
         prepared = self.prepared_model()
         target = self.target_tokenizer
+        early = on_result is not None and not config.return_attention
         for batch in token_batches([len(row) for row in ids], max_tokens, shuffle=False, max_sentences=max_sentences):
             real = [i for i in batch if ids[i]]
             if real:
                 src = pad([ids[i] for i in real], self.model.config.pad_id).to(self.device)  # (B, S)
-                result = generate(prepared, src, bos_id=target.bos_id, eos_id=target.eos_id, config=config)
-                texts_out = target.decode_batch(result.tokens)
-                for j, i in enumerate(real):
-                    attention = None if result.attention is None else result.attention[j]
-                    out[i] = Translation(texts_out[j], result.tokens[j], float(result.scores[j]), attention)
+
+                def finished(j: int, tokens: list[int], score: float, real=real) -> None:
+                    out[real[j]] = Translation(target.decode_batch([tokens])[0], tokens, score)
+                    on_result(real[j], out[real[j]])
+
+                result = generate(prepared, src, bos_id=target.bos_id, eos_id=target.eos_id, config=config,
+                                  on_finished=finished if early else None)
+                if not early:
+                    texts_out = target.decode_batch(result.tokens)
+                    for j, i in enumerate(real):
+                        attention = None if result.attention is None else result.attention[j]
+                        out[i] = Translation(texts_out[j], result.tokens[j], float(result.scores[j]), attention)
+                        if on_result is not None:
+                            on_result(i, out[i])
+            if on_result is not None:
+                for i in batch:
+                    if not ids[i]:
+                        on_result(i, out[i])
             if progress is not None:
                 progress(len(batch))
         return out

@@ -116,12 +116,14 @@ class Batcher:
             that waited that long for a free slot already runs at once.
         max_queue: most texts waiting; a job beyond it raises `QueueFull`.
         observe: called as observe(texts, tokens, seconds) after each batch ran (metrics).
+        streams: `run` also takes `on_result(i, result)`, called (in the pass's thread) as each text's result
+            is known: a job is answered once its own texts are, not when the slowest text of its batch is.
     """
 
     def __init__(self, run: Callable[[list], Sequence], passes: Passes, *, max_tokens: int = 4096,
                  max_texts: int = 0, max_wait: float = 0.005, max_queue: int = 1024,
-                 observe: Callable[[int, int, float], None] | None = None):
-        self.run, self.passes = run, passes
+                 observe: Callable[[int, int, float], None] | None = None, streams: bool = False):
+        self.run, self.passes, self.streams = run, passes, streams
         self.max_tokens, self.max_texts, self.max_wait, self.max_queue = max_tokens, max_texts, max_wait, max_queue
         self.observe = observe
         self.queue: deque[Job] = deque()
@@ -256,16 +258,18 @@ class Batcher:
         """Run the jobs as one call (the model's batched call in a pass's thread); a failed batch runs job by job."""
         loop = asyncio.get_running_loop()
         texts = [text for job in jobs for text in job.texts]
+        args = (texts, self._answering(jobs, loop)) if self.streams else (texts,)
         start = time.perf_counter()
         try:
-            results = list(await loop.run_in_executor(self.passes.executor, self.run, texts))
+            results = list(await loop.run_in_executor(self.passes.executor, self.run, *args))
         except Exception as err:
             if len(jobs) == 1:
                 _settle(jobs[0], error=err)
                 return
             logger.warning("a batch of %d requests failed (%s); running them one at a time", len(jobs), err)
             for job in jobs:
-                await self._run_alone(job)
+                if not job.future.done():  # (answered before the failure, or its client went away)
+                    await self._run_alone(job)
             return
         if self.observe is not None:
             self.observe(len(texts), sum(job.tokens for job in jobs), time.perf_counter() - start)
@@ -274,10 +278,28 @@ class Batcher:
             _settle(job, results=results[offset : offset + len(job.texts)])
             offset += len(job.texts)
 
+    @staticmethod
+    def _answering(jobs: list[Job], loop: asyncio.AbstractEventLoop) -> Callable[[int, object], None]:
+        """`on_result` for a streaming `run` of `jobs`' texts: each job is answered on the loop once its own
+        texts' results have all come (from the pass's thread)."""
+        owner = [(job, k) for job in jobs for k in range(len(job.texts))]  # text i -> its job and place there
+        partial = {id(job): [None] * len(job.texts) for job in jobs}
+        missing = {id(job): len(job.texts) for job in jobs}
+
+        def arrived(i: int, result: object) -> None:  # on the loop
+            job, k = owner[i]
+            partial[id(job)][k] = result
+            missing[id(job)] -= 1
+            if missing[id(job)] == 0:
+                _settle(job, results=partial[id(job)])
+
+        return lambda i, result: loop.call_soon_threadsafe(arrived, i, result)
+
     async def _run_alone(self, job: Job) -> None:
         loop = asyncio.get_running_loop()
+        args = (job.texts, self._answering([job], loop)) if self.streams else (job.texts,)
         try:
-            _settle(job, results=list(await loop.run_in_executor(self.passes.executor, self.run, job.texts)))
+            _settle(job, results=list(await loop.run_in_executor(self.passes.executor, self.run, *args)))
         except Exception as err:
             _settle(job, error=err)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -31,13 +31,14 @@ class Served(abc.ABC):
     """A task object behind the server: its name, its batcher and its token counting."""
 
     kind = ""
+    streams = False  # whether `call` can answer texts one by one, before its batch ends (`on_result`)
 
     def __init__(self, name: str, obj: Any, passes: Passes, limits: Limits, metrics: Metrics, *,
                  max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005, pool: WorkerPool | None = None):
         self.name, self.obj, self.pool = name, obj, pool
         self.max_tokens = max_tokens
         self.batcher = Batcher(self.run, passes, max_tokens=max_tokens, max_texts=max_batch, max_wait=max_wait,
-                               max_queue=limits.max_queue,
+                               max_queue=limits.max_queue, streams=self.streams,
                                observe=lambda texts, tokens, _: metrics.batch_done(name, texts, tokens))
         metrics.queues[name] = lambda: self.batcher.queued_texts
 
@@ -48,18 +49,21 @@ class Served(abc.ABC):
     @staticmethod
     @abc.abstractmethod
     def call(obj: Any, texts: list[str], **options) -> list:
-        """`obj`'s batched call on `texts`: one result per text, in order (here or in a worker process)."""
+        """`obj`'s batched call on `texts`: one result per text, in order (here or in a worker process); where
+        `streams`, also `on_result(i, result)` for each text as soon as its result is known."""
 
     @property
     def options(self) -> dict:
         """The keyword arguments `call` gets from this server."""
         return {}
 
-    def run(self, texts: list[str]) -> list:
-        """`call` on this model's object, or on its copy in an idle worker process when there is a pool."""
+    def run(self, texts: list[str], on_result: Callable[[int, Any], None] | None = None) -> list:
+        """`call` on this model's object, or on its copy in an idle worker process when there is a pool; with
+        `on_result` (where `streams`), each text's result as soon as it is known."""
         if self.pool is not None:
-            return self.pool.call(self.name, texts, self.options)
-        return self.call(self.obj, texts, **self.options)
+            return self.pool.call(self.name, texts, self.options, on_result)
+        extra = {"on_result": on_result} if on_result is not None else {}
+        return self.call(self.obj, texts, **self.options, **extra)
 
     async def answer(self, texts: list[str]) -> list:
         """Results of `texts`, batched with the other requests queued for this model."""
@@ -74,6 +78,7 @@ class ServedTranslator(Served):
     """A `Translator`: `translate` with its default search (the paper's beam 4, alpha 0.6)."""
 
     kind = "translate"
+    streams = True  # a sentence is answered when its search ends, not when the longest of its batch does
 
     def __init__(self, name: str, obj: Translator, *args, **kwargs):
         super().__init__(name, obj, *args, **kwargs)
@@ -87,8 +92,11 @@ class ServedTranslator(Served):
             raise ApiError(422, str(err)) from None
 
     @staticmethod
-    def call(obj: Translator, texts: list[str], max_tokens: int = 4096) -> list[str]:
-        return obj.translate(texts, max_tokens=max_tokens)
+    def call(obj: Translator, texts: list[str], max_tokens: int = 4096,
+             on_result: Callable[[int, str], None] | None = None) -> list[str]:
+        """`obj.translate(texts)`, telling `on_result` of each translation as soon as it is known."""
+        told = None if on_result is None else (lambda i, translation: on_result(i, translation.text))
+        return [t.text for t in obj.translations(texts, max_tokens=max_tokens, on_result=told)]
 
     @property
     def options(self) -> dict:

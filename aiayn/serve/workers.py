@@ -8,10 +8,11 @@ served models itself from where the server loaded them and running one short cal
 it is ready (so that the first request does not pay for loading or preparing the kernels).
 
 `WorkerPool.call(name, texts, options)` sends one batch to an idle worker and waits for its answer (in the
-server's pass thread, which waits without holding the lock). The server bounds the calls in flight by the
-pool's size, so an idle worker is always there. A worker that dies (a crash, the kernel's OOM killer) is
-replaced, and the batch it was running fails with one clear line; the batcher then retries that batch's
-requests one at a time, so the others are answered.
+server's pass thread, which waits without holding the lock); a translator's worker also sends each sentence's
+translation as its search ends, which `on_result` hears before the batch's answer. The server bounds the calls
+in flight by the pool's size, so an idle worker is always there. A worker that dies (a crash, the kernel's OOM
+killer) is replaced, and the batch it was running fails with one clear line; the batcher then retries that
+batch's requests not yet answered one at a time, so the others are answered.
 
 Workers ignore SIGINT and SIGTERM (the server drains its requests first, and needs them for that) and exit
 when the server closes their pipe or exits.
@@ -25,8 +26,9 @@ import pickle
 import queue
 import signal
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -66,14 +68,16 @@ class WorkerPool:
             self._workers.append(worker)
             self._idle.put(worker)
 
-    def call(self, name: str, texts: list, options: Mapping) -> list:
-        """The results of `texts` from model `name`'s batched call with `options`, computed in an idle worker."""
+    def call(self, name: str, texts: list, options: Mapping,
+             on_result: Callable[[int, Any], None] | None = None) -> list:
+        """The results of `texts` from model `name`'s batched call with `options`, computed in an idle worker;
+        with `on_result`, each text's result as the worker sends it, before the batch's end."""
         worker = self._idle.get()
         try:
             if not worker.alive():  # it died while idle: replace it before it takes a batch
                 worker = self._replace(worker)
             try:
-                status, value = worker.ask((name, texts, dict(options)))
+                status, value = worker.ask((name, texts, dict(options), on_result is not None), on_result)
             except (EOFError, OSError):  # it died under this batch: replace it, fail only this batch
                 dead, worker = worker, self._replace(worker)
                 raise RuntimeError(f"the worker process running this batch died (exit code "
@@ -132,10 +136,16 @@ class _Worker:
         """Whether the process is still running."""
         return self.process.is_alive()
 
-    def ask(self, message: tuple):
-        """Send `message` and return the worker's answer, ("ok", results) or ("error", exception)."""
+    def ask(self, message: tuple, on_result: Callable[[int, Any], None] | None = None):
+        """Send `message` and return the worker's answer, ("ok", results) or ("error", exception); the ("part",
+        (i, result)) messages before it go to `on_result`."""
         self.connection.send(message)
-        return self.connection.recv()
+        while True:
+            status, value = self.connection.recv()
+            if status != "part":
+                return status, value
+            if on_result is not None:
+                on_result(*value)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Close the pipe (the worker exits on it), wait `timeout` seconds, kill it if still there; its exit code."""
@@ -168,9 +178,11 @@ def _work(connection: Connection, sources: Mapping[str, str], threads: int, devi
     connection.send(("ready", None))
     while True:
         try:
-            name, texts, options = connection.recv()
+            name, texts, options, streams = connection.recv()
         except (EOFError, OSError):  # the server closed the pipe or exited
             return
+        if streams:  # each text's result as soon as it is known, then the batch's
+            options = {**options, "on_result": lambda i, result: connection.send(("part", (i, result)))}
         try:
             answer = ("ok", calls[name](objects[name], texts, **options))
         except Exception as err:  # noqa: BLE001 - one batch's error goes back to its requests
