@@ -308,6 +308,21 @@ def test_a_worker_sends_each_translation_as_its_search_ends(pool, objects):
     assert pool.call("en-de", texts, {"max_tokens": 4096}) == answer  # without a listener, no parts are sent
 
 
+def test_a_listener_that_raises_leaves_the_worker_in_step_for_the_next_batch(pool, objects):
+    # (found in review) the rest of the batch's parts and its answer are still read, then the listener's error
+    # raised: the next batch on that worker gets its own answer, not the last one's
+    texts = ["a b c d e f g h", "b", "c c", "d e f", "h h h h"]
+
+    def listener(i, result):
+        raise RuntimeError("Event loop is closed")
+
+    for _ in range(pool.size):  # (every worker once)
+        with pytest.raises(RuntimeError, match="loop is closed"):
+            pool.call("en-de", texts, {"max_tokens": 4096}, on_result=listener)
+    for _ in range(pool.size):
+        assert pool.call("en-de", ["h g f e"], {"max_tokens": 4096}) == objects["en-de"].translate(["h g f e"])
+
+
 def test_a_worker_process_that_dies_is_replaced_and_fails_at_most_its_batch(url, pool, objects, monkeypatch):
     expected = {"translatedText": objects["en-de"].translate(["h g f e", "a b"])}
     request = {"q": ["h g f e", "a b"], "source": "en", "target": "de"}

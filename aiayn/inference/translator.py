@@ -188,6 +188,10 @@ class Translator(ModelRunner):
         early = on_result is not None and not config.return_attention
         for batch in token_batches([len(row) for row in ids], max_tokens, shuffle=False, max_sentences=max_sentences):
             real = [i for i in batch if ids[i]]
+            if on_result is not None:  # an empty text's translation is known before its batch runs
+                for i in batch:
+                    if not ids[i]:
+                        on_result(i, out[i])
             if real:
                 src = pad([ids[i] for i in real], self.model.config.pad_id).to(self.device)  # (B, S)
 
@@ -204,10 +208,6 @@ class Translator(ModelRunner):
                         out[i] = Translation(texts_out[j], result.tokens[j], float(result.scores[j]), attention)
                         if on_result is not None:
                             on_result(i, out[i])
-            if on_result is not None:
-                for i in batch:
-                    if not ids[i]:
-                        on_result(i, out[i])
             if progress is not None:
                 progress(len(batch))
         return out

@@ -140,12 +140,18 @@ class _Worker:
         """Send `message` and return the worker's answer, ("ok", results) or ("error", exception); the ("part",
         (i, result)) messages before it go to `on_result`."""
         self.connection.send(message)
+        failed = None  # a listener that raised: the batch's messages are still read, so the pipe stays in step
         while True:
             status, value = self.connection.recv()
             if status != "part":
+                if failed is not None:
+                    raise failed
                 return status, value
-            if on_result is not None:
-                on_result(*value)
+            if on_result is not None and failed is None:
+                try:
+                    on_result(*value)
+                except Exception as err:  # noqa: BLE001 - raised once the batch's answer is read
+                    failed = err
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """Close the pipe (the worker exits on it), wait `timeout` seconds, kill it if still there; its exit code."""
