@@ -326,11 +326,15 @@ def test_a_listener_that_raises_leaves_the_worker_in_step_for_the_next_batch(poo
 def test_a_worker_process_that_dies_is_replaced_and_fails_at_most_its_batch(url, pool, objects, monkeypatch):
     expected = {"translatedText": objects["en-de"].translate(["h g f e", "a b"])}
     request = {"q": ["h g f e", "a b"], "source": "en", "target": "de"}
+    # A request is answered as soon as its sentences are, so a worker may still be finishing the batch of the
+    # last answer: wait until both are back before killing one "while idle".
+    wait_until(lambda: pool._idle.qsize() == pool.size)
     idle = pool._workers[1]  # killed while idle: replaced before it takes a batch
     idle.process.kill()
     idle.process.join()
     for _ in range(4):
         assert httpx.post(f"{url}/translate", json=request, timeout=120).json() == expected
+    wait_until(lambda: pool._idle.qsize() == pool.size)
     victim = pool._workers[0]  # killed under a batch: that batch fails with one line, the next is answered
     victim.process.kill()
     victim.process.join()
