@@ -62,3 +62,17 @@ def test_trace_rejects_text_without_tokens(demo):
     model, tokenizer = demo
     with pytest.raises(ValueError, match="the text has no tokens to trace"):
         trace(model, tokenizer, "")
+
+
+def test_trace_names_a_prepared_copy_and_what_to_pass(demo):
+    from aiayn.backends import select
+
+    model, tokenizer = demo
+    prepared = select("cpu", "inference").prepare(model)
+    if not any(type(m).__name__ in ("FusedQKVAttention", "TorchEncoderLayer") for m in prepared.modules()):
+        from aiayn.backends.fused import use_torch_encoder_layers
+
+        prepared = use_torch_encoder_layers(prepared)  # (what another machine's calibration would choose)
+    with pytest.raises(ValueError, match="prepared copy: pass the model itself"):
+        trace(prepared, tokenizer, "How are you")
+    assert trace(model, tokenizer, "How are you")  # the model itself still traces
