@@ -546,6 +546,12 @@ class Trainer:
             self._setup()
             with self.parallel.peers_watched():
                 finished = self._loop()
+        except TrainingError:
+            # Every process stops at the same step (the loss is summed over them): each leaves the process group
+            # before it exits, which otherwise can abort at exit with the group's threads still running.
+            if getattr(self, "parallel", None) is not None:
+                self.parallel.close()
+            raise
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
