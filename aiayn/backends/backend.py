@@ -152,6 +152,14 @@ class Backend:
         return cpu.PackedLinear(weight, bias, kernels=kernels)
 
 
+def with_kernels(backend: Backend, kernels: tuple[tuple[str, str, str], ...], *, fused_qkv: bool,
+                 torch_layers: bool = False) -> Backend:
+    """`backend` for inference on the measured `kernels` (`kernel_triples`): prepacked oneDNN forms where any
+    kernel is not PyTorch's default, and the measured fused Q/K/V and fused encoder layers."""
+    swap = any(kernel != "dense" for _, _, kernel in kernels)
+    return replace(backend, onednn=swap, prepack=swap, kernels=kernels, fused_qkv=fused_qkv, torch_layers=torch_layers)
+
+
 def kernel_triples(inference: dict[str, dict[str, str]]) -> tuple[tuple[str, str, str], ...]:
     """`calibrate.Choices.inference` as `Backend.kernels`: (row class, shape kind, kernel) triples."""
     return tuple((rows, kind, kernel) for rows, by_kind in inference.items() for kind, kernel in by_kind.items())
@@ -248,7 +256,6 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     if mode == "train":
         return replace(backend, onednn=measured.train_onednn and cpu.onednn_usable(),
                        fused_qkv=measured.fused_qkv_train, compile=compile)
-    swap = any(kernel != "dense" for _, _, kernel in kernels)
-    return replace(backend, onednn=swap, prepack=swap, kernels=kernels, fused_qkv=measured.fused_qkv_inference,
-                   torch_layers=measured.torch_layers_inference, compile=compile)
+    return replace(with_kernels(backend, kernels, fused_qkv=measured.fused_qkv_inference,
+                                torch_layers=measured.torch_layers_inference), compile=compile)
 

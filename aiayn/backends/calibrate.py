@@ -295,7 +295,7 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
 def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: bool, seconds: dict[str, float]) -> bool:
     """Whether PyTorch's fused encoder layer runs a base encoder layer on many rows (2 x 128 tokens) faster than
     the layer written out on the kernels just chosen (and fused Q/K/V where chosen)."""
-    from aiayn.backends.backend import Backend, kernel_triples
+    from aiayn.backends.backend import Backend, kernel_triples, with_kernels
     from aiayn.backends.fused import TorchEncoderLayer
     from aiayn.config import preset
     from aiayn.nn.model import build_encoder
@@ -304,10 +304,8 @@ def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: boo
     if not TorchEncoderLayer.runs(layer):
         seconds.update({"encoder layer: aiayn": 1.0, "encoder layer: torch": float("inf")})
         return False
-    kernels = kernel_triples(inference)
-    swap = any(kernel != "dense" for _, _, kernel in kernels)
-    backend = Backend(torch.device("cpu"), "inference", "fp32", onednn=swap, prepack=swap, kernels=kernels,
-                      fused_qkv=fused_qkv)
+    backend = with_kernels(Backend(torch.device("cpu"), "inference", "fp32"), kernel_triples(inference),
+                           fused_qkv=fused_qkv)
     written_out, fused = backend.prepare(layer), TorchEncoderLayer(layer)
     x = torch.randn(2, 128, layer.self_attn.d_model, generator=torch.Generator().manual_seed(1))
     timed = _timed({"aiayn": lambda: written_out(x), "torch": lambda: fused(x)}, LAYER_REPEATS)
