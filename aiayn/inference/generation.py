@@ -405,24 +405,34 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
             # Finished sentences leave the batch (as in beam search); sampling keeps its rows, so that its
             # draws stay those of the whole batch.
             done, alive = finished.nonzero()[:, 0], (~finished).nonzero()[:, 0]
-            for sentence, row, score in zip(sentences[done].tolist(), out[done].tolist(), scores[done].tolist()):
-                retired[sentence] = (_until_eos(row, eos_id), score)
-                if on_finished is not None:
-                    on_finished(sentence, *retired[sentence])
+            _keep(retired, sentences[done].tolist(), out[done].tolist(), scores[done].tolist(), eos_id, on_finished)
             sentences, out, finished, scores, limits, next_input = (
                 t.index_select(0, alive) for t in (sentences, out, finished, scores, limits, next_input))
             memory = memory.index_select(0, alive)
             src_mask = None if src_mask is None else src_mask.index_select(0, alive)
             cache.reorder(alive)
-    for sentence, row, score in zip(sentences.tolist(), out.tolist(), scores.tolist()):
-        retired[sentence] = (_until_eos(row, eos_id), score)
-    order = sorted(retired)
+    _keep(retired, sentences.tolist(), out.tolist(), scores.tolist(), eos_id)
     attn = torch.stack(weights, dim=3).cpu() if weights else None  # (B, n_layers, h, T, S)
-    return [retired[s][0] for s in order], torch.tensor([retired[s][1] for s in order]), attn
+    return (*_in_order(retired), attn)
 
 
 def _until_eos(row: list[int], eos_id: int) -> list[int]:
     return row[: row.index(eos_id)] if eos_id in row else row
+
+
+def _keep(retired: dict[int, tuple[list[int], float]], sentences: list[int], rows: list[list[int]],
+          scores: list[float], eos_id: int, on_finished: Finished | None = None) -> None:
+    """Keep each sentence's output (its row up to `</s>`) and score in `retired`, and tell `on_finished`."""
+    for sentence, row, score in zip(sentences, rows, scores):
+        retired[sentence] = (_until_eos(row, eos_id), score)
+        if on_finished is not None:
+            on_finished(sentence, *retired[sentence])
+
+
+def _in_order(retired: dict[int, tuple[list[int], float]]) -> tuple[list[list[int]], torch.Tensor]:
+    """The kept outputs and scores (B,), by sentence."""
+    order = sorted(retired)
+    return [retired[s][0] for s in order], torch.tensor([retired[s][1] for s in order])
 
 
 # -- beam search ----------------------------------------------------------------------------------
@@ -561,14 +571,8 @@ class _Beams:
         """Keep the results of the sentences whose search ended (and tell `on_finished`) and drop them from the
         state (not with attention recorded); returns the rows (B',) of the sentences still searching, in the batch
         before."""
-        ended = self.sentence_done.nonzero()[:, 0]
         alive = (~self.sentence_done).nonzero()[:, 0]
-        lengths = self.done_steps[ended, 0].tolist()
-        for sentence, row, length, score in zip(self.sentences[ended].tolist(), self.done_tokens[ended, 0].tolist(),
-                                                lengths, self.done_scores[ended, 0].tolist()):
-            self.retired[sentence] = (_until_eos(row[:length], self.eos_id), score)
-            if on_finished is not None:
-                on_finished(sentence, *self.retired[sentence])
+        self._keep(self.sentence_done.nonzero()[:, 0], on_finished)
         for name in ("sentences", "running", "running_scores", "done_tokens", "done_scores", "done_flags",
                      "done_steps", "sentence_done"):
             setattr(self, name, getattr(self, name).index_select(0, alive))
@@ -576,19 +580,19 @@ class _Beams:
         self.base = self.base[: self.batch]
         return alive
 
+    def _keep(self, rows: torch.Tensor | slice, on_finished: Finished | None = None) -> None:
+        """Keep the best finished hypothesis of the sentences at `rows` of the state (see `_keep`)."""
+        tokens = [row[:n] for row, n in zip(self.done_tokens[rows, 0].tolist(), self.done_steps[rows, 0].tolist())]
+        _keep(self.retired, self.sentences[rows].tolist(), tokens, self.done_scores[rows, 0].tolist(), self.eos_id,
+              on_finished)
+
     def results(self) -> tuple[list[list[int]], torch.Tensor, list[torch.Tensor] | None]:
         """The best finished hypothesis of each sentence: tokens, score, attention (n_layers, h, T, S)."""
-        retired = dict(self.retired)
-        attn = []
-        scores = self.done_scores[:, 0].tolist()
-        for b, sentence in enumerate(self.sentences.tolist()):
-            row = self.done_tokens[b, 0, : int(self.done_steps[b, 0])].tolist()
-            retired[sentence] = (_until_eos(row, self.eos_id), scores[b])
-            if self.done_attention is not None:  # (T, n_layers, h, S) -> (n_layers, h, T, S)
-                attn.append(self.done_attention[b * self.k].permute(1, 2, 0, 3).cpu())
-        order = sorted(retired)
-        return ([retired[s][0] for s in order], torch.tensor([retired[s][1] for s in order]),
-                attn or None)
+        self._keep(slice(None))
+        attn = None
+        if self.done_attention is not None:  # (T, n_layers, h, S) -> (n_layers, h, T, S)
+            attn = [self.done_attention[b * self.k].permute(1, 2, 0, 3).cpu() for b in range(self.batch)]
+        return (*_in_order(self.retired), attn)
 
 
 def _merge_attention(done_attention: torch.Tensor | None, cand_attention: torch.Tensor, keep: torch.Tensor,
