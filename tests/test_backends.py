@@ -288,27 +288,31 @@ def test_each_layer_runs_the_kernels_measured_for_its_shape_kind(monkeypatch):
     from aiayn.backends import cpu
 
     forced = dataclasses.replace(calibrate.choices(), inference={
-        "one": {"wide": "columns", "square": "dense", "narrow": "packed"},
-        "few": dict.fromkeys(("wide", "square", "narrow"), "packed"),
-        "many": dict.fromkeys(("wide", "square", "narrow"), "dense")}, fused_qkv_inference=False)
+        "one": {"wide": "columns", "square": "dense", "narrow": "packed", "vocabulary": "dense"},
+        "few": dict.fromkeys(("wide", "square", "narrow", "vocabulary"), "packed"),
+        "many": {"wide": "dense", "square": "dense", "narrow": "dense", "vocabulary": "packed"}},
+        fused_qkv_inference=False)
     monkeypatch.setattr(calibrate, "choices", lambda refresh=False: forced)
     backend = select("cpu", "inference", "fp32")
-    assert "one wide columns/square dense/narrow packed, few packed, many dense" in backend.describe()
-    model = build_model(ModelConfig(vocab_size=40, d_model=16, d_ff=64, n_heads=2, n_encoder_layers=1,
+    assert ("one wide columns/square dense/narrow packed/vocabulary dense, few packed, "
+            "many wide dense/square dense/narrow dense/vocabulary packed") in backend.describe()
+    model = build_model(ModelConfig(vocab_size=100, d_model=16, d_ff=64, n_heads=2, n_encoder_layers=1,
                                     n_decoder_layers=1, dropout=0.0)).eval()
     prepared = backend.prepare(model)
     ffn = prepared.encoder.layers[0].feed_forward
     assert isinstance(ffn.linear1, cpu.PackedLinear) and ffn.linear1.kernels["one"] == "columns"  # 16 -> 64
     assert ffn.linear2.kernels["one"] == "packed"  # 64 -> 16
     assert prepared.encoder.layers[0].self_attn.q_proj.kernels["one"] == "dense"  # 16 -> 16
-    assert prepared.head.proj.kernels["one"] == "columns"  # 16 -> 40: the vocabulary projection widens
-    src = torch.randint(4, 40, (1, 5))
+    head = prepared.head.proj.kernels  # 16 -> 100: a vocabulary projection, its own shape kind
+    assert head["one"] == "dense" and head["many"] == "packed"
+    src = torch.randint(4, 100, (1, 5))
     with torch.no_grad():
         ours = generate(prepared, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=6, min_len=6))
         plain = generate(model, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=6, min_len=6))
     assert ours.tokens == plain.tokens
     assert calibrate.shape_kind(512, 2048) == "wide" and calibrate.shape_kind(2048, 512) == "narrow"
-    assert calibrate.shape_kind(512, 512) == "square"
+    assert calibrate.shape_kind(512, 512) == "square" and calibrate.shape_kind(512, 1536) == "wide"  # stacked Q/K/V
+    assert calibrate.shape_kind(512, 37000) == "vocabulary" and calibrate.shape_kind(768, 30522) == "vocabulary"
 
 
 def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
@@ -336,7 +340,8 @@ def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(t
     first = calibrate._load_or_measure(refresh=False)
     files = list(tmp_path.glob("cpu-products-*.json"))
     assert len(files) == 1 and set(first.inference) == {"one", "few", "many"}
-    products = {f"{rows} {kind}" for rows in ("one", "few", "many") for kind in ("wide", "square", "narrow")}
+    kinds = ("wide", "square", "narrow", "vocabulary")
+    products = {f"{rows} {kind}" for rows in ("one", "few", "many") for kind in kinds}
     assert {k.split(": ")[0] for k in first.seconds} == products | {"qkv one", "qkv", "train", "qkv train",
                                                               "encoder layer"}
     assert all(kernel in ("packed", "columns", "dense") for by_kind in first.inference.values()
@@ -365,5 +370,5 @@ def test_an_unwritable_cache_only_costs_a_measurement(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "REPEATS", 1)
     inference = calibrate._load_or_measure(refresh=False).inference
     assert set(inference) == {"one", "few", "many"}
-    assert all(set(by_kind) == {"wide", "square", "narrow"} for by_kind in inference.values())
+    assert all(set(by_kind) == {"wide", "square", "narrow", "vocabulary"} for by_kind in inference.values())
     assert blocker.read_text() == "not a directory"

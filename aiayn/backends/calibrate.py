@@ -16,7 +16,7 @@ kernel unless another is at least `MARGIN` faster (median of per-repeat ratios).
     "packed"    oneDNN over W reordered once into its blocked layout (`torch.ops.mkldnn`)
 
 Inference products are chosen per number of rows (`ROW_CLASSES`: one, a few, many) and per shape
-kind (`shape_kind`: wide, square, narrow); training
+kind (`shape_kind`: wide, square, narrow, vocabulary); training
 products (forward and backward) are oneDNN or F.linear; fused Q/K/V (one stacked product instead of
 three) is kept only where measured faster, in each mode.
 
@@ -50,8 +50,13 @@ log = logging.getLogger(__name__)
 MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
 ROW_CLASSES = (("one", 1), ("few", 4), ("many", 256))  # (name, rows measured); few = 2..16 rows
 FEW_ROWS_MAX = 16
-# A base layer's products by shape kind (in_features, out_features): FFN up, attention projection, FFN down.
-SHAPE_KINDS = (("wide", (512, 2048)), ("square", (512, 512)), ("narrow", (2048, 512)))
+# A base model's products by shape kind (in_features, out_features): FFN up, attention projection, FFN down,
+# and the vocabulary projection (a 32,768-token vocabulary). The last differs from FFN up by its weight, 64 MiB
+# here, far beyond a CPU's cache: PyTorch's default product repacks the weight on every call, and over weights
+# streamed from memory that costs more than the product at up to hundreds of rows (an AVX2 EPYC, 32 rows over
+# 512 -> 37,000: 34.8 ms dense, 23.5 ms prepacked), where over FFN up's 4 MiB it costs little.
+SHAPE_KINDS = (("wide", (512, 2048)), ("square", (512, 512)), ("narrow", (2048, 512)), ("vocabulary", (512, 32768)))
+VOCABULARY_WIDENING = 4  # a product widening its input more than this many times is of the vocabulary kind
 TRAIN_ROWS = 256
 # A decoding step at batch 1 streams every weight from memory once: one- and few-row products are timed
 # over enough copies of a shape to hold this many bytes (more than a CPU's last-level cache), not over
@@ -59,7 +64,8 @@ TRAIN_ROWS = 256
 COLD_BYTES = 64 << 20
 REPEATS = 7
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 4  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers)
+FORMAT = 5  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
+#            5: the vocabulary projection as a shape kind of its own)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -72,7 +78,10 @@ def row_class(rows: int) -> str:
 
 
 def shape_kind(in_features: int, out_features: int) -> str:
-    """The shape kind ("wide", "square", "narrow") of a product from `in_features` to `out_features`."""
+    """The shape kind ("wide", "square", "narrow", "vocabulary") of a product from `in_features` to `out_features`:
+    FFN up (4x) and stacked Q/K/V (3x) are wide, an output layer over a vocabulary is "vocabulary"."""
+    if out_features > VOCABULARY_WIDENING * in_features:
+        return "vocabulary"
     return "wide" if out_features > in_features else "narrow" if out_features < in_features else "square"
 
 
@@ -86,7 +95,8 @@ class Choices:
     """What `select` uses on this machine, and the timings that decided it.
 
     Attributes:
-        inference: kernel per row class ("one", "few", "many") and shape kind ("wide", "square", "narrow")
+        inference: kernel per row class ("one", "few", "many") and shape kind ("wide", "square", "narrow",
+            "vocabulary")
             for float32 inference products: `inference["one"]["wide"]`.
         train_onednn: float32 training products (forward and backward) on oneDNN instead of F.linear.
         fused_qkv_inference, fused_qkv_train: Q, K and V as one stacked product, by mode.
@@ -345,8 +355,11 @@ def measure(description: dict[str, str] | None = None) -> Choices:
         fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
         torch_layers = _torch_layers_inference(inference, fused_inference, seconds)
     with torch.enable_grad():
-        params = [(w.clone().requires_grad_(), b.clone().requires_grad_()) for w, b in weights.values()]
-        xs = [torch.randn(TRAIN_ROWS, n_in, generator=gen, requires_grad=True) for _, (n_in, _) in SHAPE_KINDS]
+        # a layer's products: a training step's output layer is one product among the model's many
+        layer_kinds = [(kind, shape) for kind, shape in SHAPE_KINDS if kind != "vocabulary"]
+        params = [(weights[kind][0].clone().requires_grad_(), weights[kind][1].clone().requires_grad_())
+                  for kind, _ in layer_kinds]
+        xs = [torch.randn(TRAIN_ROWS, n_in, generator=gen, requires_grad=True) for _, (n_in, _) in layer_kinds]
 
         def train_step(product: Callable) -> Callable[[], None]:
             return lambda: torch.autograd.backward([product(x, w, b).sum() for x, (w, b) in zip(xs, params)])
