@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.backends import calibrate, cpu, int8
+from aiayn.backends.absorbed import absorb_cross_attention
 from aiayn.backends.devices import bf16_supported, resolve_device
 from aiayn.backends.fused import FusedQKVAttention, StackedLinear, fuse_qkv, use_torch_encoder_layers
 
@@ -56,6 +57,8 @@ class Backend:
             (`calibrate.shape_kind`), as (class, kind, kernel) triples.
         fused_qkv: Q, K and V from one stacked product.
         torch_layers: encoder layers run PyTorch's fused layer (`fused.TorchEncoderLayer`) on many rows.
+        absorbed_cross: decoding steps fold cross-attention's W_Q and W_O into the memory where that reads
+            less (`absorbed.AbsorbedCrossAttention`; CPU inference in float32).
         compile: run the prepared model through `torch.compile`.
     """
 
@@ -66,13 +69,15 @@ class Backend:
     prepack: bool = False
     fused_qkv: bool = False
     torch_layers: bool = False
+    absorbed_cross: bool = False
     compile: bool = False
     kernels: tuple[tuple[str, str, str], ...] | None = None
 
     @property
     def plain(self) -> bool:
         """True when the model's modules run as written (no trick applied)."""
-        return not (self.onednn or self.prepack or self.fused_qkv or self.torch_layers or self.compile)
+        return not (self.onednn or self.prepack or self.fused_qkv or self.torch_layers or self.absorbed_cross
+                    or self.compile)
 
     def describe(self) -> str:
         """A short label: device, mode, precision and tricks
@@ -83,6 +88,7 @@ class Backend:
                                         (measured if self.prepack else "oneDNN", self.onednn),
                                         ("fused QKV", self.fused_qkv),
                                         ("PyTorch's fused encoder layers", self.torch_layers),
+                                        ("cross-attention folded into short memories", self.absorbed_cross),
                                         ("torch.compile", self.compile)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
 
@@ -114,6 +120,8 @@ class Backend:
             if self.mode == "inference":
                 frozen = self._packed if self.prepack else (lambda w, b: StackedLinear(w, b, product))
             prepared = fuse_qkv(prepared, product=product, frozen=frozen)
+        if self.absorbed_cross and self.mode == "inference":  # before use_onednn: it reads the plain projections
+            absorb_cross_attention(prepared)
         if self.onednn:
             cpu.use_onednn(prepared, prepack=self._packed if self.prepack else None, skip=_stacked_away(prepared))
             if self.prepack:
@@ -256,6 +264,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     if mode == "train":
         return replace(backend, onednn=measured.train_onednn and cpu.onednn_usable(),
                        fused_qkv=measured.fused_qkv_train, compile=compile)
+    # Cross-attention folded into the memory reads less wherever it applies (a rule measured on both CPU kinds).
     return replace(with_kernels(backend, kernels, fused_qkv=measured.fused_qkv_inference,
-                                torch_layers=measured.torch_layers_inference), compile=compile)
+                                torch_layers=measured.torch_layers_inference), absorbed_cross=True, compile=compile)
 

@@ -36,6 +36,9 @@ class AttentionCache:
     _buffers: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _spare: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # reorder's target
     _views: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # the last key, value
+    # What a backend's cross-attention derives from `key` and `value` once per memory (aiayn.backends.absorbed),
+    # with the key it came from: made again when `key` changes.
+    folded: tuple | None = field(default=None, repr=False)
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add (B, h, L_new, d_k) keys and values after the cached ones; returns all of them (B, h, L, d_k)."""

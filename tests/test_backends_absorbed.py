@@ -1,0 +1,132 @@
+"""Cross-attention folded into the memory (aiayn.backends.absorbed): the plain step's results, where it reads less."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from aiayn.backends import absorbed, select
+from aiayn.backends.absorbed import AbsorbedCrossAttention, absorb_cross_attention, fold
+from aiayn.config import ModelConfig
+from aiayn.inference import GenerationConfig, generate
+from aiayn.nn.attention import AttentionCache, MultiHeadAttention, attention_weights
+from aiayn.nn.model import build_model
+
+# d_model 64 over 2 heads: folded tensors fit (B h S <= 32) for a batch of 2 sentences of up to 8 tokens
+SMALL = dict(vocab_size=40, d_model=64, n_heads=2, d_ff=96, n_encoder_layers=2, n_decoder_layers=2, max_len=40)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def _filled_cache(attn: MultiHeadAttention, memory: torch.Tensor, mask: torch.Tensor | None) -> AttentionCache:
+    """A cross-attention cache holding `memory`'s keys and values (what a decoder's first step leaves)."""
+    cache = AttentionCache()
+    attn(torch.randn(memory.shape[0], 1, attn.d_model), memory, mask=mask, cache=cache, static_kv=True)
+    return cache
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@torch.no_grad()
+def test_a_folded_step_equals_the_plain_step_with_padding_and_an_empty_row(bias):
+    attn = MultiHeadAttention(128, 2, bias=bias).eval()
+    wrapped = AbsorbedCrossAttention(attn)
+    memory = torch.randn(3, 5, 128)
+    mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
+    mask[1, ..., 3:] = False  # padding
+    mask[2] = False  # a row that may attend nowhere: zero attention output, as `attend` makes it
+    cache = _filled_cache(attn, memory, mask)
+    query = torch.randn(3, 1, 128)
+    assert wrapped.applies(query, cache, mask)  # 3 rows x 2 heads x 5 positions <= 128 / 2
+    expected = attn.step(query, cache, mask=mask, static_kv=True)
+    torch.testing.assert_close(wrapped.step(query, cache, mask=mask, static_kv=True), expected, rtol=1e-5, atol=1e-5)
+    assert cache.folded is not None and cache.folded[0] is cache.key
+
+
+@torch.no_grad()
+def test_folded_tensors_are_made_once_per_memory_and_again_after_a_reorder():
+    attn = MultiHeadAttention(64, 2).eval()
+    wrapped = AbsorbedCrossAttention(attn)
+    cache = _filled_cache(attn, torch.randn(2, 6, 64), None)
+    query = torch.randn(2, 1, 64)
+    wrapped.step(query, cache, static_kv=True)
+    first = cache.folded
+    wrapped.step(query, cache, static_kv=True)
+    assert cache.folded is first  # the next step reuses them
+    cache.reorder(torch.tensor([1]))  # the first sentence leaves the batch
+    out = wrapped.step(query[1:], cache, static_kv=True)
+    assert cache.folded is not first and cache.folded[2].shape[0] == 1
+    torch.testing.assert_close(out, attn.step(query[1:], cache, static_kv=True), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_memory_too_long_to_fold_takes_the_plain_step():
+    attn = MultiHeadAttention(64, 2).eval()
+    wrapped = AbsorbedCrossAttention(attn)
+    cache = _filled_cache(attn, torch.randn(1, 17, 64), None)  # 1 x 2 x 17 = 34 > 64 / 2
+    query = torch.randn(1, 1, 64)
+    assert not wrapped.applies(query, cache, None)
+    assert torch.equal(wrapped.step(query, cache, static_kv=True), attn.step(query, cache, static_kv=True))
+    assert cache.folded is None
+
+
+@torch.no_grad()
+def test_folding_follows_weights_changed_in_place():
+    """The wrapper reads the projections' storage: a model trained further and prepared again is not needed."""
+    attn = MultiHeadAttention(64, 2).eval()
+    wrapped = AbsorbedCrossAttention(attn)
+    attn.q_proj.weight.mul_(2.0)
+    attn.out_proj.bias.add_(1.0)
+    cache = _filled_cache(attn, torch.randn(1, 4, 64), None)
+    query = torch.randn(1, 1, 64)
+    torch.testing.assert_close(wrapped.step(query, cache, static_kv=True), attn.step(query, cache, static_kv=True),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _prepared_pair(cfg: ModelConfig):
+    model = build_model(cfg).eval()
+    backend = select("cpu", "inference", "fp32")
+    assert backend.absorbed_cross and "cross-attention folded" in backend.describe()
+    return backend.prepare(model), dataclasses.replace(backend, absorbed_cross=False).prepare(model)
+
+
+@pytest.mark.parametrize(("beam", "batch", "length"), [(1, 2, 7), (3, 1, 5)])
+def test_a_prepared_model_decodes_as_without_folding(beam, batch, length, monkeypatch):
+    """Greedy over a batch whose sentences end at different steps (rows leave the batch), and beam search."""
+    folded, unfolded = _prepared_pair(ModelConfig(**SMALL))
+    assert all(isinstance(layer.cross_attn, AbsorbedCrossAttention) for layer in folded.decoder.layers)
+    folds = []
+    monkeypatch.setattr(absorbed, "fold", lambda *args: folds.append(1) or fold(*args))
+    src = torch.randint(4, 40, (batch, length))
+    src[-1, length - 2:] = 0  # padded
+    config = GenerationConfig(max_new_tokens=12, beam_size=beam)
+    with torch.inference_mode():
+        ours, theirs = (generate(m, src, bos_id=1, eos_id=2, config=config) for m in (folded, unfolded))
+    assert folds  # every row x head x position fits: the folded step ran
+    assert ours.tokens == theirs.tokens
+    torch.testing.assert_close(ours.scores, theirs.scores, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_weights_still_come_through_the_wrapper():
+    folded, unfolded = _prepared_pair(ModelConfig(**SMALL))
+    src = torch.randint(4, 40, (1, 6))
+    with torch.inference_mode():
+        config = GenerationConfig(max_new_tokens=5, return_attention=True)
+        ours, theirs = (generate(m, src, bos_id=1, eos_id=2, config=config) for m in (folded, unfolded))
+    for a, b in zip(ours.attention, theirs.attention, strict=True):
+        torch.testing.assert_close(a, b)
+    with torch.inference_mode(), attention_weights([folded.decoder.layers[0].cross_attn]) as weights:
+        folded.decode(torch.ones(1, 1, dtype=torch.long), folded.encode(src), memory_mask=None,
+                      cache=folded.new_cache())
+    assert weights[0].shape == (1, 2, 1, 6)
+
+
+def test_only_decoder_cross_attention_is_wrapped_and_parameters_are_shared():
+    model = build_model(ModelConfig(**SMALL)).eval()
+    before = {name: p.data_ptr() for name, p in model.named_parameters()}
+    absorb_cross_attention(model)
+    assert all(type(layer.self_attn) is MultiHeadAttention for layer in model.decoder.layers)
+    assert {p.data_ptr() for p in model.parameters()} == set(before.values())
+    assert model.decoder.layers[0].cross_attn.d_model == 64  # the wrapped module's parts read through
