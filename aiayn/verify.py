@@ -316,13 +316,13 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
             worst = max(worst, _compare(cached[:, -1].float().cpu(), full[:, -1]))
             prefix = torch.cat([prefix, full[:, -1].argmax(-1, keepdim=True)], dim=1)
     yield "decoding on the key/value cache = recomputing every step (logits)", worst, 1e-5
-    # The steps a search runs after the first (decode_step), on one short sentence: where the backend folds
-    # cross-attention into the memory (backends.absorbed), this is the folded step.
-    short = src[:1, :6].to(device)
+    # The steps a search runs after the first (decode_step), on two short sentences, the second padded: where the
+    # backend folds cross-attention into the memory (backends.absorbed), this is the folded step, mask and all.
+    short = src[1:, :4].to(device)  # (2, 4): 4 real tokens, and 2 then padding
     with torch.no_grad():
         memory_mask = prepared.source_mask(short)
         memory = prepared.encode(short, memory_mask)
-        cache, prefix, worst = prepared.new_cache(), torch.full((1, 1), 1, device=device), (0.0, 0.0)
+        cache, prefix, worst = prepared.new_cache(), torch.full((2, 1), 1, device=device), (0.0, 0.0)
         logits = prepared.head(prepared.decode(prefix, memory, memory_mask=memory_mask, cache=cache))[:, -1]
         for _ in range(steps):
             prefix = torch.cat([prefix, logits.argmax(-1, keepdim=True)], dim=1)

@@ -74,7 +74,8 @@ def test_a_memory_too_long_to_fold_takes_the_plain_step():
 
 @torch.no_grad()
 def test_folding_follows_weights_changed_in_place():
-    """The wrapper reads the projections' storage: a model trained further and prepared again is not needed."""
+    """The wrapper keeps no copy of W_Q and W_O: it reads the projections' own storage (a backend's prepacked
+    layers are copies, so a prepared model is still prepared again after its weights change)."""
     attn = MultiHeadAttention(64, 2).eval()
     wrapped = AbsorbedCrossAttention(attn)
     attn.q_proj.weight.mul_(2.0)

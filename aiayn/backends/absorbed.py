@@ -36,7 +36,9 @@ class AbsorbedCrossAttention(nn.Module):
 
     `forward` (the first step, which computes the memory's keys and values, and any call asking for the
     weights) is the wrapped module's own. The weights are read from the wrapped module's projections as
-    they are when built (sharing their storage): build it before a backend swaps those projections.
+    they are when built (sharing their storage): build it before a backend swaps those projections. The
+    folded tensors are kept in the cross-attention cache while its keys and the mask are the same tensors
+    (`decode_step`'s contract: they are replaced between steps, not changed in place).
     """
 
     def __init__(self, attn: MultiHeadAttention):

@@ -190,7 +190,10 @@ class EncoderDecoderModel(nn.Module):
     def decode_step(self, token: torch.Tensor, *, memory_mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
         """`decode` for the newest token ids (B, 1) once `cache` holds the earlier positions and the memory's keys
         and values (every decoding step after the first; `memory_mask` as `source_mask` returns it): the same
-        arithmetic with fewer checks and calls (docs/generation.md, "Speed"). -> decoder states (B, 1, d_model)."""
+        arithmetic with fewer checks and calls (docs/generation.md, "Speed"). -> decoder states (B, 1, d_model).
+
+        Between steps, `memory_mask` and the cache's tensors are replaced, never changed in place: a backend may
+        keep what it derives from them for as long as they are the same tensors (`backends.absorbed`)."""
         if not cache.length:  # the memory's keys and values are computed by `decode`'s first call
             raise ValueError("decode_step needs a cache that decode has filled: run the first step with decode")
         if memory_mask is not None and memory_mask.dim() != 4:  # `decode` normalises other shapes; a step does not
