@@ -138,6 +138,7 @@ class Backend:
         if self.fused_qkv:
             prepared = fuse_qkv(prepared, product=F.linear, frozen=lambda w, b: StackedLinear(w, b, F.linear))
         prepared.eval()
+        _without_dropout(prepared)
         fallback = None  # where int8 is too far: bf16 where the CPU has it natively, else float32
         if bf16_supported(self.device) and cpu.onednn_usable():
             fallback = int8.Bf16Linear
