@@ -306,29 +306,12 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
         hf = to_marian(model, decoder_start_token_id=1, eos_token_id=2)  # before the model moves to the device
     prepared = backend.prepare(model)
     steps = 8
-    with torch.no_grad():
-        memory_mask = prepared.source_mask(src.to(device))
-        memory = prepared.encode(src.to(device), memory_mask)
-        cache, prefix, worst = prepared.new_cache(), torch.full((3, 1), 1, device=device), (0.0, 0.0)
-        for _ in range(steps):
-            cached = prepared.head(prepared.decode(prefix[:, -1:], memory, memory_mask=memory_mask, cache=cache))
-            full = prepared.head(prepared.decode(prefix, memory, memory_mask=memory_mask))
-            worst = max(worst, _compare(cached[:, -1].float().cpu(), full[:, -1]))
-            prefix = torch.cat([prefix, full[:, -1].argmax(-1, keepdim=True)], dim=1)
+    worst = _cached_against_recomputed(prepared, src.to(device), steps, direct=False)
     yield "decoding on the key/value cache = recomputing every step (logits)", worst, 1e-5
     # The steps a search runs after the first (decode_step), on two short sentences, the second padded: where the
     # backend folds cross-attention into the memory (backends.absorbed), this is the folded step, mask and all.
     short = src[1:, :4].to(device)  # (2, 4): 4 real tokens, and 2 then padding
-    with torch.no_grad():
-        memory_mask = prepared.source_mask(short)
-        memory = prepared.encode(short, memory_mask)
-        cache, prefix, worst = prepared.new_cache(), torch.full((2, 1), 1, device=device), (0.0, 0.0)
-        logits = prepared.head(prepared.decode(prefix, memory, memory_mask=memory_mask, cache=cache))[:, -1]
-        for _ in range(steps):
-            prefix = torch.cat([prefix, logits.argmax(-1, keepdim=True)], dim=1)
-            logits = prepared.head(prepared.decode_step(prefix[:, -1:], memory_mask=memory_mask, cache=cache))[:, -1]
-            full = prepared.head(prepared.decode(prefix, memory, memory_mask=memory_mask))[:, -1]
-            worst = max(worst, _compare(logits.float().cpu(), full))
+    worst = _cached_against_recomputed(prepared, short, steps, direct=True)
     yield "decoding steps (decode_step) = recomputing every step (logits)", worst, 1e-5
     if hf is None:
         return  # token-by-token equality is for exact paths; approximate ones may pick another near-tie
@@ -342,6 +325,25 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
         differing = sum(a != b for a, b in zip(ours, theirs))
         yield f"{'greedy' if beam == 1 else 'beam-4'} decoding = Hugging Face generate() (sentences differing)", \
             (float(differing), 0.0), 0.0
+
+
+@torch.no_grad()
+def _cached_against_recomputed(model: nn.Module, src: torch.Tensor, steps: int, *, direct: bool) -> tuple[float, float]:
+    """(max difference, scale) of the next-token logits over `steps` greedy steps decoded on the key/value cache
+    (with `direct`, every step after the first by `decode_step`, as a search runs them) against recomputing the
+    whole prefix at each step."""
+    memory_mask = model.source_mask(src)
+    memory = model.encode(src, memory_mask)
+    cache, prefix, worst = model.new_cache(), torch.full((src.shape[0], 1), 1, device=src.device), (0.0, 0.0)
+    for _ in range(steps):
+        if direct and cache.length:
+            hidden = model.decode_step(prefix[:, -1:], memory_mask=memory_mask, cache=cache)
+        else:
+            hidden = model.decode(prefix[:, -1:], memory, memory_mask=memory_mask, cache=cache)
+        full = model.head(model.decode(prefix, memory, memory_mask=memory_mask))[:, -1]
+        worst = max(worst, _compare(model.head(hidden)[:, -1].float().cpu(), full))
+        prefix = torch.cat([prefix, full.argmax(-1, keepdim=True)], dim=1)
+    return worst
 
 
 def _gradient_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:

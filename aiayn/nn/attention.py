@@ -37,7 +37,7 @@ class AttentionCache:
     _spare: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # reorder's target
     _views: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # the last key, value
     # What a backend's cross-attention derives from `key` and `value` once per memory (aiayn.backends.absorbed),
-    # with the key it came from: made again when `key` changes.
+    # with the key and mask it came from: made again when either is another tensor.
     folded: tuple | None = field(default=None, repr=False)
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
