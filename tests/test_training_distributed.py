@@ -10,6 +10,8 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,12 +91,44 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _torchrun(tmp_path, run_dir, args, **env):
+    """`aiayn train` under torchrun with the test hooks; launched once more if gloo's C++ aborted a rank.
+
+    A socket call that fails inside one of gloo's own threads is a C++ throw nothing catches, so the rank
+    aborts (pytorch/gloo#514 is one such report). CI saw it once, in the DDP fixture (rank 1, SIGABRT);
+    48 launches here, 36 of them three at a time, never did. Nothing in the run or its hooks raises
+    SIGABRT, so one abort is taken as the machine's; a second fails the test with what both printed.
+    """
     script = tmp_path / "train_hooked.py"
     script.write_text(SCRIPT)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), "train", *args, "--run-dir", str(run_dir), "--no-progress"],
-                          capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **{k: str(v) for k, v in env.items()}})
+    before = tmp_path / f"{run_dir.name}.before"  # what a resume starts from, to start from again
+    if run_dir.exists():
+        shutil.copytree(run_dir, before)
+    first = None
+    for _ in range(2):
+        if first is not None:  # the second launch starts where the first did
+            shutil.rmtree(run_dir, ignore_errors=True)
+            if before.exists():
+                shutil.copytree(before, run_dir)
+            for rank in (0, 1) if "RECORD" in env else ():
+                Path(f"{env['RECORD']}.{rank}").unlink(missing_ok=True)
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                               str(script), "train", *args, "--run-dir", str(run_dir), "--no-progress"],
+                              capture_output=True, text=True, timeout=240,
+                              env={**os.environ, "OMP_NUM_THREADS": "1", **{k: str(v) for k, v in env.items()}})
+        if "(SIGABRT)" not in proc.stderr or first is not None:
+            break
+        first = proc
+        warnings.warn(f"torchrun: a rank aborted in C++, launching once more:\n{_salient(proc.stderr)}",
+                      stacklevel=2)
+    if first is not None:
+        proc.stderr = f"first launch:\n{_salient(first.stderr)}\nsecond launch:\n{proc.stderr}"
+    return proc
+
+
+def _salient(stderr: str) -> str:
+    """The lines of a torchrun's stderr that say what went wrong, without the elastic agent's boilerplate."""
+    keys = ("terminate", "what()", "Error", "error:", "aiayn", "Signal", "Abort")
+    return "\n".join(line for line in stderr.splitlines() if any(k in line for k in keys))[-3000:]
 
 
 def _assert_weights_close(actual, expected):
