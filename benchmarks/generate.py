@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     searches = [(name, beam) for name, beam in SEARCHES if name in args.searches.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         engines, notes = _engines(plain, args, Path(tmp))
-        device = select(args.device, "inference").device
+        backend = select(args.device, "inference")  # the fp32 backend: its device, and whether it folds
+        device = backend.device
         print(f"{args.preset} model (d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, "
               f"vocab {cfg.vocab_size}), source 16 tokens, {new_tokens} new tokens forced, torch {torch.__version__}, "
               f"{torch.get_num_threads()} threads; {notes}")
@@ -216,7 +217,6 @@ def main(argv: list[str] | None = None) -> int:
     a, b = positions
     print(f"greedy step time at output position {a}: {step[a] * 1e3:.2f} ms, at {b}: {step[b] * 1e3:.2f} ms "
           f"(ratio {step[b] / step[a]:.2f} for {b / a:.0f}x the prefix)")
-    backend = select(args.device, "inference")
     if backend.absorbed_cross:
         print(_folding(plain, backend, device))
     return 0
