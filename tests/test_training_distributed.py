@@ -95,8 +95,9 @@ def _torchrun(tmp_path, run_dir, args, **env):
 
     A socket call that fails inside one of gloo's own threads is a C++ throw nothing catches, so the rank
     aborts (pytorch/gloo#514 is one such report). CI saw it once, in the DDP fixture (rank 1, SIGABRT);
-    48 launches here, 36 of them three at a time, never did. Nothing in the run or its hooks raises
-    SIGABRT, so one abort is taken as the machine's; a second fails the test with what both printed.
+    48 launches here (12 quiet, 12 on busy cores, 24 three at a time) never did. Nothing in the run or
+    its hooks raises SIGABRT, so one abort is taken as the machine's; a second fails the test with what
+    both printed.
     """
     script = tmp_path / "train_hooked.py"
     script.write_text(SCRIPT)
