@@ -306,13 +306,14 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
         hf = to_marian(model, decoder_start_token_id=1, eos_token_id=2)  # before the model moves to the device
     prepared = backend.prepare(model)
     steps = 8
-    worst = _cached_against_recomputed(prepared, src.to(device), steps, direct=False)
-    yield "decoding on the key/value cache = recomputing every step (logits)", worst, 1e-5
-    # The steps a search runs after the first (decode_step), on two short sentences, the second padded: where the
-    # backend folds cross-attention into the memory (backends.absorbed), this is the folded step, mask and all.
+    worst = _cached_against_recomputed(prepared, src.to(device), steps, flat=False)
+    yield "decoding on the modules' key/value cache = recomputing every step (logits)", worst, 1e-5
+    # The steps a search runs (inference.steps' flat step over a static cache), on two short sentences, the second
+    # padded: where the backend folds cross-attention into the memory (backends.absorbed), this is the folded
+    # step, mask and all.
     short = src[1:, :4].to(device)  # (2, 4): 4 real tokens, and 2 then padding
-    worst = _cached_against_recomputed(prepared, short, steps, direct=True)
-    yield "decoding steps (decode_step) = recomputing every step (logits)", worst, 1e-5
+    worst = _cached_against_recomputed(prepared, short, steps, flat=True)
+    yield "decoding steps (the flat step, static cache) = recomputing every step (logits)", worst, 1e-5
     if hf is None:
         return  # token-by-token equality is for exact paths; approximate ones may pick another near-tie
     for beam in (1, 4):
@@ -328,20 +329,20 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
 
 
 @torch.no_grad()
-def _cached_against_recomputed(model: nn.Module, src: torch.Tensor, steps: int, *, direct: bool) -> tuple[float, float]:
-    """(max difference, scale) of the next-token logits over `steps` greedy steps decoded on the key/value cache
-    (with `direct`, every step after the first by `decode_step`, as a search runs them) against recomputing the
-    whole prefix at each step."""
+def _cached_against_recomputed(model: nn.Module, src: torch.Tensor, steps: int, *, flat: bool) -> tuple[float, float]:
+    """(max difference, scale) of the next-token logits over `steps` greedy steps decoded on a key/value cache
+    (with `flat`, the step a search runs, `inference.steps.start`; else the modules' `decode`) against
+    recomputing the whole prefix at each step."""
+    from aiayn.inference.steps import ModuleState, start
+
     memory_mask = model.source_mask(src)
     memory = model.encode(src, memory_mask)
-    cache, prefix, worst = model.new_cache(), torch.full((src.shape[0], 1), 1, device=src.device), (0.0, 0.0)
+    state = start(model, src, steps) if flat else ModuleState(model, src)
+    prefix, worst = torch.full((src.shape[0], 1), 1, device=src.device), (0.0, 0.0)
     for _ in range(steps):
-        if direct and cache.length:
-            hidden = model.decode_step(prefix[:, -1:], memory_mask=memory_mask, cache=cache)
-        else:
-            hidden = model.decode(prefix[:, -1:], memory, memory_mask=memory_mask, cache=cache)
+        logits = state.step(prefix[:, -1:])
         full = model.head(model.decode(prefix, memory, memory_mask=memory_mask))[:, -1]
-        worst = max(worst, _compare(model.head(hidden)[:, -1].float().cpu(), full))
+        worst = max(worst, _compare(logits.cpu(), full))
         prefix = torch.cat([prefix, full.argmax(-1, keepdim=True)], dim=1)
     return worst
 

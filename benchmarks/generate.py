@@ -9,7 +9,9 @@ Contenders, each in fp32 and (where it has one) int8:
 Random weights rarely emit `</s>`, so every side is forced to produce exactly `--new-tokens` tokens
 (min length = max length) and does equal work. Each setting times all contenders in turn, in a
 rotating order, `--repeats` times: tokens/s are the best repeat, ratios the median of the per-repeat
-ratios (the same moment's load on both sides). Also times single greedy steps at output position 16
+ratios (the same moment's load on both sides). Each batch-1 figure is also given as a share of the memory
+bound measured on this machine (`bandwidth.py`: B / bytes a step reads, in each contender's precision).
+Also times single greedy steps at output position 16
 and 256: with the key/value cache a step costs work linear in the prefix, so the two are close.
 
     python benchmarks/generate.py [--quick] [--threads N] [--device D]     (or: aiayn bench generate --quick)
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import statistics
 import tempfile
 import time
@@ -26,11 +29,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from bandwidth import bound_tokens_per_second, measure, step_parameters  # benchmarks/bandwidth.py
 from interleave import interleaved  # benchmarks/interleave.py
 
 from aiayn.backends import select
 from aiayn.config import preset
 from aiayn.inference.generation import GenerationConfig, generate
+from aiayn.inference.steps import start as start_decoding
 from aiayn.nn.model import build_model
 
 BOS, EOS, PAD = 1, 2, 0
@@ -106,21 +111,17 @@ def _contenders(engines: dict, src: torch.Tensor, beam: int, new_tokens: int) ->
 
 @torch.inference_mode()
 def _step_times(model, positions: tuple[int, ...], device: torch.device, window: int = 8) -> dict[int, float]:
-    """Median seconds of one greedy step (batch 1) around each output position, with the KV cache."""
+    """Median seconds of one greedy step (batch 1) around each output position, as `generate()` runs them."""
     src = torch.randint(4, model.config.vocab_size, (1, 16), device=device)
-    mask = model.source_mask(src)
-    memory = model.encode(src, mask)
-    cache = model.new_cache()
+    last = max(positions) + window
+    state = start_decoding(model, src, last)
     token = torch.full((1, 1), BOS, device=device)
     times: dict[int, list[float]] = {p: [] for p in positions}
-    last = max(positions) + window
     for step in range(last):
-        start = time.perf_counter()
-        hidden = (model.decode_step(token, memory_mask=mask, cache=cache) if step  # as generate() runs them
-                  else model.decode(token, memory, memory_mask=mask, cache=cache))
-        token = model.head(hidden[:, -1]).argmax(-1, keepdim=True)
+        begin = time.perf_counter()
+        token = state.step(token).argmax(-1, keepdim=True)
         int(token)  # wait for the device
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - begin
         for p in positions:
             if p - window // 2 <= step < p + window // 2:
                 times[p].append(elapsed)
@@ -198,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
               f"vocab {cfg.vocab_size}), source 16 tokens, {new_tokens} new tokens forced, torch {torch.__version__}, "
               f"{torch.get_num_threads()} threads; {notes}")
         print(f"tokens/s: best of {repeats} rotating repeats; ratios: median of per-repeat ratios")
+        bandwidth = _bandwidths(cfg)
         names = list(engines)
         print(f"{'search':<8} {'batch':>5} " + " ".join(f"{n:>17}" for n in names) + "   ratios")
         for batch in (int(b) for b in args.batches.split(",")):
@@ -211,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                     times = interleaved(fns, repeats)
                 rates = " ".join(f"{batch * new_tokens / min(times[n]):>17.1f}" for n in names)
                 print(f"{search:<8} {batch:>5} {rates}   {_ratios(times)}", flush=True)
+                if batch == 1 and device.type == "cpu":
+                    print(f"{'':<14} of the bound: " + ", ".join(
+                        f"{n} {new_tokens / min(times[n]) / bound_tokens_per_second(bandwidth, cfg, n.split()[-1]):.0%}"
+                        for n in names if n.split()[-1] in ("fp32", "int8")), flush=True)
     positions = (16, 64) if args.quick else (16, 256)
     model = engines.get("aiayn fp32") or next(iter(engines.values()))
     step = _step_times(model, positions, device)
@@ -220,6 +226,24 @@ def main(argv: list[str] | None = None) -> int:
     if backend.absorbed_cross:
         print(_folding(plain, backend, device))
     return 0
+
+
+def _bandwidths(cfg):
+    """This machine's streaming bandwidth over a buffer of the step's fp32 size, at the bench's threads (returned)
+    and at every core, printed with the bound in tokens/s it sets for each precision."""
+    threads = torch.get_num_threads()
+    nbytes = step_parameters(cfg) * 4
+    at = {threads: measure(nbytes)}
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if cores != threads:
+        torch.set_num_threads(cores)
+        at[cores] = measure(nbytes)
+        torch.set_num_threads(threads)
+    bound = ", ".join(f"{p} {bound_tokens_per_second(at[threads], cfg, p):.0f}" for p in ("fp32", "bf16", "int8"))
+    print(f"memory bound: a step reads {step_parameters(cfg) / 1e6:.1f} M weights; streaming "
+          + "; ".join(b.describe() for b in at.values()) + f"; at {threads} thread(s) at most {bound} tokens/s "
+          "at batch 1")
+    return at[threads]
 
 
 def _folding(plain, backend, device: torch.device, rounds: int = 7) -> str:

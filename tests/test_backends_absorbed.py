@@ -9,7 +9,7 @@ from aiayn.backends import absorbed, select
 from aiayn.backends.absorbed import AbsorbedCrossAttention, absorb_cross_attention, fold
 from aiayn.config import ModelConfig
 from aiayn.inference import GenerationConfig, generate
-from aiayn.nn.attention import AttentionCache, MultiHeadAttention, attention_weights
+from aiayn.nn.attention import MultiHeadAttention, attention_weights
 from aiayn.nn.model import build_model
 
 # d_model 64 over 2 heads: folded tensors fit (B h S <= 32) for a batch of 2 sentences of up to 8 tokens
@@ -21,55 +21,34 @@ def _seed():
     torch.manual_seed(0)
 
 
-def _filled_cache(attn: MultiHeadAttention, memory: torch.Tensor, mask: torch.Tensor | None) -> AttentionCache:
-    """A cross-attention cache holding `memory`'s keys and values (what a decoder's first step leaves)."""
-    cache = AttentionCache()
-    attn(torch.randn(memory.shape[0], 1, attn.d_model), memory, mask=mask, cache=cache, static_kv=True)
-    return cache
+def _memory_kv(attn: MultiHeadAttention, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The memory's keys and values (B, h, S, d_k), as a decoder's first step computes them."""
+    b, length, _ = memory.shape
+    return tuple(t.view(b, length, attn.n_heads, -1).transpose(1, 2) for t in attn.project_kv(memory))
 
 
 @pytest.mark.parametrize("bias", [True, False])
 @torch.no_grad()
-def test_a_folded_step_equals_the_plain_step_with_padding_and_an_empty_row(bias):
+def test_a_folded_step_equals_the_plain_attention_with_padding_and_an_empty_row(bias):
     attn = MultiHeadAttention(128, 2, bias=bias).eval()
     wrapped = AbsorbedCrossAttention(attn)
     memory = torch.randn(3, 5, 128)
     mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
     mask[1, ..., 3:] = False  # padding
     mask[2] = False  # a row that may attend nowhere: zero attention output, as `attend` makes it
-    cache = _filled_cache(attn, memory, mask)
+    folded = wrapped.fold(*_memory_kv(attn, memory), mask)
+    assert folded is not None  # 3 rows x 2 heads x 5 positions <= 128 / 2
     query = torch.randn(3, 1, 128)
-    assert wrapped.applies(query, cache, mask)  # 3 rows x 2 heads x 5 positions <= 128 / 2
-    expected = attn.step(query, cache, mask=mask, static_kv=True)
-    torch.testing.assert_close(wrapped.step(query, cache, mask=mask, static_kv=True), expected, rtol=1e-5, atol=1e-5)
-    assert cache.folded is not None and cache.folded[0] is cache.key
+    expected = attn(query, memory, mask=mask)[0]
+    torch.testing.assert_close(wrapped.attend_folded(query, folded), expected, rtol=1e-5, atol=1e-5)
 
 
 @torch.no_grad()
-def test_folded_tensors_are_made_once_per_memory_and_again_after_a_reorder():
+def test_a_memory_too_long_to_fold_is_not_folded():
     attn = MultiHeadAttention(64, 2).eval()
     wrapped = AbsorbedCrossAttention(attn)
-    cache = _filled_cache(attn, torch.randn(2, 6, 64), None)
-    query = torch.randn(2, 1, 64)
-    wrapped.step(query, cache, static_kv=True)
-    first = cache.folded
-    wrapped.step(query, cache, static_kv=True)
-    assert cache.folded is first  # the next step reuses them
-    cache.reorder(torch.tensor([1]))  # the first sentence leaves the batch
-    out = wrapped.step(query[1:], cache, static_kv=True)
-    assert cache.folded is not first and cache.folded[2].shape[0] == 1
-    torch.testing.assert_close(out, attn.step(query[1:], cache, static_kv=True), rtol=1e-5, atol=1e-5)
-
-
-@torch.no_grad()
-def test_a_memory_too_long_to_fold_takes_the_plain_step():
-    attn = MultiHeadAttention(64, 2).eval()
-    wrapped = AbsorbedCrossAttention(attn)
-    cache = _filled_cache(attn, torch.randn(1, 17, 64), None)  # 1 x 2 x 17 = 34 > 64 / 2
-    query = torch.randn(1, 1, 64)
-    assert not wrapped.applies(query, cache, None)
-    assert torch.equal(wrapped.step(query, cache, static_kv=True), attn.step(query, cache, static_kv=True))
-    assert cache.folded is None
+    assert wrapped.fold(*_memory_kv(attn, torch.randn(1, 17, 64)), None) is None  # 1 x 2 x 17 = 34 > 64 / 2
+    assert wrapped.fold(*_memory_kv(attn, torch.randn(1, 16, 64)), None) is not None
 
 
 @torch.no_grad()
@@ -80,10 +59,9 @@ def test_folding_follows_weights_changed_in_place():
     wrapped = AbsorbedCrossAttention(attn)
     attn.q_proj.weight.mul_(2.0)
     attn.out_proj.bias.add_(1.0)
-    cache = _filled_cache(attn, torch.randn(1, 4, 64), None)
-    query = torch.randn(1, 1, 64)
-    torch.testing.assert_close(wrapped.step(query, cache, static_kv=True), attn.step(query, cache, static_kv=True),
-                               rtol=1e-5, atol=1e-5)
+    memory, query = torch.randn(1, 4, 64), torch.randn(1, 1, 64)
+    folded = wrapped.fold(*_memory_kv(attn, memory), None)
+    torch.testing.assert_close(wrapped.attend_folded(query, folded), attn(query, memory)[0], rtol=1e-5, atol=1e-5)
 
 
 def _prepared_pair(cfg: ModelConfig):
@@ -99,13 +77,14 @@ def test_a_prepared_model_decodes_as_without_folding(beam, batch, length, monkey
     folded, unfolded = _prepared_pair(ModelConfig(**SMALL))
     assert all(isinstance(layer.cross_attn, AbsorbedCrossAttention) for layer in folded.decoder.layers)
     folds = []
-    monkeypatch.setattr(absorbed, "fold", lambda *args: folds.append(1) or fold(*args))
+    monkeypatch.setattr(absorbed, "fold", lambda *args: folds.append(1) or fold(*args))  # once per layer and search
     src = torch.randint(4, 40, (batch, length))
     src[-1, length - 2:] = 0  # padded
     config = GenerationConfig(max_new_tokens=12, beam_size=beam)
     with torch.inference_mode():
         ours, theirs = (generate(m, src, bos_id=1, eos_id=2, config=config) for m in (folded, unfolded))
     assert folds  # every row x head x position fits: the folded step ran
+    assert len(folds) == 2  # each of the two layers folds its memory once, however many steps
     assert ours.tokens == theirs.tokens
     torch.testing.assert_close(ours.scores, theirs.scores, rtol=1e-4, atol=1e-4)
 

@@ -26,6 +26,21 @@ def make_model(seed: int = 0, vocab: int = 24, scale: float = 3.0):
     return model
 
 
+def count_steps(monkeypatch, seen) -> None:
+    """Call `seen(tokens)` with the (N, 1) tokens of every decoding step that `generate` runs."""
+    from aiayn.inference import generation
+
+    begin = generation.start_decoding
+
+    def start(*args, **kwargs):
+        state = begin(*args, **kwargs)
+        step = state.step
+        state.step = lambda tokens: (seen(tokens), step(tokens))[1]
+        return state
+
+    monkeypatch.setattr(generation, "start_decoding", start)
+
+
 def padded_sources(vocab: int = 24) -> torch.Tensor:
     src = torch.randint(4, vocab, (4, 7))
     src[1, 5:] = PAD
@@ -85,7 +100,6 @@ def test_batch_equals_one_by_one(beam, run_on):
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_finished_sentences_leave_the_batch_and_the_others_decode_as_alone(beam, run_on, monkeypatch):
-    from aiayn.inference import generation
 
     model = run_on(make_model(4))
     torch.manual_seed(5)
@@ -95,9 +109,7 @@ def test_finished_sentences_leave_the_batch_and_the_others_decode_as_alone(beam,
     # Each sentence runs to its own limit (real length + 3) or ends at </s> before: they finish at different steps.
     config = GenerationConfig(beam_size=beam, extra_len=3)
     rows = []  # the batch of every step
-    step = generation._step
-    monkeypatch.setattr(generation, "_step", lambda model, next_input, *a, **k: (
-        rows.append(next_input.shape[0]), step(model, next_input, *a, **k))[1])
+    count_steps(monkeypatch, lambda tokens: rows.append(tokens.shape[0]))
     batch = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
     assert rows[0] == 9 * beam and rows[-1] < rows[0] and rows == sorted(rows, reverse=True)
     for i in range(src.shape[0]):
@@ -109,15 +121,13 @@ def test_finished_sentences_leave_the_batch_and_the_others_decode_as_alone(beam,
 
 @pytest.mark.parametrize("beam", [1, 4])
 def test_on_finished_hears_each_sentence_once_as_it_leaves_the_batch(beam, monkeypatch):
-    from aiayn.inference import generation
 
     model = make_model(4)
     src = torch.randint(4, 24, (6, 9))
     for i, length in enumerate([9, 2, 0, 5, 1, 7]):
         src[i, length:] = PAD  # sentence 2 is empty
     steps, heard = [], []
-    step = generation._step
-    monkeypatch.setattr(generation, "_step", lambda *a, **k: (steps.append(1), step(*a, **k))[1])
+    count_steps(monkeypatch, lambda tokens: steps.append(1))
     config = GenerationConfig(beam_size=beam, extra_len=3, min_len=64)  # each runs to its own limit
     out = generate(model, src, bos_id=BOS, eos_id=EOS, config=config,
                    on_finished=lambda i, tokens, score: heard.append((i, tokens, score, len(steps))))
@@ -130,14 +140,11 @@ def test_on_finished_hears_each_sentence_once_as_it_leaves_the_batch(beam, monke
 
 
 def test_sampling_and_recorded_attention_keep_every_row(monkeypatch):
-    from aiayn.inference import generation
 
     model = make_model(4)
     src = padded_sources()
     rows = []
-    step = generation._step
-    monkeypatch.setattr(generation, "_step", lambda model, next_input, *a, **k: (
-        rows.append(next_input.shape[0]), step(model, next_input, *a, **k))[1])
+    count_steps(monkeypatch, lambda tokens: rows.append(tokens.shape[0]))
     for config in (GenerationConfig(do_sample=True, seed=0, extra_len=3),
                    GenerationConfig(return_attention=True, extra_len=3),
                    GenerationConfig(return_attention=True, beam_size=3, extra_len=3)):

@@ -48,18 +48,25 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(monkeypatch, prepared, b
     module = select("cpu", "inference", "fp32").prepare(model) if prepared else model
     src = torch.randint(4, 40, (3, 7))
     src[1, 5:] = 0  # padded: the source mask is used at every step
-    real_step = generation._step
+    begin = generation.start_decoding
     in_steps: list[str] = []
     calls = []
 
-    def step(*args, **kwargs):
-        calls.append(1)
-        with counting_reads() as seen:
-            out = real_step(*args, **kwargs)
-        in_steps.extend(seen)
-        return out
+    def start(*args, **kwargs):
+        state = begin(*args, **kwargs)
+        real_step = state.step
 
-    monkeypatch.setattr(generation, "_step", step)
+        def step(tokens):
+            calls.append(1)
+            with counting_reads() as seen:
+                out = real_step(tokens)
+            in_steps.extend(seen)
+            return out
+
+        state.step = step
+        return state
+
+    monkeypatch.setattr(generation, "start_decoding", start)
     with torch.no_grad():
         result = generate(module, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=8, beam_size=beam))
     assert len(calls) >= 4 and len(result.tokens) == 3

@@ -25,20 +25,20 @@ import math
 import torch
 from torch import nn
 
-from aiayn.nn.attention import AttentionCache, MultiHeadAttention
+from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.layers import DecoderLayer
 
 MAX_FRACTION = 0.5  # folded keys and values are used where they hold at most this share of W_Q's and W_O's floats
 
 
 class AbsorbedCrossAttention(nn.Module):
-    """A decoder layer's cross-attention whose decoding steps (`step`) attend over the folded memory.
+    """A decoder layer's cross-attention that decoding steps may run over the folded memory.
 
-    `forward` (the first step, which computes the memory's keys and values, and any call asking for the
-    weights) is the wrapped module's own. The weights are read from the wrapped module's projections as
-    they are when built (sharing their storage): build it before a backend swaps those projections. The
-    folded tensors are kept in the cross-attention cache while its keys and the mask are the same tensors
-    (`decode_step`'s contract: they are replaced between steps, not changed in place).
+    `forward` is the wrapped module's own (the modules' path, and every call asking for the weights). The
+    decoding step (`aiayn.inference.steps`) asks `fold` for A, c and C once per memory, where
+    `folding_reads_less`, and runs `attend_folded` at each step. The weights are read from the wrapped
+    module's projections as they are when built (sharing their storage): build it before a backend swaps
+    those projections.
     """
 
     def __init__(self, attn: MultiHeadAttention):
@@ -60,33 +60,28 @@ class AbsorbedCrossAttention(nn.Module):
         """`MultiHeadAttention.forward` of the wrapped module."""
         return self.attn(*args, **kwargs)
 
-    def step(self, query: torch.Tensor, cache: AttentionCache, *, mask: torch.Tensor | None = None,
-             static_kv: bool = False) -> torch.Tensor:
-        """`MultiHeadAttention.step`; over the folded memory where that reads less (see the module). -> (B, 1, d)."""
-        folded = self._folded(cache, mask) if static_kv and self.applies(query, cache, mask) else None
-        if folded is None:
-            return self.attn.step(query, cache, mask=mask, static_kv=static_kv)
-        a, c, values_out = folded[2:]
+    def fold(self, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> tuple | None:
+        """A, c, C (see `fold`) of the memory's keys and values (B, h, S, d_k), or None where folding does not
+        apply: float32 on CPU, folded tensors within `MAX_FRACTION` of the weights."""
+        if not (key.device.type == "cpu" and key.dtype == torch.float32 and folding_reads_less(*key.shape[:3],
+                                                                                               self.attn.d_model)):
+            return None
+        return fold(key, value, mask, self.w_q, self.b_q, self.w_o)
+
+    def attend_folded(self, query: torch.Tensor, folded: tuple) -> torch.Tensor:
+        """Cross-attention of one new position (B, 1, d_model) over the folded memory -> (B, 1, d_model)."""
+        a, c, values_out = folded
         batch, heads = query.shape[0], self.attn.n_heads
         scores = torch.baddbmm(c, query, a)  # (B, 1, h S): every head's scores side by side
         weights = scores.view(batch, heads, -1).softmax(dim=-1).view(batch, 1, -1)  # (B, 1, h S)
         out = torch.bmm(weights, values_out)  # (B, 1, d_model): the heads' outputs through W_O, summed
         return out if self.b_o is None else out.add_(self.b_o)
 
-    def applies(self, query: torch.Tensor, cache: AttentionCache, mask: torch.Tensor | None) -> bool:
-        """Float32 on CPU without autograd, one mask row per sentence, folded tensors within `MAX_FRACTION`."""
-        key = cache.key
-        return (key is not None and query.device.type == "cpu" and query.dtype == key.dtype == torch.float32
-                and not torch.is_grad_enabled() and (mask is None or mask.shape[1] == mask.shape[2] == 1)
-                and key.shape[0] * key.shape[1] * key.shape[2] <= self.attn.d_model * MAX_FRACTION)
 
-    def _folded(self, cache: AttentionCache, mask: torch.Tensor | None) -> tuple:
-        """(key, mask, A (B, d, h S), c (B, 1, h S), C (B, h S, d)) for this memory and mask, made on first use."""
-        folded = cache.folded
-        if folded is None or folded[0] is not cache.key or folded[1] is not mask:  # a new memory, or reordered
-            folded = cache.folded = (cache.key, mask, *fold(cache.key, cache.value, mask, self.w_q, self.b_q,
-                                                            self.w_o))
-        return folded
+def folding_reads_less(batch: int, heads: int, length: int, d_model: int) -> bool:
+    """Whether the folded keys and values of (batch, heads, length) memory positions hold at most `MAX_FRACTION` of
+    W_Q's and W_O's floats, so that a step reads less with them than with the weights."""
+    return batch * heads * length <= d_model * MAX_FRACTION
 
 
 def fold(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, w_q: torch.Tensor,

@@ -2,9 +2,10 @@
 
 Stable API: `generate(model, src, bos_id=..., eos_id=..., config=GenerationConfig(...)) -> GenerationOutput`.
 
-The source is encoded once; each step feeds only the newest target token to `model.decode` with a
-`KVCache`, so a step costs work proportional to the prefix (self-attention over the cached keys)
-and the cross-attention keys/values are computed once per source. Beam search follows Hugging Face
+The searches drive the decoder through `aiayn.inference.steps` (start on the sources, one step per token):
+the source is encoded once, each step feeds only the newest target token over the cached keys and
+values, so a step costs work proportional to the prefix, and the memory's keys/values are computed
+once per source. Beam search follows Hugging Face
 `generate()` (score = sum of log-probabilities / length ** length_penalty, the length counting `</s>`;
 the 2 x beam best candidates each step; finished hypotheses only from the top `beam` candidates), so
 the same weights give the same sequences there (tests/test_interop_marian.py).
@@ -17,16 +18,14 @@ beam search; the decoder's start token counts as generated), so that the outputs
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from aiayn.config import check_field_types, fold_old_spelling
-from aiayn.nn.attention import KVCache, attention_weights
-from aiayn.nn.layers import hooked
+from aiayn.inference.steps import start as start_decoding
 from aiayn.nn.model import EncoderDecoderModel, check_memory
 
 NEG_INF = float("-inf")
@@ -189,9 +188,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     was_training = model.training
     model.eval()
     try:
-        with _recording_cross_attention(model, config.return_attention) as cross:
-            out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config, cross,
-                                                      finished if on_finished is not None else None)
+        out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config,
+                                                  finished if on_finished is not None else None)
     finally:
         model.train(was_training)  # generating during training (validation) leaves the mode as it was
     for j, i in enumerate(rows.tolist()):
@@ -247,47 +245,6 @@ def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, e
 
 
 # -- shared steps ---------------------------------------------------------------------------------
-
-@contextmanager
-def _recording_cross_attention(model: EncoderDecoderModel, on: bool) -> Iterator[list[torch.Tensor | None] | None]:
-    """When `on`, the list `attention_weights` keeps each decoder layer's latest cross-attention in; else None.
-
-    Self-attention is written out too (its weights not kept), as the layers did when they returned
-    weights on request: decoding with attention runs the same arithmetic as before, to the last bit.
-    """
-    if not on:
-        yield None
-        return
-    layers = model.decoder.layers
-    with attention_weights([layer.cross_attn for layer in layers]) as cross, \
-            attention_weights([layer.self_attn for layer in layers], keep=False):
-        yield cross
-
-
-def _direct_steps(model: EncoderDecoderModel, cross: list[torch.Tensor | None] | None) -> bool:
-    """Whether the steps after the first may run `decode_step`: nothing asks the decoder's modules for
-    more than their output (attention weights, or any forward hook: the module's own, or one that
-    `torch.nn.modules.module.register_module_forward_hook` sets on every module, as profilers do)."""
-    return cross is None and not hooked(model.decoder)
-
-
-def _step(model: EncoderDecoderModel, next_input: torch.Tensor, memory: torch.Tensor,
-          memory_mask: torch.Tensor | None, cache: KVCache,
-          cross: list[torch.Tensor | None] | None, direct: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Feed (N, 1) newest tokens: next-token logits (N, V) in float32 and, with `cross` (the list
-    `_recording_cross_attention` yields), this step's cross-attention weights (N, n_layers, h, S).
-
-    With `direct` (see `_direct_steps`), the steps after the first run `model.decode_step`, the same
-    arithmetic in fewer calls.
-    """
-    if direct and cache.length:
-        hidden = model.decode_step(next_input, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
-    else:
-        hidden = model.decode(next_input, memory, memory_mask=memory_mask, cache=cache)  # (N, 1, d_model)
-    logits = model.head(hidden[:, -1]).float()  # (N, V)
-    weights = None if cross is None else torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
-    return logits, weights
-
 
 def topk_rows(x: torch.Tensor, n: int, width: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
     """`x.topk(n, dim=-1)` for rows x (N, V) of a large vocabulary, faster on CPU (measured: docs/generation.md).
@@ -358,16 +315,14 @@ def _warp(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
 # -- greedy and sampling --------------------------------------------------------------------------
 
 def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                      eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None,
-                      on_finished: Finished | None = None):
-    """One hypothesis per sentence: the most likely token each step, or a sampled one; with `cross`, its
-    cross-attention too; `on_finished` hears of each sentence that leaves the batch."""
+                      eos_id: int, config: GenerationConfig, on_finished: Finished | None = None):
+    """One hypothesis per sentence: the most likely token each step, or a sampled one; with
+    `config.return_attention`, its cross-attention too; `on_finished` hears of each sentence that leaves the batch."""
     batch, device = src.shape[0], src.device
-    src_mask = model.source_mask(src)
-    memory = model.encode(src, src_mask)  # (B, S, d_model)
-    cache = model.new_cache()
     limits = limits.to(device)
     steps = int(limits.max())
+    record = config.return_attention
+    state = start_decoding(model, src, steps, record=record)
     sampler = None  # the random number generator of sampling
     if config.do_sample and config.seed is not None:
         sampler = torch.Generator(device=device).manual_seed(config.seed)
@@ -377,11 +332,10 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
     weights: list[torch.Tensor] = []
     start = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
-    direct = _direct_steps(model, cross)
     sentences = torch.arange(batch, device=device)  # (B,) each row's sentence in the first batch
     retired: dict[int, tuple[list[int], float]] = {}  # sentence -> its tokens and score, once it left the batch
     for step in range(steps):
-        logits, step_weights = _step(model, next_input, memory, src_mask, cache, cross, direct)
+        logits, step_weights = state.step(next_input), state.attention  # (B, V), (B, n_layers, h, S) or None
         log_probs = F.log_softmax(logits, dim=-1)  # (B, V): the score counts the model's own probabilities
         history = torch.cat([start[: out.shape[0]], out[:, :step]], dim=1) if _uses_history(config) else None
         logits = _constrain(logits, history, step, eos_id, config)
@@ -401,16 +355,14 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
         if ended == out.shape[0]:
             break
         next_input = best[:, None]
-        if cross is None and not config.do_sample and ended >= max(1, out.shape[0] // RETIRE_FRACTION):
+        if not record and not config.do_sample and ended >= max(1, out.shape[0] // RETIRE_FRACTION):
             # Finished sentences leave the batch (as in beam search); sampling keeps its rows, so that its
             # draws stay those of the whole batch.
             done, alive = finished.nonzero()[:, 0], (~finished).nonzero()[:, 0]
             _keep(retired, sentences[done].tolist(), out[done].tolist(), scores[done].tolist(), eos_id, on_finished)
             sentences, out, finished, scores, limits, next_input = (
                 t.index_select(0, alive) for t in (sentences, out, finished, scores, limits, next_input))
-            memory = memory.index_select(0, alive)
-            src_mask = None if src_mask is None else src_mask.index_select(0, alive)
-            cache.reorder(alive)
+            state.reorder(alive, memory_rows=alive)
     _keep(retired, sentences.tolist(), out.tolist(), scores.tolist(), eos_id)
     attn = torch.stack(weights, dim=3).cpu() if weights else None  # (B, n_layers, h, T, S)
     return (*_in_order(retired), attn)
@@ -438,24 +390,19 @@ def _in_order(retired: dict[int, tuple[list[int], float]]) -> tuple[list[list[in
 # -- beam search ----------------------------------------------------------------------------------
 
 def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                 eos_id: int, config: GenerationConfig, cross: list[torch.Tensor | None] | None = None,
-                 on_finished: Finished | None = None):
+                 eos_id: int, config: GenerationConfig, on_finished: Finished | None = None):
     """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone. With
-    `cross` (see `_step`), the chosen hypotheses' cross-attention too; `on_finished` hears of each sentence
+    `config.return_attention`, the chosen hypotheses' cross-attention too; `on_finished` hears of each sentence
     that leaves the batch."""
     batch, device, k = src.shape[0], src.device, config.beam_size
-    src_mask = model.source_mask(src)
-    memory = model.encode(src, src_mask)  # (B, S, d_model)
-    memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, d_model): beams of a sentence are adjacent
-    mask = None if src_mask is None else src_mask.repeat_interleave(k, dim=0)
-    cache = model.new_cache()
     limits = limits.to(device)
     beams = _Beams(batch, k, int(limits.max()), eos_id, config, device)
+    record = config.return_attention
+    state = start_decoding(model, src, beams.steps, beams=k, record=record)  # B*k rows: beams of a sentence adjacent
     start = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
     next_input = start
-    direct = _direct_steps(model, cross)
     for step in range(beams.steps):
-        logits, step_weights = _step(model, next_input, memory, mask, cache, cross, direct)  # (B*k, V)
+        logits, step_weights = state.step(next_input), state.attention  # (B*k, V), (B*k, n_layers, h, S) or None
         history = None
         if _uses_history(config):
             history = torch.cat([start[: beams.batch * k], beams.running.view(beams.batch * k, -1)[:, :step]],
@@ -470,18 +417,15 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
         ended = int(beams.sentence_done.sum())
         if ended == beams.batch:
             break
-        if cross is None and ended >= max(1, beams.batch // RETIRE_FRACTION):
+        if not record and ended >= max(1, beams.batch // RETIRE_FRACTION):
             # Sentences whose search ended leave the batch, so that the steps left compute the others only.
             alive = beams.retire(on_finished)  # (B',) the sentences still searching, as rows of the batch before
             rows = (alive[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B'*k,) their beams' rows
             parents = parents.view(-1, k).index_select(0, alive).view(-1)
-            limits, memory = limits.index_select(0, alive), memory.index_select(0, rows)
-            mask = None if mask is None else mask.index_select(0, rows)
-            for layer_cache in cache.cross_attn:
-                layer_cache.reorder(rows)
-        # Cross-attention keys/values are the same for every beam of a sentence: reorder only self-attention.
-        for layer_cache in cache.self_attn:
-            layer_cache.reorder(parents)
+            limits = limits.index_select(0, alive)
+            state.reorder(parents, memory_rows=rows)
+        else:  # the memory's keys and values are the same for every beam of a sentence: they stay
+            state.reorder(parents)
         next_input = beams.running[:, :, step].reshape(beams.batch * k, 1)
     return beams.results()
 

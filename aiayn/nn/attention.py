@@ -36,9 +36,6 @@ class AttentionCache:
     _buffers: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
     _spare: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # reorder's target
     _views: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # the last key, value
-    # What a backend's cross-attention derives from `key` and `value` once per memory (aiayn.backends.absorbed),
-    # with the key and mask it came from: made again when either is another tensor.
-    folded: tuple | None = field(default=None, repr=False)
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add (B, h, L_new, d_k) keys and values after the cached ones; returns all of them (B, h, L, d_k)."""
@@ -192,25 +189,6 @@ class MultiHeadAttention(nn.Module):
         b, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(b, length, self.d_model)  # (B, L_q, d_model): heads concatenated
         return self.out_proj(out), weights
-
-    def step(self, query: torch.Tensor, cache: AttentionCache, *, mask: torch.Tensor | None = None,
-             static_kv: bool = False) -> torch.Tensor:
-        """`forward` for one new position on a cache already filled: the same arithmetic, without the checks and
-        branches a call of any shape needs (beside its products, a decoding step's time is such calls).
-
-        Args:
-            query: (B, 1, d_model), the newest position.
-            cache: self-attention's keys and values of the prefix (this position's are appended), or with
-                `static_kv` cross-attention's keys and values of the memory (computed by an earlier `forward`).
-            mask: bool (B, 1, 1, L_k) or None, True = may attend (the newest position sees its whole prefix).
-            static_kv: cross-attention.
-
-        Returns:
-            (B, 1, d_model); no weights (`forward` with `need_weights` writes them out).
-        """
-        q, k, v, _ = self._heads(query, None, cache, static_kv)  # (B, h, 1, d_k), K and V (B, h, L|S, d_k)
-        out = self.attend(q, k, v, mask, dropout_p=0.0, need_weights=False)[0]  # (B, h, 1, d_k)
-        return self.out_proj(out.transpose(1, 2).reshape(query.shape[0], 1, self.d_model))  # heads concatenated
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
                dropout_p: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 import torch
 from torch import nn
@@ -41,11 +40,6 @@ class SublayerConnection(nn.Module):
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))
 
-    def step(self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """`forward` at inference (dropout off), as a plain method call: a decoding step makes many."""
-        if self.norm_first:
-            return x + sublayer(self.norm(x))
-        return self.norm(x + sublayer(x))
 
 
 class EncoderLayer(nn.Module):
@@ -119,12 +113,3 @@ class DecoderLayer(nn.Module):
         x = self.self_attn_sublayer(x, self_attention)
         x = self.cross_attn_sublayer(x, cross_attention)
         return self.ffn_sublayer(x, self.feed_forward)
-
-    def step(self, x: torch.Tensor, *, memory_mask: torch.Tensor | None, self_cache: AttentionCache,
-             cross_cache: AttentionCache) -> torch.Tensor:
-        """`forward` for one new position x (B, 1, d_model) once the caches hold the prefix and the memory's keys
-        and values (every decoding step after the first): the same arithmetic, in fewer calls. -> (B, 1, d_model)."""
-        x = self.self_attn_sublayer.step(x, partial(self.self_attn.step, cache=self_cache))
-        x = self.cross_attn_sublayer.step(x, partial(self.cross_attn.step, cache=cross_cache, mask=memory_mask,
-                                                     static_kv=True))
-        return self.ffn_sublayer.step(x, self.feed_forward)

@@ -114,12 +114,6 @@ class Decoder(nn.Module):
             )
         return x if self.final_norm is None else self.final_norm(x)
 
-    def step(self, x: torch.Tensor, *, memory_mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
-        """`forward` for one new position (B, 1, d_model) once `cache` holds the prefix and the memory's keys and
-        values (see `DecoderLayer.step`) -> (B, 1, d_model)."""
-        for layer, self_cache, cross_cache in zip(self.layers, cache.self_attn, cache.cross_attn):
-            x = layer.step(x, memory_mask=memory_mask, self_cache=self_cache, cross_cache=cross_cache)
-        return x if self.final_norm is None else self.final_norm(x)
 
 
 def _source_mask(ids: torch.Tensor, pad_id: int, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -186,21 +180,6 @@ class EncoderDecoderModel(nn.Module):
             tgt_mask = check_mask(tgt_mask, batch, length, offset + length)
         x = self.tgt_embed(tgt, offset=offset)  # (B, T, d_model)
         return self.decoder(x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask, cache=cache)
-
-    def decode_step(self, token: torch.Tensor, *, memory_mask: torch.Tensor | None, cache: KVCache) -> torch.Tensor:
-        """`decode` for the newest token ids (B, 1) once `cache` holds the earlier positions and the memory's keys
-        and values (every decoding step after the first; `memory_mask` as `source_mask` returns it): the same
-        arithmetic with fewer checks and calls (docs/generation.md, "Speed"). -> decoder states (B, 1, d_model).
-
-        Between steps, `memory_mask` and the cache's tensors are replaced, never changed in place: a backend may
-        keep what it derives from them for as long as they are the same tensors (`backends.absorbed`)."""
-        if not cache.length:  # the memory's keys and values are computed by `decode`'s first call
-            raise ValueError("decode_step needs a cache that decode has filled: run the first step with decode")
-        if memory_mask is not None and memory_mask.dim() != 4:  # `decode` normalises other shapes; a step does not
-            raise ValueError(f"decode_step takes the source mask as source_mask returns it, (B, 1, 1, S); got shape "
-                             f"{tuple(memory_mask.shape)}: pass model.source_mask(src)")
-        x = self.tgt_embed(token, offset=cache.length)  # (B, 1, d_model)
-        return self.decoder.step(x, memory_mask=memory_mask, cache=cache)
 
     def forward(self, src: torch.Tensor, tgt: torch.Tensor, *, src_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Teacher forcing: source ids (B, S), shifted target ids (B, T) -> logits (B, T, V)."""

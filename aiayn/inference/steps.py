@@ -1,0 +1,210 @@
+"""How a search drives a decoder: `start` on the sources, then one `step` per new token (the KV cache inside).
+
+Greedy decoding, sampling and beam search (`aiayn.inference.generation`) see a decoder only through this
+small protocol, so any model that implements it is searched the same way:
+
+    state = start(model, src, steps, beams=k)   # encode once; the memory's keys and values once
+    logits = state.step(tokens)                  # (N, 1) newest tokens -> (N, V) next-token logits
+    state.reorder(parents)                       # beam search: rows continue other rows' prefixes
+
+Two implementations:
+- `StaticState`, the fast one: every layer's self-attention keys and values in one buffer allocated for the
+  whole search (`steps` positions), the memory's keys and values projected once per sentence (not per beam),
+  and each step one flat function over the layers' own parts (their projections as the backend prepared
+  them, `attend`, the layer norms): about fifteen tensor operations a layer, no per-step allocation of the
+  cache, no branching on data. Cross-attention is folded into the memory where the backend chose that
+  (`backends.absorbed`).
+- `ModuleState`: the modules' own `decode`, for what the flat step does not do: recording attention weights
+  (`return_attention`), and models whose modules a hook watches (profilers, `aiayn inspect`).
+Both compute the same arithmetic; `tests/test_inference_steps.py` holds them equal to each other and to
+recomputing the whole prefix at every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.backends.absorbed import AbsorbedCrossAttention
+from aiayn.nn.attention import attention_weights
+from aiayn.nn.layers import DecoderLayer, hooked
+from aiayn.nn.model import EncoderDecoderModel
+
+
+class DecodingState(Protocol):
+    """One search's decoder state: `step` feeds the newest tokens, `reorder` keeps or permutes rows."""
+
+    attention: torch.Tensor | None  # the latest step's cross-attention (N, n_layers, h, S) when recorded
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Newest token ids (N, 1) -> next-token logits (N, V) in float32."""
+
+    def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
+        """Row i continues the prefix of row `rows[i]`; with `memory_rows`, row i now decodes the source of
+        row `memory_rows[i]` (sentences left the batch). Indices of the rows before this call."""
+
+
+def start(model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1,
+          record: bool = False) -> DecodingState:
+    """Encode `src` (B, S) and return the state that decodes up to `steps` tokens for `beams` rows per sentence
+    (rows of a sentence adjacent: B * beams rows). `record` keeps each step's cross-attention weights."""
+    if record or not StaticState.runs(model):
+        return ModuleState(model, src, beams=beams, record=record)
+    return StaticState(model, src, steps, beams=beams)
+
+
+# -- the flat step over a static cache -----------------------------------------------------------------
+
+class StaticState:
+    """A search's state for the flat decoding step (see the module docstring)."""
+
+    attention = None  # never recorded here: `start` takes `ModuleState` for that
+
+    @staticmethod
+    def runs(model: nn.Module) -> bool:
+        """Whether the flat step computes what `model.decode` does: an encoder-decoder of aiayn's decoder layers
+        (however the backend prepared their parts), with no hook that expects the module calls."""
+        return (isinstance(model, EncoderDecoderModel) and not hooked(model.decoder)
+                and all(type(layer) is DecoderLayer for layer in model.decoder.layers))
+
+    def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1):
+        cfg = model.config
+        self.model, self.layers = model, list(model.decoder.layers)
+        self.heads, self.d_k = cfg.n_heads, cfg.d_model // cfg.n_heads
+        mask = model.source_mask(src)  # (B, 1, 1, S) or None
+        memory = model.encode(src, mask)  # (B, S, d_model)
+        rows = src.shape[0] * beams
+        self.mask = None if mask is None else mask.repeat_interleave(beams, dim=0)  # (N, 1, 1, S)
+        # Self-attention's keys and values of every layer, for the whole search: (n_layers, 2, N, h, steps, d_k).
+        self.cache = memory.new_empty(len(self.layers), 2, rows, self.heads, steps, self.d_k)
+        self.spare: torch.Tensor | None = None  # reorder's target, swapped with `cache`
+        self.position = 0
+        embed = model.tgt_embed
+        self.positions = None if embed.positions is None else embed.positions(steps).to(memory.dtype)  # (T, d)
+        # The memory's keys and values once per sentence, then once per beam row: (N, h, S, d_k) each.
+        self.memory = [self._memory_side(layer.cross_attn, memory, beams) for layer in self.layers]
+        self.folded = [layer.cross_attn.fold(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
+                       else None for layer, kv in zip(self.layers, self.memory)]  # where the backend folds
+
+    def _memory_side(self, attn: nn.Module, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
+        b, length, _ = memory.shape
+        k, v = attn.project_kv(memory)  # (B, S, d_model) each
+        return tuple(t.view(b, length, self.heads, self.d_k).transpose(1, 2).repeat_interleave(beams, dim=0)
+                     .contiguous() for t in (k, v))  # (N, h, S, d_k)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Newest token ids (N, 1) -> logits (N, V) in float32; the keys and values of this position are kept."""
+        embed, p = self.model.tgt_embed, self.position
+        x = F.embedding(tokens, embed.tokens.weight)  # (N, 1, d_model)
+        if embed.tokens.scale != 1.0:
+            x = x * embed.tokens.scale
+        if self.positions is not None:
+            x = x + self.positions[p]
+        if embed.norm is not None:
+            x = embed.norm(x)
+        for i, layer in enumerate(self.layers):
+            x = _sublayer(layer.self_attn_sublayer, x, lambda y, i=i: self._self_attention(i, y))
+            x = _sublayer(layer.cross_attn_sublayer, x, lambda y, i=i: self._cross_attention(i, y))
+            x = _sublayer(layer.ffn_sublayer, x, layer.feed_forward.forward)
+        final = self.model.decoder.final_norm
+        if final is not None:
+            x = final(x)
+        self.position += 1
+        return self.model.head(x[:, 0]).float()  # (N, V)
+
+    def _self_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
+        attn, rows, p = self.layers[i].self_attn, y.shape[0], self.position
+        q, k, v = attn.project_qkv(y)  # (N, 1, d_model) each
+        self.cache[i, 0, :, :, p].copy_(k.view(rows, self.heads, self.d_k))
+        self.cache[i, 1, :, :, p].copy_(v.view(rows, self.heads, self.d_k))
+        keys, values = self.cache[i, :, :, :, : p + 1]  # (N, h, p + 1, d_k) each: the prefix and this position
+        out = attn.attend(q.view(rows, 1, self.heads, self.d_k).transpose(1, 2), keys, values, None,
+                          dropout_p=0.0, need_weights=False)[0]  # (N, h, 1, d_k)
+        return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model): heads concatenated
+
+    def _cross_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
+        attn, rows = self.layers[i].cross_attn, y.shape[0]
+        if self.folded[i] is not None:
+            return attn.attend_folded(y, self.folded[i])
+        q = attn.q_proj(y).view(rows, 1, self.heads, self.d_k).transpose(1, 2)  # (N, h, 1, d_k)
+        out = attn.attend(q, *self.memory[i], self.mask, dropout_p=0.0, need_weights=False)[0]
+        return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))
+
+    def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
+        """See `DecodingState.reorder`; only the filled positions of the cache are copied."""
+        p = self.position
+        if self.spare is None or self.spare.shape[2] != rows.numel():
+            self.spare = self.cache.new_empty(*self.cache.shape[:2], rows.numel(), *self.cache.shape[3:])
+        torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=self.spare[:, :, :, :, :p])
+        self.cache, self.spare = self.spare, (self.cache if self.cache.shape[2] == rows.numel() else None)
+        if memory_rows is None:
+            return
+        self.memory = [tuple(t.index_select(0, memory_rows) for t in kv) for kv in self.memory]
+        self.mask = None if self.mask is None else self.mask.index_select(0, memory_rows)
+        self.folded = [None if f is None else tuple(t.index_select(0, memory_rows) for t in f) for f in self.folded]
+
+
+def _sublayer(connection: nn.Module, x: torch.Tensor, sublayer) -> torch.Tensor:
+    """`SublayerConnection.forward` at inference (dropout is the identity): post-LN or pre-LN."""
+    if connection.norm_first:
+        return x + sublayer(connection.norm(x))
+    return connection.norm(x + sublayer(x))
+
+
+# -- the modules' own path ----------------------------------------------------------------------------------
+
+class ModuleState:
+    """A search's state on the modules' `decode` with a `KVCache`: every module is called as written, so hooks
+    see each call, and cross-attention weights can be recorded (`record`)."""
+
+    def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, *, beams: int = 1, record: bool = False):
+        self.model = model
+        mask = model.source_mask(src)
+        memory = model.encode(src, mask)  # (B, S, d_model)
+        self.memory = memory.repeat_interleave(beams, dim=0)  # (N, S, d_model): beams of a sentence adjacent
+        self.mask = None if mask is None else mask.repeat_interleave(beams, dim=0)
+        self.cache = model.new_cache()
+        self.record = record
+        self.attention: torch.Tensor | None = None
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Newest token ids (N, 1) -> logits (N, V) in float32; with `record`, `attention` (N, n_layers, h, S)."""
+        with _recording_cross_attention(self.model, self.record) as cross:
+            hidden = self.model.decode(tokens, self.memory, memory_mask=self.mask, cache=self.cache)  # (N, 1, d)
+        if cross is not None:
+            self.attention = torch.stack([w[:, :, -1] for w in cross], dim=1)  # (N, n_layers, h, S)
+        return self.model.head(hidden[:, -1]).float()  # (N, V)
+
+    def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
+        """See `DecodingState.reorder`."""
+        for layer_cache in self.cache.self_attn:
+            layer_cache.reorder(rows)
+        if memory_rows is not None:
+            self.memory = self.memory.index_select(0, memory_rows)
+            self.mask = None if self.mask is None else self.mask.index_select(0, memory_rows)
+            for layer_cache in self.cache.cross_attn:
+                layer_cache.reorder(memory_rows)
+
+
+@contextmanager
+def _recording_cross_attention(model: EncoderDecoderModel, on: bool) -> Iterator[list[torch.Tensor | None] | None]:
+    """When `on`, the list `attention_weights` keeps each decoder layer's latest cross-attention in; else None.
+
+    Self-attention is written out too (its weights not kept), as the layers did when they returned
+    weights on request: decoding with attention runs the same arithmetic as before, to the last bit.
+    """
+    if not on:
+        yield None
+        return
+    layers = model.decoder.layers
+    with attention_weights([layer.cross_attn for layer in layers]) as cross, \
+            attention_weights([layer.self_attn for layer in layers], keep=False):
+        yield cross
+
+
+__all__ = ["DecodingState", "ModuleState", "StaticState", "start"]

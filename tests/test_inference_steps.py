@@ -1,0 +1,107 @@
+"""The decoding step a search runs (`aiayn.inference.steps`): the flat step over a static cache computes what the
+modules' `decode` computes, for every way a backend prepares the model, with beams reordered and rows dropped."""
+
+import pytest
+import torch
+
+from aiayn.backends import select
+from aiayn.config import ModelConfig
+from aiayn.inference import steps
+from aiayn.inference.generation import GenerationConfig, generate
+from aiayn.inference.steps import ModuleState, StaticState, start
+from aiayn.nn.attention import attention_weights
+from aiayn.nn.model import build_model
+
+
+def tiny(norm_first: bool, activation: str = "relu"):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+                      max_len=64, dropout=0.0, norm_first=norm_first, activation=activation)
+    return build_model(cfg).eval()
+
+
+def prepared(model, how: str):
+    return model if how == "plain" else select("cpu", "inference", how).prepare(model)
+
+
+def source() -> torch.Tensor:
+    src = torch.randint(4, 50, (3, 9), generator=torch.Generator().manual_seed(1))
+    src[1, 6:] = 0  # padded: cross-attention takes the source mask
+    return src
+
+
+@pytest.mark.parametrize("how", ["plain", "fp32", "int8"])
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+@torch.no_grad()
+def test_the_flat_step_equals_the_modules_with_beams_reordered_and_rows_dropped(how, norm_first, activation):
+    model = prepared(tiny(norm_first, activation), how)
+    src, beams = source(), 2
+    # Step by step, comparing logits; beams swap parents each step, and the first sentence leaves after step 3.
+    tokens = torch.randint(4, 50, (src.shape[0] * beams, 7), generator=torch.Generator().manual_seed(2))
+    flat, modules = start(model, src, 8, beams=beams), ModuleState(model, src, beams=beams)
+    assert isinstance(flat, StaticState)
+    n = src.shape[0] * beams
+    for t in range(tokens.shape[1]):
+        expected = modules.step(tokens[:n, t : t + 1])  # (N, V)
+        got = flat.step(tokens[:n, t : t + 1])
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=f"step {t}")
+        parents = torch.arange(n).view(-1, beams).flip(1).reshape(-1)  # each beam continues the other's prefix
+        if t == 3:  # the first sentence's rows leave the batch
+            keep = torch.arange(beams, n)
+            parents, memory_rows = parents[keep], keep
+            n -= beams
+            flat.reorder(parents, memory_rows=memory_rows)
+            modules.reorder(parents, memory_rows=memory_rows)
+        else:
+            flat.reorder(parents)
+            modules.reorder(parents)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+@pytest.mark.parametrize("how", ["plain", "fp32"])
+def test_generate_on_the_flat_step_equals_the_modules_path(monkeypatch, how, beam):
+    model = prepared(tiny(False), how)
+    config = GenerationConfig(max_new_tokens=10, min_len=10, beam_size=beam, no_repeat_ngram_size=2 if beam > 1 else 0)
+    states = []
+    begin = steps.start
+    monkeypatch.setattr("aiayn.inference.generation.start_decoding",
+                        lambda *a, **k: states.append(begin(*a, **k)) or states[-1])
+    flat = generate(model, source(), bos_id=1, eos_id=2, config=config)
+    assert isinstance(states[-1], StaticState)
+    monkeypatch.setattr(StaticState, "runs", staticmethod(lambda model: False))
+    modules = generate(model, source(), bos_id=1, eos_id=2, config=config)
+    assert isinstance(states[-1], ModuleState)
+    assert flat.tokens == modules.tokens
+    torch.testing.assert_close(flat.scores, modules.scores, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_hooks_keep_every_step_on_the_modules():
+    model = tiny(False)
+    calls = []
+    with attention_weights([model.decoder.layers[0].cross_attn], keep=False):  # pre-hooks only
+        pre = model.decoder.layers[0].cross_attn.register_forward_pre_hook(lambda *args: calls.append("pre"))
+        generate(model, source(), bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=5, min_len=5))
+        pre.remove()
+    assert calls.count("pre") == 5
+    handle = model.decoder.layers[1].register_forward_hook(lambda *args: calls.append("layer"))
+    every = torch.nn.modules.module.register_module_forward_hook(
+        lambda module, *args: calls.append("every") if module is model.decoder.layers[0] else None)
+    try:
+        assert not StaticState.runs(model)
+        generate(model, source(), bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=5, min_len=5))
+    finally:
+        handle.remove()
+        every.remove()
+    assert calls.count("layer") == 5 and calls.count("every") == 5  # each of the five steps through the modules
+    assert StaticState.runs(model)  # hooks gone: the flat step again
+
+
+@torch.no_grad()
+def test_the_static_cache_is_allocated_once_for_the_search():
+    model = tiny(False)
+    state = start(model, source(), 6)
+    cache = state.cache
+    for t in range(6):
+        state.step(torch.full((3, 1), 4 + t))
+    assert state.cache is cache and cache.shape == (2, 2, 3, 4, 6, 8)  # (layers, K/V, rows, heads, steps, d_k)
