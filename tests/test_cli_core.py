@@ -201,3 +201,21 @@ def test_unknown_options_are_still_rejected(capsys):
         main(["params", "--preset", "tiny", "--bogus"])
     assert err.value.code == 2
     assert "--bogus" in capsys.readouterr().err
+
+
+def test_the_cli_lets_openmp_threads_sleep_while_they_wait_unless_told_otherwise():
+    """Spinning OpenMP threads hold their cores, so a command on a shared machine waits for descheduled siblings
+    (docs/training.md, "On a shared machine"): the CLI sets OMP_WAIT_POLICY=PASSIVE before torch loads libgomp,
+    and keeps the user's own setting."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import os, sys; from aiayn.cli.main import main; "
+             "main(['params', '--preset', 'tiny']); print(os.environ.get('OMP_WAIT_POLICY'), file=sys.stderr)")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    for given, expected in ((None, "PASSIVE"), ("ACTIVE", "ACTIVE")):
+        run_env = env if given is None else {**env, "OMP_WAIT_POLICY": given}
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stderr.strip().splitlines()[-1] == expected

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     SIGTERM is handled like Ctrl-C for the whole command (files being written are left as they were;
     `aiayn train` saves a checkpoint), and so is a Ctrl-C that comes while the command is still starting.
     """
+    _openmp_waits_passively()
     previous = {}
     _signalled.clear()
     _started.clear()
@@ -113,6 +114,18 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _openmp_waits_passively() -> None:
+    """OpenMP threads sleep while they wait for their siblings, unless the user set `OMP_WAIT_POLICY`.
+
+    By default they spin, holding their core: where another program keeps a core busy, every parallel
+    region then waits for a thread the kernel has descheduled, and two threads ran several times slower than
+    one (docs/training.md, "On a shared machine"). libgomp reads the policy once, when torch loads it, so it is
+    set before the CLI's first import of torch, and never in a process that has imported torch already.
+    """
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def _echoed_by_rank0(code: int) -> bool:
