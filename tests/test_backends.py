@@ -361,6 +361,27 @@ def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
     # ratios within a repeat: load that drifts between repeats hits both alike
     assert calibrate._pick({"dense": [1.0, 3.0, 2.0], "packed": [0.8, 2.4, 1.6]}, "dense") == "packed"
     assert calibrate.row_class(1) == "one" and calibrate.row_class(4) == "few" and calibrate.row_class(17) == "many"
+    # a median win smaller than its spread is no win: faster by the margin in only half of the repeats
+    noisy = {"dense": [1.0] * 8, "packed": [0.6, 0.6, 0.6, 0.6, 1.0, 1.0, 1.1, 1.1]}
+    assert calibrate._pick(noisy, "dense") == "dense"
+    noisy["packed"][4:6] = [0.7, 0.7]  # now in six of eight
+    assert calibrate._pick(noisy, "dense") == "packed"
+    assert calibrate._speedups(noisy, "packed", "dense")[1] > 1 / (1 - calibrate.MARGIN)
+
+
+def test_choices_cached_before_the_backend_code_changed_are_measured_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "REPEATS", 2)
+    first = calibrate._load_or_measure(refresh=False)
+    assert "in 3 of 4 repeats" in first.describe() or all(
+        kernel == "dense" for by_kind in first.inference.values() for kernel in by_kind.values())
+    measured = []
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: measured.append(1) or first)
+    assert calibrate._load_or_measure(refresh=False) == first and not measured  # newer than the code: read back
+    newer_code = calibrate.cache_path(calibrate.machine()).stat().st_mtime + 60
+    monkeypatch.setattr(calibrate, "_library_time", lambda: newer_code)
+    calibrate._load_or_measure(refresh=False)
+    assert measured == [1]
 
 
 def test_an_unwritable_cache_only_costs_a_measurement(tmp_path, monkeypatch):

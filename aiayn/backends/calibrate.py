@@ -20,9 +20,14 @@ kind (`shape_kind`: wide, square, narrow, vocabulary); training
 products (forward and backward) are oneDNN or F.linear; fused Q/K/V (one stacked product instead of
 three) is kept only where measured faster, in each mode.
 
-The result is cached in `cache_dir()` under a key of what changes it: the CPU model and features,
-the PyTorch version, the thread count and the ISA-limiting environment variables. Measure again
-with `choices(refresh=True)`, `aiayn verify --recalibrate` or `AIAYN_RECALIBRATE=1`.
+A kernel replaces the plain one only where it is faster by more than `MARGIN` in at least three
+repeats of four (interleaved, so a busy moment hits every candidate alike): a win smaller than its
+own spread is no win. The result is cached in `cache_dir()` under a key of what changes it: the CPU
+model and features, the PyTorch version, the thread count and the ISA-limiting environment
+variables; a cache older than the backend's code, or measured while other work held the cores the
+measurement needed, is measured again. Measure again by hand with `choices(refresh=True)`,
+`aiayn verify --recalibrate` or `AIAYN_RECALIBRATE=1`; `aiayn verify` prints what was chosen, with
+each choice's median and lower-quartile speed-up.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -64,8 +69,8 @@ TRAIN_ROWS = 256
 COLD_BYTES = 64 << 20
 REPEATS = 7
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 5  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
-#            5: the vocabulary projection as a shape kind of its own)
+FORMAT = 6  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
+#            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -105,6 +110,8 @@ class Choices:
         machine: the description the cache key was made from.
         load: the machine's 1-minute load average when it was measured (other work competing for the cores
             skews the ratios: see `_measured_busy`).
+        ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
+            of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `MARGIN`).
     """
 
     inference: dict[str, dict[str, str]]
@@ -115,6 +122,7 @@ class Choices:
     machine: dict[str, str]
     load: float = 0.0
     torch_layers_inference: bool = False
+    ratios: dict[str, list[float]] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -122,8 +130,13 @@ class Choices:
             faster = self.seconds[f"{what}: {plain}"] / self.seconds[f"{what}: {chosen}"]
             return f"{faster:.2f}x" if faster > 0 else "unavailable"
 
+        def margin(what: str, chosen: str, plain: str) -> str:
+            spread = self.ratios.get(f"{what}: {chosen}")
+            return (f"{spread[0]:.2f}x {plain}, at least {spread[1]:.2f}x in 3 of 4 repeats" if spread
+                    else f"{ratio(what, chosen, plain)} {plain}")
+
         def kinds(name: str, by_kind: dict[str, str]) -> str:
-            return ", ".join(f"{kind} {kernel}" + (f" ({ratio(f'{name} {kind}', kernel, 'dense')} dense)"
+            return ", ".join(f"{kind} {kernel}" + (f" ({margin(f'{name} {kind}', kernel, 'dense')})"
                                                    if kernel != "dense" else "") for kind, kernel in by_kind.items())
 
         rows = "; ".join(f"{name} row{'s' if name != 'one' else ''}: {kinds(name, by_kind)}"
@@ -197,8 +210,8 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
     if not refresh:
         try:
             found = Choices(**json.loads(path.read_text(encoding="utf-8")))
-            if found.machine == description and not _measured_busy(found.load, _load(),
-                                                                          int(description["threads"])):
+            if (found.machine == description and path.stat().st_mtime >= _library_time()
+                    and not _measured_busy(found.load, _load(), int(description["threads"]))):
                 return found
         except (OSError, ValueError, TypeError):
             pass
@@ -210,6 +223,12 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
         log.info("could not cache the CPU product measurements in %s (%s)", path, err)
     log.info("CPU products measured (%s): %s", path, found.describe())
     return found
+
+
+def _library_time() -> float:
+    """When the code that measures and runs the kernels last changed (its newest file in `aiayn.backends`): choices
+    cached before that were measured by other code, and are measured again (the torch version is in the key)."""
+    return max(p.stat().st_mtime for p in Path(__file__).parent.glob("*.py"))
 
 
 def _load() -> float:
@@ -255,22 +274,33 @@ def _timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) 
     return interleaved(candidates, repeats)
 
 
+def _speedups(times: dict[str, list[float]], name: str, plain: str) -> list[float]:
+    """How many times faster than `plain` the candidate `name` ran, repeat by repeat: [median, lower quartile]."""
+    ratios = [p / t for t, p in zip(times[name], times[plain])]
+    lower = statistics.quantiles(ratios, n=4, method="inclusive")[0] if len(ratios) > 1 else ratios[0]
+    return [statistics.median(ratios), lower]
+
+
 def _pick(times: dict[str, list[float]], plain: str) -> str:
-    """The candidate whose median per-repeat time ratio to `plain` is lowest, if below 1 - MARGIN; else `plain`.
+    """The candidate with the highest median speed-up over `plain` among those faster by more than `MARGIN` in at
+    least three repeats out of four (their lower quartile); else `plain`.
 
-    Ratios taken within a repeat cancel the load that drifts between repeats; the median ignores a
-    repeat that one candidate happened to have to itself.
+    Ratios taken within a repeat cancel the load that drifts between repeats; requiring the lower quartile to win,
+    not the median, keeps a choice only where it wins by more than its own spread, so that a busy moment on a
+    shared machine cannot make a slower kernel look faster.
     """
-    def ratio(name: str) -> float:
-        return statistics.median(t / p for t, p in zip(times[name], times[plain]))
-
-    fastest = min(times, key=ratio)
-    return fastest if ratio(fastest) < 1 - MARGIN else plain
+    winners = [name for name in times if name != plain and _speedups(times, name, plain)[1] > 1 / (1 - MARGIN)]
+    return max(winners, key=lambda name: _speedups(times, name, plain)[0]) if winners else plain
 
 
-def _record(seconds: dict[str, float], what: str, times: dict[str, list[float]]) -> None:
-    """The best time of each candidate, for the report, as "what: candidate"."""
+def _record(seconds: dict[str, float], what: str, times: dict[str, list[float]], *, plain: str | None = None,
+            ratios: dict[str, list[float]] | None = None) -> None:
+    """The best time of each candidate, for the report, as "what: candidate"; with `plain` and `ratios`, also each
+    other candidate's speed-ups over `plain` (`_speedups`)."""
     seconds.update({f"{what}: {name}": min(t) for name, t in times.items()})
+    if plain is not None and ratios is not None:
+        ratios.update({f"{what}: {name}": [round(r, 3) for r in _speedups(times, name, plain)]
+                       for name in times if name != plain})
 
 
 def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, str]], seconds: dict[str, float],
@@ -333,6 +363,7 @@ def measure(description: dict[str, str] | None = None) -> Choices:
                for kind, (n_in, n_out) in SHAPE_KINDS}
     usable = cpu.onednn_usable()
     seconds: dict[str, float] = {}
+    ratios: dict[str, list[float]] = {}
     inference: dict[str, dict[str, str]] = {}
     with torch.no_grad():
         for name, rows in ROW_CLASSES:
@@ -349,7 +380,7 @@ def measure(description: dict[str, str] | None = None) -> Choices:
                     columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
                     layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
                 timed = _timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)]) for k, fs in layers.items()})
-                _record(seconds, f"{name} {kind}", timed)
+                _record(seconds, f"{name} {kind}", timed, plain="dense", ratios=ratios)
                 inference[name][kind] = _pick(timed, "dense")
                 del layers, shaped
         fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
@@ -368,7 +399,7 @@ def measure(description: dict[str, str] | None = None) -> Choices:
         if usable:
             candidates["onednn"] = train_step(cpu.onednn_linear)
         timed = _timed(candidates)
-        _record(seconds, "train", timed)
+        _record(seconds, "train", timed, plain="dense", ratios=ratios)
         seconds.setdefault("train: onednn", float("inf"))
         train_onednn = _pick(timed, "dense") == "onednn"
         square = weights["square"][0]
@@ -378,8 +409,8 @@ def measure(description: dict[str, str] | None = None) -> Choices:
             "separate": lambda: torch.autograd.backward([sum(F.linear(xq, w).sum() for w in (wq, wk, wv))]),
             "fused": lambda: torch.autograd.backward([F.linear(xq, torch.cat([wq, wk, wv])).sum()]),
         })
-        _record(seconds, "qkv train", timed)
+        _record(seconds, "qkv train", timed, plain="separate", ratios=ratios)
         fused_train = _pick(timed, "separate") == "fused"
     return Choices(inference=inference, train_onednn=train_onednn, fused_qkv_inference=fused_inference,
                    fused_qkv_train=fused_train, seconds=seconds, machine=description or machine(),
-                   torch_layers_inference=torch_layers)
+                   torch_layers_inference=torch_layers, ratios=ratios)
