@@ -342,8 +342,10 @@ def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(t
     assert len(files) == 1 and set(first.inference) == {"one", "few", "many"}
     kinds = ("wide", "square", "narrow", "vocabulary")
     products = {f"{rows} {kind}" for rows in ("one", "few", "many") for kind in kinds}
-    assert {k.split(": ")[0] for k in first.seconds} == products | {"qkv one", "qkv", "train", "qkv train",
-                                                              "encoder layer"}
+    int8_weights = {f"int8 weights {rows} {kind}" for rows in ("one", "few") for kind in kinds}
+    assert {k.split(": ")[0] for k in first.seconds} == products | int8_weights | {
+        "qkv one", "qkv", "train", "qkv train", "encoder layer"}
+    assert set(first.int8_weights) == {"one", "few"}
     assert all(kernel in ("packed", "columns", "dense") for by_kind in first.inference.values()
                for kernel in by_kind.values())
     assert "inference products: one row" in first.describe()

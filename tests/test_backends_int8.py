@@ -12,6 +12,7 @@ from aiayn.backends.fused import StackedLinear
 from aiayn.backends.int8 import (
     Bf16Linear,
     Int8Linear,
+    Int8WeightsLinear,
     calibration_inputs,
     calibration_run,
     int8_range,
@@ -111,7 +112,7 @@ def test_an_int8_copy_shares_nothing_it_changes_and_calibrates_any_aiayn_stack()
     assert type(model.encoder.layers[0].feed_forward.linear1) is nn.Linear  # the model itself is untouched
     # calibrated: int8, or the float fallback where its int8 error is over the tolerance (more often on the
     # reduced range)
-    assert isinstance(prepared.head.proj, (Int8Linear, Bf16Linear, PackedLinear, StackedLinear))
+    assert isinstance(prepared.head.proj, (Int8Linear, Bf16Linear, Int8WeightsLinear, PackedLinear, StackedLinear))
     assert "int8" in select("cpu", "inference", "int8").describe()
     encoder = build_encoder(cfg).eval()
     x = torch.randn(2, 7, 32)
@@ -163,3 +164,31 @@ def test_the_reduced_range_keeps_fewer_layers_in_int8_and_can_be_asked_for(monke
     assert tolerance_for(False) == TOLERANCE and tolerance_for(True) == pytest.approx(TOLERANCE * 127 / 255)
     monkeypatch.setenv("AIAYN_INT8_RANGE", "reduced")
     assert int8_range() == "reduced"
+
+
+@torch.no_grad()
+def test_int8_weights_compute_the_product_and_leave_other_rows_to_the_fallback():
+    from aiayn.backends.int8 import choose, int8_weights_usable
+
+    if not int8_weights_usable():
+        pytest.fail("this torch build has no int8-weight product on CPU (torch._weight_int8pack_mm)")
+    weight, bias = torch.randn(48, 64) / 8, torch.randn(48)
+    fallback = nn.Linear(64, 48)
+    layer = Int8WeightsLinear(weight, bias, rows=frozenset({"one", "few"}), fallback=fallback)
+    for rows in (1, 4):
+        x = torch.randn(rows, 1, 64)
+        expected = F.linear(x, weight, bias)
+        # int8 weights (a step of max|w_row| / 127) and bf16 inputs (8-bit mantissa): well within 2% here
+        assert ((layer(x) - expected).norm() / expected.norm()) < 0.02
+    many = torch.randn(32, 64)
+    assert torch.equal(layer(many), fallback(many))  # an encoder's many rows: the float32 kernel
+    # choose: over int8's tolerance, int8 weights where measured faster, else the fallback
+    x = torch.randn(256, 64)
+    module = nn.Linear(64, 48)
+    float32 = lambda weight, bias: StackedLinear(weight, bias, F.linear)  # noqa: E731
+    ran, choice = choose("w", module, x, reduce_range=REDUCED, tolerance=0.0, fallback=float32,
+                         int8_weights_rows={"one": {"wide": False, "square": False, "narrow": True}})
+    assert isinstance(ran, Int8WeightsLinear) and choice.kind == "int8 weights" and ran.rows == {"one"}
+    ran, choice = choose("w", module, x, reduce_range=REDUCED, tolerance=0.0, fallback=float32,
+                         int8_weights_rows={"one": {"narrow": False}})
+    assert isinstance(ran, StackedLinear) and choice.kind == "StackedLinear"

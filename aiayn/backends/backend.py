@@ -60,6 +60,8 @@ class Backend:
         absorbed_cross: decoding steps fold cross-attention's W_Q and W_O into the memory where that reads
             less (`absorbed.AbsorbedCrossAttention`; CPU inference in float32).
         compile: run the prepared model through `torch.compile`.
+        int8_weights: (row class, shape kind) pairs where int8 weights were measured faster than the float32
+            kernels (`calibrate.Choices.int8_weights`): int8 copies run them for layers over int8's tolerance.
     """
 
     device: torch.device
@@ -72,6 +74,7 @@ class Backend:
     absorbed_cross: bool = False
     compile: bool = False
     kernels: tuple[tuple[str, str, str], ...] | None = None
+    int8_weights: tuple[tuple[str, str], ...] = ()
 
     @property
     def plain(self) -> bool:
@@ -85,6 +88,8 @@ class Backend:
         packed), fused QKV"; a row class whose kinds agree is one word)."""
         measured = "kernels by rows (" + ", ".join(_row_kernels(self.kernels or ())) + ")"
         tricks = [name for name, on in (("int8 layer by layer, by measured error", self.precision == "int8"),
+                                        ("int8 weights where int8 cannot hold the activations",
+                                         self.precision == "int8" and bool(self.int8_weights)),
                                         (measured if self.prepack else "oneDNN", self.onednn),
                                         ("fused QKV", self.fused_qkv),
                                         ("PyTorch's fused encoder layers", self.torch_layers),
@@ -147,8 +152,11 @@ class Backend:
         else:
             fallback = _float32_layer
         with torch.no_grad():
+            rows: dict[str, dict[str, bool]] = {}
+            for row_class, kind in self.int8_weights:
+                rows.setdefault(row_class, {})[kind] = True
             choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
-                                    reduce_range=int8.int8_range() == "reduced")
+                                    reduce_range=int8.int8_range() == "reduced", int8_weights_rows=rows)
         kinds = Counter(choice.kind for choice in choices)
         log.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
         return prepared
@@ -260,8 +268,10 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     measured = calibrate.choices()
     log.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
     kernels = kernel_triples(measured.inference)
-    if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels
-        return replace(backend, fused_qkv=True, kernels=kernels)
+    if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
+        pays = tuple((rows, kind) for rows, by_kind in measured.int8_weights.items() for kind, yes in by_kind.items()
+                     if yes)
+        return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays)
     if mode == "train":
         return replace(backend, onednn=measured.train_onednn and cpu.onednn_usable(),
                        fused_qkv=measured.fused_qkv_train, compile=compile)

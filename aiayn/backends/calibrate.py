@@ -69,8 +69,9 @@ TRAIN_ROWS = 256
 COLD_BYTES = 64 << 20
 REPEATS = 7
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 6  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
-#            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats)
+FORMAT = 7  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
+#            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats;
+#            7: int8 weights against the float32 kernels)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -110,6 +111,9 @@ class Choices:
         machine: the description the cache key was made from.
         load: the machine's 1-minute load average when it was measured (other work competing for the cores
             skews the ratios: see `_measured_busy`).
+        int8_weights: by row class ("one", "few") and shape kind, whether a product over int8 weights
+            (`int8.Int8WeightsLinear`) ran faster than the float32 kernel chosen there (int8 inference uses it for
+            layers whose activations int8 cannot hold).
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `MARGIN`).
     """
@@ -123,6 +127,7 @@ class Choices:
     load: float = 0.0
     torch_layers_inference: bool = False
     ratios: dict[str, list[float]] = field(default_factory=dict)
+    int8_weights: dict[str, dict[str, bool]] = field(default_factory=dict)
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -332,6 +337,33 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
     return any(faster) and not any(slower)
 
 
+def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],
+                  seconds: dict[str, float], ratios: dict[str, list[float]],
+                  gen: torch.Generator) -> dict[str, dict[str, bool]]:
+    """Whether a product over int8 weights (read as bytes, scaled inside the product) beats the float32 kernel just
+    chosen, by row class (one, few: decoding) and shape kind, over weights streamed from memory."""
+    from aiayn.backends import cpu, int8
+
+    if not int8.int8_weights_usable():
+        return {}
+    faster: dict[str, dict[str, bool]] = {}
+    for name, rows in ROW_CLASSES[:2]:
+        faster[name] = {}
+        for kind, (w, b) in weights.items():
+            copies = [w if c == 0 else w.clone() for c in range(-(-COLD_BYTES // (w.numel() * w.element_size())))]
+            x = torch.randn(rows, w.shape[1], generator=gen)
+            fp32 = [cpu.PackedLinear(v, b, kernels=dict.fromkeys(("one", "few", "many"), inference[name][kind]))
+                    for v in copies]
+            quantized = [int8.int8_weights(v) for v in copies]
+            timed = _timed({"float32": lambda layers=fp32, x=x: [f(x) for f in layers],
+                            "int8 weights": lambda qs=quantized, x=x, b=b: [int8.int8_weights_product(x, q, s, b)
+                                                                             for q, s in qs]})
+            _record(seconds, f"int8 weights {name} {kind}", timed, plain="float32", ratios=ratios)
+            faster[name][kind] = _pick(timed, "float32") == "int8 weights"
+            del copies, fp32, quantized
+    return faster
+
+
 def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: bool, seconds: dict[str, float]) -> bool:
     """Whether PyTorch's fused encoder layer runs a base encoder layer on many rows (2 x 128 tokens) faster than
     the layer written out on the kernels just chosen (and fused Q/K/V where chosen)."""
@@ -383,6 +415,7 @@ def measure(description: dict[str, str] | None = None) -> Choices:
                 _record(seconds, f"{name} {kind}", timed, plain="dense", ratios=ratios)
                 inference[name][kind] = _pick(timed, "dense")
                 del layers, shaped
+        int8_weights = _int8_weights(weights, inference, seconds, ratios, gen)
         fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
         torch_layers = _torch_layers_inference(inference, fused_inference, seconds)
     with torch.enable_grad():
@@ -413,4 +446,4 @@ def measure(description: dict[str, str] | None = None) -> Choices:
         fused_train = _pick(timed, "separate") == "fused"
     return Choices(inference=inference, train_onednn=train_onednn, fused_qkv_inference=fused_inference,
                    fused_qkv_train=fused_train, seconds=seconds, machine=description or machine(),
-                   torch_layers_inference=torch_layers, ratios=ratios)
+                   torch_layers_inference=torch_layers, ratios=ratios, int8_weights=int8_weights)

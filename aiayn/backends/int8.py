@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.backends.calibrate import row_class, shape_kind
 from aiayn.backends.fused import StackedLinear
 from aiayn.nn.model import Encoder, EncoderDecoderModel, EncoderModel
 
@@ -132,6 +133,65 @@ class Bf16Linear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x.bfloat16(), self.packed, self.bias, "none", [], "").float()
 
 
+def int8_weights(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A weight (out, in) as symmetric int8 (out, in) with one bfloat16 scale per output channel (out,)."""
+    weight = weight.detach().float()
+    scales = (weight.abs().amax(dim=1).clamp_min(1e-12) / 127).bfloat16()  # (out,)
+    q = (weight / scales.float()[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, scales
+
+
+def int8_weights_product(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor,
+                         bias: torch.Tensor | None) -> torch.Tensor:
+    """x (..., in) float32 @ (q diag(scales))^T + bias -> (..., out) float32: weights read as int8 and scaled inside
+    ATen's product (`_weight_int8pack_mm`, the kernel of gpt-fast's int8 decoding), x rounded to bfloat16."""
+    rows = x.reshape(-1, x.shape[-1]).bfloat16()  # (N, in)
+    out = torch._weight_int8pack_mm(rows, q, scales).float()  # (N, out)
+    if bias is not None:
+        out += bias
+    return out.view(*x.shape[:-1], q.shape[0])
+
+
+@functools.cache
+def int8_weights_usable() -> bool:
+    """Whether this build has ATen's int8-weight product on CPU, and it computes x W^T within bfloat16's rounding."""
+    if not hasattr(torch, "_weight_int8pack_mm"):
+        return False
+    gen = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(16, 64, generator=gen), torch.randn(3, 64, generator=gen)
+    try:
+        q, scales = int8_weights(weight)
+        out = int8_weights_product(x, q, scales, None)
+    except (RuntimeError, NotImplementedError) as err:
+        log.info("int8-weight products unavailable (%s)", err)
+        return False
+    return bool(torch.allclose(out, x @ weight.t(), rtol=0.05, atol=0.05))
+
+
+class Int8WeightsLinear(nn.Module):
+    """y = x W^T + b with W stored in int8 (per output channel) and x in bfloat16 for the product, on the row classes
+    where calibration measured it faster than the float32 kernels (`calibrate.Choices.int8_weights`); other calls
+    (an encoder's many rows) run `fallback`. Only the weight is quantised: its error does not depend on the
+    activations' range, so a layer whose activations int8 cannot hold may still run here.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, *, rows: frozenset[str], fallback: nn.Module):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.q, self.scales = int8_weights(weight)
+        self.bias = None if bias is None else bias.detach().float()
+        self.rows, self.fallback = rows, fallback
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, rows={'/'.join(sorted(self.rows))}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in_features) float32 -> (..., out_features) float32."""
+        if row_class(x.numel() // max(self.in_features, 1)) not in self.rows:
+            return self.fallback(x)
+        return int8_weights_product(x, self.q, self.scales, self.bias)
+
+
 @dataclass(frozen=True)
 class LayerChoice:
     """How one linear layer runs after `quantize`, and the relative error measured for int8."""
@@ -210,8 +270,10 @@ def relative_error(layer: nn.Module, x: torch.Tensor, expected: torch.Tensor) ->
 
 
 def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool, tolerance: float,
-           fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None) -> tuple[nn.Module, LayerChoice]:
-    """The layer to run in place of `module` (calibration inputs x (N, in)), and why."""
+           fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None,
+           int8_weights_rows: dict[str, dict[str, bool]] | None = None) -> tuple[nn.Module, LayerChoice]:
+    """The layer to run in place of `module` (calibration inputs x (N, in)), and why: int8, else int8 weights where
+    `int8_weights_rows` (row class -> shape kind -> measured faster) says they pay, else `fallback`."""
     weight, bias = _weight_and_bias(module)
     with torch.no_grad():
         expected = F.linear(x, weight.float(), None if bias is None else bias.float())  # (N, out)
@@ -222,12 +284,21 @@ def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool,
     if errors[kind] <= tolerance or fallback is None:
         return (plain if kind == "int8" else smoothed), LayerChoice(name, kind, errors[kind])
     replacement = fallback(weight, bias)
+    rows = frozenset(row_name for row_name, by_kind in (int8_weights_rows or {}).items()
+                     if by_kind.get(shape_kind(*reversed(weight.shape))))
+    if rows:  # int8 weights where measured faster, if they keep the full range's tolerance (see the class)
+        weights_only = Int8WeightsLinear(weight, bias, rows=rows, fallback=replacement)
+        error = relative_error(lambda v: int8_weights_product(v, weights_only.q, weights_only.scales,
+                                                              weights_only.bias), x, expected)
+        if error <= TOLERANCE:
+            return weights_only, LayerChoice(name, "int8 weights", error)
     return replacement, LayerChoice(name, type(replacement).__name__, errors[kind])
 
 
 def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, reduce_range: bool,
              tolerance: float | None = None,
-             fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None) -> list[LayerChoice]:
+             fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None,
+             int8_weights_rows: dict[str, dict[str, bool]] | None = None) -> list[LayerChoice]:
     """Replace, in place, the linear layers of `model` that `run(model)` calls by int8 (or fallback) layers.
 
     Args:
@@ -236,6 +307,9 @@ def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, red
         reduce_range: see `Int8Linear`.
         tolerance: largest relative output error of a layer run in int8 (default: `tolerance_for(reduce_range)`).
         fallback: builds the layer for those over the tolerance (bf16 or float32); None keeps them int8.
+        int8_weights_rows: where int8 weights (`Int8WeightsLinear`) were measured faster than the fallback's
+            float32 kernels, by row class and shape kind; such layers over the tolerance run them where their own
+            error stays within `TOLERANCE`.
 
     Returns:
         What each replaced layer became.
@@ -256,7 +330,7 @@ def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, red
         module = layers[name]
         if name in inputs:
             replacement, choice = choose(name, module, inputs[name], reduce_range=reduce_range, tolerance=tolerance,
-                                         fallback=fallback)
+                                         fallback=fallback, int8_weights_rows=int8_weights_rows)
         else:
             replacement = Int8Linear(*_weight_and_bias(module), reduce_range=reduce_range)
             choice = LayerChoice(name, "int8", float("nan"))
