@@ -1,0 +1,269 @@
+"""`aiayn serve` against hostile input: options out of range and a port it cannot bind fail at once with one line
+and nothing left running; connections that send slowly, send too much or go away are bounded and answered as
+documented (aiayn/serve/connections.py, limits.py); every error has the server's JSON shape; metrics stay
+parseable whatever a model is called."""
+
+import logging
+import re
+import select
+import socket
+import subprocess
+import time
+
+import httpx
+import pytest
+from serving import metric, serving, wait_until
+
+import aiayn
+from aiayn.serve import Limits, create_app
+
+# -- connections -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def translator(translation_run):
+    return aiayn.load(translation_run)
+
+
+@pytest.fixture(scope="module")
+def tight(translator):
+    """A server whose clients have 1 s to send a request and which keeps at most 3 connections."""
+    app = create_app({"en-de": translator}, limits=Limits(read_seconds=1.0, max_connections=3, max_header_bytes=4096))
+    with serving(app) as url:
+        yield url
+
+
+def connect(url: str) -> socket.socket:
+    host, port = re.match(r"http://([\d.]+):(\d+)", url).groups()
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def answer_of(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_headers_sent_too_slowly_are_answered_408_and_the_connection_closed(tight):
+    with connect(tight) as sock:
+        start = time.monotonic()
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and never the rest
+        answer = answer_of(sock)
+        took = time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.1 408 ") and b'"error": "the request\'s headers did not all arrive within 1 s' \
+        in answer
+    assert 0.8 < took < 5
+
+
+def test_a_connection_that_sends_nothing_is_closed(tight):
+    with connect(tight) as sock:
+        start = time.monotonic()
+        assert answer_of(sock) == b""
+        assert time.monotonic() - start < 5
+
+
+def test_a_body_sent_too_slowly_is_answered_408(tight):
+    with connect(tight) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"q\": ")
+        sock.settimeout(5)
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 408 ") and b"the body did not all arrive within 1 s" in head
+    assert metric(tight, "aiayn_requests_total", 'route="/translate",status="408"') >= 1
+
+
+def test_headers_past_the_limit_are_answered_431_without_reading_the_rest(tight):
+    with connect(tight) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+        sent, answer = 0, b""
+        while sent < 30 << 20:  # up to 30 MB of one header, 8 KiB at a time, until the server answers
+            if select.select([sock], [], [], 0.02)[0]:
+                answer = sock.recv(65536)
+                break
+            try:
+                sock.sendall(b"a" * 8192)
+            except OSError:  # closed under us: its answer is already in our buffer
+                answer = sock.recv(65536)
+                break
+            sent += 8192
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"pass the limit of 4096 bytes" in answer
+    assert sent < 64 * 1024
+
+
+def test_connections_past_the_limit_are_answered_503(tight):
+    held = [connect(tight) for _ in range(3)]
+    try:
+        for sock in held:  # each has begun a request, so each is open on the server's side
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+        wait_until(lambda: httpx.get(f"{tight}/health").status_code == 503, tries=20)
+        refused = httpx.get(f"{tight}/health")
+        assert refused.json() == {"error": "the server has 3 connections open, its limit (--max-connections); "
+                                           "retry later"}
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: httpx.get(f"{tight}/health").status_code == 200)
+
+
+class Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_a_client_that_leaves_mid_body_is_one_log_line_and_not_a_500(translator):
+    lines = Lines()
+    loggers = [logging.getLogger("aiayn"), logging.getLogger("uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(lines)
+    try:
+        with serving(create_app({"en-de": translator})) as url:
+            with connect(url) as sock:
+                sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 100\r\n\r\n{\"q\": ")
+                time.sleep(0.2)
+            wait_until(lambda: metric(url, "aiayn_requests_total", 'route="/translate",status="499"') == 1)
+            assert metric(url, "aiayn_requests_total", 'route="/translate",status="500"') == 0
+    finally:
+        for logger in loggers:
+            logger.removeHandler(lines)
+    said = [r for r in lines.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in said] == ["POST /translate: the client closed the connection before sending "
+                                              "its whole body (6 bytes came)"]
+    assert said[0].exc_info is None
+
+
+def test_deeply_nested_json_is_400(tight):
+    out = httpx.post(f"{tight}/translate", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    assert out.status_code == 400 and "nests too deeply" in out.json()["error"]
+
+
+@pytest.mark.parametrize(("method", "path", "headers", "body", "status", "message"), [
+    ("GET", "/nope", {}, b"", 404, "no route /nope; the routes are /, /health"),
+    ("DELETE", "/translate", {}, b"", 405, "DELETE is not a method of /translate; it takes POST"),
+    ("OPTIONS", "/translate", {}, b"", 405, "OPTIONS is not a method of /translate"),
+    ("POST", "/translate", {"Content-Type": "multipart/form-data"}, b"q=a", 400, "Missing boundary in multipart"),
+])
+def test_the_frameworks_refusals_have_the_servers_error_shape(tight, method, path, headers, body, status, message):
+    out = httpx.request(method, f"{tight}{path}", headers=headers, content=body)
+    assert out.status_code == status and list(out.json()) == ["error"] and message in out.json()["error"]
+
+
+def test_model_names_are_escaped_in_the_metrics(translator):
+    name = 'en-de "x" \\ y\nz'
+    with serving(create_app({name: translator})) as url:
+        assert httpx.post(f"{url}/translate", json={"q": "a b", "target": "de"}).status_code == 200
+        text = httpx.get(f"{url}/metrics").text
+    sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_]+="([^"\\\n]|\\[\\"n])*",?)*\})? \S+$')
+    for line in text.splitlines():
+        assert line.startswith("# ") or sample.match(line), line
+    assert 'aiayn_tokens_total{model="en-de \\"x\\" \\\\ y\\nz"} ' in text
+
+
+# -- who may call: the API key, the Host, the calling page's origin --------------------------------------------
+
+KEY = "k3y-for-tests"
+
+
+@pytest.fixture(scope="module")
+def keyed(translator):
+    """A server of a translator and MiniLM that asks for an API key and lets one other page call it."""
+    from aiayn.serve import Access
+
+    objects = {"en-de": translator, "minilm": aiayn.load("minilm")}
+    access = Access(api_key=KEY, allowed_hosts=("api.example",), cors_origins=("http://app.example:3000",))
+    with serving(create_app(objects, access=access)) as url:
+        yield url, objects
+
+
+def test_openai_client_with_the_key_is_answered_and_without_it_refused(keyed):
+    import numpy as np
+    import openai
+
+    url, objects = keyed
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    out = client.embeddings.create(input=["A man eats."], model="minilm")
+    np.testing.assert_allclose(out.data[0].embedding, objects["minilm"].embed("A man eats."), atol=1e-5)
+    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="not-the-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        wrong.embeddings.create(input=["A man eats."], model="minilm")
+    assert refused.value.status_code == 401 and "carries a wrong key" in refused.value.response.json()["error"]
+
+
+def test_libretranslate_client_sends_the_key_in_its_body(keyed):
+    from urllib.error import HTTPError
+
+    from libretranslatepy import LibreTranslateAPI
+
+    url, objects = keyed
+    client = LibreTranslateAPI(url + "/", api_key=KEY)
+    assert client.languages() == [{"code": "en", "name": "en", "targets": ["de"]}]  # a GET with a form body
+    assert client.translate("a b c", "en", "de") == objects["en-de"].translate("a b c")
+    with pytest.raises(HTTPError) as refused:
+        LibreTranslateAPI(url + "/").translate("a b c", "en", "de")
+    assert refused.value.code == 401
+
+
+def test_every_route_but_health_and_the_page_asks_for_the_key(keyed):
+    url, objects = keyed
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/").status_code == 200
+    for method, path, body in [("GET", "/metrics", None), ("GET", "/languages", None), ("GET", "/v1/models", None),
+                               ("POST", "/embed", {"inputs": "a"}), ("POST", "/v1/inspect", {"q": "a b"}),
+                               ("POST", "/translate", {"q": "a b", "target": "de"}), ("GET", "/nope", None)]:
+        refused = httpx.request(method, f"{url}{path}", json=body)
+        assert refused.status_code == 401 and "needs an API key and the request carries no key" in \
+            refused.json()["error"], (path, refused.text)
+        assert httpx.request(method, f"{url}{path}", json=body, headers=bearer).status_code == (
+            404 if path == "/nope" else 200), path
+    vectors = httpx.post(f"{url}/embed", json={"inputs": ["a b"]}, headers=bearer).json()  # TEI's header
+    assert len(vectors) == 1 and len(vectors[0]) == objects["minilm"].dim
+    assert httpx.post(f"{url}/translate", json={"q": "a b", "target": "de", "api_key": KEY}).status_code == 200
+
+
+def test_hosts_other_than_this_machines_names_are_refused(keyed):
+    url, _ = keyed
+    port = url.rsplit(":", 1)[1]
+    for host, status in [("evil.example", 400), (f"evil.example:{port}", 400), (f"localhost:{port}", 200),
+                         (f"127.0.0.1:{port}", 200), (f"[::1]:{port}", 200), ("api.example", 200)]:
+        out = httpx.get(f"{url}/health", headers={"Host": host})
+        assert out.status_code == status, host
+    refused = httpx.get(f"{url}/health", headers={"Host": "evil.example"}).json()["error"]
+    assert refused == ("this server does not answer to the name 'evil.example' in the Host header; start it with "
+                       "--allowed-host evil.example to allow it")
+
+
+def test_pages_of_other_origins_may_not_post_but_the_servers_own_page_and_allowed_origins_may(keyed):
+    url, objects = keyed
+    form = {"q": "a b", "target": "de", "api_key": KEY}  # what a browser's form post would carry
+    for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Origin": "http://127.0.0.1:1"}):  # another port of this machine is another origin
+        out = httpx.post(f"{url}/translate", data=form, headers=headers)
+        assert out.status_code == 403 and "--cors-origin" in out.json()["error"], headers
+    own = {"Origin": url, "Sec-Fetch-Site": "same-origin", "Authorization": f"Bearer {KEY}"}  # the page at /
+    out = httpx.post(f"{url}/v1/inspect", json={"q": "a b"}, headers=own)
+    assert out.status_code == 200 and out.json()["translation"] == objects["en-de"].translate("a b")
+    app = "http://app.example:3000"
+    preflight = httpx.options(f"{url}/translate", headers={"Origin": app, "Access-Control-Request-Method": "POST",
+                                                            "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == app
+    assert "authorization" in preflight.headers["access-control-allow-headers"]
+    allowed = httpx.post(f"{url}/translate", data=form, headers={"Origin": app, "Sec-Fetch-Site": "cross-site"})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == app
+    other = httpx.options(f"{url}/translate", headers={"Origin": "http://evil.example",
+                                                        "Access-Control-Request-Method": "POST"})
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+
+
+def test_the_page_sends_the_key_it_is_given():
+    from aiayn.serve.app import page_html
+
+    html = page_html()
+    assert 'id="api-key"' in html and "sessionStorage" in html and "Authorization" in html
+    script = html.split("<script>", 1)[1].split("</script>", 1)[0]
+    checked = subprocess.run(["node", "--check", "-"], input=script, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stderr
