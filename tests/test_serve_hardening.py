@@ -4,18 +4,153 @@ documented (aiayn/serve/connections.py, limits.py); every error has the server's
 parseable whatever a model is called."""
 
 import logging
+import os
 import re
 import select
+import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from serving import metric, serving, wait_until
 
 import aiayn
+from aiayn.cli.main import main
 from aiayn.serve import Limits, create_app
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# -- start-up: every option checked first, the port bound before the workers start, nothing left behind ----------
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--port", "99999", "--port must be at most 65535, got 99999"),
+    ("--port", "-1", "--port must be at least 0, got -1"),
+    ("--max-tokens", "0", "--max-tokens must be at least 1, got 0"),
+    ("--max-wait-ms", "nan", "--max-wait-ms must be a finite number, got nan"),
+    ("--max-wait-ms", "-5", "--max-wait-ms must be at least 0, got -5"),
+    ("--max-wait-ms", "1e12", "--max-wait-ms must be at most 10000, got 1e+12"),
+    ("--max-batch", "-1", "--max-batch must be at least 0, got -1"),
+    ("--drain-seconds", "-5", "--drain-seconds must be at least 0, got -5"),
+    ("--drain-seconds", "nan", "--drain-seconds must be a finite number, got nan"),
+    ("--threads", "0", "--threads must be at least 1, got 0"),
+    ("--max-connections", "0", "--max-connections must be at least 1, got 0"),
+    ("--read-timeout", "0", "--read-timeout must be at least 0.1, got 0"),
+    ("--max-body-bytes", "0", "--max-body-bytes must be at least 1, got 0"),
+    ("--cors-origin", "evil.example", "CORS origin 'evil.example' is not an origin"),
+    ("--allowed-host", "a b", "allowed host 'a b' is not a host name"),
+    ("--port", "x", "argument --port: invalid int value: 'x'"),
+])
+def test_each_bad_option_is_one_line_and_exit_code_2_before_any_model_loads(capsys, tmp_path, option, value,
+                                                                              message):
+    missing = tmp_path / "no-such-run"  # never loaded: the options are checked first
+    try:
+        code = main(["serve", "--run", str(missing), option, value])
+    except SystemExit as stop:  # (argparse's own refusals exit from the parser)
+        code = stop.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert "no-such-run" not in err
+
+
+def test_an_address_not_of_this_machine_is_a_bad_host(capsys, translation_run):
+    assert main(["serve", "--run", str(translation_run), "--host", "192.0.2.1", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("aiayn serve: error: cannot listen on 192.0.2.1:0: 192.0.2.1 is not an address of this machine; "
+                   "give one of its addresses, or 0.0.0.0 for all")
+
+
+def group_members(group: int) -> list[int]:
+    """The processes of process group `group` (Linux's /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def test_a_port_in_use_exits_with_one_line_code_4_and_no_worker_left(translation_run):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # --passes 2: the worker-process mode, whose workers used to start first and keep the process from exiting
+    server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", "--run", f"en-de={translation_run}",
+                               "--port", str(port), "--passes", "2"], env=env, cwd=ROOT, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert server.wait(timeout=60) == 4
+        err = server.stderr.read().strip()
+        assert err == (f"aiayn serve: error: cannot listen on 127.0.0.1:{port}: another program listens there; "
+                       "stop it, or choose another --port (0 picks a free one)")
+        assert group_members(server.pid) == []  # no worker process survives it
+    finally:
+        taken.close()
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_a_failure_after_the_workers_started_closes_them(monkeypatch, capsys, translation_run):
+    import uvicorn
+
+    from aiayn.serve import workers
+
+    pools = []
+
+    class Pool:  # stands in for the worker processes: records that they were started, then closed
+        def __init__(self, sources, size, **_):
+            self.size, self.events = size, []
+            pools.append(self)
+
+        def start(self):
+            self.events.append("start")
+
+        def close(self):
+            self.events.append("close")
+
+    def refuse(self, sockets):
+        assert sockets[0].getsockname()[1] > 0  # bound before this point
+        raise RuntimeError("the event loop could not start")
+
+    monkeypatch.setattr(workers, "WorkerPool", Pool)
+    monkeypatch.setattr(uvicorn.Server, "run", refuse)
+    assert main(["serve", "--run", str(translation_run), "--port", "0", "--passes", "2"]) == 1
+    assert "the event loop could not start" in capsys.readouterr().err
+    assert pools and pools[0].events[0] == "start" and pools[0].events[-1] == "close"
+
+
+def test_listening_beyond_this_machine_without_a_key_warns(capsys):
+    from types import SimpleNamespace
+
+    from aiayn.cli.serve import _announce
+    from aiayn.serve import Access
+
+    class Bound:
+        def __init__(self, host):
+            self.host = host
+
+        def getsockname(self):
+            return (self.host, 8000)
+
+    app = SimpleNamespace(state=SimpleNamespace(models=[]))
+    _announce(app, Bound("0.0.0.0"), 1, 1, 1, False, Access())
+    _announce(app, Bound("0.0.0.0"), 1, 1, 1, False, Access(api_key="k"))
+    _announce(app, Bound("127.0.0.1"), 1, 1, 1, False, Access())
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["aiayn serve: warning: listening on 0.0.0.0, beyond this machine, with no API key: anyone "
+                        "who reaches it can use it; set --api-key or $AIAYN_API_KEY"]
+
 
 # -- connections -----------------------------------------------------------------------------------------------
 
