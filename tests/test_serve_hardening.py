@@ -208,6 +208,14 @@ def test_a_body_sent_too_slowly_is_answered_408(tight):
     assert metric(tight, "aiayn_requests_total", 'route="/translate",status="408"') >= 1
 
 
+def test_a_body_no_route_reads_gets_no_longer_to_arrive(tight):
+    with connect(tight) as sock:  # /health answers at once; the 90 bytes it did not wait for never come
+        start = time.monotonic()
+        sock.sendall(b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n0123456789")
+        answer = answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 405 ") and time.monotonic() - start < 5
+
+
 def test_headers_past_the_limit_are_answered_431_without_reading_the_rest(tight):
     with connect(tight) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")

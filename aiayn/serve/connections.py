@@ -8,6 +8,7 @@ nginx has by default:
 | --- | --- | --- |
 | a request's headers (request line included) | `max_header_bytes` (32 KiB) | 431, then the connection closes |
 | time from a connection's start (or a request's first byte) to its last header | `read_seconds` (30) | 408, closes |
+| time for the rest of a body the answer did not wait for | `read_seconds` | the connection closes |
 | connections open at once | `max_connections` (512) | 503, closes |
 
 A connection that sends nothing is closed after `read_seconds`, without an answer; between requests, uvicorn's
@@ -33,7 +34,8 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._deadline: asyncio.TimerHandle | None = None
+        self._deadline: asyncio.TimerHandle | None = None  # runs while a request's headers are read
+        self._unread: asyncio.TimerHandle | None = None  # runs while a body no one reads is still coming
         self._header_bytes, self._heard = 0, False
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, f"the server has {self.limits.max_connections} connections open, its limit "
@@ -43,6 +45,8 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_clock()
+        if self._unread is not None:
+            self._unread.cancel()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -67,6 +71,15 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._heard = False
+        if self._unread is not None:
+            self._unread.cancel()
+            self._unread = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
+            # answered before its body was all sent (an unknown route, say): the rest gets `read_seconds` to come
+            self._unread = self.loop.call_later(self.limits.read_seconds, self.transport.close)
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request its parser refuses, in the server's JSON shape."""
