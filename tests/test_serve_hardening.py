@@ -410,3 +410,20 @@ def test_the_page_sends_the_key_it_is_given():
     script = html.split("<script>", 1)[1].split("</script>", 1)[0]
     checked = subprocess.run(["node", "--check", "-"], input=script, capture_output=True, text=True, timeout=60)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_pool_interrupted_while_its_workers_load_stops_them(monkeypatch, translation_run):
+    import multiprocessing
+
+    from aiayn.serve.workers import WorkerPool, _Worker
+
+    others = set(multiprocessing.active_children())
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_Worker, "ready", interrupted)
+    pool = WorkerPool({"en-de": str(translation_run)}, 2)
+    with pytest.raises(KeyboardInterrupt):
+        pool.start()
+    assert not set(multiprocessing.active_children()) - others
