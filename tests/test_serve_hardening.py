@@ -296,6 +296,13 @@ def test_the_frameworks_refusals_have_the_servers_error_shape(tight, method, pat
     assert out.status_code == status and list(out.json()) == ["error"] and message in out.json()["error"]
 
 
+def test_a_request_the_parser_refuses_is_answered_in_the_same_shape(tight):
+    with connect(tight) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        answer = answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b'{"error": "not a valid HTTP/1.1 request' in answer
+
+
 def test_model_names_are_escaped_in_the_metrics(translator):
     name = 'en-de "x" \\ y\nz'
     with serving(create_app({name: translator})) as url:

@@ -83,7 +83,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request its parser refuses, in the server's JSON shape."""
-        self._refuse(400, f"{msg.rstrip('.')}: not a valid HTTP/1.1 request")
+        self._refuse(400, "not a valid HTTP/1.1 request: check its request line, headers and body framing")
 
     def _start_reading(self) -> None:
         self._deadline = self.loop.call_later(self.limits.read_seconds, self._too_slow)
