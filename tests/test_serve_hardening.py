@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
     ("--drain-seconds", "-5", "--drain-seconds must be at least 0, got -5"),
     ("--drain-seconds", "nan", "--drain-seconds must be a finite number, got nan"),
     ("--threads", "0", "--threads must be at least 1, got 0"),
+    ("--passes", "100000", "--passes must be at most 1024, got 100000"),
     ("--max-connections", "0", "--max-connections must be at least 1, got 0"),
     ("--read-timeout", "0", "--read-timeout must be at least 0.1, got 0"),
     ("--max-body-bytes", "0", "--max-body-bytes must be at least 1, got 0"),
@@ -56,6 +57,15 @@ def test_each_bad_option_is_one_line_and_exit_code_2_before_any_model_loads(caps
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, err
     assert "no-such-run" not in err
+
+
+def test_more_connections_than_the_process_may_open_is_a_bad_option(capsys, tmp_path):
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # (finite on Linux: nr_open bounds it)
+    assert main(["serve", "--run", str(tmp_path), "--max-connections", str(hard)]) == 2
+    assert f"--max-connections {hard} needs {hard + 64} open files, more than this process may open" in \
+        capsys.readouterr().err
 
 
 def test_an_address_not_of_this_machine_is_a_bad_host(capsys, translation_run):

@@ -15,6 +15,8 @@ KEY_VARIABLE = "AIAYN_API_KEY"  # where --api-key is read from when not given
 MAX_WAIT_MS = 10_000  # a longer gathering window only delays lone requests
 MAX_SECONDS = 3600.0
 MAX_BODY_BYTES = 1 << 30
+MAX_PASSES = 1024  # (a worker process each)
+SPARE_FILES = 64  # open files the server needs beyond its connections: models, pipes to the workers, logs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="address to listen on (default 127.0.0.1: this machine only; beyond it, set an --api-key)")
     p.add_argument("--port", type=integer(0, 65535), default=8000,
                    help="port (default 8000; 0 picks a free one and prints it)")
-    p.add_argument("--threads", type=integer(1), default=1, help="torch threads per forward pass (default 1)")
-    p.add_argument("--passes", type=integer(0), default=0,
+    p.add_argument("--threads", type=integer(1, MAX_PASSES), default=1,
+                   help="torch threads per forward pass (default 1)")
+    p.add_argument("--passes", type=integer(0, MAX_PASSES), default=0,
                    help="most forward passes at once (default: cores // --threads, so they never exceed the cores)")
     p.add_argument("--in-threads", action="store_true",
                    help="run every pass in a thread of the server's process (less memory: one copy of each model; "
@@ -136,6 +139,22 @@ def _access(args: argparse.Namespace, host: str):
     return Access(api_key=key, allowed_hosts=(host, *args.allowed_host), cors_origins=tuple(args.cors_origin))
 
 
+def _open_files_for(connections: int) -> None:
+    """Make room for `connections` open connections in the process's open-file limit (raising its soft limit up to
+    the hard one); ValueError when even that is too few."""
+    try:
+        import resource
+    except ImportError:  # (not on Windows)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = connections + SPARE_FILES
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise ValueError(f"--max-connections {connections} needs {needed} open files, more than this process may "
+                             f"open ({hard}, ulimit -n); lower it, or raise the limit")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check every option, load the models, bind the port, start the workers, then serve until SIGTERM / Ctrl-C
     and drain the requests in flight. A failure before serving leaves nothing running."""
@@ -158,6 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                     max_queue=args.max_queue, read_seconds=args.read_timeout, max_connections=args.max_connections)
     sources = _sources(args)
     access = _access(args, args.host)
+    _open_files_for(args.max_connections)
     torch.set_num_threads(args.threads)
     objects = {name: aiayn.load(source, device=args.device) for name, source in sources.items()}
     sock = _listen(args.host, args.port)
