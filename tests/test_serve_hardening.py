@@ -419,18 +419,15 @@ def test_pages_of_other_origins_may_not_post_but_the_servers_own_page_and_allowe
     assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
 
 
-def test_the_page_in_a_browser_sends_the_key_it_is_given_and_says_when_it_has_none(keyed):
+def test_the_page_in_a_browser_sends_the_key_it_is_given(keyed):
     from urllib.parse import quote
 
     from test_serve_page import browse, rendered
 
-    url, objects = keyed
+    url, objects = keyed  # (/v1/inspect, which the page calls, answers 401 without the key: see above)
     with_key = rendered(browse(f"{url}/?q={quote('a b c')}#key={KEY}", "--dump-dom"))
     assert with_key.by_id["translation"].get("data-done") == "1"
     assert "".join(with_key.texts.get("translation", [])) == objects["en-de"].translate("a b c")
-    without = rendered(browse(f"{url}/?q={quote('a b c')}", "--dump-dom"))
-    assert "needs an API key" in "".join(without.texts["translate-error"])
-    assert without.by_id["translation"].get("data-done") is None
 
 
 def test_a_pool_interrupted_while_its_workers_load_stops_them(monkeypatch, translation_run):

@@ -6,12 +6,16 @@
 | headers not all sent within `read_seconds` | 408 (the connection closes) |
 | body larger than `max_body_bytes` | 413 |
 | body not all sent within `read_seconds` of its first read | 408 |
+| the client closes the connection before its whole body is sent | 499 (in `/metrics`; one log line) |
 | more than `max_connections` connections open | 503 (the connection closes) |
 | more than `max_texts` texts, or a text longer than `max_chars` characters | 413 |
 | the model's queue already holds `max_queue` texts | 429 (retry later) |
 | a body that is not JSON (or form data), or nests deeper than Python's recursion limit | 400 |
 | a field missing or of the wrong type, a text the model cannot take | 422 |
 | a model or language pair the server does not have | 404 |
+| no API key, a Host not this machine's, a page of another origin | 401, 400, 403 (aiayn/serve/guard.py) |
+
+The bounds on headers and connections are kept by the server's protocol (aiayn/serve/connections.py).
 
 Every error answer is JSON, `{"error": "..."}` (LibreTranslate's shape), naming the problem and the fix.
 """
