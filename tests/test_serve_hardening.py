@@ -51,8 +51,8 @@ def test_each_bad_option_is_one_line_and_exit_code_2_before_any_model_loads(caps
     missing = tmp_path / "no-such-run"  # never loaded: the options are checked first
     try:
         code = main(["serve", "--run", str(missing), option, value])
-    except SystemExit as stop:  # (argparse's own refusals exit from the parser)
-        code = stop.code
+    except SystemExit as exited:  # (argparse's own refusals exit from the parser)
+        code = exited.code
     assert code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and message in err, err
@@ -102,7 +102,7 @@ def test_a_port_in_use_exits_with_one_line_code_4_and_no_worker_left(translation
         assert server.wait(timeout=60) == 4
         err = server.stderr.read().strip()
         assert err == (f"aiayn serve: error: cannot listen on 127.0.0.1:{port}: another program listens there; "
-                       "stop it, or choose another --port (0 picks a free one)")
+                       "close it, or choose another --port (0 picks a free one)")
         assert group_members(server.pid) == []  # no worker process survives it
     finally:
         taken.close()
@@ -430,7 +430,7 @@ def test_the_page_in_a_browser_sends_the_key_it_is_given(keyed):
     assert "".join(with_key.texts.get("translation", [])) == objects["en-de"].translate("a b c")
 
 
-def test_a_pool_interrupted_while_its_workers_load_stops_them(monkeypatch, translation_run):
+def test_a_pool_interrupted_while_its_workers_load_ends_them(monkeypatch, translation_run):
     import multiprocessing
 
     from aiayn.serve.workers import WorkerPool, _Worker

@@ -119,7 +119,7 @@ def _listen(host: str, port: int) -> socket.socket:
         sock.close()
         where = f"{host}:{port}"
         if err.errno == errno.EADDRINUSE:
-            raise OSError(err.errno, f"cannot listen on {where}: another program listens there; stop it, or choose "
+            raise OSError(err.errno, f"cannot listen on {where}: another program listens there; close it, or choose "
                                      "another --port (0 picks a free one)") from None
         if err.errno in (errno.EACCES, errno.EPERM):
             raise OSError(err.errno, f"cannot listen on {where}: ports below 1024 need privileges; choose "
@@ -196,7 +196,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # uvicorn drained the requests in flight, then passed the signal on
             pass
     finally:
-        if pool is not None:  # (the application closes it when it stops; not if it never started)
+        if pool is not None:  # (the application closes it when it ends; not if it never started)
             pool.close()
         sock.close()
     print("aiayn serve: stopped after the requests in flight were answered", file=sys.stderr, flush=True)

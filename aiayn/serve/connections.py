@@ -44,7 +44,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._start_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._stop_clock()
+        self._cancel_deadline()
         if self._unread is not None:
             self._unread.cancel()
         super().connection_lost(exc)
@@ -65,7 +65,7 @@ class BoundedProtocol(HttpToolsProtocol):
             self._start_reading()
 
     def on_headers_complete(self) -> None:
-        self._stop_clock()
+        self._cancel_deadline()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -88,7 +88,7 @@ class BoundedProtocol(HttpToolsProtocol):
     def _start_reading(self) -> None:
         self._deadline = self.loop.call_later(self.limits.read_seconds, self._too_slow)
 
-    def _stop_clock(self) -> None:
+    def _cancel_deadline(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
@@ -102,7 +102,7 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` with `{"error": message}` and close the connection."""
-        self._stop_clock()
+        self._cancel_deadline()
         if self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete:
             self.transport.close()  # (an answer to an earlier request is being written: no room for this one)
             return

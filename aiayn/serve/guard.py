@@ -8,9 +8,9 @@
 - The calling page's origin, on every request but GET and HEAD: a browser's `Origin` (or, without one,
   `Sec-Fetch-Site: cross-site / same-site`) naming another origin than the server's, not in `cors_origins`: 403.
 
-The Host check is what stops DNS rebinding: a page on `evil.example` whose name the attacker points at 127.0.0.1
+The Host check is what defeats DNS rebinding: a page on `evil.example` whose name the attacker points at 127.0.0.1
 reaches the server with `Host: evil.example`. An IP address cannot be rebound, so a Host that is one always passes.
-The origin check stops a page of another site (or another port of this machine) posting a form or a `fetch` to
+The origin check keeps a page of another site (or another port of this machine) from posting a form or a `fetch` to
 the server; the page at `/` posts to the server itself, its own origin, and passes. Pages of `cors_origins` get
 the CORS headers (preflights answered 204) and may read the answers.
 """

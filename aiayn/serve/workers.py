@@ -56,7 +56,7 @@ class WorkerPool:
 
     def start(self) -> None:
         """Start the workers and wait until each has loaded the models (RuntimeError naming what failed). Whatever
-        stops it (a worker that cannot load, Ctrl-C, SIGTERM), the workers it started are stopped first: they
+        ends it (a worker that cannot load, Ctrl-C, SIGTERM), the workers it started are ended first: they
         ignore SIGTERM, and the interpreter would wait for them at exit."""
         workers: list[_Worker] = []
         try:
