@@ -14,12 +14,15 @@ import httpx
 
 @contextlib.contextmanager
 def serving(app) -> Iterator[str]:
-    """Run `app` under uvicorn on 127.0.0.1 (a free port) in a thread; yields its base URL."""
+    """Run `app` under uvicorn on 127.0.0.1 (a free port) in a thread, with the settings of `aiayn serve`; yields
+    its base URL."""
     import uvicorn
+
+    from aiayn.serve import server_config
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(server_config(app))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"

@@ -227,7 +227,7 @@ def test_a_full_queue_answers_429_and_a_gone_client_frees_its_place(small):
         # the first batch is running (held); this client queues 3 texts, then goes away
         gone = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
         body = b'{"q": ["c", "d", "e"], "target": "de"}'
-        gone.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        gone.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
         wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 3)
         full = httpx.post(f"{url}/translate", json={"q": "f", "target": "de"})

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import ipaddress
 import os
 import socket
 import sys
 
-from aiayn.cli.options import add_device_argument
+from aiayn.cli.options import add_device_argument, integer, number
+
+KEY_VARIABLE = "AIAYN_API_KEY"  # where --api-key is read from when not given
+MAX_WAIT_MS = 10_000  # a longer gathering window only delays lone requests
+MAX_SECONDS = 3600.0
+MAX_BODY_BYTES = 1 << 30
+MAX_PASSES = 1024  # (a worker process each)
+SPARE_FILES = 64  # open files the server needs beyond its connections: models, pipes to the workers, logs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,26 +34,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "and a translator named SRC-TGT (en-de=runs/x) is listed under those languages")
     p.add_argument("--model", action="append", default=[], metavar="[NAME=]MODEL",
                    help="a pretrained encoder to serve, e.g. minilm (repeatable)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one and prints it)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per forward pass (default 1)")
-    p.add_argument("--passes", type=int, default=0,
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1: this machine only; beyond it, set an --api-key)")
+    p.add_argument("--port", type=integer(0, 65535), default=8000,
+                   help="port (default 8000; 0 picks a free one and prints it)")
+    p.add_argument("--threads", type=integer(1, MAX_PASSES), default=1,
+                   help="torch threads per forward pass (default 1)")
+    p.add_argument("--passes", type=integer(0, MAX_PASSES), default=0,
                    help="most forward passes at once (default: cores // --threads, so they never exceed the cores)")
     p.add_argument("--in-threads", action="store_true",
                    help="run every pass in a thread of the server's process (less memory: one copy of each model; "
                         "but the passes then take turns at Python's lock). Default on CPU with more than one pass: "
                         "a worker process per pass")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long the oldest queued request waits for others to batch with (default 5 ms)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="token budget of one batch (default 4096)")
-    p.add_argument("--max-batch", type=int, default=0,
+    p.add_argument("--max-wait-ms", type=number(0, MAX_WAIT_MS), default=5.0,
+                   help="how long the oldest queued request waits for others to batch with (default 5 ms; "
+                        f"at most {MAX_WAIT_MS:,} ms)")
+    p.add_argument("--max-tokens", type=integer(1), default=4096, help="token budget of one batch (default 4096)")
+    p.add_argument("--max-batch", type=integer(0), default=0,
                    help="most texts in one batch (default 0: no cap beyond --max-tokens)")
-    p.add_argument("--max-texts", type=int, default=128, help="most texts in one request (default 128; more: 413)")
-    p.add_argument("--max-chars", type=int, default=5000, help="most characters in one text (default 5000; 413)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB; 413)")
-    p.add_argument("--max-queue", type=int, default=1024, help="most texts waiting per model (default 1024; 429)")
-    p.add_argument("--drain-seconds", type=float, default=30.0,
+    p.add_argument("--max-texts", type=integer(1), default=128,
+                   help="most texts in one request (default 128; more: 413)")
+    p.add_argument("--max-chars", type=integer(1), default=5000,
+                   help="most characters in one text (default 5000; 413)")
+    p.add_argument("--max-body-bytes", type=integer(1, MAX_BODY_BYTES), default=1 << 20,
+                   help="largest request body (default 1 MiB; 413)")
+    p.add_argument("--max-queue", type=integer(1), default=1024,
+                   help="most texts waiting per model (default 1024; 429)")
+    p.add_argument("--max-connections", type=integer(1), default=512,
+                   help="most connections open at once (default 512, as TEI's --max-concurrent-requests and "
+                        "nginx's worker_connections; more are answered 503)")
+    p.add_argument("--read-timeout", type=number(0.1, MAX_SECONDS), default=30.0,
+                   help="seconds a client has to send a request's headers, and again its body (default 30; 408)")
+    p.add_argument("--drain-seconds", type=number(0, MAX_SECONDS), default=30.0,
                    help="on SIGTERM, how long requests in flight may take to finish (default 30)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"a key every request but GET /health and the page must carry (default: ${KEY_VARIABLE}): "
+                        "'Authorization: Bearer KEY' (OpenAI, TEI) or an api_key field (LibreTranslate)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a name clients reach this server by, beyond localhost and IP addresses (repeatable; "
+                        "requests naming another Host are refused: DNS rebinding)")
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page's origin allowed to call this server from a browser, e.g. "
+                        "https://app.example.com, or * for any (repeatable; default: the server's own page only)")
     add_device_argument(p)
     p.set_defaults(func=cmd_serve)
 
@@ -70,12 +101,67 @@ def _sources(args: argparse.Namespace) -> dict[str, str]:
     return dict(specs)
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Load the models, bind the port, serve until SIGTERM / Ctrl-C, and drain the requests in flight."""
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port` and listening; one clear error where it cannot be (bad --host: ValueError;
+    the port taken or privileged: OSError, the system's refusal)."""
     try:
-        import uvicorn
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as err:
+        raise ValueError(f"--host {host!r} is neither an address nor a name this machine resolves ({err.strerror}); "
+                         "give an address of this machine, e.g. 127.0.0.1 or 0.0.0.0") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # connections wait in the backlog from now on, while uvicorn starts
+    except OSError as err:
+        sock.close()
+        where = f"{host}:{port}"
+        if err.errno == errno.EADDRINUSE:
+            raise OSError(err.errno, f"cannot listen on {where}: another program listens there; close it, or choose "
+                                     "another --port (0 picks a free one)") from None
+        if err.errno in (errno.EACCES, errno.EPERM):
+            raise OSError(err.errno, f"cannot listen on {where}: ports below 1024 need privileges; choose "
+                                     "--port 1024 or above") from None
+        if err.errno == errno.EADDRNOTAVAIL:
+            raise ValueError(f"cannot listen on {where}: {host} is not an address of this machine; give one of "
+                             "its addresses, or 0.0.0.0 for all") from None
+        raise OSError(err.errno, f"cannot listen on {where}: {err.strerror}") from None
+    return sock
 
-        from aiayn.serve import Limits, create_app
+
+def _access(args: argparse.Namespace, host: str):
+    """Who may call the server: --api-key (or $AIAYN_API_KEY), --allowed-host, --cors-origin."""
+    from aiayn.serve import Access
+
+    key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE) or None
+    return Access(api_key=key, allowed_hosts=(host, *args.allowed_host), cors_origins=tuple(args.cors_origin))
+
+
+def _open_files_for(connections: int) -> None:
+    """Make room for `connections` open connections in the process's open-file limit (raising its soft limit up to
+    the hard one); ValueError when even that is too few."""
+    try:
+        import resource
+    except ImportError:  # (not on Windows)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = connections + SPARE_FILES
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise ValueError(f"--max-connections {connections} needs {needed} open files, more than this process may "
+                             f"open ({hard}, ulimit -n); lower it, or raise the limit")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Check every option, load the models, bind the port, start the workers, then serve until SIGTERM / Ctrl-C
+    and drain the requests in flight. A failure before serving leaves nothing running."""
+    try:
+        import uvicorn  # noqa: F401 - (the serve extra: uvicorn with httptools)
+
+        from aiayn.serve import Limits, create_app, server_config
     except ModuleNotFoundError as err:
         raise ModuleNotFoundError(f"aiayn serve needs the serve extra ({err.name} is missing): "
                                   "pip install 'aiayn[serve]'") from None
@@ -85,39 +171,49 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from aiayn.backends import usable_cores
     from aiayn.serve.workers import WorkerPool
 
-    if args.threads < 1 or args.passes < 0:
-        raise ValueError(f"--threads must be at least 1 and --passes not negative, got {args.threads}, {args.passes}")
     cores = usable_cores()
     passes = args.passes or max(1, cores // args.threads)
-    torch.set_num_threads(args.threads)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars,
-                    max_queue=args.max_queue)
+                    max_queue=args.max_queue, read_seconds=args.read_timeout, max_connections=args.max_connections)
     sources = _sources(args)
+    access = _access(args, args.host)
+    _open_files_for(args.max_connections)
+    torch.set_num_threads(args.threads)
     objects = {name: aiayn.load(source, device=args.device) for name, source in sources.items()}
+    sock = _listen(args.host, args.port)
     on_cpu = all(obj.device.type == "cpu" for obj in objects.values())
     pool = None
-    if passes > 1 and on_cpu and not args.in_threads:  # a process a pass: passes in threads share Python's lock
-        pool = WorkerPool(sources, passes, threads=args.threads, device=args.device)
-        pool.start()
-    app = create_app(objects, limits=limits, passes=passes, threads=args.threads, max_tokens=args.max_tokens,
-                     max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000, pool=pool)
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    sock.listen(2048)  # connections wait in the backlog from now on, while uvicorn starts
-    host, port = sock.getsockname()[:2]
-    names = ", ".join(f"{m.name} ({m.kind})" for m in app.state.models)
-    where = f"{passes} worker processes" if pool is not None else f"{passes} passes in threads"
-    print(f"aiayn serve: http://{host}:{port} serving {names}; {where} x {args.threads} torch threads "
-          f"on {cores} cores", file=sys.stderr, flush=True)
-    if passes * args.threads > cores:
-        print(f"aiayn serve: warning: {passes} passes x {args.threads} threads ask for more than the {cores} cores; "
-              "each pass will wait for the others", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=args.drain_seconds,
-                                           lifespan="on"))
     try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn drained the requests in flight, then passed the signal on
-        pass
+        if passes > 1 and on_cpu and not args.in_threads:  # a process a pass: passes in threads share Python's lock
+            pool = WorkerPool(sources, passes, threads=args.threads, device=args.device)
+            pool.start()
+        app = create_app(objects, limits=limits, passes=passes, threads=args.threads, max_tokens=args.max_tokens,
+                         max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000, pool=pool, access=access)
+        _announce(app, sock, passes, args.threads, cores, pool is not None, access)
+        server = uvicorn.Server(server_config(app, drain_seconds=args.drain_seconds))
+        try:
+            server.run(sockets=[sock])
+        except KeyboardInterrupt:  # uvicorn drained the requests in flight, then passed the signal on
+            pass
+    finally:
+        if pool is not None:  # (the application closes it when it ends; not if it never started)
+            pool.close()
+        sock.close()
     print("aiayn serve: stopped after the requests in flight were answered", file=sys.stderr, flush=True)
     return 0
+
+
+def _announce(app, sock: socket.socket, passes: int, threads: int, cores: int, in_workers: bool, access) -> None:
+    """The first line on stderr (where it listens, what it serves, how it uses the cores), and warnings."""
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    names = ", ".join(f"{m.name} ({m.kind})" for m in app.state.models)
+    where = f"{passes} worker processes" if in_workers else f"{passes} passes in threads"
+    print(f"aiayn serve: http://{shown}:{port} serving {names}; {where} x {threads} torch threads "
+          f"on {cores} cores", file=sys.stderr, flush=True)
+    if passes * threads > cores:
+        print(f"aiayn serve: warning: {passes} passes x {threads} threads ask for more than the {cores} cores; "
+              "each pass will wait for the others", file=sys.stderr, flush=True)
+    if access.api_key is None and not ipaddress.ip_address(host.split("%")[0]).is_loopback:
+        print(f"aiayn serve: warning: listening on {host}, beyond this machine, with no API key: anyone who reaches "
+              f"it can use it; set --api-key or ${KEY_VARIABLE}", file=sys.stderr, flush=True)

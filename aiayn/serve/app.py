@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Awaitable, Mapping
@@ -27,10 +28,12 @@ from importlib import resources
 
 import numpy as np
 from fastapi import APIRouter, FastAPI
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
 from aiayn.serve.batching import Passes, QueueFull
+from aiayn.serve.guard import Access, Guard
 from aiayn.serve.limits import ApiError, Limits, read_fields, string_field, texts_field
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.models import SERVED, Served, ServedLabeller, ServedTranslator, pick, pick_translator
@@ -49,7 +52,8 @@ def page_html() -> str:
 
 
 class Observed:
-    """ASGI middleware: every request's status and latency by route, and the requests in flight."""
+    """ASGI middleware: every request's status and latency by route, and the requests in flight; an error no route
+    answered becomes a 500 in the server's JSON shape, logged once with its traceback."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -58,16 +62,22 @@ class Observed:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         route = scope["path"] if scope["path"] in ROUTES else "other"
-        status, start = [500], time.perf_counter()
+        status, started, start = [500], [False], time.perf_counter()
 
         async def sending(message):
             if message["type"] == "http.response.start":
-                status[0] = message["status"]
+                status[0], started[0] = message["status"], True
             await send(message)
 
         self.metrics.in_flight += 1
         try:
             await self.app(scope, receive, sending)
+        except Exception as err:
+            logger.exception("%s %s failed", scope["method"], scope["path"])
+            if started[0]:  # the answer was under way: uvicorn closes the connection
+                return
+            answer = JSONResponse({"error": f"internal error: {type(err).__name__}: {err}"}, status_code=500)
+            await answer(scope, receive, sending)
         finally:
             self.metrics.in_flight -= 1
             self.metrics.request_done(route, status[0], time.perf_counter() - start)
@@ -116,7 +126,7 @@ class Server:
 
 def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, passes: int = 1, threads: int = 1,
                max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005,
-               pool: WorkerPool | None = None) -> FastAPI:
+               pool: WorkerPool | None = None, access: Access | None = None) -> FastAPI:
     """The application serving `objects` (name -> Translator / Embedder / Classifier / Tagger).
 
     Args:
@@ -126,6 +136,8 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         max_wait: seconds the oldest queued request waits (from its arrival) for others to join its batch.
         pool: started worker processes holding the same models (one a pass, `pool.size == passes`): the
             batches run there instead of in the server's threads. The application closes it when it stops.
+        access: the API key, Host names and page origins the server accepts (`Access`; default: no key, this
+            machine's names and addresses, no other origin).
     """
     if pool is not None and pool.size != passes:
         raise ValueError(f"a pool of {pool.size} worker processes serves {pool.size} passes, not {passes}")
@@ -146,20 +158,33 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
 
     app = FastAPI(title="aiayn serve", lifespan=lifespan)
     app.state.models, app.state.metrics, app.state.limits = server.models, server.metrics, server.limits
-    app.add_middleware(Observed, metrics=server.metrics)
+    app.state.access = access or Access()
+    app.add_middleware(Guard, access=app.state.access, limits=server.limits)
+    app.add_middleware(Observed, metrics=server.metrics)  # (the outer one: it counts what Guard refuses too)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
         return JSONResponse({"error": err.message}, status_code=err.status)
 
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, err: Exception) -> JSONResponse:
-        logger.exception("request %s failed", request.url.path)
-        return JSONResponse({"error": f"internal error: {type(err).__name__}: {err}"}, status_code=500)
+    @app.exception_handler(HTTPException)
+    async def framework_error(request: Request, err: HTTPException) -> JSONResponse:
+        """The framework's refusals (an unknown route, a method a route does not take, bad form data), in the
+        same shape as the server's own."""
+        return JSONResponse({"error": _framework_line(request, err)}, status_code=err.status_code,
+                            headers=err.headers)
 
     for routes in (service_routes, libretranslate_routes, openai_routes, tei_routes):
         app.include_router(routes(server))
     return app
+
+
+def _framework_line(request: Request, err: HTTPException) -> str:
+    """One line for a refusal the framework raised, naming what to do."""
+    if err.status_code == 404:
+        return f"no route {request.url.path}; the routes are {', '.join(ROUTES)}"
+    if err.status_code == 405:
+        return f"{request.method} is not a method of {request.url.path}; it takes {err.headers.get('Allow', '')}"
+    return f"{err.detail}" if isinstance(err.detail, str) else json.dumps(err.detail)
 
 
 def service_routes(server: Server) -> APIRouter:

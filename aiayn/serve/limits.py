@@ -2,38 +2,60 @@
 
 | rule | answer |
 | --- | --- |
+| headers larger than `max_header_bytes` | 431 (the connection closes) |
+| headers not all sent within `read_seconds` | 408 (the connection closes) |
 | body larger than `max_body_bytes` | 413 |
+| body not all sent within `read_seconds` of its first read | 408 |
+| the client closes the connection before its whole body is sent | 499 (in `/metrics`; one log line) |
+| more than `max_connections` connections open | 503 (the connection closes) |
 | more than `max_texts` texts, or a text longer than `max_chars` characters | 413 |
 | the model's queue already holds `max_queue` texts | 429 (retry later) |
-| a body that is not JSON (or form data) | 400 |
+| a body that is not JSON (or form data), or nests deeper than Python's recursion limit | 400 |
 | a field missing or of the wrong type, a text the model cannot take | 422 |
 | a model or language pair the server does not have | 404 |
+| no API key, a Host not this machine's, a page of another origin | 401, 400, 403 (aiayn/serve/guard.py) |
+
+The bounds on headers and connections are kept by the server's protocol (aiayn/serve/connections.py).
 
 Every error answer is JSON, `{"error": "..."}` (LibreTranslate's shape), naming the problem and the fix.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds on requests; the defaults suit sentences and short paragraphs."""
+    """Bounds on requests and connections; the defaults suit sentences and short paragraphs.
+
+    `max_header_bytes` is nginx's default bound on a request's headers (4 buffers of 8 KiB), and
+    `max_connections` is TEI's `--max-concurrent-requests` and nginx's `worker_connections` (512).
+    """
 
     max_body_bytes: int = 1 << 20
     max_texts: int = 128
     max_chars: int = 5000
     max_queue: int = 1024
+    max_header_bytes: int = 32 * 1024
+    max_connections: int = 512
+    read_seconds: float = 30.0
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_texts", "max_chars", "max_queue"):
+        for name in ("max_body_bytes", "max_texts", "max_chars", "max_queue", "max_header_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.read_seconds) and self.read_seconds > 0):
+            raise ValueError(f"read_seconds must be a positive number, got {self.read_seconds}")
 
 
 class ApiError(Exception):
@@ -46,15 +68,30 @@ class ApiError(Exception):
 
 
 async def read_body(request: Request, limits: Limits) -> bytes:
-    """The request's body, refused with 413 as soon as it passes `max_body_bytes` (declared or sent)."""
+    """The request's body, refused with 413 as soon as it passes `max_body_bytes` (declared or sent), with 408 when
+    it has not all come within `read_seconds`, and with 499 (logged in one line) when the client goes away first."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise ApiError(413, f"the body has {declared} bytes, more than the limit of {limits.max_body_bytes}")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limits.max_body_bytes:
-            raise ApiError(413, f"the body has more than the limit of {limits.max_body_bytes} bytes")
+    loop = asyncio.get_running_loop()
+    deadline, chunks = loop.time() + limits.read_seconds, request.stream()
+    try:
+        while True:
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), deadline - loop.time())
+            except StopAsyncIteration:
+                break
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                raise ApiError(413, f"the body has more than the limit of {limits.max_body_bytes} bytes")
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the body did not all arrive within {limits.read_seconds:g} s ({len(body)} bytes came); "
+                            "send it at once") from None
+    except ClientDisconnect:
+        logger.warning("%s %s: the client closed the connection before sending its whole body (%d bytes came)",
+                       request.method, request.url.path, len(body))
+        raise ApiError(499, "the client closed the connection") from None
     return bytes(body)
 
 
@@ -74,6 +111,8 @@ async def read_fields(request: Request, limits: Limits, *, form: bool = False) -
     except (ValueError, UnicodeDecodeError) as err:
         accepted = "JSON or form data" if form else "JSON"
         raise ApiError(400, f"the body is not valid {accepted}: {err}") from None
+    except RecursionError:
+        raise ApiError(400, "the body's JSON nests too deeply to read; send a flatter object") from None
     if not isinstance(fields, dict):
         raise ApiError(422, f"the body must be a JSON object, got {type(fields).__name__}")
     return fields

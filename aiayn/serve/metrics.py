@@ -41,6 +41,11 @@ class Histogram:
         return out + [f"{name}_sum{braces} {self.sum:.6f}", f"{name}_count{braces} {self.count}"]
 
 
+def label(value: object) -> str:
+    """A label value as the text format writes it: backslash, double quote and newline escaped."""
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -74,21 +79,21 @@ class Metrics:
         with self._lock:
             lines = ["# HELP aiayn_requests_total Requests answered, by route and HTTP status.",
                      "# TYPE aiayn_requests_total counter"]
-            lines += [f'aiayn_requests_total{{route="{r}",status="{s}"}} {n}'
+            lines += [f'aiayn_requests_total{{route="{label(r)}",status="{s}"}} {n}'
                       for (r, s), n in sorted(self.requests.items())]
             lines += ["# HELP aiayn_request_seconds Time from request to answer, by route.",
                       "# TYPE aiayn_request_seconds histogram"]
             for route, hist in sorted(self.latency.items()):
-                lines += hist.lines("aiayn_request_seconds", f'route="{route}"')
+                lines += hist.lines("aiayn_request_seconds", f'route="{label(route)}"')
             lines += ["# HELP aiayn_requests_in_flight Requests being handled now.",
                       "# TYPE aiayn_requests_in_flight gauge", f"aiayn_requests_in_flight {self.in_flight}"]
             lines += ["# HELP aiayn_queue_texts Texts waiting for a batch, by model.", "# TYPE aiayn_queue_texts gauge"]
-            lines += [f'aiayn_queue_texts{{model="{m}"}} {size()}' for m, size in sorted(self.queues.items())]
+            lines += [f'aiayn_queue_texts{{model="{label(m)}"}} {size()}' for m, size in sorted(self.queues.items())]
             lines += ["# HELP aiayn_batch_texts Texts per batched forward call, by model.",
                       "# TYPE aiayn_batch_texts histogram"]
             for model, hist in sorted(self.batch_texts.items()):
-                lines += hist.lines("aiayn_batch_texts", f'model="{model}"')
+                lines += hist.lines("aiayn_batch_texts", f'model="{label(model)}"')
             lines += ["# HELP aiayn_tokens_total Input tokens run through each model.",
                       "# TYPE aiayn_tokens_total counter"]
-            lines += [f'aiayn_tokens_total{{model="{m}"}} {n}' for m, n in sorted(self.tokens.items())]
+            lines += [f'aiayn_tokens_total{{model="{label(m)}"}} {n}' for m, n in sorted(self.tokens.items())]
         return "\n".join(lines) + "\n"

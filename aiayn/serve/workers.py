@@ -55,14 +55,18 @@ class WorkerPool:
         self._workers: list[_Worker] = []
 
     def start(self) -> None:
-        """Start the workers and wait until each has loaded the models (RuntimeError naming what failed)."""
-        workers = [self._spawn() for _ in range(self.size)]  # they load side by side
+        """Start the workers and wait until each has loaded the models (RuntimeError naming what failed). Whatever
+        ends it (a worker that cannot load, Ctrl-C, SIGTERM), the workers it started are ended first: they
+        ignore SIGTERM, and the interpreter would wait for them at exit."""
+        workers: list[_Worker] = []
         try:
+            for _ in range(self.size):  # they load side by side
+                workers.append(self._spawn())
             for worker in workers:
                 worker.ready()
-        except RuntimeError:
+        except BaseException:
             for worker in workers:
-                worker.stop()
+                worker.stop(timeout=0)  # (one still loading does not read its pipe: no use waiting)
             raise
         for worker in workers:
             self._workers.append(worker)
