@@ -342,10 +342,9 @@ def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(t
     assert len(files) == 1 and set(first.inference) == {"one", "few", "many"}
     kinds = ("wide", "square", "narrow", "vocabulary")
     products = {f"{rows} {kind}" for rows in ("one", "few", "many") for kind in kinds}
-    int8_weights = {f"int8 weights {rows} {kind}" for rows in ("one", "few") for kind in kinds}
-    assert {k.split(": ")[0] for k in first.seconds} == products | int8_weights | {
+    assert {k.split(": ")[0] for k in first.seconds} == products | {
         "qkv one", "qkv", "train", "qkv train", "encoder layer"}
-    assert set(first.int8_weights) == {"one", "few"}
+    assert first.int8_weights is None  # measured when int8 inference first asks, not before
     assert all(kernel in ("packed", "columns", "dense") for by_kind in first.inference.values()
                for kernel in by_kind.values())
     assert "inference products: one row" in first.describe()
@@ -353,6 +352,22 @@ def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(t
     assert calibrate._load_or_measure(refresh=False) == first  # read back, not measured
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "default")  # another kind of machine: another key
     assert calibrate.cache_path(calibrate.machine()) != files[0]
+
+
+def test_int8_weights_are_measured_when_int8_first_asks_and_then_cached(tmp_path, monkeypatch):
+    from aiayn.backends import int8
+
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    assert calibrate.choices().int8_weights is None
+    measured = calibrate.int8_weight_choices()
+    if int8.int8_weights_usable():
+        assert set(measured) == {"one", "few"} and "int8 weights one square: float32" in calibrate.choices().seconds
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_int8_weights", lambda *args: pytest.fail("measured again"))
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("measured again"))
+    assert calibrate.int8_weight_choices() == measured
 
 
 def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():

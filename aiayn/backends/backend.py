@@ -269,8 +269,8 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     log.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
     kernels = kernel_triples(measured.inference)
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
-        pays = tuple((rows, kind) for rows, by_kind in measured.int8_weights.items() for kind, yes in by_kind.items()
-                     if yes)
+        pays = tuple((rows, kind) for rows, by_kind in calibrate.int8_weight_choices().items()
+                     for kind, yes in by_kind.items() if yes)
         return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays)
     if mode == "train":
         return replace(backend, onednn=measured.train_onednn and cpu.onednn_usable(),

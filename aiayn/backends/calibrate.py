@@ -113,7 +113,8 @@ class Choices:
             skews the ratios: see `_measured_busy`).
         int8_weights: by row class ("one", "few") and shape kind, whether a product over int8 weights
             (`int8.Int8WeightsLinear`) ran faster than the float32 kernel chosen there (int8 inference uses it for
-            layers whose activations int8 cannot hold).
+            layers whose activations int8 cannot hold); None until int8 inference first asks
+            (`int8_weight_choices`), so that float32 users do not wait for it.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `MARGIN`).
     """
@@ -127,7 +128,7 @@ class Choices:
     load: float = 0.0
     torch_layers_inference: bool = False
     ratios: dict[str, list[float]] = field(default_factory=dict)
-    int8_weights: dict[str, dict[str, bool]] = field(default_factory=dict)
+    int8_weights: dict[str, dict[str, bool]] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -346,21 +347,21 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
 
     if not int8.int8_weights_usable():
         return {}
-    faster: dict[str, dict[str, bool]] = {}
-    for name, rows in ROW_CLASSES[:2]:
-        faster[name] = {}
-        for kind, (w, b) in weights.items():
-            copies = [w if c == 0 else w.clone() for c in range(-(-COLD_BYTES // (w.numel() * w.element_size())))]
+    faster: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES[:2]}
+    for kind, (w, b) in weights.items():
+        copies = [w if c == 0 else w.clone() for c in range(-(-COLD_BYTES // (w.numel() * w.element_size())))]
+        quantized = [int8.int8_weights(v) for v in copies]  # once per kind, for both row classes
+        for name, rows in ROW_CLASSES[:2]:
             x = torch.randn(rows, w.shape[1], generator=gen)
             fp32 = [cpu.PackedLinear(v, b, kernels=dict.fromkeys(("one", "few", "many"), inference[name][kind]))
                     for v in copies]
-            quantized = [int8.int8_weights(v) for v in copies]
             timed = _timed({"float32": lambda layers=fp32, x=x: [f(x) for f in layers],
                             "int8 weights": lambda qs=quantized, x=x, b=b: [int8.int8_weights_product(x, q, s, b)
                                                                              for q, s in qs]})
             _record(seconds, f"int8 weights {name} {kind}", timed, plain="float32", ratios=ratios)
             faster[name][kind] = _pick(timed, "float32") == "int8 weights"
-            del copies, fp32, quantized
+            del fp32
+        del copies, quantized
     return faster
 
 
@@ -386,13 +387,36 @@ def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: boo
     return ratio < 1 - LAYER_MARGIN
 
 
+def _shape_weights(gen: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """A weight (out, in) and bias (out,) of each shape kind, as `measure` times them."""
+    return {kind: (torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
+            for kind, (n_in, n_out) in SHAPE_KINDS}
+
+
+def int8_weight_choices() -> dict[str, dict[str, bool]]:
+    """`Choices.int8_weights` of this machine: measured the first time int8 inference asks (about a second), then
+    kept with the other choices in the cache."""
+    found = choices()
+    if found.int8_weights is None:
+        seconds, ratios = dict(found.seconds), dict(found.ratios)
+        gen = torch.Generator().manual_seed(1)
+        with torch.inference_mode(False), torch.no_grad():
+            measured = _int8_weights(_shape_weights(gen), found.inference, seconds, ratios, gen)
+        found = replace(found, int8_weights=measured, seconds=seconds, ratios=ratios)
+        _chosen[json.dumps(found.machine, sort_keys=True)] = found
+        try:
+            atomic_write_text(cache_path(found.machine), json.dumps(asdict(found), indent=1))
+        except OSError as err:
+            log.info("could not cache the int8-weight measurements (%s)", err)
+    return found.int8_weights
+
+
 def measure(description: dict[str, str] | None = None) -> Choices:
     """Time every candidate kernel on this machine now (no cache)."""
     from aiayn.backends import cpu  # the kernels measured live there
 
     gen = torch.Generator().manual_seed(0)
-    weights = {kind: (torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
-               for kind, (n_in, n_out) in SHAPE_KINDS}
+    weights = _shape_weights(gen)
     usable = cpu.onednn_usable()
     seconds: dict[str, float] = {}
     ratios: dict[str, list[float]] = {}
@@ -415,7 +439,6 @@ def measure(description: dict[str, str] | None = None) -> Choices:
                 _record(seconds, f"{name} {kind}", timed, plain="dense", ratios=ratios)
                 inference[name][kind] = _pick(timed, "dense")
                 del layers, shaped
-        int8_weights = _int8_weights(weights, inference, seconds, ratios, gen)
         fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
         torch_layers = _torch_layers_inference(inference, fused_inference, seconds)
     with torch.enable_grad():
@@ -446,4 +469,4 @@ def measure(description: dict[str, str] | None = None) -> Choices:
         fused_train = _pick(timed, "separate") == "fused"
     return Choices(inference=inference, train_onednn=train_onednn, fused_qkv_inference=fused_inference,
                    fused_qkv_train=fused_train, seconds=seconds, machine=description or machine(),
-                   torch_layers_inference=torch_layers, ratios=ratios, int8_weights=int8_weights)
+                   torch_layers_inference=torch_layers, ratios=ratios)
