@@ -105,3 +105,19 @@ def test_the_static_cache_is_allocated_once_for_the_search():
     for t in range(6):
         state.step(torch.full((3, 1), 4 + t))
     assert state.cache is cache and cache.shape == (2, 2, 3, 4, 6, 8)  # (layers, K/V, rows, heads, steps, d_k)
+
+
+@torch.no_grad()
+def test_the_flat_step_embeds_as_the_modules_with_learned_positions_token_types_and_an_embedding_norm():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=2,
+                      max_len=64, dropout=0.0, positional="learned", type_vocab_size=2, embedding_norm=True,
+                      scale_embeddings=False)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        model.tgt_embed.token_types.weight.normal_()  # not zero, so that leaving it out would show
+    src = source()
+    flat, modules = start(model, src, 5), ModuleState(model, src)
+    for t in range(5):
+        tokens = torch.full((3, 1), 4 + t)
+        torch.testing.assert_close(flat.step(tokens), modules.step(tokens), rtol=1e-5, atol=1e-5)

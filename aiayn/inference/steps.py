@@ -105,6 +105,8 @@ class StaticState:
             x = x * embed.tokens.scale
         if self.positions is not None:
             x = x + self.positions[p]
+        if embed.token_types is not None:  # every target token is of type 0, as `Embeddings` makes them
+            x = x + embed.token_types.weight[0]
         if embed.norm is not None:
             x = embed.norm(x)
         for i, layer in enumerate(self.layers):
