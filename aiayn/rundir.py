@@ -86,9 +86,19 @@ class DirInfo:
     description: str
 
 
+def load_json(text: str | bytes) -> object:
+    """`json.loads`, with input nested too deeply for Python's parser (100,000 `[`) raised as the
+    `json.JSONDecodeError` every caller already turns into one line, instead of a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply (more levels of [ and { than a parser can follow)",
+                                   text if isinstance(text, str) else "", 0) from None
+
+
 def _read_json(path: Path) -> object:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 

@@ -95,14 +95,21 @@ def _aliases(model: nn.Module) -> dict[str, set[str]]:
 
 
 def check_fits(model: nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:
-    """Raise `WeightsMismatch` listing, key by key, what the model lacks, what it needs and which shapes differ."""
+    """Raise `WeightsMismatch` listing, key by key, what the model lacks, what it needs and which shapes or dtypes
+    differ."""
     own = model.state_dict()
     aliases = _aliases(model)
     unexpected = sorted(set(state) - set(own))
     missing = sorted(name for name in own if not aliases[name] & set(state))
     shapes = [f"{name} is {tuple(state[name].shape)} in the file but {tuple(own[name].shape)} in the model"
               for name in sorted(set(state) & set(own)) if tuple(state[name].shape) != tuple(own[name].shape)]
-    problems = shapes + [f"missing {name}" for name in missing] + [f"unexpected {name}" for name in unexpected]
+    # a tensor of another dtype would be cast silently (int64 weights become other numbers): the file is not this
+    # model's, whatever its shapes
+    dtypes = [f"{name} is {str(state[name].dtype).removeprefix('torch.')} in the file but "
+              f"{str(own[name].dtype).removeprefix('torch.')} in the model"
+              for name in sorted(set(state) & set(own)) if state[name].dtype != own[name].dtype]
+    problems = (shapes + dtypes + [f"missing {name}" for name in missing]
+                + [f"unexpected {name}" for name in unexpected])
     if problems:
         raise WeightsMismatch(f"{source} does not fit the model of its config: {_listed(problems)}")
 

@@ -333,10 +333,10 @@ def test_the_search_index_never_replaces_a_file_it_did_not_write(tmp_path):
 
 
 def test_a_search_too_large_for_the_memory_is_refused_before_it_starts(saved, monkeypatch):
-    import aiayn.nn.model
+    import aiayn.nn.sizes
 
     translator = Translator.from_pretrained(saved)
-    monkeypatch.setattr(aiayn.nn.model, "available_memory", lambda: 2**16)  # a machine with 64 KiB free
+    monkeypatch.setattr(aiayn.nn.sizes, "available_memory", lambda: 2**16)  # a machine with 64 KiB free
     with pytest.raises(MemoryError, match=r"decoding 2 sentences with beam 40 needs about [\d.]+ GiB of memory, "
                                           r"more than the 0.0 GiB available: choose a smaller --beam"):
         translator.translate(["a b", "c"], num_beams=40)

@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from aiayn.config import check_field_types, fold_old_spelling
 from aiayn.nn.attention import KVCache, attention_weights
 from aiayn.nn.layers import hooked
-from aiayn.nn.model import EncoderDecoderModel, check_memory
+from aiayn.nn.model import EncoderDecoderModel
+from aiayn.nn.sizes import check_memory
 
 NEG_INF = float("-inf")
 # Finished sentences leave a beam search's batch once at least 1 / RETIRE_FRACTION of it (and at least one) has

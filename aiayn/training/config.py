@@ -14,7 +14,7 @@ from typing import Any
 
 from aiayn.config import ModelConfig, check_field_types, fold_old_spelling, parse_overrides, preset
 from aiayn.data.readers import decode_text
-from aiayn.rundir import check_input_file
+from aiayn.rundir import check_input_file, load_json
 from aiayn.tasks import OBJECTIVES, SEQ2SEQ, Task, get_task
 from aiayn.tokenization import KINDS
 from aiayn.training.budget import parse_duration
@@ -284,7 +284,7 @@ def _read_file(path: str | Path) -> dict[str, Any]:
     is_pipe = path.suffix.lower() not in (".json", ".toml") and not path.is_file()
     if path.suffix.lower() == ".json" or (is_pipe and text.lstrip().startswith(("{", "["))):
         try:
-            return json.loads(text)
+            return load_json(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
     if path.suffix.lower() != ".toml" and not is_pipe:
