@@ -166,6 +166,9 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
     ids = torch.tensor([tokenizer.encode(text)], dtype=torch.long)
     if ids.shape[1] == 0:
         raise ValueError("the text has no tokens to trace")
+    if ids.shape[1] > model.config.max_len:  # a trace keeps every stage: (L x L) scores per layer and head
+        raise ValueError(f"the text has {ids.shape[1]:,} tokens, more than the model's max_len "
+                         f"({model.config.max_len:,}): trace a shorter text")
     out: list[Stage | str] = [
         f"tokens ({len(tokens)}): {tokens}",
         f"token ids ({ids.shape[1]},): {ids[0].tolist()}",

@@ -20,19 +20,25 @@ from torch import nn
 
 from aiayn.backends import PRECISIONS
 from aiayn.config import POOLINGS
-from aiayn.inference.runner import ModelRunner
+from aiayn.inference.runner import ModelRunner, text_list, too_long
 from aiayn.nn.heads import pool
 from aiayn.tokenization import Tokenizer
 
 
-def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int, *,
+                 truncate: bool = True) -> list[list[int]]:
     """Ids of each text as `[CLS] ... [SEP]`, the text truncated so the whole fits `max_length` ids.
 
-    This is Hugging Face's `truncation=True, max_length=max_length` for single sequences.
+    This is Hugging Face's `truncation=True, max_length=max_length` for single sequences; `truncate=False`
+    raises ValueError naming the first text that does not fit instead.
     """
     if max_length < 3:
         raise ValueError(f"max_length must be at least 3 ([CLS] token [SEP]), got {max_length}")
     body = tokenizer.encode_batch(list(texts))
+    if not truncate:
+        for number, ids in enumerate(body, start=1):
+            if len(ids) + 2 > max_length:
+                raise too_long(number, len(ids) + 2, max_length)
     return [[tokenizer.bos_id, *ids[: max_length - 2], tokenizer.eos_id] for ids in body]
 
 
@@ -135,7 +141,7 @@ class Embedder(ModelRunner):
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.normalize = normalize
-        limit = model.config.max_len if model.config.positional == "learned" else 1 << 30
+        limit = model.config.max_len  # sinusoidal positions extend, but attention's (L x L) scores grow with L
         self.max_length = min(max_length or limit, limit)
         self.name = name
 
@@ -230,10 +236,7 @@ class Embedder(ModelRunner):
         """
         if isinstance(texts, str):
             return self.embed([texts], batch_size=batch_size, progress=progress)[0]
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+        texts = text_list(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out

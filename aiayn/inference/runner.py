@@ -8,6 +8,32 @@ from torch import nn
 from aiayn.backends import select, weights_version
 
 
+def text_list(texts: object) -> list[str]:
+    """`texts` (one string, or an iterable of strings) as a list. Not a sequence at all (None, a number) raises
+    TypeError, bytes or a text that is not a string ValueError, each naming what to pass (`translate(None)` would
+    otherwise end in "'NoneType' object is not iterable")."""
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, (bytes, bytearray)):
+        raise ValueError(f"texts must be a string or a list of strings, got {type(texts).__name__}: decode it first "
+                         "(.decode('utf-8'))")
+    try:
+        texts = list(texts)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}") from None
+    for number, text in enumerate(texts, start=1):
+        if not isinstance(text, str):
+            raise ValueError(f"text {number} is a {type(text).__name__}, not a string"
+                             + (": decode it first (.decode('utf-8'))" if isinstance(text, bytes) else ""))
+    return texts
+
+
+def too_long(number: int, length: int, limit: int) -> ValueError:
+    """The error for text `number` (from 1) of `length` ids where the model has `limit` positions."""
+    return ValueError(f"text {number} has {length} tokens, more than the model's max_len ({limit}); shorten it or "
+                      "pass truncate=True (--truncate)")
+
+
 class ModelRunner:
     """A model in eval mode on its device, run through the device's fast path (`aiayn.backends`).
 
