@@ -22,6 +22,10 @@ from aiayn.training.distributed import STRATEGIES
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
 RECIPES = ("auto", "fit", "paper")  # see aiayn.training.recipe
+# What a run fixes when it starts, which a resumed run therefore keeps (as it keeps its model): the tokenizers
+# trained on its data, its objective, and the encoder it started from.
+FIXED_AT_START = ("objective", "tokenizer", "target_tokenizer", "vocab_size", "target_vocab_size", "shared_vocab",
+                  "vocab_min_frequency", "lowercase", "init_from")
 # Validation metrics per objective (its task object's); the first is `valid_metric=auto`'s choice.
 # Higher is better but for loss.
 VALID_METRICS = {name: get_task(name).metrics for name in OBJECTIVES}

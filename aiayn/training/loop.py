@@ -87,6 +87,21 @@ class TrainingError(RuntimeError):
     """Training had to stop (for example a non-finite loss); the message names the step and the last checkpoint."""
 
 
+class BudgetTooShort(ValueError):
+    """A `time_budget` that left no time for one optimizer step: there is no trained model to save."""
+
+
+def usable_threads(threads: int) -> int:
+    """`threads`, at most the cores this process may run on (more only make threads wait for each other); a
+    warning says when it is cut."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads > cores:
+        logger.warning("threads=%d is more than the %d cores this process may use: training with %d threads",
+                       threads, cores, cores)
+        return cores
+    return threads
+
+
 @dataclass
 class TrainResult:
     """How a run ended."""
@@ -227,7 +242,7 @@ class Trainer:
             self.budget = Budget(parse_duration(cfg.time_budget), started=self.started)
             import matplotlib.pyplot  # noqa: F401  (imported now, its seconds are measured, not guessed at the end)
         if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+            torch.set_num_threads(usable_threads(cfg.threads))
         self.rank, self.world = init_distributed(self.device)
         main = self.rank == 0
         if not main:
@@ -557,6 +572,13 @@ class Trainer:
                 signal.signal(sig, handler)
         self.parallel.gather()  # rank 0 finishes alone: validates, saves and evaluates the full model
         self.parallel.close()
+        budget = self.budget
+        if finished and self.step == 0 and budget is not None:  # it stopped before the first step
+            raise BudgetTooShort(
+                f"time_budget={self.cfg.time_budget} is too short to train one step: {max(budget.left(), 0.0):.1f} s "
+                f"were left after setting up, and the end of the run (validation, test, saving) needs about "
+                f"{budget.end_reserve_s:.1f} s; nothing was trained or saved as a model: give a longer time_budget "
+                f"(aiayn train --run {self.run_dir} --resume time_budget=...)")
         if self.rank != 0:
             return TrainResult(self.run_dir, self.step)
         if not finished:
