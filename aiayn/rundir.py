@@ -202,7 +202,8 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
 
 def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--out",
                      force_hint: str = "pass --force", writer: str = "the export") -> Path:
-    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given.
+    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given; and one
+    inside a run, model, export or checkpoint directory (their files have one writer) unless `force` is given.
 
     `option`, `force_hint` and `writer` name the argument, the override and what writes (the CLI's by default).
     """
@@ -212,6 +213,10 @@ def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--o
     if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
         raise DirectoryRefused(f"{info.path} holds {info.description}; {writer} would replace files there: "
                                f"choose a new {option} directory, or {force_hint} to write there anyway")
+    owner = _owning_directory(info.path)
+    if owner is not None and not force:  # RUN/export, RUN/checkpoints/x: files the run's owner never wrote
+        raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}; {writer} "
+                               f"never writes there: choose an {option} directory outside it")
     return info.path
 
 
