@@ -82,8 +82,13 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = Fal
     from aiayn.training.distributed import launch_rank
 
     start = time.perf_counter()
-    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write, force=force,
-                      device=device)
+    def report(line: str) -> None:
+        try:
+            tqdm.write(line)
+        except OSError:  # stdout closed, full or its reader gone: the run goes on (its logs are in run_dir)
+            pass
+
+    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=report, force=force, device=device)
     try:
         result = trainer.fit()
     except OSError as err:  # a full disk, say: what was saved before is intact

@@ -87,6 +87,14 @@ class TrainingError(RuntimeError):
     """Training had to stop (for example a non-finite loss); the message names the step and the last checkpoint."""
 
 
+# What stops a run as Ctrl-C does (finish the step, save a checkpoint, exit "interrupted"): a supervisor's SIGTERM,
+# the terminal's hang-up (SIGHUP: an ssh session that dropped) and Ctrl-\ (SIGQUIT), whose default would dump core
+# and lose the steps since the last checkpoint. SIGPIPE stays ignored, as Python sets it: a reader that went away
+# fails a write, which the CLI's reporting survives.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                     if hasattr(signal, name))
+
+
 class BudgetTooShort(ValueError):
     """A `time_budget` that left no time for one optimizer step: there is no trained model to save."""
 
@@ -543,7 +551,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train until `epochs` or `max_steps`; save, evaluate on the test split and plot.
 
-        Ctrl-C (SIGINT) and SIGTERM finish the step, save a checkpoint and return `interrupted`.
+        Ctrl-C (SIGINT), SIGTERM, SIGHUP and SIGQUIT finish the step, save a checkpoint and return `interrupted`.
         The run directory stays locked against a second process until this returns.
         """
         try:
@@ -556,7 +564,7 @@ class Trainer:
     def _fit(self) -> TrainResult:
         previous = {}
         if threading.current_thread() is threading.main_thread() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-            previous = {sig: signal.signal(sig, self._on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
+            previous = {sig: signal.signal(sig, self._on_sigint) for sig in STOP_SIGNALS}
         try:
             self._setup()
             with self.parallel.peers_watched():
@@ -638,7 +646,7 @@ class Trainer:
         - "budget": the time budget leaves no room for one more step (`_check_budget`, before each step).
         - "patience": `patience` validations in a row brought no better score (`_validate_and_check_patience`,
           at a scheduled validation, or at each epoch's end without `eval_every` and a budget).
-        - "interrupted": Ctrl-C or SIGTERM arrived (`_end_step`, once the step it arrived in is done).
+        - "interrupted": Ctrl-C or another of `STOP_SIGNALS` arrived (`_end_step`, once the step it arrived in is done).
 
         After each step (`_end_step`), in this order: the `train` log row, a scheduled validation, a `save_every`
         checkpoint, the `after_step` hook, then the signal and the limits. At an epoch's end (`_end_epoch`), without
