@@ -334,6 +334,30 @@ def _with_filename(err: OSError, path: Path, tmp: Path) -> OSError:
     return OSError(err.errno, err.strerror or os.strerror(err.errno), str(path))
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux tells it (`os.umask` sets it to read it)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _give_normal_mode(tmp: Path, path: Path) -> None:
+    """Give `tmp` the mode `open(path, "w")` would have left: the mode of the file it replaces, else 0666 less the
+    umask. Writers that make their file private (safetensors writes 0600) would otherwise leave one file of a run
+    unreadable to the group that reads the rest."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
+    with contextlib.suppress(OSError):  # a file system without modes: the rename still stands
+        os.chmod(tmp, mode)
+
+
 def _fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):  # some file systems cannot sync a directory; the rename is still atomic
         fd = os.open(directory, os.O_RDONLY)
@@ -359,6 +383,7 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        _give_normal_mode(tmp, path)
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
@@ -400,6 +425,7 @@ def atomic_files(directory: str | Path) -> Iterator[Path]:
             if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "is a directory, where a file belongs", str(target))
             target.parent.mkdir(parents=True, exist_ok=True)
+            _give_normal_mode(path, target)
             os.replace(path, target)
         _fsync_dir(directory)
     finally:
