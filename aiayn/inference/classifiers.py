@@ -18,7 +18,7 @@ from torch import nn
 
 from aiayn.data.collate import pad
 from aiayn.inference.embeddings import encode_texts, length_sorted_batches, pass_cost
-from aiayn.inference.runner import ModelRunner, text_list, too_long
+from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
 from aiayn.tasks import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 from aiayn.tokenization import Tokenizer
 
@@ -53,7 +53,9 @@ class _LabelledModel(ModelRunner):
             raise ValueError(f"a {type(self).__name__} needs a {self.head_kind} model; this one has head {cfg.head!r}")
         labels = list(labels) if labels else [f"LABEL_{i}" for i in range(cfg.num_labels)]
         if len(labels) != cfg.num_labels:
-            raise ValueError(f"{len(labels)} label names for a model with {cfg.num_labels} labels")
+            raise ValueError(f"{len(labels)} label names (labels.json) for a model with num_labels {cfg.num_labels} "
+                             "(config.json): they come from different runs; save them together again")
+        check_vocabulary(tokenizer, cfg.vocab_size, "vocab_size")
         super().__init__(model, device=device, precision=precision, plain=plain)
         self.tokenizer = tokenizer
         self.labels = labels

@@ -28,6 +28,17 @@ def text_list(texts: object) -> list[str]:
     return texts
 
 
+def check_vocabulary(tokenizer: object, size: int, what: str, *, exact: bool = False) -> None:
+    """Refuse a tokenizer whose ids do not fit the model's vocabulary of `size` (`what` names the config key): a
+    larger one gives ids the model has no embedding for; with `exact`, a smaller one cannot decode every id the
+    model outputs. Both mean the directory's files come from different models."""
+    tokens = tokenizer.vocab_size  # type: ignore[attr-defined]
+    if tokens > size or (exact and tokens != size):
+        raise ValueError(f"the tokenizer has {tokens:,} tokens but the model's {what} is {size:,}: the tokenizer and "
+                         "the model come from different runs; save them together again (or use the run's own "
+                         "tokenizer.json)")
+
+
 def too_long(number: int, length: int, limit: int) -> ValueError:
     """The error for text `number` (from 1) of `length` ids where the model has `limit` positions."""
     return ValueError(f"text {number} has {length} tokens, more than the model's max_len ({limit}); shorten it or "

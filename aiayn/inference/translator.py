@@ -23,7 +23,7 @@ from torch import nn
 from aiayn.data.batching import token_batches
 from aiayn.data.collate import pad
 from aiayn.inference.generation import GenerationConfig, generate
-from aiayn.inference.runner import ModelRunner, text_list, too_long
+from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
 from aiayn.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,10 @@ class Translator(ModelRunner):
                  device: str | torch.device | None = None, precision: str | None = "fp32", plain: bool = False):
         if not getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("a Translator needs an encoder-decoder model; this one is encoder-only")
+        cfg = model.config
+        check_vocabulary(source_tokenizer, cfg.vocab_size, "vocab_size")
+        check_vocabulary(target_tokenizer or source_tokenizer, cfg.target_vocab_size,
+                         "tgt_vocab_size" if cfg.tgt_vocab_size is not None else "vocab_size", exact=True)
         super().__init__(model, device=device, precision=precision, plain=plain)
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer or source_tokenizer
