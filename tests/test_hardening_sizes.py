@@ -158,3 +158,26 @@ def test_a_weight_of_another_dtype_is_refused_naming_the_tensor(model_dir, capsy
     assert code == 2
     assert f"{name} is int64 in the file but float32 in the model" in err
     assert path.read_bytes() == before
+
+
+def test_the_parameter_table_of_a_million_layers_is_arithmetic(tmp_path, capsys):
+    from aiayn.inspect import parameter_table
+
+    cfg = PRESETS["base"].replace(n_encoder_layers=10**6)
+    start = time.perf_counter()
+    rows = dict(parameter_table(cfg))
+    assert time.perf_counter() - start < 5
+    assert rows["total"] == parameter_count(cfg)
+    assert rows["1000000 encoder layers"] == 10**6 * rows["one encoder layer"]
+    assert main(["params", "--preset", "tiny", "n_decoder_layers=1000000"]) == 0
+    total = parameter_count(PRESETS["tiny"].replace(n_decoder_layers=10**6))
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"{total:,}")
+
+
+def test_params_names_a_config_nested_too_deeply(tmp_path, capsys):
+    path = tmp_path / "deep.json"
+    path.write_text("{" + '"a": {' * 100_000 + "}" * 100_001)
+    code, err = run_cli(["params", "--config", str(path)], capsys)
+    assert code == 2
+    assert err == (f"aiayn params: error: {path}: not valid JSON (nested too deeply (more levels of [ and {{ than a "
+                   "parser can follow): line 1 column 1 (char 0))")
