@@ -181,3 +181,34 @@ def test_params_names_a_config_nested_too_deeply(tmp_path, capsys):
     assert code == 2
     assert err == (f"aiayn params: error: {path}: not valid JSON (nested too deeply (more levels of [ and {{ than a "
                    "parser can follow): line 1 column 1 (char 0))")
+
+
+TINY_RUN = ["task=copy", "task_train=40", "task_valid=4", "task_test=4", "task_max_len=4", "vocab_size=20",
+            "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1",
+            "model.n_decoder_layers=1", "warmup=10", "show_examples=0", "max_steps=1"]
+
+
+def test_training_batches_too_large_for_the_memory_are_refused_before_the_model_is_built(tmp_path, capsys):
+    code, err = run_cli(["train", *TINY_RUN, f"max_tokens={10**9}", "--run", str(tmp_path / "run"),
+                         "--no-progress"], capsys)
+    assert code == 4
+    assert err.count("\n") == 0
+    assert "training with batches of max_tokens=1000000000 needs about" in err
+    assert "more than the 16.0 GiB available" in err and "make max_tokens smaller" in err
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    code, err = run_cli(["train", *TINY_RUN, "max_tokens=100", "--run", str(tmp_path / "ok"), "--no-progress"],
+                        capsys)
+    assert code == 0, err
+
+
+def test_a_forward_pass_too_large_for_the_memory_is_refused_before_it_runs(monkeypatch):
+    from aiayn.inference import Embedder
+
+    tokenizer = train_tokenizer(WORDS, vocab_size=60, kind="bpe")
+    cfg = ModelConfig(vocab_size=tokenizer.vocab_size, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1,
+                      n_decoder_layers=0, max_len=64)
+    embedder = Embedder(build_model(cfg), tokenizer)
+    assert embedder.embed("the cat").shape == (16,)
+    monkeypatch.setattr(aiayn.nn.sizes, "available_memory", lambda: 10_000)
+    with pytest.raises(MemoryError, match=r"a batch of 1 text of \d+ tokens needs about .* smaller batch_size"):
+        embedder.embed(["the cat sat on the mat " * 4])

@@ -88,6 +88,7 @@ class _LabelledModel(ModelRunner):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
         for batch in length_sorted_batches([len(row) for row in rows], batch_size, pass_cost(self.device)):
+            self.check_batch_fits(len(batch), len(rows[batch[0]]), "a smaller batch_size (--batch-size)")
             ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
             mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
             with torch.inference_mode():

@@ -305,6 +305,7 @@ class Embedder(ModelRunner):
         with torch.inference_mode():
             for batch in length_sorted_batches([len(row) for row in ids], batch_size, pass_cost(self.device)):
                 longest = len(ids[batch[0]])
+                self.check_batch_fits(len(batch), longest, "a smaller batch_size (--batch-size) or max_length")
                 rows = np.full((len(batch), longest), pad, dtype=np.int64)  # (B, L)
                 mask = np.zeros((len(batch), longest), dtype=np.int64)  # (B, L), 1 = real token
                 for r, index in enumerate(batch):

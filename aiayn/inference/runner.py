@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from aiayn.backends import select, weights_version
+from aiayn.nn.sizes import check_memory, forward_bytes
 
 
 def text_list(texts: object) -> list[str]:
@@ -66,6 +67,13 @@ class ModelRunner:
     def device(self) -> torch.device:
         """Where the model runs."""
         return self.backend.device
+
+    def check_batch_fits(self, batch: int, length: int, fix: str) -> None:
+        """Refuse, before running it, a forward pass over (batch, length) ids whose activations and attention scores
+        would not fit in this machine's memory (CPU; `fix` says which option makes batches smaller)."""
+        if self.device.type == "cpu":
+            check_memory(forward_bytes(self.model.config, batch, length),
+                         f"a batch of {batch} text{'s' if batch != 1 else ''} of {length:,} tokens", fix)
 
     def prepared_model(self) -> nn.Module:
         """The model as the backend prepared it (once, and again whenever a weight changed since)."""

@@ -100,6 +100,17 @@ def forward_bytes(cfg: ModelConfig, batch: int, length: int) -> int:
     return stream + scores
 
 
+def training_bytes(cfg: ModelConfig, max_tokens: int, longest: int) -> int:
+    """Peak bytes of a training step on batches of `max_tokens` tokens in rows of `longest`: the parameters with
+    their gradients and Adam's two moments, every layer's activations kept for the backward pass (a decoder layer
+    counts twice: self- and cross-attention), and the vocabulary logits with their softmax and gradient."""
+    length = max(1, min(longest, max_tokens))
+    batch = max(1, max_tokens // length)
+    layers = cfg.n_encoder_layers + 2 * cfg.n_decoder_layers
+    logits = 3 * batch * length * (cfg.target_vocab_size if cfg.head in ("none", "masked_lm") else cfg.num_labels)
+    return 4 * parameter_count(cfg) * FLOAT_BYTES + layers * forward_bytes(cfg, batch, length) + logits * FLOAT_BYTES
+
+
 def describe(cfg: ModelConfig) -> str:
     """The sizes that make a model large, as a user would change them."""
     layers = f"{cfg.n_encoder_layers:,}" + (f"+{cfg.n_decoder_layers:,}" if cfg.is_encoder_decoder else "")
@@ -160,4 +171,4 @@ def _gib(nbytes: int) -> str:
 
 
 __all__ = ["available_memory", "check_memory", "check_model_fits", "decoder_layer_parameters", "describe",
-           "encoder_layer_parameters", "forward_bytes", "model_bytes", "parameter_count"]
+           "encoder_layer_parameters", "forward_bytes", "model_bytes", "parameter_count", "training_bytes"]

@@ -34,6 +34,7 @@ from aiayn.data.prepare import (
 )
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
+from aiayn.nn.sizes import check_memory, describe, training_bytes
 from aiayn.rundir import (
     CHECKPOINTS,
     CURVES,
@@ -324,7 +325,9 @@ class Trainer:
         """The model of the run's config, or a new head on the pretrained encoder's weights; in train mode."""
         cfg = self.cfg
         if pretrained is None:
-            return build_model(model_config_for(self.run, self.data)).train()
+            model_cfg = model_config_for(self.run, self.data)
+            self._check_training_fits(model_cfg)
+            return build_model(model_cfg).train()
         tunable = {"dropout", "attention_dropout", "activation_dropout", "pooling"}
         fixed = sorted(set(self.run.model_overrides) - tunable)
         if fixed:
@@ -334,6 +337,7 @@ class Trainer:
         model_cfg = pretrained.config.replace(head=task.head, num_labels=len(self.data.labels)
                                               if task.labelled else 0,
                                               **self.run.model_overrides)
+        self._check_training_fits(model_cfg)
         model = build_model(model_cfg)
         own = {k for k in model.state_dict() if not k.startswith("head.")}
         source = {k: v for k, v in pretrained.state_dict().items() if k in own}
@@ -342,6 +346,17 @@ class Trainer:
             raise ValueError(f"{cfg.init_from}: the pretrained encoder lacks {', '.join(missing[:5])}")
         model.load_state_dict(source, strict=False)
         return model.train()
+
+    def _check_training_fits(self, model_cfg: Any) -> None:
+        """Refuse, by arithmetic and before anything is built, a run whose steps would not fit in this machine's
+        memory (CPU): the model with its gradients and optimizer state, and a batch's activations."""
+        if self.device.type != "cpu":
+            return
+        longest = max(self.data.train.lengths, default=1)
+        check_memory(training_bytes(model_cfg, self.cfg.max_tokens, longest),
+                     f"training with batches of max_tokens={self.cfg.max_tokens}",
+                     "make max_tokens smaller, or the model (model.d_model, model.d_ff, layers, vocab_size)",
+                     sizes=describe(model_cfg))
 
     def _planned_steps(self) -> int:
         """Optimizer steps the run will take: `max_steps`, or `epochs` of the training split's batches; under a
