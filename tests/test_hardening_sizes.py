@@ -119,11 +119,35 @@ def test_load_refuses_a_hundred_thousand_layers_at_once(model_dir):
 
 
 def test_a_position_table_too_long_for_the_memory_is_refused_naming_max_len():
-    # 134 KB of parameters, but two sinusoidal tables of 20M x 64 and the float64 steps that build them
-    cfg = PRESETS["tiny"].replace(max_len=20_000_000)
-    with pytest.raises(MemoryError, match=r"max_len 20,000,000.*make max_len smaller"):
+    # 1.2 MB of parameters, but two sinusoidal tables of 50M x 64 (12.8 GB each)
+    cfg = PRESETS["tiny"].replace(max_len=50_000_000)
+    with pytest.raises(MemoryError, match=r"max_len 50,000,000.*make max_len smaller"):
         build_model(cfg)
-    assert model_bytes(cfg) > 6 * 20_000_000 * 64 * 4
+    assert model_bytes(cfg) > 2 * 50_000_000 * 64 * 4
+
+
+PEAK = """
+import resource, sys
+from aiayn.config import ModelConfig
+from aiayn.nn.model import build_model
+from aiayn.nn.sizes import model_bytes
+cfg = ModelConfig(vocab_size=100, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
+                  max_len=4_000_000)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+model = build_model(cfg)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before, model_bytes(cfg))
+"""
+
+
+def test_the_estimate_bounds_the_peak_of_building_long_position_tables():
+    import subprocess
+    import sys
+
+    # two tables of 4M x 16: 512 MB; built a block of rows at a time, the peak stays near them (not 6x)
+    out = subprocess.run([sys.executable, "-c", PEAK], capture_output=True, text=True, timeout=120, check=True)
+    peak, estimate = map(int, out.stdout.split())
+    assert 2 * 4_000_000 * 16 * 4 <= estimate < 1.2 * 2 * 4_000_000 * 16 * 4
+    assert peak <= estimate
 
 
 def test_a_type_vocabulary_of_a_billion_is_refused_by_the_arithmetic():

@@ -9,6 +9,7 @@ exactly (tests/test_hardening_sizes.py holds it for the presets); the byte figur
 from __future__ import annotations
 
 from aiayn.config import ModelConfig
+from aiayn.nn.embedding import TABLE_BLOCK_VALUES
 from aiayn.tasks.names import MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 
 FLOAT_BYTES = 4  # parameters, buffers and activations are fp32 when built
@@ -16,9 +17,10 @@ FLOAT_BYTES = 4  # parameters, buffers and activations are fp32 when built
 # widths: measured 50 KiB an encoder layer and 74 KiB a decoder layer with CPython 3.11 and torch 2.x, rounded up.
 ENCODER_LAYER_OVERHEAD = 64 * 1024
 DECODER_LAYER_OVERHEAD = 96 * 1024
-# Building a sinusoidal table of L x d_model fp32 values goes through float64 angles, their sines and cosines and
-# the interleaved float64 stack: at most 6x the finished table is alive at once (`sinusoidal_table`).
-TABLE_BUILD_FACTOR = 6
+# Building a sinusoidal table works on one block of rows at a time beside the finished fp32 table
+# (`sinusoidal_table`): float64 angles, sines, cosines and their interleaved stack, 2.5 float64 a value of the block,
+# and the allocator's copies of them; 16 float64 a value bounds what was measured (tests/test_hardening_sizes.py).
+TABLE_BUILD_BYTES = 16 * 8 * TABLE_BLOCK_VALUES
 
 
 def _linear(d_in: int, d_out: int, bias: bool) -> int:
@@ -84,10 +86,9 @@ def position_tables(cfg: ModelConfig) -> int:
 
 
 def model_bytes(cfg: ModelConfig) -> int:
-    """Peak bytes of building the model: parameters, position tables (with the last one's build), Python's modules."""
-    table = cfg.max_len * cfg.d_model * FLOAT_BYTES
+    """Peak bytes of building the model: parameters, sinusoidal tables (and a block's work), Python's modules."""
     tables = position_tables(cfg)
-    building = table * (tables - 1 + TABLE_BUILD_FACTOR) if tables else 0
+    building = tables * cfg.max_len * cfg.d_model * FLOAT_BYTES + (TABLE_BUILD_BYTES if tables else 0)
     modules = cfg.n_encoder_layers * ENCODER_LAYER_OVERHEAD + cfg.n_decoder_layers * DECODER_LAYER_OVERHEAD
     return parameter_count(cfg) * FLOAT_BYTES + building + modules
 
@@ -133,7 +134,7 @@ def largest_part(cfg: ModelConfig) -> str:
         "vocab_size": cfg.vocab_size * d * FLOAT_BYTES,
         "tgt_vocab_size": (cfg.target_vocab_size * d * FLOAT_BYTES * 2
                            if cfg.is_encoder_decoder and not cfg.share_embeddings else 0),
-        "max_len": table * FLOAT_BYTES * (TABLE_BUILD_FACTOR + 1 if cfg.positional != "none" else 0),
+        "max_len": table * FLOAT_BYTES * (position_tables(cfg) + (cfg.positional == "learned")),
         "type_vocab_size": cfg.type_vocab_size * d * FLOAT_BYTES * (2 if cfg.is_encoder_decoder else 1),
     }
     return max(parts, key=parts.__getitem__)
