@@ -15,7 +15,7 @@ from aiayn.cli.main import main
 from aiayn.config import PRESETS, ModelConfig
 from aiayn.io import save_model
 from aiayn.nn.model import build_model
-from aiayn.nn.sizes import model_bytes, parameter_count
+from aiayn.nn.sizes import TABLE_BUILD_BYTES, model_bytes, parameter_count
 from aiayn.tokenization import train_tokenizer
 
 WORDS = ["the cat sat on the mat", "a dog ran in the park", "birds fly over the sea"] * 5
@@ -87,7 +87,8 @@ def test_the_estimate_bounds_what_building_a_model_takes():
     model = build_model(cfg)
     held = sum(t.numel() * t.element_size() for t in {id(t): t for t in [*model.parameters(), *model.buffers()]}
                .values())
-    assert held <= model_bytes(cfg) < held * 2
+    # and one block of a sinusoidal table's float64 work, and Python's modules of six layers
+    assert held <= model_bytes(cfg) < held * 1.1 + TABLE_BUILD_BYTES + 2**20
 
 
 @pytest.mark.parametrize("layers", [10**6, 10**9])
@@ -218,7 +219,7 @@ def test_training_batches_too_large_for_the_memory_are_refused_before_the_model_
     assert code == 4
     assert err.count("\n") == 0
     assert "training with batches of max_tokens=1000000000 needs about" in err
-    assert "more than the 16.0 GiB available" in err and "make max_tokens smaller" in err
+    assert "more than the 16.0 GiB available" in err and "make max_tokens or" in err
     assert not (tmp_path / "run" / "model.safetensors").exists()
     code, err = run_cli(["train", *TINY_RUN, "max_tokens=100", "--run", str(tmp_path / "ok"), "--no-progress"],
                         capsys)

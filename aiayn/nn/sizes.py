@@ -102,14 +102,15 @@ def forward_bytes(cfg: ModelConfig, batch: int, length: int) -> int:
 
 
 def training_bytes(cfg: ModelConfig, max_tokens: int, longest: int) -> int:
-    """Peak bytes of a training step on batches of `max_tokens` tokens in rows of `longest`: the parameters with
-    their gradients and Adam's two moments, every layer's activations kept for the backward pass (a decoder layer
-    counts twice: self- and cross-attention), and the vocabulary logits with their softmax and gradient."""
+    """Peak bytes of a training step on batches of `max_tokens` tokens in rows of `longest`: the model, its
+    parameters' gradients and Adam's two moments, every layer's activations kept for the backward pass (a decoder
+    layer counts twice: self- and cross-attention), and the vocabulary logits with their softmax and gradient."""
     length = max(1, min(longest, max_tokens))
     batch = max(1, max_tokens // length)
     layers = cfg.n_encoder_layers + 2 * cfg.n_decoder_layers
     logits = 3 * batch * length * (cfg.target_vocab_size if cfg.head in ("none", "masked_lm") else cfg.num_labels)
-    return 4 * parameter_count(cfg) * FLOAT_BYTES + layers * forward_bytes(cfg, batch, length) + logits * FLOAT_BYTES
+    return (model_bytes(cfg) + 3 * parameter_count(cfg) * FLOAT_BYTES + layers * forward_bytes(cfg, batch, length)
+            + logits * FLOAT_BYTES)
 
 
 def describe(cfg: ModelConfig) -> str:

@@ -34,7 +34,7 @@ from aiayn.data.prepare import (
 )
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
-from aiayn.nn.sizes import check_memory, describe, training_bytes
+from aiayn.nn.sizes import check_memory, describe, largest_part, training_bytes
 from aiayn.rundir import (
     CHECKPOINTS,
     CURVES,
@@ -355,7 +355,7 @@ class Trainer:
         longest = max(self.data.train.lengths, default=1)
         check_memory(training_bytes(model_cfg, self.cfg.max_tokens, longest),
                      f"training with batches of max_tokens={self.cfg.max_tokens}",
-                     "make max_tokens smaller, or the model (model.d_model, model.d_ff, layers, vocab_size)",
+                     f"make max_tokens or {largest_part(model_cfg)} smaller",
                      sizes=describe(model_cfg))
 
     def _planned_steps(self) -> int:
