@@ -237,3 +237,30 @@ def test_a_forward_pass_too_large_for_the_memory_is_refused_before_it_runs(monke
     monkeypatch.setattr(aiayn.nn.sizes, "available_memory", lambda: 10_000)
     with pytest.raises(MemoryError, match=r"a batch of 1 text of \d+ tokens needs about .* smaller batch_size"):
         embedder.embed(["the cat sat on the mat " * 4])
+
+
+LAYERS = """
+import resource, sys
+from aiayn.config import ModelConfig
+from aiayn.nn.model import build_model
+n = 2000
+kind = sys.argv[1]
+cfg = ModelConfig(vocab_size=10, d_model=2, n_heads=1, d_ff=2, max_len=4,
+                  n_encoder_layers=n if kind == "encoder" else 1, n_decoder_layers=n if kind == "decoder" else 0)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+model = build_model(cfg)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before) // n)
+"""
+
+
+@pytest.mark.parametrize("kind", ["encoder", "decoder"])
+def test_python_s_memory_for_a_layer_is_within_the_arithmetic(kind):
+    import subprocess
+    import sys
+
+    from aiayn.nn.sizes import DECODER_LAYER_OVERHEAD, ENCODER_LAYER_OVERHEAD
+
+    out = subprocess.run([sys.executable, "-c", LAYERS, kind], capture_output=True, text=True, timeout=120,
+                         check=True)
+    per_layer = int(out.stdout)  # with widths of 2, a layer's memory is its Python objects
+    assert per_layer <= (ENCODER_LAYER_OVERHEAD if kind == "encoder" else DECODER_LAYER_OVERHEAD)

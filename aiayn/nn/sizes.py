@@ -14,7 +14,7 @@ from aiayn.tasks.names import MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFI
 
 FLOAT_BYTES = 4  # parameters, buffers and activations are fp32 when built
 # Python's own memory for a layer's modules (about 15 nn.Modules, their dicts and tensor objects), whatever the
-# widths: measured 50 KiB an encoder layer and 74 KiB a decoder layer with CPython 3.11 and torch 2.x, rounded up.
+# widths, rounded up from what a layer of each kind takes (tests/test_hardening_sizes.py measures it).
 ENCODER_LAYER_OVERHEAD = 64 * 1024
 DECODER_LAYER_OVERHEAD = 96 * 1024
 # Building a sinusoidal table works on one block of rows at a time beside the finished fp32 table
