@@ -27,7 +27,7 @@ from aiayn.rundir import (
     load_json,
     no_model_hint,
 )
-from aiayn.weights import load_weights
+from aiayn.weights import check_layer_counts, load_weights
 
 if TYPE_CHECKING:
     from aiayn.tokenization import Tokenizer
@@ -98,6 +98,7 @@ def load_model(directory: str | Path) -> nn.Module:
     check_input_file(weights, "weights file")  # a device, a link loop or a dangling link: said so
     # the model and the file's tensors are in memory together while the weights are copied in
     check_model_fits(cfg, extra=weights.stat().st_size, what=f"the model in {directory}")
+    check_layer_counts(weights, cfg.n_encoder_layers, cfg.n_decoder_layers)  # before building them
     return load_weights(build_model(cfg), weights).eval()
 
 

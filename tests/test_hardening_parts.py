@@ -5,6 +5,7 @@ line names the part, before anything runs."""
 import json
 import os
 import shutil
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -70,6 +71,18 @@ def test_config_and_weights_that_disagree_are_named(copy, capsys):
     err = one_line(capsys)
     assert "does not fit the model of its config" in err and "linear1.weight is (32, 16) in the file but (64, 16)" \
         in err
+
+
+def test_a_config_asking_for_more_layers_than_its_weights_hold_is_refused_before_building_them(copy, capsys):
+    model = copy("translator")
+    data = json.loads((model / "config.json").read_text())
+    data["n_encoder_layers"] = 10_000  # fits in memory (tiny layers), but would take a minute to build
+    (model / "config.json").write_text(json.dumps(data))
+    start = time.perf_counter()
+    assert main(["translate", "--run", str(model), "the cat"]) == 2
+    assert time.perf_counter() - start < 5
+    assert (f"{model / 'model.safetensors'} holds 1 encoder and 1 decoder layers, but its config asks for 10,000 "
+            "and 1: the config and the weights are not one model's files") in one_line(capsys)
 
 
 @pytest.mark.parametrize("name, command", [("translator", ["translate", "the cat"]),
