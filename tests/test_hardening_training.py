@@ -46,7 +46,7 @@ def test_a_budget_too_short_for_one_step_fails_and_presents_no_model(tmp_path, c
     assert not (run / "checkpoints").exists()
 
 
-def test_a_run_stopped_by_a_short_budget_resumes_with_a_longer_one(tmp_path, capsys, threads):
+def test_a_run_ended_by_a_short_budget_resumes_with_a_longer_one(tmp_path, capsys, threads):
     run = tmp_path / "run"
     assert main(["train", *TINY_RUN, "time_budget=1s", "--run", str(run), "--no-progress"]) == 2
     capsys.readouterr()

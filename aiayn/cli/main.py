@@ -52,16 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Those that stop a command as Ctrl-C does; the same as `aiayn.training.loop.STOP_SIGNALS`, which `aiayn train` installs
-# for its steps (not imported from there: the CLI starts without torch, and records a signal from its first moment).
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+# Those that end a command as Ctrl-C does; the same as `aiayn.training.loop.INTERRUPT_SIGNALS`, which `aiayn train`
+# installs for its steps (not imported from there: the CLI starts without torch, and records a signal at once).
+INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
                      if hasattr(signal, name))
 _signalled: list[int] = []  # signals received while the command runs
 _started: list[bool] = []  # set once the parser is built: from then on a signal raises KeyboardInterrupt
 
 
 def _on_signal(signum: int, frame: object) -> None:
-    """Ctrl-C, SIGTERM, SIGHUP or SIGQUIT: stop with `interrupted`; a second one ends the process at once.
+    """Ctrl-C, SIGTERM, SIGHUP or SIGQUIT: end with `interrupted`; a second one ends the process at once.
 
     While the CLI starts (importing torch and the commands) the signal is only recorded and the command
     stops right after: a KeyboardInterrupt raised inside an extension's import can be swallowed by a
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     _signalled.clear()
     _started.clear()
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _on_signal) for sig in STOP_SIGNALS}
+        previous = {sig: signal.signal(sig, _on_signal) for sig in INTERRUPT_SIGNALS}
     command, debug = "", "--debug" in (argv if argv is not None else sys.argv[1:])
     stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)  # a failure to write names stdout
     try:

@@ -79,13 +79,13 @@ def sinusoidal_table(length: int, d_model: int, *, layout: str = "interleaved",
     # table (6x its size, for max_len=20,000,000); every row is computed as it would be in one go.
     step = max(1, TABLE_BLOCK_VALUES // max(d_model, 1))
     for start in range(0, length, step):
-        stop = min(start + step, length)
-        position = torch.arange(offset + start, offset + stop, dtype=torch.float64)[:, None]  # (l, 1)
+        end = min(start + step, length)
+        position = torch.arange(offset + start, offset + end, dtype=torch.float64)[:, None]  # (l, 1)
         angles = position * inv_freq  # (l, d_model/2)
         if layout == "split":
-            table[start:stop] = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (l, d_model)
+            table[start:end] = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (l, d_model)
         else:
-            table[start:stop] = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # sin/cos interleaved
+            table[start:end] = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # sin/cos interleaved
     return table
 
 

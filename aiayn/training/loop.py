@@ -88,11 +88,11 @@ class TrainingError(RuntimeError):
     """Training had to stop (for example a non-finite loss); the message names the step and the last checkpoint."""
 
 
-# What stops a run as Ctrl-C does (finish the step, save a checkpoint, exit "interrupted"): a supervisor's SIGTERM,
+# What interrupts a run as Ctrl-C does (finish the step, save a checkpoint, exit "interrupted"): a supervisor's SIGTERM,
 # the terminal's hang-up (SIGHUP: an ssh session that dropped) and Ctrl-\ (SIGQUIT), whose default would dump core
 # and lose the steps since the last checkpoint. SIGPIPE stays ignored, as Python sets it: a reader that went away
 # fails a write, which the CLI's reporting survives.
-STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
                      if hasattr(signal, name))
 
 
@@ -579,7 +579,7 @@ class Trainer:
     def _fit(self) -> TrainResult:
         previous = {}
         if threading.current_thread() is threading.main_thread() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-            previous = {sig: signal.signal(sig, self._on_sigint) for sig in STOP_SIGNALS}
+            previous = {sig: signal.signal(sig, self._on_sigint) for sig in INTERRUPT_SIGNALS}
         try:
             self._setup()
             with self.parallel.peers_watched():
@@ -596,7 +596,7 @@ class Trainer:
         self.parallel.gather()  # rank 0 finishes alone: validates, saves and evaluates the full model
         self.parallel.close()
         budget = self.budget
-        if finished and self.step == 0 and budget is not None:  # it stopped before the first step
+        if finished and self.step == 0 and budget is not None:  # it ended before the first step
             raise BudgetTooShort(
                 f"time_budget={self.cfg.time_budget} is too short to train one step: {max(budget.left(), 0.0):.1f} s "
                 f"were left after setting up, and the end of the run (validation, test, saving) needs about "
@@ -661,7 +661,8 @@ class Trainer:
         - "budget": the time budget leaves no room for one more step (`_check_budget`, before each step).
         - "patience": `patience` validations in a row brought no better score (`_validate_and_check_patience`,
           at a scheduled validation, or at each epoch's end without `eval_every` and a budget).
-        - "interrupted": Ctrl-C or another of `STOP_SIGNALS` arrived (`_end_step`, once the step it arrived in is done).
+        - "interrupted": Ctrl-C or another of `INTERRUPT_SIGNALS` arrived (`_end_step`, once the step it arrived in
+          is done).
 
         After each step (`_end_step`), in this order: the `train` log row, a scheduled validation, a `save_every`
         checkpoint, the `after_step` hook, then the signal and the limits. At an epoch's end (`_end_epoch`), without
