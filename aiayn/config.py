@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from aiayn.rundir import atomic_write_text
+from aiayn.rundir import atomic_write_text, load_json
 from aiayn.tasks.names import ENCODER_OBJECTIVES, LABELLED
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
@@ -179,10 +179,16 @@ class ModelConfig:
     @classmethod
     def from_json(cls, source: str | Path) -> ModelConfig:
         """Load from a JSON file path or a JSON string."""
-        text = str(source)
+        text, where = str(source), "the config"
         if not text.lstrip().startswith("{"):
-            text = Path(source).read_text(encoding="utf-8")
-        return cls.from_dict(json.loads(text))
+            text, where = Path(source).read_text(encoding="utf-8"), str(source)
+        try:
+            data = load_json(text)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON ({err})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected a JSON object of model settings, got {type(data).__name__}")
+        return cls.from_dict(data)
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed (validated again)."""

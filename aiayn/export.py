@@ -47,11 +47,17 @@ class Agreement:
     agreed: int
     total: int
     detail: str = ""
+    required: bool = True  # False where a difference is expected (quantized weights) or nothing was compared
 
     @property
     def complete(self) -> bool:
         """True when every input agreed."""
         return self.agreed == self.total
+
+    @property
+    def failed(self) -> bool:
+        """True when the export computes something else than aiayn on an input where it must not."""
+        return self.required and not self.complete
 
     def __str__(self) -> str:
         return f"{self.what}: {self.agreed}/{self.total} agree" + (f" ({self.detail})" if self.detail else "")
@@ -200,7 +206,7 @@ def check_ctranslate2(translator: Translator, directory: str | Path, *, quantize
     ours = _aiayn_tokens(translator, texts, 1)
     note = "quantized weights: some difference is expected" if quantized else ""
     return [Agreement("ctranslate2.Translator, greedy, tokens", sum(a == b for a, b in zip(ours, theirs)),
-                      len(texts), note)]
+                      len(texts), note, required=not quantized)]
 
 
 def _until(row: list[int], eos: int) -> list[int]:
@@ -259,7 +265,7 @@ def check_sentence_transformer(embedder: Embedder, directory: str | Path) -> lis
         from sentence_transformers import SentenceTransformer
     except ImportError:
         return [Agreement("SentenceTransformer.encode: not checked (pip install sentence-transformers)", 0,
-                          len(texts))]
+                          len(texts), required=False)]
     model = SentenceTransformer(str(directory), device="cpu")
     return [_cosine_agreement("SentenceTransformer.encode, cosine >= 0.99999", model.encode(texts),
                               embedder.embed(texts))]
@@ -272,7 +278,8 @@ def check_onnx(embedder: Embedder, directory: str | Path) -> list[Agreement]:
         import onnxruntime
         from transformers import AutoTokenizer
     except ImportError:
-        return [Agreement("ONNX Runtime: not checked (pip install onnxruntime transformers)", 0, len(texts))]
+        return [Agreement("ONNX Runtime: not checked (pip install onnxruntime transformers)", 0, len(texts),
+                          required=False)]
     from aiayn.nn.heads import pool
 
     directory = Path(directory)

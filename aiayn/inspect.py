@@ -13,6 +13,7 @@ from torch import nn
 from aiayn.config import ModelConfig, preset
 from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import EncoderDecoderModel, build_model
+from aiayn.nn.sizes import parameter_count
 from aiayn.tokenization import Tokenizer, train_tokenizer
 
 # -- parameter table --------------------------------------------------------------------------
@@ -24,13 +25,15 @@ def count(module: nn.Module) -> int:
 
 
 def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
-    """(part, parameters) rows for a config, built on the meta device (no memory is allocated)."""
+    """(part, parameters) rows for a config: one layer of each stack built on the meta device (no memory is
+    allocated), the stacks and the total by arithmetic (`aiayn.nn.sizes`), so a million layers take no longer."""
     with torch.device("meta"):
-        model = build_model(cfg)
+        model = build_model(cfg.replace(n_encoder_layers=1, n_decoder_layers=min(cfg.n_decoder_layers, 1)))
+    layer_counts = {"encoder": cfg.n_encoder_layers, "decoder": cfg.n_decoder_layers}
     rows: list[tuple[str, int]] = []
 
     def layer_rows(kind: str, layers: nn.ModuleList) -> None:
-        layer = layers[0]
+        layer, n = layers[0], layer_counts[kind]
         norms = sum(count(m) for m in layer.modules() if isinstance(m, nn.LayerNorm))
         if kind == "encoder":
             rows.append(("encoder layer: multi-head attention", count(layer.self_attn)))
@@ -41,7 +44,7 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
         n_norms = sum(isinstance(m, nn.LayerNorm) for m in layer.modules())
         rows.append((f"{kind} layer: {_words(n_norms)} layer norms", norms))
         rows.append((f"one {kind} layer", count(layer)))
-        rows.append((f"{_words(len(layers))} {kind} layers", sum(count(m) for m in layers)))
+        rows.append((f"{_words(n)} {kind} layers", n * count(layer)))
 
     if isinstance(model, EncoderDecoderModel):
         layer_rows("encoder", model.encoder.layers)
@@ -63,7 +66,7 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
     final_norms = sum(count(stack.final_norm) for stack in stacks if stack.final_norm is not None)
     if final_norms:
         rows.append(("final layer norms (pre-LN)", final_norms))
-    rows.append(("total", count(model)))
+    rows.append(("total", parameter_count(cfg)))
     return rows
 
 
@@ -166,6 +169,9 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
     ids = torch.tensor([tokenizer.encode(text)], dtype=torch.long)
     if ids.shape[1] == 0:
         raise ValueError("the text has no tokens to trace")
+    if ids.shape[1] > model.config.max_len:  # a trace keeps every stage: (L x L) scores per layer and head
+        raise ValueError(f"the text has {ids.shape[1]:,} tokens, more than the model's max_len "
+                         f"({model.config.max_len:,}): trace a shorter text")
     out: list[Stage | str] = [
         f"tokens ({len(tokens)}): {tokens}",
         f"token ids ({ids.shape[1]},): {ids[0].tolist()}",

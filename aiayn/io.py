@@ -16,10 +16,18 @@ from torch import nn
 
 from aiayn.config import ModelConfig
 from aiayn.nn.model import build_model
+from aiayn.nn.sizes import check_model_fits
 from aiayn.rundir import MODEL_CONFIG as CONFIG_NAME
 from aiayn.rundir import WEIGHTS as WEIGHTS_NAME
-from aiayn.rundir import atomic_output, atomic_write_bytes, check_input_file, checkpoint_run, no_model_hint
-from aiayn.weights import load_weights
+from aiayn.rundir import (
+    atomic_output,
+    atomic_write_bytes,
+    check_input_file,
+    checkpoint_run,
+    load_json,
+    no_model_hint,
+)
+from aiayn.weights import check_layer_counts, load_weights
 
 if TYPE_CHECKING:
     from aiayn.tokenization import Tokenizer
@@ -57,7 +65,7 @@ def load_config(directory: str | Path) -> ModelConfig:
             raise FileNotFoundError(hint)
         raise FileNotFoundError(f"{directory} is not an aiayn model directory: {CONFIG_NAME} is missing")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(data, dict):
@@ -88,6 +96,9 @@ def load_model(directory: str | Path) -> nn.Module:
     if weights.is_dir():
         raise IsADirectoryError(f"{weights} is a directory; a safetensors weights file belongs there")
     check_input_file(weights, "weights file")  # a device, a link loop or a dangling link: said so
+    # the model and the file's tensors are in memory together while the weights are copied in
+    check_model_fits(cfg, extra=weights.stat().st_size, what=f"the model in {directory}")
+    check_layer_counts(weights, cfg.n_encoder_layers, cfg.n_decoder_layers)  # before building them
     return load_weights(build_model(cfg), weights).eval()
 
 

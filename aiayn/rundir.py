@@ -86,9 +86,19 @@ class DirInfo:
     description: str
 
 
+def load_json(text: str | bytes) -> object:
+    """`json.loads`, with input nested too deeply for Python's parser (100,000 `[`) raised as the
+    `json.JSONDecodeError` every caller already turns into one line, instead of a RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply (more levels of [ and { than a parser can follow)",
+                                   text if isinstance(text, str) else "", 0) from None
+
+
 def _read_json(path: Path) -> object:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -192,7 +202,8 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
 
 def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--out",
                      force_hint: str = "pass --force", writer: str = "the export") -> Path:
-    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given.
+    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given; and one
+    inside a run, model, export or checkpoint directory (their files have one writer) unless `force` is given.
 
     `option`, `force_hint` and `writer` name the argument, the override and what writes (the CLI's by default).
     """
@@ -202,6 +213,10 @@ def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--o
     if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
         raise DirectoryRefused(f"{info.path} holds {info.description}; {writer} would replace files there: "
                                f"choose a new {option} directory, or {force_hint} to write there anyway")
+    owner = _owning_directory(info.path)
+    if owner is not None and not force:  # RUN/export, RUN/checkpoints/x: files the run's owner never wrote
+        raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}; {writer} "
+                               f"never writes there: choose an {option} directory outside it")
     return info.path
 
 
@@ -319,6 +334,30 @@ def _with_filename(err: OSError, path: Path, tmp: Path) -> OSError:
     return OSError(err.errno, err.strerror or os.strerror(err.errno), str(path))
 
 
+def _umask() -> int:
+    """This process's umask, read without changing it where Linux tells it (`os.umask` sets it to read it)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _give_normal_mode(tmp: Path, path: Path) -> None:
+    """Give `tmp` the mode `open(path, "w")` would have left: the mode of the file it replaces, else 0666 less the
+    umask. Writers that make their file private (safetensors writes 0600) would otherwise leave one file of a run
+    unreadable to the group that reads the rest."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        mode = 0o666 & ~_umask()
+    with contextlib.suppress(OSError):  # a file system without modes: the rename still stands
+        os.chmod(tmp, mode)
+
+
 def _fsync_dir(directory: Path) -> None:
     with contextlib.suppress(OSError):  # some file systems cannot sync a directory; the rename is still atomic
         fd = os.open(directory, os.O_RDONLY)
@@ -344,6 +383,7 @@ def atomic_output(path: str | Path) -> Iterator[Path]:
         yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
+        _give_normal_mode(tmp, path)
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
@@ -385,6 +425,7 @@ def atomic_files(directory: str | Path) -> Iterator[Path]:
             if target.is_dir():
                 raise IsADirectoryError(errno.EISDIR, "is a directory, where a file belongs", str(target))
             target.parent.mkdir(parents=True, exist_ok=True)
+            _give_normal_mode(path, target)
             os.replace(path, target)
         _fsync_dir(directory)
     finally:

@@ -21,7 +21,7 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from aiayn.rundir import TOKENIZER as TOKENIZER_NAME
 from aiayn.rundir import TOKENIZER_META as META_NAME
-from aiayn.rundir import atomic_output, atomic_write_text, check_input_file
+from aiayn.rundir import atomic_output, atomic_write_text, check_input_file, load_json
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class Tokenizer:
         if meta_path.exists() or meta_path.is_symlink():
             check_input_file(meta_path, "tokenizer file")
             try:
-                special = json.loads(meta_path.read_text(encoding="utf-8"))
+                special = load_json(meta_path.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as err:
                 raise ValueError(f"{meta_path}: not valid JSON ({err})") from None
             if not isinstance(special, dict) or not set(special) <= {"pad", "bos", "eos", "unk", "mask",

@@ -9,11 +9,12 @@ and a pickle that holds anything but tensors is refused with aiayn's message, no
 from __future__ import annotations
 
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
@@ -51,6 +52,25 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
                            "intact copy (or an earlier checkpoint)") from None
     check_finite(state, path)
     return state
+
+
+def check_layer_counts(path: str | Path, n_encoder_layers: int, n_decoder_layers: int) -> None:
+    """Raise `WeightsMismatch` when a safetensors file holds another number of encoder or decoder layers than a
+    config asks for, read from the file's header before the model is built (building 10,000 layers takes a minute
+    before the keys could be compared). A file that cannot be read is left to `read_safetensors` to name."""
+    try:
+        with safe_open(str(path), "pt") as handle:
+            keys = list(handle.keys())
+    except (SafetensorError, OSError):
+        return
+    held = {}
+    for stack in ("encoder", "decoder"):
+        indices = {int(m.group(1)) for key in keys if (m := re.match(rf"{stack}\.layers\.(\d+)\.", key))}
+        held[stack] = max(indices) + 1 if indices else 0
+    if (held["encoder"], held["decoder"]) != (n_encoder_layers, n_decoder_layers):
+        raise WeightsMismatch(f"{path} holds {held['encoder']:,} encoder and {held['decoder']:,} decoder layers, but "
+                              f"its config asks for {n_encoder_layers:,} and {n_decoder_layers:,}: the config and the "
+                              "weights are not one model's files; use the config saved with these weights")
 
 
 def check_finite(state: dict[str, torch.Tensor], source: str | Path) -> None:
@@ -95,14 +115,21 @@ def _aliases(model: nn.Module) -> dict[str, set[str]]:
 
 
 def check_fits(model: nn.Module, state: dict[str, torch.Tensor], source: str | Path) -> None:
-    """Raise `WeightsMismatch` listing, key by key, what the model lacks, what it needs and which shapes differ."""
+    """Raise `WeightsMismatch` listing, key by key, what the model lacks, what it needs and which shapes or dtypes
+    differ."""
     own = model.state_dict()
     aliases = _aliases(model)
     unexpected = sorted(set(state) - set(own))
     missing = sorted(name for name in own if not aliases[name] & set(state))
     shapes = [f"{name} is {tuple(state[name].shape)} in the file but {tuple(own[name].shape)} in the model"
               for name in sorted(set(state) & set(own)) if tuple(state[name].shape) != tuple(own[name].shape)]
-    problems = shapes + [f"missing {name}" for name in missing] + [f"unexpected {name}" for name in unexpected]
+    # a tensor of another dtype would be cast silently (int64 weights become other numbers): the file is not this
+    # model's, whatever its shapes
+    dtypes = [f"{name} is {str(state[name].dtype).removeprefix('torch.')} in the file but "
+              f"{str(own[name].dtype).removeprefix('torch.')} in the model"
+              for name in sorted(set(state) & set(own)) if state[name].dtype != own[name].dtype]
+    problems = (shapes + dtypes + [f"missing {name}" for name in missing]
+                + [f"unexpected {name}" for name in unexpected])
     if problems:
         raise WeightsMismatch(f"{source} does not fit the model of its config: {_listed(problems)}")
 

@@ -459,11 +459,13 @@ VALUES = [
          r"layer_norm_eps must be a finite number, got nan"),
     Case("train model.d_model=1048576 (out of memory)", ["train", *TINY_RUN, "model.d_model=1048576", "--run", "new",
                                                          "--no-progress"], 4,
-         r"a model of this config needs about [\d,.]+ GiB of memory, more than the [\d,.]+ GiB available: choose "
-         r"smaller sizes"),
+         r"training with batches of max_tokens=100 needs about [\d,.]+ GiB of memory, more than the [\d,.]+ GiB "
+         r"available \(.*d_model 1,048,576.*\): make max_tokens or the layers \(n_encoder_layers, n_decoder_layers, "
+         r"d_model, d_ff\) smaller"),
     Case("train model.max_len=10**11 (out of memory)", ["train", *TINY_RUN, f"model.max_len={10**11}", "--run",
                                                         "new", "--no-progress"], 4,
-         r"a model of this config needs about [\d,.]+ GiB of memory"),
+         r"training with batches of max_tokens=100 needs about [\d,.]+ GiB of memory.*: make max_tokens or max_len "
+         r"smaller"),
     Case("train model.max_len=1, checked against the data", ["train", *TINY_RUN, "model.max_len=1", "--run", "new",
                                                               "--no-progress"], 2,
          r"model.max_len=1 is shorter than the longest example \(\d+ tokens with its special tokens\)"),

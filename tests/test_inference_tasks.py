@@ -138,7 +138,10 @@ def test_tagger_marks_words_past_max_len(tmp_path):
     directory = tiny_encoder(tmp_path, head="token_classification", num_labels=3, max_len=8)
     tagger = Tagger.from_pretrained(directory)
     assert tagger.labels == ["LABEL_0", "LABEL_1", "LABEL_2"]
-    tags = tagger.predict("the cat sat on the mat and the dog ran in the park")
+    text = "the cat sat on the mat and the dog ran in the park"
+    with pytest.raises(ValueError, match=r"text 1 has \d+ tokens, more than the model's max_len \(8\).*--truncate"):
+        tagger.predict(text)
+    tags = tagger.predict(text, truncate=True)
     assert len(tags) == 13 and tags[0].tag is not None and tags[-1].tag is None
 
 

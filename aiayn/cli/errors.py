@@ -9,7 +9,7 @@
 | 3 | training or evaluation produced non-finite numbers (NaN / Inf); checkpoints written before are kept |
 | 4 | the system refused: disk full, permission denied, read-only file system, out of memory, other I/O errors |
 | 5 | the run directory is in use: another process is training in it |
-| 130 | interrupted (Ctrl-C or SIGTERM); `aiayn train` saved a checkpoint first and continues with `--resume` |
+| 130 | interrupted (Ctrl-C, SIGTERM, SIGHUP, SIGQUIT); `aiayn train` saved a checkpoint, continue with `--resume` |
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ _OS_HINTS = {
     errno.EACCES: "check the file's permissions",
     errno.EPERM: "check the file's permissions",
     errno.EROFS: "the file system is read-only: choose a writable place",
+    errno.EBADF: "redirect it to a file (> FILE) or give the command's output option",
 }
 # Missing paths, or a directory where a file belongs (or the reverse), are the user's input.
 _INPUT_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG}

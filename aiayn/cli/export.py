@@ -34,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export, then print where and how well the export agrees with aiayn."""
+    from aiayn.cli.errors import INTERNAL
     from aiayn.export import export
 
     fmt = "onnx" if args.onnx else "ctranslate2" if args.ctranslate2 else "hf"
@@ -42,8 +43,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     print(f"wrote {result.format} files to {result.path}")
     for check in result.checks:
         print(f"check: {check}")
-    disagreements = [check for check in result.checks if not check.complete]
-    if disagreements:
-        print(f"aiayn export: warning: the export differs from aiayn on some check inputs ({disagreements[0].what})",
-              file=sys.stderr)
+    failed = [check for check in result.checks if check.failed]
+    if failed:  # written, but it computes something else: never a success
+        print(f"aiayn export: error: the export in {result.path} computes something else than aiayn on "
+              f"{failed[0].total - failed[0].agreed} of {failed[0].total} check inputs ({failed[0]}); do not use it "
+              "in aiayn's place", file=sys.stderr)
+        return INTERNAL
     return 0

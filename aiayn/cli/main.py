@@ -19,6 +19,7 @@ import traceback
 from aiayn import __version__
 from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, describe, one_line
 from aiayn.cli.options import check_numbers
+from aiayn.cli.streams import Stdout, silence_stdout
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
 COMMAND_MODULES = ("core", "data", "train", "translate", "predict", "encoders", "export", "serve", "verify", "bench")
@@ -51,12 +52,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Those that end a command as Ctrl-C does; the same as `aiayn.training.loop.INTERRUPT_SIGNALS`, which `aiayn train`
+# installs for its steps (not imported from there: the CLI starts without torch, and records a signal at once).
+INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                     if hasattr(signal, name))
 _signalled: list[int] = []  # signals received while the command runs
 _started: list[bool] = []  # set once the parser is built: from then on a signal raises KeyboardInterrupt
 
 
 def _on_signal(signum: int, frame: object) -> None:
-    """Ctrl-C or SIGTERM: stop with `interrupted`; a second one ends the process at once.
+    """Ctrl-C, SIGTERM, SIGHUP or SIGQUIT: end with `interrupted`; a second one ends the process at once.
 
     While the CLI starts (importing torch and the commands) the signal is only recorded and the command
     stops right after: a KeyboardInterrupt raised inside an extension's import can be swallowed by a
@@ -73,16 +78,17 @@ def _on_signal(signum: int, frame: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code.
 
-    SIGTERM is handled like Ctrl-C for the whole command (files being written are left as they were;
-    `aiayn train` saves a checkpoint), and so is a Ctrl-C that comes while the command is still starting.
+    SIGTERM, SIGHUP and SIGQUIT are handled like Ctrl-C for the whole command (files being written are left as they
+    were; `aiayn train` saves a checkpoint), and so is a Ctrl-C that comes while the command is still starting.
     """
     _openmp_waits_passively()
     previous = {}
     _signalled.clear()
     _started.clear()
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, _on_signal) for sig in INTERRUPT_SIGNALS}
     command, debug = "", "--debug" in (argv if argv is not None else sys.argv[1:])
+    stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)  # a failure to write names stdout
     try:
         parser = build_parser()
         args, extra = parser.parse_known_args(argv)
@@ -103,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
         if _signalled:  # an interrupt while starting up
             raise KeyboardInterrupt
         check_numbers(args.commands[command], args)  # every numeric option in range, before any work
-        return int(args.func(args) or 0)
-    except BrokenPipeError:
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # a full disk behind stdout is told now, not ignored at exit
+        return code
+    except BrokenPipeError:  # the reader went away (`aiayn params | head -1`): done
+        silence_stdout()
         return 0
     except Exception as err:
         # an error after an interrupt is its consequence (a half-finished import): report the interrupt
@@ -112,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as err:
         return _report(err, command, debug) if debug else _interrupted(command)
     finally:
+        sys.stdout = stdout
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

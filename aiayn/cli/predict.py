@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from aiayn.cli.options import add_device_argument, input_lines, integer
@@ -21,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--input", "-i", help="a file with one text per line ('-' for stdin)")
     p.add_argument("--json", action="store_true", help="one JSON object per line, with every probability")
     p.add_argument("--batch-size", type=integer(1), default=32, help="texts per forward pass (default 32)")
+    p.add_argument("--truncate", action="store_true",
+                   help="cut texts longer than the model's max_len instead of stopping with an error")
     add_device_argument(p)
     p.set_defaults(func=cmd_predict)
 
@@ -41,6 +44,14 @@ def _tagged(text: str, tags, as_json: bool) -> str:
     return " ".join(f"{t.word}/{t.tag if t.tag is not None else '?'}" for t in tags)
 
 
+def _line_numbers(message: str, filled: list[int]) -> str:
+    """A message about "text N" of the non-empty lines given, told about its line number instead."""
+    match = re.match(r"text (\d+) ", message)
+    if match is None or not 1 <= int(match.group(1)) <= len(filled):
+        return message
+    return f"line {filled[int(match.group(1)) - 1] + 1} " + message[match.end():]
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     """Print one prediction line per input line (an empty line gives an empty prediction)."""
     from aiayn.inference.classifiers import Classifier, Tagger
@@ -56,7 +67,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     model = cls.from_pretrained(args.run, device=args.device)
     lines = input_lines(args)
     filled = [i for i, line in enumerate(lines) if line.strip()]
-    predictions = model.predict([lines[i] for i in filled], batch_size=args.batch_size)
+    try:
+        predictions = model.predict([lines[i] for i in filled], batch_size=args.batch_size, truncate=args.truncate)
+    except ValueError as err:  # "text N ..." counts the texts given; the user counts lines
+        raise ValueError(_line_numbers(str(err), filled)) from None
     found = dict(zip(filled, predictions))
     for i, line in enumerate(lines):
         if cls is Classifier:

@@ -82,8 +82,13 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = Fal
     from aiayn.training.distributed import launch_rank
 
     start = time.perf_counter()
-    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=tqdm.write, force=force,
-                      device=device)
+    def report(line: str) -> None:
+        try:
+            tqdm.write(line)
+        except OSError:  # stdout closed, full or its reader gone: the run goes on (its logs are in run_dir)
+            pass
+
+    trainer = Trainer(run, run_dir, resume=resume, progress=progress, report=report, force=force, device=device)
     try:
         result = trainer.fit()
     except OSError as err:  # a full disk, say: what was saved before is intact
@@ -105,6 +110,19 @@ def _train(run, run_dir: str, *, resume: bool, progress: bool, force: bool = Fal
     return 0
 
 
+def _check_resume_overrides(saved, resumed, overrides: list[str]) -> None:
+    """Refuse an override of a setting the run fixed when it started (its tokenizer, objective, starting encoder):
+    a resumed run would ignore it. Giving the value the run already has is allowed."""
+    from aiayn.training.config import FIXED_AT_START
+
+    keys = {item.split("=", 1)[0].strip(): item.strip() for item in overrides}
+    changed = [item for key, item in keys.items()
+               if key in FIXED_AT_START and getattr(saved, key) != getattr(resumed, key)]
+    if changed:
+        raise ValueError(f"--resume keeps the run's tokenizer, objective and starting encoder; drop "
+                         f"{' '.join(changed)} (or start a new --run)")
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Train (or resume) a run."""
     from aiayn.training.config import load_run_config
@@ -120,6 +138,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if model_items:
             raise ValueError(f"--resume keeps the run's model; drop {' '.join(model_items)} (or start a new --run)")
         run = read_run_config(args.run, overrides)
+        _check_resume_overrides(read_run_config(args.run).train, run.train, overrides)
     else:
         run = load_run_config(config, overrides)
     return _train(run, args.run, resume=args.resume, progress=not args.no_progress, force=args.force,

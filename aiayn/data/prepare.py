@@ -21,7 +21,7 @@ from aiayn.data.check import check_splits
 from aiayn.data.readers import ReadStats
 from aiayn.data.tasks import builtin_task
 from aiayn.rundir import LABELS as LABELS_NAME
-from aiayn.rundir import atomic_write_text
+from aiayn.rundir import atomic_write_text, load_json
 from aiayn.tasks.names import SEQ2SEQ, SEQUENCE_CLASSIFICATION
 from aiayn.tokenization import Tokenizer, train_tokenizer
 
@@ -214,7 +214,7 @@ def load_labels(directory: str | Path) -> list[str]:
     if not path.is_file():
         return []
     try:
-        labels = json.loads(path.read_text(encoding="utf-8"))
+        labels = load_json(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):

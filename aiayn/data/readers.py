@@ -18,7 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiayn.rundir import check_input_file
+from aiayn.rundir import check_input_file, load_json
 
 FORMATS = ("auto", "tsv", "csv", "jsonl", "text", "conll")
 
@@ -141,7 +141,7 @@ def _aligned_pair(path: str) -> tuple[str, str] | None:
 
 def _json_row(path: str | Path, number: int, line: str) -> dict:
     try:
-        row = json.loads(line)
+        row = load_json(line)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{number}: invalid JSON ({err.msg})") from None
     if not isinstance(row, dict):

@@ -1,8 +1,8 @@
 """`Classifier` (a label per text) and `Tagger` (a tag per word): what classification and tagging runs predict.
 
-Texts are encoded as in training (`aiayn.data.prepare`): `<s>` ids `</s>`, truncated to the model's
-`max_len`; a tagger splits a text at whitespace into words and reads each word's tag on its first
-subword. Label names come from the run's `labels.json`.
+Texts are encoded as in training (`aiayn.data.prepare`): `<s>` ids `</s>`; a text longer than the model's
+`max_len` is refused unless `truncate=True` cuts it (as translation does). A tagger splits a text at whitespace
+into words and reads each word's tag on its first subword. Label names come from the run's `labels.json`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from torch import nn
 
 from aiayn.data.collate import pad
 from aiayn.inference.embeddings import encode_texts, length_sorted_batches, pass_cost
-from aiayn.inference.runner import ModelRunner
+from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
 from aiayn.tasks import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 from aiayn.tokenization import Tokenizer
 
@@ -41,14 +41,6 @@ class WordTag:
     score: float
 
 
-def _check_texts(texts: Sequence[str]) -> list[str]:
-    texts = list(texts)
-    for number, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise ValueError(f"text {number} is a {type(text).__name__}, not a string")
-    return texts
-
-
 class _LabelledModel(ModelRunner):
     """An encoder with a classification head, its tokenizer and its label names."""
 
@@ -61,7 +53,9 @@ class _LabelledModel(ModelRunner):
             raise ValueError(f"a {type(self).__name__} needs a {self.head_kind} model; this one has head {cfg.head!r}")
         labels = list(labels) if labels else [f"LABEL_{i}" for i in range(cfg.num_labels)]
         if len(labels) != cfg.num_labels:
-            raise ValueError(f"{len(labels)} label names for a model with {cfg.num_labels} labels")
+            raise ValueError(f"{len(labels)} label names (labels.json) for a model with num_labels {cfg.num_labels} "
+                             "(config.json): they come from different runs; save them together again")
+        check_vocabulary(tokenizer, cfg.vocab_size, "vocab_size")
         super().__init__(model, device=device, precision=precision, plain=plain)
         self.tokenizer = tokenizer
         self.labels = labels
@@ -94,6 +88,7 @@ class _LabelledModel(ModelRunner):
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
         for batch in length_sorted_batches([len(row) for row in rows], batch_size, pass_cost(self.device)):
+            self.check_batch_fits(len(batch), len(rows[batch[0]]), "a smaller batch_size (--batch-size)")
             ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
             mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
             with torch.inference_mode():
@@ -105,19 +100,21 @@ class Classifier(_LabelledModel):
 
     head_kind = SEQUENCE_CLASSIFICATION
 
-    def probabilities(self, texts: Sequence[str], *, batch_size: int = 32) -> np.ndarray:
-        """(N, num_labels) float32 probabilities, rows in the order of `texts`, columns in that of `labels`."""
-        texts = _check_texts(texts)
-        rows = encode_texts(self.tokenizer, texts, self.model.config.max_len)
+    def probabilities(self, texts: Sequence[str], *, batch_size: int = 32, truncate: bool = False) -> np.ndarray:
+        """(N, num_labels) float32 probabilities, rows in the order of `texts`, columns in that of `labels`.
+
+        A text longer than the model's `max_len` raises ValueError, unless `truncate` cuts it (as training did)."""
+        rows = encode_texts(self.tokenizer, text_list(texts), self.model.config.max_len, truncate=truncate)
         out = np.zeros((len(rows), len(self.labels)), dtype=np.float32)
         for batch, logits in self._logits(rows, batch_size):
             out[batch] = logits.softmax(dim=-1).cpu().numpy()  # (B, num_labels)
         return out
 
-    def predict(self, texts: str | Sequence[str], *, batch_size: int = 32) -> Prediction | list[Prediction]:
-        """The most likely label of each text (one string gives one `Prediction`)."""
+    def predict(self, texts: str | Sequence[str], *, batch_size: int = 32,
+                truncate: bool = False) -> Prediction | list[Prediction]:
+        """The most likely label of each text (one string gives one `Prediction`); `truncate` as `probabilities`."""
         single = isinstance(texts, str)
-        probs = self.probabilities([texts] if single else texts, batch_size=batch_size)
+        probs = self.probabilities(text_list(texts), batch_size=batch_size, truncate=truncate)
         out = [Prediction(self.labels[int(row.argmax())], float(row.max()),
                           {label: float(p) for label, p in zip(self.labels, row)}) for row in probs]
         return out[0] if single else out
@@ -128,12 +125,15 @@ class Tagger(_LabelledModel):
 
     head_kind = TOKEN_CLASSIFICATION
 
-    def _encode(self, words: list[str]) -> tuple[list[int], list[int]]:
-        """`<s>` ids `</s>` of the words (cut to `max_len`) and the position of each word's first subword."""
+    def _encode(self, words: list[str], number: int, truncate: bool) -> tuple[list[int], list[int]]:
+        """`<s>` ids `</s>` of the words of text `number` (cut to `max_len` where `truncate`, else a ValueError) and
+        the position of each word's first subword."""
         tok, limit = self.tokenizer, self.model.config.max_len
         if not words:
             return [tok.bos_id, tok.eos_id], []
         enc = tok.hf.encode(words, is_pretokenized=True, add_special_tokens=False)
+        if len(enc.ids) + 2 > limit and not truncate:
+            raise too_long(number, len(enc.ids) + 2, limit)
         ids = [tok.bos_id, *enc.ids[: limit - 2], tok.eos_id]
         firsts, previous = [], None
         for position, word in enumerate(enc.word_ids[: limit - 2], start=1):
@@ -142,12 +142,14 @@ class Tagger(_LabelledModel):
             previous = word
         return ids, firsts
 
-    def predict(self, texts: str | Sequence[str], *, batch_size: int = 32) -> list[WordTag] | list[list[WordTag]]:
-        """The tag of every word of each text (one string gives one list)."""
+    def predict(self, texts: str | Sequence[str], *, batch_size: int = 32,
+                truncate: bool = False) -> list[WordTag] | list[list[WordTag]]:
+        """The tag of every word of each text (one string gives one list). A text longer than the model's `max_len`
+        raises ValueError, unless `truncate` cuts it (its last words then get tag None)."""
         single = isinstance(texts, str)
-        texts = _check_texts([texts] if single else texts)
+        texts = text_list(texts)
         words = [text.split() for text in texts]
-        encoded = [self._encode(w) for w in words]
+        encoded = [self._encode(w, number, truncate) for number, w in enumerate(words, start=1)]
         out: list[list[WordTag]] = [[] for _ in texts]
         for batch, logits in self._logits([ids for ids, _ in encoded], batch_size):
             probs = logits.softmax(dim=-1).cpu()  # (B, L, num_labels)

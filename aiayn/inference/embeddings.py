@@ -20,19 +20,26 @@ from torch import nn
 
 from aiayn.backends import PRECISIONS
 from aiayn.config import POOLINGS
-from aiayn.inference.runner import ModelRunner
+from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
 from aiayn.nn.heads import pool
+from aiayn.rundir import load_json
 from aiayn.tokenization import Tokenizer
 
 
-def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int) -> list[list[int]]:
+def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int, *,
+                 truncate: bool = True) -> list[list[int]]:
     """Ids of each text as `[CLS] ... [SEP]`, the text truncated so the whole fits `max_length` ids.
 
-    This is Hugging Face's `truncation=True, max_length=max_length` for single sequences.
+    This is Hugging Face's `truncation=True, max_length=max_length` for single sequences; `truncate=False`
+    raises ValueError naming the first text that does not fit instead.
     """
     if max_length < 3:
         raise ValueError(f"max_length must be at least 3 ([CLS] token [SEP]), got {max_length}")
     body = tokenizer.encode_batch(list(texts))
+    if not truncate:
+        for number, ids in enumerate(body, start=1):
+            if len(ids) + 2 > max_length:
+                raise too_long(number, len(ids) + 2, max_length)
     return [[tokenizer.bos_id, *ids[: max_length - 2], tokenizer.eos_id] for ids in body]
 
 
@@ -75,8 +82,67 @@ def pass_cost(device: torch.device) -> int | None:
     return CALL_COST_TOKENS if device.type == "cpu" else None
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+def _read_json(path: Path, expected: type = dict) -> object:
+    """A sentence-transformers settings file (`expected()` when absent); one line naming it when it is not JSON."""
+    if not path.is_file():
+        return expected()
+    try:
+        data = load_json(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(data, expected):
+        raise ValueError(f"{path}: expected a JSON {'object' if expected is dict else 'list'}, got "
+                         f"{type(data).__name__}")
+    return data
+
+
+_ST_MODULE = "sentence_transformers.models."
+# The sentence-transformers modules aiayn runs, in this order: the encoder, its pooling, an optional L2 norm.
+_ST_PIPELINE = ("Transformer", "Pooling", "Normalize")
+# 1_Pooling/config.json's modes, and aiayn's name for those it implements.
+_POOLING_MODES = {"pooling_mode_cls_token": "first", "pooling_mode_mean_tokens": "mean"}
+
+
+def _st_modules(path: Path) -> dict[str, str]:
+    """{module kind: its folder} from `modules.json`; one line naming a module or order aiayn does not run."""
+    modules = _read_json(path, list)
+    kinds: dict[str, str] = {}
+    for module in modules:
+        kind = str(module.get("type", "")) if isinstance(module, dict) else repr(module)
+        name = kind.removeprefix(_ST_MODULE)
+        if not kind.startswith(_ST_MODULE) or name not in _ST_PIPELINE or name in kinds:
+            raise ValueError(f"{path}: module {kind!r} is not one aiayn implements (it runs "
+                             f"{' -> '.join(_ST_PIPELINE)}, each once): its vectors would differ from this model's; "
+                             "use sentence-transformers for it")
+        kinds[name] = str(module.get("path", ""))
+    order = [name for name in _ST_PIPELINE if name in kinds]
+    if list(kinds) != order or order[:2] != ["Transformer", "Pooling"]:
+        raise ValueError(f"{path}: modules {' -> '.join(kinds) or 'none'}; aiayn runs Transformer -> Pooling "
+                         "[-> Normalize]: use sentence-transformers for this model")
+    if kinds["Transformer"] not in ("", "."):
+        raise ValueError(f"{path}: the Transformer module lives in {kinds['Transformer']}/; aiayn reads the encoder "
+                         "at the top of the folder: point it at that folder, or use sentence-transformers")
+    return kinds
+
+
+def _st_pooling(path: Path) -> str:
+    """aiayn's pooling for a sentence-transformers `Pooling` config: [CLS] or mean; any other mode is refused."""
+    config = _read_json(path)
+    chosen = []
+    for key, value in config.items():
+        if key.startswith("pooling_mode") and key != "pooling_mode":
+            if not isinstance(value, bool):
+                raise ValueError(f"{path}: {key} must be true or false, got {value!r}")
+            if value:
+                chosen.append(key)
+    if "pooling_mode" in config:  # newer files also name the mode as a word
+        chosen.append("pooling_mode_" + {"cls": "cls_token", "mean": "mean_tokens"}.get(str(config["pooling_mode"]),
+                                                                                       str(config["pooling_mode"])))
+    unknown = sorted({key for key in chosen if key not in _POOLING_MODES})
+    if unknown or len(set(chosen)) > 1:
+        raise ValueError(f"{path}: pooling {', '.join(sorted(set(chosen)))} is not one aiayn implements ([CLS] "
+                         "or mean over the tokens, one of them): use sentence-transformers for this model")
+    return _POOLING_MODES[chosen[0]] if chosen else "mean"
 
 
 @dataclass(frozen=True)
@@ -89,20 +155,19 @@ class SentenceSettings:
 
     @classmethod
     def read(cls, directory: Path, *, model_max_len: int) -> SentenceSettings:
-        """Read `1_Pooling/config.json`, `modules.json` and `sentence_bert_config.json` where present."""
-        pooling_cfg = _read_json(directory / "1_Pooling" / "config.json")
-        for key in ("pooling_mode_cls_token", "pooling_mode_mean_tokens"):
-            if not isinstance(pooling_cfg.get(key, False), bool):
-                raise ValueError(f"{directory / '1_Pooling' / 'config.json'}: {key} must be true or false, got "
-                                 f"{pooling_cfg[key]!r}")
-        pooling = "first" if pooling_cfg.get("pooling_mode_cls_token") else "mean"
+        """Read `modules.json`, its pooling config (`1_Pooling/config.json`) and `sentence_bert_config.json` where
+        present; a module, pooling mode or order aiayn does not implement is refused by name."""
         modules = directory / "modules.json"
-        normalize = True
+        pooling_dir, normalize = "1_Pooling", True
         if modules.is_file():
-            kinds = [m.get("type", "") for m in json.loads(modules.read_text(encoding="utf-8"))]
-            normalize = any(kind.endswith("Normalize") for kind in kinds)
+            kinds = _st_modules(modules)
+            pooling_dir, normalize = kinds["Pooling"], "Normalize" in kinds
+        pooling = _st_pooling(directory / pooling_dir / "config.json")
         max_length = _read_json(directory / "sentence_bert_config.json").get("max_seq_length") or model_max_len
-        return cls(pooling=pooling, normalize=normalize, max_length=min(int(max_length), model_max_len))
+        if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1:
+            raise ValueError(f"{directory / 'sentence_bert_config.json'}: max_seq_length must be a positive integer, "
+                             f"got {max_length!r}")
+        return cls(pooling=pooling, normalize=normalize, max_length=min(max_length, model_max_len))
 
 
 def _check_max_length(max_length: int | None) -> None:
@@ -131,11 +196,12 @@ class Embedder(ModelRunner):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         _check_max_length(max_length)
+        check_vocabulary(tokenizer, model.config.vocab_size, "vocab_size")
         super().__init__(model, device=device, precision=precision, plain=plain)
         self.tokenizer = tokenizer
         self.pooling = pooling
         self.normalize = normalize
-        limit = model.config.max_len if model.config.positional == "learned" else 1 << 30
+        limit = model.config.max_len  # sinusoidal positions extend, but attention's (L x L) scores grow with L
         self.max_length = min(max_length or limit, limit)
         self.name = name
 
@@ -230,10 +296,7 @@ class Embedder(ModelRunner):
         """
         if isinstance(texts, str):
             return self.embed([texts], batch_size=batch_size, progress=progress)[0]
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"text {i} is a {type(text).__name__}, not a string")
+        texts = text_list(texts)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
@@ -242,6 +305,7 @@ class Embedder(ModelRunner):
         with torch.inference_mode():
             for batch in length_sorted_batches([len(row) for row in ids], batch_size, pass_cost(self.device)):
                 longest = len(ids[batch[0]])
+                self.check_batch_fits(len(batch), longest, "a smaller batch_size (--batch-size) or max_length")
                 rows = np.full((len(batch), longest), pad, dtype=np.int64)  # (B, L)
                 mask = np.zeros((len(batch), longest), dtype=np.int64)  # (B, L), 1 = real token
                 for r, index in enumerate(batch):

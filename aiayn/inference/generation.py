@@ -26,7 +26,8 @@ import torch.nn.functional as F
 
 from aiayn.config import check_field_types, fold_old_spelling
 from aiayn.inference.steps import start as start_decoding
-from aiayn.nn.model import EncoderDecoderModel, check_memory
+from aiayn.nn.model import EncoderDecoderModel
+from aiayn.nn.sizes import check_memory, forward_bytes
 
 NEG_INF = float("-inf")
 # Finished sentences leave a beam search's batch once at least 1 / RETIRE_FRACTION of it (and at least one) has
@@ -224,7 +225,8 @@ def _check_search_size(model: EncoderDecoderModel, batch: int, src_len: int, ste
         # and a few rows of vocabulary scores
         per = 4 * (2 * cfg.n_decoder_layers * (steps + src_len) * cfg.d_model + 4 * vocab)
         what = f"decoding {batch} sentence{'s' if batch != 1 else ''} with beam {config.beam_size}"
-        check_memory(batch * config.beam_size * per, what,
+        # and first the encoder's pass over the batch: activations and (S x S) attention scores
+        check_memory(batch * config.beam_size * per + forward_bytes(cfg, batch, src_len), what,
                      "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --max-sentences)")
 
 

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -29,6 +28,7 @@ from aiayn.rundir import (
     RUN,
     WEIGHTS,
     inspect_dir,
+    load_json,
     no_model_hint,
 )
 
@@ -40,14 +40,14 @@ _READS = ("aiayn.load reads aiayn runs and model directories, BERT-family checkp
 
 def _export_format(directory: Path) -> str:
     try:
-        return str(json.loads((directory / EXPORT_MARK).read_text(encoding="utf-8")).get("format"))
+        return str(load_json((directory / EXPORT_MARK).read_text(encoding="utf-8")).get("format"))
     except (OSError, ValueError, AttributeError):
         return "unknown format"
 
 
 def _model_type(directory: Path) -> str | None:
     try:
-        config = json.loads((directory / MODEL_CONFIG).read_text(encoding="utf-8"))
+        config = load_json((directory / MODEL_CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return config.get("model_type") if isinstance(config, dict) else None

@@ -6,6 +6,44 @@ import torch
 from torch import nn
 
 from aiayn.backends import select, weights_version
+from aiayn.nn.sizes import check_memory, forward_bytes
+
+
+def text_list(texts: object) -> list[str]:
+    """`texts` (one string, or an iterable of strings) as a list. Not a sequence at all (None, a number) raises
+    TypeError, bytes or a text that is not a string ValueError, each naming what to pass (`translate(None)` would
+    otherwise end in "'NoneType' object is not iterable")."""
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, (bytes, bytearray)):
+        raise ValueError(f"texts must be a string or a list of strings, got {type(texts).__name__}: decode it first "
+                         "(.decode('utf-8'))")
+    try:
+        texts = list(texts)  # type: ignore[call-overload]
+    except TypeError:
+        raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}") from None
+    for number, text in enumerate(texts, start=1):
+        if not isinstance(text, str):
+            raise ValueError(f"text {number} is a {type(text).__name__}, not a string"
+                             + (": decode it first (.decode('utf-8'))" if isinstance(text, bytes) else ""))
+    return texts
+
+
+def check_vocabulary(tokenizer: object, size: int, what: str, *, exact: bool = False) -> None:
+    """Refuse a tokenizer whose ids do not fit the model's vocabulary of `size` (`what` names the config key): a
+    larger one gives ids the model has no embedding for; with `exact`, a smaller one cannot decode every id the
+    model outputs. Both mean the directory's files come from different models."""
+    tokens = tokenizer.vocab_size  # type: ignore[attr-defined]
+    if tokens > size or (exact and tokens != size):
+        raise ValueError(f"the tokenizer has {tokens:,} tokens but the model's {what} is {size:,}: the tokenizer and "
+                         "the model come from different runs; save them together again (or use the run's own "
+                         "tokenizer.json)")
+
+
+def too_long(number: int, length: int, limit: int) -> ValueError:
+    """The error for text `number` (from 1) of `length` ids where the model has `limit` positions."""
+    return ValueError(f"text {number} has {length} tokens, more than the model's max_len ({limit}); shorten it or "
+                      "pass truncate=True (--truncate)")
 
 
 class ModelRunner:
@@ -29,6 +67,13 @@ class ModelRunner:
     def device(self) -> torch.device:
         """Where the model runs."""
         return self.backend.device
+
+    def check_batch_fits(self, batch: int, length: int, fix: str) -> None:
+        """Refuse, before running it, a forward pass over (batch, length) ids whose activations and attention scores
+        would not fit in this machine's memory (CPU; `fix` says which option makes batches smaller)."""
+        if self.device.type == "cpu":
+            check_memory(forward_bytes(self.model.config, batch, length),
+                         f"a batch of {batch} text{'s' if batch != 1 else ''} of {length:,} tokens", fix)
 
     def prepared_model(self) -> nn.Module:
         """The model as the backend prepared it (once, and again whenever a weight changed since)."""

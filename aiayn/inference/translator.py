@@ -23,7 +23,7 @@ from torch import nn
 from aiayn.data.batching import token_batches
 from aiayn.data.collate import pad
 from aiayn.inference.generation import GenerationConfig, generate
-from aiayn.inference.runner import ModelRunner
+from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
 from aiayn.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,10 @@ class Translator(ModelRunner):
                  device: str | torch.device | None = None, precision: str | None = "fp32", plain: bool = False):
         if not getattr(model.config, "is_encoder_decoder", False):
             raise ValueError("a Translator needs an encoder-decoder model; this one is encoder-only")
+        cfg = model.config
+        check_vocabulary(source_tokenizer, cfg.vocab_size, "vocab_size")
+        check_vocabulary(target_tokenizer or source_tokenizer, cfg.target_vocab_size,
+                         "tgt_vocab_size" if cfg.tgt_vocab_size is not None else "vocab_size", exact=True)
         super().__init__(model, device=device, precision=precision, plain=plain)
         self.source_tokenizer = source_tokenizer
         self.target_tokenizer = target_tokenizer or source_tokenizer
@@ -144,7 +148,7 @@ class Translator(ModelRunner):
                                    early_stopping=early_stopping, do_sample=do_sample, temperature=temperature,
                                    top_k=top_k, top_p=top_p, seed=seed)
         single = isinstance(texts, str)
-        results = self.translations([texts] if single else texts, settings, max_tokens=max_tokens,
+        results = self.translations(text_list(texts), settings, max_tokens=max_tokens,
                                     max_sentences=max_sentences, truncate=truncate, progress=progress)
         return results[0].text if single else [r.text for r in results]
 
@@ -153,16 +157,12 @@ class Translator(ModelRunner):
         limit = self.model.config.max_len
         eos = self.source_tokenizer.eos_id
         rows = []
-        for number, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"text {number + 1} is a {type(text).__name__}, not a string"
-                                + (": decode it first (.decode('utf-8'))" if isinstance(text, bytes) else ""))
+        for number, text in enumerate(text_list(texts), start=1):
             ids = self.source_tokenizer.encode(text, add_eos=True) if text.strip() else []
             if len(ids) > limit:
                 if not truncate:
-                    raise ValueError(f"text {number + 1} has {len(ids)} tokens, more than the model's max_len "
-                                     f"({limit}); shorten it or pass truncate=True (--truncate)")
-                logger.warning("text %d truncated from %d to %d tokens", number + 1, len(ids), limit)
+                    raise too_long(number, len(ids), limit)
+                logger.warning("text %d truncated from %d to %d tokens", number, len(ids), limit)
                 ids = ids[: limit - 1] + [eos]
             rows.append(ids)
         return rows
@@ -178,10 +178,7 @@ class Translator(ModelRunner):
         config = config or DEFAULT_SEARCH
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if isinstance(texts, (bytes, bytearray)):
-            raise ValueError(f"texts must be a string or a list of strings, got {type(texts).__name__}: decode it "
-                            "first (.decode('utf-8'))")
-        ids = self.encode(list(texts), truncate=truncate)
+        ids = self.encode(text_list(texts), truncate=truncate)
         out: list[Translation] = [Translation("", [], 0.0) for _ in ids]
         prepared = self.prepared_model()
         target = self.target_tokenizer

@@ -24,6 +24,7 @@ from aiayn.config import ModelConfig
 from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.io import atomic_write_bytes
 from aiayn.nn.model import EncoderModel, build_model
+from aiayn.rundir import load_json
 from aiayn.tasks import ENCODER_OBJECTIVES, get_task
 from aiayn.tokenization import Tokenizer, read_hf
 from aiayn.weights import WeightsError, check_finite, read_safetensors, read_torch_file
@@ -253,7 +254,7 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_json(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
     if not isinstance(data, dict):

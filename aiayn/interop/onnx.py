@@ -7,6 +7,10 @@ the encoder's input checks and its fast path (no mask work when a batch has no p
 tensor values, which `torch.export` cannot capture (torch 2.13 stops at the mask check with
 GuardOnDataDependentSymNode). Tracing with a padded example records the masked path, which is
 correct for every input that has at least one real token per row.
+
+The graph holds the model's `max_len` positions and no more: a longer input fails in ONNX Runtime (at the
+positions' Add, "Attempting to broadcast an axis by a dimension other than 1"), as aiayn refuses it; the tokenizer
+exported beside it truncates to `max_len`, as `Embedder` does, so what it gives always fits.
 """
 
 from __future__ import annotations

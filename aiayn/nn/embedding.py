@@ -56,6 +56,9 @@ def check_ids(ids: torch.Tensor, vocab_size: int, name: str = "token id", *, rea
             raise ValueError(f"{name} {high} is outside the vocabulary (size {vocab_size})")
 
 
+TABLE_BLOCK_VALUES = 1 << 18  # values of a sinusoidal table computed at once (their float64 work: ~10 MB)
+
+
 def sinusoidal_table(length: int, d_model: int, *, layout: str = "interleaved",
                      offset: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(...) for pos in [offset, offset+length).
@@ -66,16 +69,24 @@ def sinusoidal_table(length: int, d_model: int, *, layout: str = "interleaved",
     Returns:
         (length, d_model) table.
     """
-    position = torch.arange(offset, offset + length, dtype=torch.float64)[:, None]  # (L, 1)
     inv_freq = torch.exp(
         torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model)
     )  # (d_model/2,)
-    angles = position * inv_freq  # (L, d_model/2)
-    if layout == "split":
-        table = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (L, d_model)
-    else:
-        table = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # (L, d_model), sin/cos interleaved
-    return table.to(dtype)
+    table = torch.empty(length, d_model, dtype=dtype)
+    if table.is_meta:  # sizes only (`parameter_table`): there are no values to compute
+        return table
+    # Row blocks: the float64 angles, sines and cosines of a block are alive at once, not those of the whole
+    # table (6x its size, for max_len=20,000,000); every row is computed as it would be in one go.
+    step = max(1, TABLE_BLOCK_VALUES // max(d_model, 1))
+    for start in range(0, length, step):
+        end = min(start + step, length)
+        position = torch.arange(offset + start, offset + end, dtype=torch.float64)[:, None]  # (l, 1)
+        angles = position * inv_freq  # (l, d_model/2)
+        if layout == "split":
+            table[start:end] = torch.cat([angles.sin(), angles.cos()], dim=-1)  # (l, d_model)
+        else:
+            table[start:end] = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten(1)  # sin/cos interleaved
+    return table
 
 
 class SinusoidalPositionalEncoding(nn.Module):

@@ -28,6 +28,7 @@ from aiayn.nn.heads import (
 )
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.nn.masks import check_mask, key_padding_from_attention_mask, padding_mask
+from aiayn.nn.sizes import check_model_fits
 from aiayn.tasks.names import MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 
 
@@ -310,48 +311,17 @@ def _init_weights(model: nn.Module) -> None:
                 nn.init.zeros_(module.bias)
 
 
-def available_memory() -> int | None:
-    """Bytes of memory this machine has available now (Linux's MemAvailable); None where it cannot tell."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def check_memory(nbytes: int, what: str, fix: str) -> None:
-    """Raise MemoryError (the CLI's exit code 4) before allocating when `what` needs more than is available."""
-    available = available_memory()
-    if available is not None and nbytes > available:
-        raise MemoryError(f"{what} needs about {nbytes / 2**30:,.1f} GiB of memory, more than the "
-                          f"{available / 2**30:,.1f} GiB available: {fix}")
-
-
-def _model_bytes(cfg: ModelConfig) -> int:
-    """Bytes of a model's parameters and buffers, counted on the meta device (nothing is allocated)."""
-    with torch.device("meta"):
-        model = _build(cfg)
-    tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}.values()
-    return sum(t.numel() * t.element_size() for t in tensors)
-
-
 def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
     """Build the model a config describes: encoder-decoder when `n_decoder_layers > 0`, else encoder-only.
 
-    A config too large for this machine's memory (`d_model=1048576`, `max_len=10**11`) raises MemoryError
-    before anything is allocated.
+    A config too large for this machine's memory (`d_model=1048576`, `max_len=10**11`, a million layers) raises
+    MemoryError naming its sizes before anything is allocated (`aiayn.nn.sizes`).
     """
     if not isinstance(cfg, ModelConfig):
         hint = " (from a dict: build_model(ModelConfig.from_dict(d)))" if isinstance(cfg, dict) else ""
         raise TypeError(f"build_model takes a ModelConfig, got {type(cfg).__name__}{hint}")
-    d, layers = cfg.d_model, cfg.n_encoder_layers + 2 * cfg.n_decoder_layers
-    rough = 4 * d * (cfg.vocab_size + cfg.target_vocab_size + cfg.max_len + layers * (4 * d + 2 * cfg.d_ff))
-    if rough > 2**28 and torch.empty(0).device.type != "meta":  # only a large model is counted exactly
-        check_memory(_model_bytes(cfg), "a model of this config",
-                     "choose smaller sizes (d_model, d_ff, layers, vocabulary, max_len)")
+    if torch.empty(0).device.type != "meta":
+        check_model_fits(cfg)  # by arithmetic: microseconds, whatever the sizes
     return _build(cfg)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiayn.config import ModelConfig, check_field_types, fold_old_spelling, parse_overrides, preset
 from aiayn.data.readers import decode_text
-from aiayn.rundir import check_input_file
+from aiayn.rundir import check_input_file, load_json
 from aiayn.tasks import OBJECTIVES, SEQ2SEQ, Task, get_task
 from aiayn.tokenization import KINDS
 from aiayn.training.budget import parse_duration
@@ -22,6 +22,10 @@ from aiayn.training.distributed import STRATEGIES
 from aiayn.training.schedule import OPTIMIZERS, SCHEDULES
 
 RECIPES = ("auto", "fit", "paper")  # see aiayn.training.recipe
+# What a run fixes when it starts, which a resumed run therefore keeps (as it keeps its model): the tokenizers
+# trained on its data, its objective, and the encoder it started from.
+FIXED_AT_START = ("objective", "tokenizer", "target_tokenizer", "vocab_size", "target_vocab_size", "shared_vocab",
+                  "vocab_min_frequency", "lowercase", "init_from")
 # Validation metrics per objective (its task object's); the first is `valid_metric=auto`'s choice.
 # Higher is better but for loss.
 VALID_METRICS = {name: get_task(name).metrics for name in OBJECTIVES}
@@ -284,7 +288,7 @@ def _read_file(path: str | Path) -> dict[str, Any]:
     is_pipe = path.suffix.lower() not in (".json", ".toml") and not path.is_file()
     if path.suffix.lower() == ".json" or (is_pipe and text.lstrip().startswith(("{", "["))):
         try:
-            return json.loads(text)
+            return load_json(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{err.lineno}: invalid JSON ({err.msg})") from None
     if path.suffix.lower() != ".toml" and not is_pipe:

@@ -34,6 +34,7 @@ from aiayn.data.prepare import (
 )
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
 from aiayn.nn.model import build_model
+from aiayn.nn.sizes import check_memory, describe, largest_part, training_bytes
 from aiayn.rundir import (
     CHECKPOINTS,
     CURVES,
@@ -85,6 +86,29 @@ logger = logging.getLogger(__name__)
 
 class TrainingError(RuntimeError):
     """Training had to stop (for example a non-finite loss); the message names the step and the last checkpoint."""
+
+
+# What interrupts a run as Ctrl-C does (finish the step, save a checkpoint, exit "interrupted"): a supervisor's SIGTERM,
+# the terminal's hang-up (SIGHUP: an ssh session that dropped) and Ctrl-\ (SIGQUIT), whose default would dump core
+# and lose the steps since the last checkpoint. SIGPIPE stays ignored, as Python sets it: a reader that went away
+# fails a write, which the CLI's reporting survives.
+INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                     if hasattr(signal, name))
+
+
+class BudgetTooShort(ValueError):
+    """A `time_budget` that left no time for one optimizer step: there is no trained model to save."""
+
+
+def usable_threads(threads: int) -> int:
+    """`threads`, at most the cores this process may run on (more only make threads wait for each other); a
+    warning says when it is cut."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads > cores:
+        logger.warning("threads=%d is more than the %d cores this process may use: training with %d threads",
+                       threads, cores, cores)
+        return cores
+    return threads
 
 
 @dataclass
@@ -227,7 +251,7 @@ class Trainer:
             self.budget = Budget(parse_duration(cfg.time_budget), started=self.started)
             import matplotlib.pyplot  # noqa: F401  (imported now, its seconds are measured, not guessed at the end)
         if cfg.threads:
-            torch.set_num_threads(cfg.threads)
+            torch.set_num_threads(usable_threads(cfg.threads))
         self.rank, self.world = init_distributed(self.device)
         main = self.rank == 0
         if not main:
@@ -301,7 +325,9 @@ class Trainer:
         """The model of the run's config, or a new head on the pretrained encoder's weights; in train mode."""
         cfg = self.cfg
         if pretrained is None:
-            return build_model(model_config_for(self.run, self.data)).train()
+            model_cfg = model_config_for(self.run, self.data)
+            self._check_training_fits(model_cfg)
+            return build_model(model_cfg).train()
         tunable = {"dropout", "attention_dropout", "activation_dropout", "pooling"}
         fixed = sorted(set(self.run.model_overrides) - tunable)
         if fixed:
@@ -311,6 +337,7 @@ class Trainer:
         model_cfg = pretrained.config.replace(head=task.head, num_labels=len(self.data.labels)
                                               if task.labelled else 0,
                                               **self.run.model_overrides)
+        self._check_training_fits(model_cfg)
         model = build_model(model_cfg)
         own = {k for k in model.state_dict() if not k.startswith("head.")}
         source = {k: v for k, v in pretrained.state_dict().items() if k in own}
@@ -319,6 +346,17 @@ class Trainer:
             raise ValueError(f"{cfg.init_from}: the pretrained encoder lacks {', '.join(missing[:5])}")
         model.load_state_dict(source, strict=False)
         return model.train()
+
+    def _check_training_fits(self, model_cfg: Any) -> None:
+        """Refuse, by arithmetic and before anything is built, a run whose steps would not fit in this machine's
+        memory (CPU): the model with its gradients and optimizer state, and a batch's activations."""
+        if self.device.type != "cpu":
+            return
+        longest = max(self.data.train.lengths, default=1)
+        check_memory(training_bytes(model_cfg, self.cfg.max_tokens, longest),
+                     f"training with batches of max_tokens={self.cfg.max_tokens}",
+                     f"make max_tokens or {largest_part(model_cfg)} smaller",
+                     sizes=describe(model_cfg))
 
     def _planned_steps(self) -> int:
         """Optimizer steps the run will take: `max_steps`, or `epochs` of the training split's batches; under a
@@ -528,7 +566,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train until `epochs` or `max_steps`; save, evaluate on the test split and plot.
 
-        Ctrl-C (SIGINT) and SIGTERM finish the step, save a checkpoint and return `interrupted`.
+        Ctrl-C (SIGINT), SIGTERM, SIGHUP and SIGQUIT finish the step, save a checkpoint and return `interrupted`.
         The run directory stays locked against a second process until this returns.
         """
         try:
@@ -541,7 +579,7 @@ class Trainer:
     def _fit(self) -> TrainResult:
         previous = {}
         if threading.current_thread() is threading.main_thread() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-            previous = {sig: signal.signal(sig, self._on_sigint) for sig in (signal.SIGINT, signal.SIGTERM)}
+            previous = {sig: signal.signal(sig, self._on_sigint) for sig in INTERRUPT_SIGNALS}
         try:
             self._setup()
             with self.parallel.peers_watched():
@@ -557,6 +595,13 @@ class Trainer:
                 signal.signal(sig, handler)
         self.parallel.gather()  # rank 0 finishes alone: validates, saves and evaluates the full model
         self.parallel.close()
+        budget = self.budget
+        if finished and self.step == 0 and budget is not None:  # it ended before the first step
+            raise BudgetTooShort(
+                f"time_budget={self.cfg.time_budget} is too short to train one step: {max(budget.left(), 0.0):.1f} s "
+                f"were left after setting up, and the end of the run (validation, test, saving) needs about "
+                f"{budget.end_reserve_s:.1f} s; nothing was trained or saved as a model: give a longer time_budget "
+                f"(aiayn train --run {self.run_dir} --resume time_budget=...)")
         if self.rank != 0:
             return TrainResult(self.run_dir, self.step)
         if not finished:
@@ -616,7 +661,8 @@ class Trainer:
         - "budget": the time budget leaves no room for one more step (`_check_budget`, before each step).
         - "patience": `patience` validations in a row brought no better score (`_validate_and_check_patience`,
           at a scheduled validation, or at each epoch's end without `eval_every` and a budget).
-        - "interrupted": Ctrl-C or SIGTERM arrived (`_end_step`, once the step it arrived in is done).
+        - "interrupted": Ctrl-C or another of `INTERRUPT_SIGNALS` arrived (`_end_step`, once the step it arrived in
+          is done).
 
         After each step (`_end_step`), in this order: the `train` log row, a scheduled validation, a `save_every`
         checkpoint, the `after_step` hook, then the signal and the limits. At an epoch's end (`_end_epoch`), without
