@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from interleave import interleaved  # benchmarks/interleave.py
+from record import figure  # benchmarks/record.py
 
 from aiayn.backends import select
 from aiayn.config import preset
@@ -211,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                     times = interleaved(fns, repeats)
                 rates = " ".join(f"{batch * new_tokens / min(times[n]):>17.1f}" for n in names)
                 print(f"{search:<8} {batch:>5} {rates}   {_ratios(times)}", flush=True)
+                for n in names:
+                    figure(n, batch * new_tokens / min(times[n]), "tokens/s", search=search, batch=batch)
     positions = (16, 64) if args.quick else (16, 256)
     model = engines.get("aiayn fp32") or next(iter(engines.values()))
     step = _step_times(model, positions, device)

@@ -21,6 +21,9 @@ COLUMNS = {
                 ("torch fast path", "torch TransformerEncoder (fast path)"),
                 ("aiayn / fast path", "aiayn Encoder / fast path"),
                 ("share of matmul peak", "aiayn Encoder, share of peak")),
+    "train": (("aiayn", "aiayn"), ("Hugging Face Marian", "Hugging Face Marian"),
+              ("aiayn / Marian", "aiayn / Hugging Face Marian"), ("torch.nn.Transformer", "torch.nn.Transformer"),
+              ("aiayn / torch.nn.Transformer", "aiayn / torch.nn.Transformer")),
 }
 # The versions a benchmark's figures depend on besides torch: the peers it runs.
 PEERS = {"generate": ("ctranslate2", "transformers"), "train": ("transformers",),
@@ -50,14 +53,20 @@ def value(fig: dict) -> str:
     return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:.3g} {unit}"
 
 
+def key(fig: dict) -> str:
+    """A figure's column: its name, with its labels (`aiayn fp32 (search greedy, batch 1)`)."""
+    labels = ", ".join(f"{k} {v}" for k, v in fig.items() if k not in ("name", "value", "unit"))
+    return f"{fig['name']} ({labels})" if labels else fig["name"]
+
+
 def render(bench: str, records: list[dict]) -> str:
     """The markdown table of `bench`'s records, oldest first."""
     rows = [r for r in records if r["bench"] == bench]
-    names = COLUMNS.get(bench) or tuple((f["name"], f["name"]) for f in (rows[0]["figures"] if rows else []))
+    names = COLUMNS.get(bench) or tuple((key(f), key(f)) for f in (rows[0]["figures"] if rows else []))
     head = ["date (UTC)", "machine", "threads, load", "command", *(column for column, _ in names), "versions"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
-        figures = {f["name"]: f for f in r["figures"]}
+        figures = {key(f): f for f in r["figures"]}
         cells = [value(figures[name]) if name in figures else "-" for _, name in names]
         versions = ", ".join(f"{p} {r['versions'][p]}" for p in ("torch", *PEERS.get(bench, ())) if p in r["versions"])
         load = f"{r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f}"
