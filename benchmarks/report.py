@@ -50,7 +50,7 @@ def value(fig: dict) -> str:
         return f"{v:.3f}x"
     if unit == "%":
         return f"{v:.1f}%"
-    return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:.3g} {unit}"
+    return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:.1f} {unit}"
 
 
 def key(fig: dict) -> str:
