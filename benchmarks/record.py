@@ -4,7 +4,8 @@ A benchmark script calls `figure(name, value, unit)` where it prints a figure; `
 [DIR]` runs the script inside `recording(...)`, which keeps the printed text verbatim and writes one JSON
 file per run to DIR (default `benchmarks/results/`). `benchmarks/report.py` renders the records as the
 markdown tables the README and docs show. A figure without its machine is not worth keeping: a speed
-ratio on an AVX2-only CPU says little about one with AMX (docs/core.md, "Machines").
+ratio on an AVX2-only CPU says little about one with AMX (docs/core.md, "Every CPU: fast paths chosen by
+measurement").
 """
 
 from __future__ import annotations
