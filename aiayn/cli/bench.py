@@ -38,11 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `aiayn bench`."""
     p = subparsers.add_parser("bench", help="measure speed against peers (scripts in benchmarks/)",
                               description="Run benchmarks/NAME.py from the source tree; arguments after NAME "
-                                          "go to the script (see `aiayn bench NAME --help`, e.g. --device).")
+                                          "go to the script (see `aiayn bench NAME --help`, e.g. --device), "
+                                          "except `--record [DIR]`, which also writes the run's figures, machine "
+                                          "and versions to a JSON record in DIR (default benchmarks/results/).")
     p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
-    p.add_argument("--record", nargs="?", const="", metavar="DIR",
-                   help="write the run's figures, machine and versions to a JSON record in DIR "
-                        "(default benchmarks/results/); also accepted after NAME")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the benchmark")
     p.set_defaults(func=cmd_bench)
 
@@ -79,7 +78,6 @@ def split_record(rest: list[str]) -> tuple[list[str], str | None]:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run one benchmark script's `main` with the remaining arguments, recording it when asked."""
     rest, directory = split_record(args.rest)
-    directory = args.record if args.record is not None else directory
     if args.name == "report":
         return int(load_benchmark("report").main(rest) or 0)
     module = load_benchmark(args.name)
