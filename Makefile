@@ -53,10 +53,11 @@ GPU_PYTHON ?= $(PY)
 gpu-check:
 	$(GPU_PYTHON) benchmarks/gpu_check.py
 
-# `make bench` runs every benchmark script (minutes each, on a quiet machine); `make bench BENCH=encoder` one.
+# `make bench` runs every benchmark script (minutes each, on a quiet machine) and keeps each run as a record in
+# benchmarks/results/ (`aiayn bench report` prints them); `make bench BENCH=encoder` runs one.
 BENCH ?= encoder train generate embed
 bench: $(VENV)/.dev
-	@for name in $(BENCH); do echo "== aiayn bench $$name"; $(VENV)/bin/aiayn bench $$name || exit 1; done
+	@for name in $(BENCH); do echo "== aiayn bench $$name"; $(VENV)/bin/aiayn bench $$name --record || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

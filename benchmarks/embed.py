@@ -16,6 +16,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 from interleave import interleaved  # benchmarks/interleave.py
+from record import figure  # benchmarks/record.py
 
 _SUBJECTS = ["The committee", "A small café in Zürich", "My neighbour's dog", "The quantum computer",
              "Every student", "The old lighthouse keeper", "This algorithm", "The orchestra", "Nobody",
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         ms = statistics.median(latency[name]) * 1e3
         print(f"{name:<24}{rate:>10.1f}{ms:>12.2f}{diff:>12.2e}{cos:>10.6f}"
               + (f"{real_cos[name]:>22.6f}" if real else ""))
+        figure(name, rate, "sentences/s")
+        figure(name, ms, "ms", batch=1)
         if name in ("sentence-transformers", "HF BertModel (sdpa)", "aiayn", "aiayn fp32 plain"):
             ok &= diff <= 1e-5 and min(cos, real_cos.get(name, 1.0)) >= 0.99999
 
@@ -159,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"aiayn throughput vs sentence-transformers: {ratio('aiayn', 'sentence-transformers', throughput):.2f}x "
           "(target >= 1.1x)")
+    figure("aiayn throughput vs sentence-transformers", ratio("aiayn", "sentence-transformers", throughput), "x")
     print(f"aiayn batch-1 latency vs HF BertModel: {1 / ratio('aiayn', 'HF BertModel (sdpa)', latency):.2f}x "
           "(target <= 0.5x)")
     if "aiayn fp32 plain" in runs:

@@ -22,6 +22,7 @@ import statistics
 import time
 
 import torch
+from record import figure  # benchmarks/record.py
 
 from aiayn.backends import resolve_device, select
 from aiayn.backends.cpu import onednn_product
@@ -150,10 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         if name in medians:
             t = medians[name]
             print(f"  {name:<38} {t * 1e3:9.1f} ms  {tokens / t:12,.0f} tokens/s  {flops / t / 1e9:8.1f} GFLOP/s")
+            figure(name, tokens / t, "tokens/s")
     for name in (PEAK, PEAK_DNN):
         if name in medians:
             peak = peak_flops / medians[name] / 1e9
             print(f"  {name:<38} {medians[name] * 1e3:9.1f} ms  {'':>19}  {peak:8.1f} GFLOP/s")
+            figure(name, peak, "GFLOP/s")
     # Paired ratios (same repeat, so the same background load) are steadier than ratios of medians;
     # the peak of each repeat is the faster of the two libraries' products.
     peaks = [min(t) for t in zip(*(times[name] for name in (PEAK, PEAK_DNN) if name in times))]
@@ -164,8 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         share = statistics.median((flops / a) / (peak_flops / p) for a, p in zip(times[name], peaks))
         print(f"{name}: {speedup:.3f}x the torch fast path (target >= 1.0x), "
               f"{share:.1%} of the matmul peak (target >= 95%)")
+        figure(f"{name} / fast path", speedup, "x")
+        figure(f"{name}, share of peak", 100 * share, "%")
     torch_share = statistics.median((flops / b) / (peak_flops / p) for b, p in zip(times[THEIRS], peaks))
     print(f"torch fast path: {torch_share:.1%} of the matmul peak")
+    figure(f"{THEIRS}, share of peak", 100 * torch_share, "%")
     if args.profile:
         print_profile(lambda: ours(x), flops, 2.0 * args.batch * args.length * cfg.n_encoder_layers
                       * 2 * args.length * cfg.d_model)

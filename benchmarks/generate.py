@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from bandwidth import bound_tokens_per_second, measure, step_parameters  # benchmarks/bandwidth.py
 from interleave import interleaved  # benchmarks/interleave.py
+from record import figure  # benchmarks/record.py
 
 from aiayn.backends import select
 from aiayn.config import preset
@@ -213,10 +214,17 @@ def main(argv: list[str] | None = None) -> int:
                     times = interleaved(fns, repeats)
                 rates = " ".join(f"{batch * new_tokens / min(times[n]):>17.1f}" for n in names)
                 print(f"{search:<8} {batch:>5} {rates}   {_ratios(times)}", flush=True)
+                for n in names:
+                    figure(n, batch * new_tokens / min(times[n]), "tokens/s", search=search, batch=batch)
+                for label, value in _ratio_values(times).items():
+                    figure(label, value, "x", search=search, batch=batch)
                 if batch == 1 and device.type == "cpu":
-                    print(f"{'':<14} of the bound: " + ", ".join(
-                        f"{n} {new_tokens / min(times[n]) / bound_tokens_per_second(bandwidth, cfg, n.split()[-1]):.0%}"
-                        for n in names if n.split()[-1] in ("fp32", "int8")), flush=True)
+                    shares = {n: new_tokens / min(times[n]) / bound_tokens_per_second(bandwidth, cfg, n.split()[-1])
+                              for n in names if n.split()[-1] in ("fp32", "int8")}
+                    print(f"{'':<14} of the bound: " + ", ".join(f"{n} {share:.0%}" for n, share in shares.items()),
+                          flush=True)
+                    for n, share in shares.items():
+                        figure(f"{n} of the bound", 100 * share, "%", search=search, batch=batch)
     positions = (16, 64) if args.quick else (16, 256)
     model = engines.get("aiayn fp32") or next(iter(engines.values()))
     step = _step_times(model, positions, device)
@@ -239,6 +247,8 @@ def _bandwidths(cfg):
         torch.set_num_threads(cores)
         at[cores] = measure(nbytes)
         torch.set_num_threads(threads)
+    for used, bandwidth in at.items():
+        figure("bandwidth", bandwidth.best / 1e9, "GB/s", threads=used)
     bound = ", ".join(f"{p} {bound_tokens_per_second(at[threads], cfg, p):.0f}" for p in ("fp32", "bf16", "int8"))
     print(f"memory bound: a step reads {step_parameters(cfg) / 1e6:.1f} M weights; streaming "
           + "; ".join(b.describe() for b in at.values()) + f"; at {threads} thread(s) at most {bound} tokens/s "
@@ -257,15 +267,19 @@ def _folding(plain, backend, device: torch.device, rounds: int = 7) -> str:
             f"against {plain_ms:.2f} ms without ({gain:.3f}x, median of {rounds} paired rounds)")
 
 
-def _ratios(times: dict[str, list[float]]) -> str:
-    """aiayn's speed over each peer's at the same precision (and int8 over fp32), per-repeat medians."""
+def _ratio_values(times: dict[str, list[float]]) -> dict[str, float]:
+    """aiayn's speed over each peer's at the same precision (and int8 over fp32), per-repeat medians, by label."""
     def ratio(ours: str, theirs: str) -> float:
         return statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
 
     pairs = {"fp32 vs CT2": ("aiayn fp32", "CTranslate2 fp32"), "int8 vs CT2": ("aiayn int8", "CTranslate2 int8"),
              "fp32 vs HF": ("aiayn fp32", "HF fp32"), "int8 vs fp32": ("aiayn int8", "aiayn fp32")}
-    return ", ".join(f"{label} {ratio(*pair):.2f}x" for label, pair in pairs.items()
-                     if pair[0] in times and pair[1] in times)
+    return {label: ratio(*pair) for label, pair in pairs.items() if pair[0] in times and pair[1] in times}
+
+
+def _ratios(times: dict[str, list[float]]) -> str:
+    """`_ratio_values` as the table prints them."""
+    return ", ".join(f"{label} {value:.2f}x" for label, value in _ratio_values(times).items())
 
 
 if __name__ == "__main__":

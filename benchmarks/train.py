@@ -42,6 +42,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from record import figure  # benchmarks/record.py
 from torch import nn
 
 from aiayn.backends import select
@@ -328,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         total = sum(times)
         print(f"  {name:22s} {tokens / total:10.0f} tokens/s (real source + target tokens)   "
               f"{flops / total / 1e9:7.1f} model GFLOP/s ({100 * flops / total / peak:.0f}% of peak)")
+        figure(name, tokens / total, "tokens/s")
     onednn_peak = f", {statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN)" if peaks_onednn else ""
     print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default)"
           f"{onednn_peak}; peak = the higher")
@@ -339,11 +341,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} / {peer}: {sum(seconds[peer]) / sum(seconds[name]):.2f}x tokens/s "
                   f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "
                   f"range {min(ratios):.2f}-{max(ratios):.2f})")
+            figure(f"{name} / {peer}", sum(seconds[peer]) / sum(seconds[name]), "x")
     threads = torch.get_num_threads()
     if threads > 1 and device.type == "cpu" and args.steps >= threads:
         rate = data_parallel_rate(_rank_argv(args), threads)
         name = f"aiayn, {threads} processes x 1 thread (DDP)"
         print(f"  {name:22s} {rate:10.0f} tokens/s (timed after the rows above)")
+        figure(name, rate, "tokens/s")
         for peer in ("aiayn", "Hugging Face Marian"):
             if peer in seconds:
                 print(f"  {name} / {peer} ({threads} threads): {rate / (tokens / sum(seconds[peer])):.2f}x tokens/s")

@@ -129,7 +129,7 @@ def test_int8_embedder_stays_close(embedder):
     vectors = int8.embed(SENTENCES)
     ref = embedder.embed(SENTENCES)
     cos = (vectors * ref).sum(1)
-    # the target int8 is held to (issue 12): every sentence within cosine 0.99 of the float32 vector
+    # the target int8 is held to: every sentence within cosine 0.99 of the float32 vector
     assert vectors.shape == ref.shape and cos.min() >= 0.99
     assert int8.name.endswith("(int8)")
 

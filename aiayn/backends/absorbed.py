@@ -14,8 +14,8 @@ The same sums in another order: results equal the plain step's up to float32 rou
 
 A and C hold B h S d_model floats each against W_Q's and W_O's d_model^2, so they are used only where
 B h S <= d_model * `MAX_FRACTION` (a base model at batch 1: sources of up to 32 tokens); beyond
-that the weights are the smaller read. Measured on both CPU kinds: docs/generation.md, "Cross-attention
-folded into the memory".
+that the weights are the smaller read. Measured on both CPU kinds: docs/notes.md, "Decoding" (cross-attention
+folded into the memory).
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ FEW_ROWS_MAX = 16
 # A base model's products by shape kind (in_features, out_features): FFN up, attention projection, FFN down,
 # and the vocabulary projection (a 32,768-token vocabulary). The last differs from FFN up by its weight, 64 MiB
 # here, far beyond a CPU's cache: PyTorch's default product repacks the weight on every call, and over weights
-# streamed from memory that costs more than the product at up to hundreds of rows (an AVX2 EPYC, 32 rows over
-# 512 -> 37,000: 34.8 ms dense, 23.5 ms prepacked), where over FFN up's 4 MiB it costs little.
+# streamed from memory that costs more than the product at up to hundreds of rows (measured on an AVX2 EPYC:
+# docs/notes.md, "Encoder and CPU kernels"), where over FFN up's 4 MiB it costs little.
 SHAPE_KINDS = (("wide", (512, 2048)), ("square", (512, 512)), ("narrow", (2048, 512)), ("vocabulary", (512, 32768)))
 VOCABULARY_WIDENING = 4  # a product widening its input more than this many times is of the vocabulary kind
 TRAIN_ROWS = 256
@@ -252,8 +252,8 @@ def _busy(load: float, threads: int) -> bool:
 
 def _measured_busy(then: float, now: float, threads: int) -> bool:
     """Whether choices measured with `threads` threads at load `then` should be measured again at load `now`:
-    other work held some of the cores the measurement needed (measured so, oneDNN's two-thread training
-    products came out 1.5x faster than F.linear, which then ran 1.1x faster on a quiet machine), and the
+    other work held some of the cores the measurement needed (a busy measurement chose the wrong kernel for
+    training once: docs/notes.md, "Encoder and CPU kernels"), and the
     machine is quieter now by half a core or more. Choices measured on a quiet machine stay until
     `--recalibrate`."""
     return _busy(then, threads) and now < then - 0.5

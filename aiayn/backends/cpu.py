@@ -35,7 +35,7 @@ DEFAULT_KERNELS = {"one": "columns", "few": "packed", "many": "packed"}
 
 # Activations oneDNN applies inside a product: name -> (post-op, algorithm, the same function in torch, in place).
 # In place because the product's output is a new tensor: an activation writing another one of a batch's FFN size
-# would touch fresh memory on every call, which costs as much as a product of the layer's (docs/core.md).
+# would touch fresh memory on every call, which costs as much as a product of the layer's (docs/notes.md).
 POST_OPS = {
     "relu": ("relu", "", torch.relu_),
     "gelu": ("gelu", "none", lambda x: torch.ops.aten.gelu_(x)),
@@ -180,7 +180,7 @@ def fuse_activations(model: nn.Module) -> None:
 
     Only where that layer is a `PackedLinear` (inference) and the activation one oneDNN has: the FFN's
     `activation` becomes the identity. The activation then costs no pass of its own over the hidden layer
-    (GELU's saves most; measured: docs/core.md).
+    (GELU's saves most; measured: docs/notes.md).
     """
     for module in model.modules():
         if not isinstance(module, PositionwiseFeedForward) or type(module.linear1) is not PackedLinear:

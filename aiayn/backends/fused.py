@@ -86,7 +86,7 @@ class FusedQKVAttention(MultiHeadAttention):
 
         SDPA's flash kernel pays its blocking for every (row, head), which at one query each costs more
         than the two products and softmax written out once rows x heads reach `SINGLE_QUERY_WRITTEN_OUT`;
-        below that SDPA is the faster one (measured: docs/generation.md, "One-query attention").
+        below that SDPA is the faster one (measured: docs/notes.md, "Decoding", one-query attention).
         """
         if (q.shape[2] == 1 and q.device.type == "cpu" and not need_weights
                 and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT):
@@ -140,7 +140,7 @@ class TorchEncoderLayer(nn.Module):
     The fused layer runs the same arithmetic in one C++ call: Q, K and V from one product without bias, their
     bias and the 1 / sqrt(d_k) scale in one pass, in-place residual adds, PyTorch's default products. `select`
     uses it where calibration measured it faster than the layer written out on the kernels chosen there
-    (`calibrate`, a base layer on 2 x 128 tokens; figures in docs/core.md). It runs only where it computes what
+    (`calibrate`, a base layer on 2 x 128 tokens; figures in docs/notes.md). It runs only where it computes what
     `layer` does: inference (eval mode, no gradients) on float32 CPU inputs (B, S, d_model) of more than
     `calibrate.FEW_ROWS_MAX` rows, no padded-out sequence, no hook on the layer's modules (recorded attention,
     profilers), and sequences and scores within `FUSED_MAX_LENGTH` and `FUSED_SCORES_BYTES` (it writes the

@@ -38,7 +38,7 @@ from aiayn.nn.model import Encoder, EncoderDecoderModel, EncoderModel
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = 0.02  # relative output error above which a layer is not run in int8, full range (docs/core.md)
+TOLERANCE = 0.02  # relative output error above which a layer is not run in int8, full range (docs/notes.md)
 # Activation levels of each range. A layer's int8 error is dominated by the activation step (range / levels),
 # so on the reduced range every int8 layer is about twice as far from float32: the tolerance shrinks by the
 # same factor, which keeps the model's summed error where full-range int8 has it (more layers stay float).

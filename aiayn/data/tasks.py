@@ -1,7 +1,8 @@
 """Built-in tasks that need no files, each generated from a seed with disjoint train/valid/test splits.
 
 - `numbers`: translate English number words to German (`num2words`): "twenty-one" -> "einundzwanzig".
-  German puts units before tens, so the model has to attend across the source, not copy it.
+  German puts units before tens, so the model has to attend across the source, not copy it. The English
+  side is written as people write it: each number in one of `SPELLINGS`, chosen by the number.
 - `compare`: encoder-only classification: which of two number phrases is larger ("first"/"second").
   The answer depends on both phrases at once, so it needs attention across positions; the
   majority-class baseline is 50%.
@@ -42,6 +43,31 @@ def number_words(n: int, lang: str) -> str:
     return num2words(n, lang=lang)
 
 
+# How people write an English number: num2words' "three thousand, four hundred and twenty-one", and the same
+# without the comma, without "and", and with "twenty one" for "twenty-one" (each form drops one more mark).
+SPELLINGS = ("num2words", "no comma", "no comma or and", "no comma, and or hyphen")
+
+
+def english_spelling(n: int, form: str) -> str:
+    """`n` in English words in one of `SPELLINGS`: "three thousand four hundred twenty one" for the last."""
+    if form not in SPELLINGS:
+        raise ValueError(f"unknown spelling {form!r}; choose one of {', '.join(SPELLINGS)}")
+    words = number_words(n, "en")
+    level = SPELLINGS.index(form)
+    if level >= 1:
+        words = words.replace(",", "")
+    if level >= 2:
+        words = words.replace(" and ", " ")
+    if level >= 3:
+        words = words.replace("-", " ")
+    return words
+
+
+def spelling_of(n: int) -> str:
+    """The form number `n` is written in on the task's English side: fixed by `n`, spread evenly over `SPELLINGS`."""
+    return SPELLINGS[random.Random(n).randrange(len(SPELLINGS))]
+
+
 def numbers_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
                  max_number: int = 10000) -> Splits:
     """English -> German number words for numbers in [0, max_number); each number is in one split only."""
@@ -50,7 +76,7 @@ def numbers_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_te
     random.Random(seed).shuffle(numbers)
 
     def pairs(chunk: list[int]) -> list[ParallelExample]:
-        return [ParallelExample(number_words(n, "en"), number_words(n, "de")) for n in chunk]
+        return [ParallelExample(english_spelling(n, spelling_of(n)), number_words(n, "de")) for n in chunk]
 
     return Splits(train=pairs(numbers[:n_train]), valid=pairs(numbers[n_train:n_train + n_valid]),
                   test=pairs(numbers[n_train + n_valid:n_train + n_valid + n_test]))

@@ -43,9 +43,9 @@ def encode_texts(tokenizer: Tokenizer, texts: Sequence[str], max_length: int, *,
     return [[tokenizer.bos_id, *ids[: max_length - 2], tokenizer.eos_id] for ids in body]
 
 
-# What one more forward pass costs, in padded tokens: MiniLM on one CPU thread takes about 6.5 ms a call plus
-# 0.135 ms a token (B x L), so a pass is worth ~48 tokens of padding. Splitting off a long text rather than
-# padding the rest to it doubled the rate of 16 texts of random lengths (76 -> 148 texts/s).
+# What one more forward pass costs, in padded tokens: a call's fixed cost over a token's cost, both measured
+# for MiniLM on one CPU thread (docs/notes.md, "Embedding"). Splitting off a long text rather than padding the
+# rest to it pays where the padding would cost more than a call.
 CALL_COST_TOKENS = 48
 
 

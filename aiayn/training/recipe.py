@@ -20,14 +20,10 @@ largest product of a narrow model, and 30 minutes (13 epochs) did not overfit wi
 every size: pre-LN (`norm_first`), peak learning rate 3e-3 reached after 30% of the planned steps
 (`warmup_fraction`), then the inverse square root; label smoothing 0.1 (the paper's).
 
-What backs it, on English -> French UI strings (38,626 pairs), 10 minutes on one thread: the short
-row's sizes made 2,420 steps and test BLEU 28.7, where 8,000 pieces and 2,048 tokens made 743 and
-21.2, 2,000 pieces 20.5, and the unnarrowed d_model 256 635 steps and 9.4; over 30 minutes, test
-BLEU 39.2 without dropout and 39.0 with 0.1 (no dropout made 13% more steps). Pre-LN at 3e-3 with a
-short warmup learned about 3x faster than the paper's schedule fitted to a short run (English ->
-German, 26k pairs). The rows without a short budget keep the sizes of the earlier 71-minute runs;
-the smaller rows follow Sennrich & Zhang (2019), smaller vocabularies and batches for less data, and
-are not measured here.
+What backs it: runs on English -> French UI strings in 10 and 30 minutes on one thread, each lever
+changed alone (docs/training.md, "A recipe that fits the data"; the figures, dated, in docs/notes.md,
+"Training"). The rows without a short budget keep the sizes of 71-minute runs; the smaller rows follow
+Sennrich & Zhang (2019), smaller vocabularies and batches for less data, and are not measured here.
 A `time_budget` then sets the steps (`aiayn.training.budget`), and with them the warmup.
 """
 

@@ -1,0 +1,136 @@
+"""Benchmark records: what a run printed, as figures, with the date, machine and versions it ran on.
+
+A benchmark script calls `figure(name, value, unit)` where it prints a figure; `aiayn bench NAME --record
+[DIR]` runs the script inside `recording(...)`, which keeps the printed text verbatim and writes one JSON
+file per run to DIR (default `benchmarks/results/`). `benchmarks/report.py` renders the records as the
+markdown tables the README and docs show. A figure without its machine is not worth keeping: a speed
+ratio on an AVX2-only CPU says little about one with AMX (docs/core.md, "Every CPU: fast paths chosen by
+measurement").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.metadata
+import io
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+# The ISA flags that decide which kernels are fast (docs/core.md): oneDNN's fp32 and int8 paths need
+# AVX-512 (+VNNI), bf16 is native only with AVX512-BF16 or AMX.
+ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+# Packages whose version changes a figure: aiayn's own stack and the peers the scripts compare against.
+PACKAGES = ("aiayn", "torch", "numpy", "ctranslate2", "transformers", "sentence-transformers", "onnxruntime",
+            "tokenizers", "sacrebleu")
+
+_figures: list[dict] = []
+
+
+def figure(name: str, value: float, unit: str = "", **labels: object) -> None:
+    """Keep one printed figure for the run's record: `figure("aiayn Encoder", 1628, "tokens/s")`; labels: `batch=1`."""
+    _figures.append({"name": name, "value": float(value), "unit": unit, **labels})
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the terminal and keeps a copy."""
+
+    def __init__(self, stream) -> None:
+        self.stream, self.copy = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.copy.write(text)
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def cpu() -> dict:
+    """CPU model, family/model numbers, the ISA flags that matter, and torch's own view of the ISA."""
+    info: dict[str, str] = {}
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key in ("model name", "cpu family", "model", "flags") and key not in info:
+                info[key] = value.strip()
+            if not line.strip() and info:
+                break
+    flags = set(info.get("flags", "").split())
+    capability = None
+    with contextlib.suppress(Exception):
+        import torch
+
+        capability = torch.backends.cpu.get_cpu_capability()
+    return {"model": info.get("model name") or platform.processor() or platform.machine(),
+            "family": info.get("cpu family"), "model_number": info.get("model"),
+            "isa": {flag: flag in flags for flag in ISA_FLAGS}, "torch_capability": capability,
+            "env": {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                                                 "ATEN_CPU_CAPABILITY") if k in os.environ}}
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages that can change a figure (those not installed are left out)."""
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            found[name] = importlib.metadata.version(name)
+    return found
+
+
+def commit() -> str | None:
+    """The checkout's commit, with `+dirty` when the tree has changes; None outside a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+@contextlib.contextmanager
+def recording(name: str, argv: list[str], directory: Path | None = None) -> Iterator[dict]:
+    """Run the body as benchmark `name`, then write its record to `directory`; yields the record."""
+    _figures.clear()
+    record: dict = {"bench": name, "command": " ".join(["aiayn", "bench", name, *argv]),
+                    "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "commit": commit(), "cpu": cpu(),
+                    "cores": {"logical": os.cpu_count(), "usable": len(os.sched_getaffinity(0))
+                              if hasattr(os, "sched_getaffinity") else os.cpu_count()},
+                    "load_before": [round(x, 2) for x in os.getloadavg()]}
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee):
+        yield record
+    import torch
+
+    record.update(threads=torch.get_num_threads(), load_after=[round(x, 2) for x in os.getloadavg()],
+                  versions=versions(), figures=list(_figures), output=tee.copy.getvalue())
+    record.setdefault("note", None)
+    path = write(record, directory or RESULTS_DIR)
+    print(f"record: {path}")
+
+
+def write(record: dict, directory: Path) -> Path:
+    """Write `record` as `<date>-<bench>.json` in `directory` (created if missing); returns the path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    stamp = re.sub(r"[^0-9T]", "", record["date"].split("+")[0])  # 20261203T191500
+    path = directory / f"{stamp}-{record['bench']}.json"
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    return path
+
+
+def load(directory: Path | None = None) -> list[dict]:
+    """All records in `directory` (default `benchmarks/results/`), oldest first."""
+    paths = sorted((directory or RESULTS_DIR).glob("*.json"))
+    return sorted((json.loads(p.read_text()) for p in paths), key=lambda r: r.get("date") or "")

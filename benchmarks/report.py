@@ -1,0 +1,112 @@
+"""Benchmark records as markdown tables: `aiayn bench report [DIR] [--bench NAME] [--update FILE ...]`.
+
+One table a benchmark, one row a record (benchmarks/record.py writes them), each row with its date, machine
+(CPU model, family/model, the ISA flags that matter), threads and load, the figures, versions and commit.
+The README and the guides hold rendered tables between `<!-- bench-table: NAME -->` and
+`<!-- /bench-table -->`; `--update FILE` rewrites those blocks from the records, and
+`tests/test_bench_records.py` checks that each committed block equals its rendering.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from record import ISA_FLAGS, RESULTS_DIR, load  # benchmarks/record.py
+
+# Which figures a benchmark's table shows, as (column, figure name); the record keeps every figure.
+COLUMNS = {
+    "encoder": (("aiayn", "aiayn Encoder"), ("plain modules", "aiayn Encoder, plain modules"),
+                ("torch fast path", "torch TransformerEncoder (fast path)"),
+                ("aiayn / fast path", "aiayn Encoder / fast path"),
+                ("share of matmul peak", "aiayn Encoder, share of peak")),
+    "embed": (("aiayn", "aiayn"), ("sentence-transformers", "sentence-transformers"),
+              ("aiayn / sentence-transformers", "aiayn throughput vs sentence-transformers"),
+              ("aiayn int8", "aiayn int8"), ("aiayn batch 1", "aiayn (batch 1)"),
+              ("BertModel batch 1", "HF BertModel (sdpa) (batch 1)")),
+    "train": (("aiayn", "aiayn"), ("Hugging Face Marian", "Hugging Face Marian"),
+              ("aiayn / Marian", "aiayn / Hugging Face Marian"), ("torch.nn.Transformer", "torch.nn.Transformer"),
+              ("aiayn / torch.nn.Transformer", "aiayn / torch.nn.Transformer")),
+}
+# The versions a benchmark's figures depend on besides torch: the peers it runs.
+PEERS = {"generate": ("ctranslate2", "transformers"), "train": ("transformers",),
+         "translate": ("transformers", "sacrebleu"), "embed": ("sentence-transformers", "transformers")}
+ISA_NAMES = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_vnni": "VNNI", "avx512_bf16": "BF16",
+             "amx_bf16": "AMX-BF16", "amx_int8": "AMX-INT8"}
+BLOCK = re.compile(r"(<!-- bench-table: (\w+) -->\n)(.*?)(<!-- /bench-table -->)", re.S)
+
+
+def machine(record: dict) -> str:
+    """`AMD EPYC (family 23 model 49): AVX2; 1 of 2 cores`: what decides which kernels are fast."""
+    cpu = record["cpu"]
+    isa = " + ".join(ISA_NAMES[f] for f in ISA_FLAGS if cpu["isa"].get(f)) or "no AVX2"
+    emulated = f", emulated {cpu['env']['ONEDNN_MAX_CPU_ISA']}" if cpu.get("env", {}).get("ONEDNN_MAX_CPU_ISA") else ""
+    cores = record["cores"]
+    return (f"{cpu['model']} (family {cpu['family']} model {cpu['model_number']}): {isa}{emulated}; "
+            f"{cores['usable']} of {cores['logical']} cores")
+
+
+def value(fig: dict) -> str:
+    """A figure as the scripts print it: `1,628 tokens/s`, `1.013x`, `82.7%`."""
+    v, unit = fig["value"], fig["unit"]
+    if unit == "x":
+        return f"{v:.3f}x"
+    if unit == "%":
+        return f"{v:.1f}%"
+    return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:.1f} {unit}"
+
+
+def key(fig: dict) -> str:
+    """A figure's column: its name, with its labels (`aiayn fp32 (search greedy, batch 1)`)."""
+    labels = ", ".join(f"{k} {v}" for k, v in fig.items() if k not in ("name", "value", "unit"))
+    return f"{fig['name']} ({labels})" if labels else fig["name"]
+
+
+def render(bench: str, records: list[dict]) -> str:
+    """The markdown table of `bench`'s records, oldest first."""
+    rows = [r for r in records if r["bench"] == bench]
+    names = COLUMNS.get(bench) or tuple((key(f), key(f)) for f in (rows[0]["figures"] if rows else []))
+    head = ["date (UTC)", "machine", "threads, load", "command", *(column for column, _ in names), "versions"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        figures = {key(f): f for f in r["figures"]}
+        cells = [value(figures[name]) if name in figures else "-" for _, name in names]
+        versions = ", ".join(f"{p} {r['versions'][p]}" for p in ("torch", *PEERS.get(bench, ())) if p in r["versions"])
+        load = f"{r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f}"
+        args = r["command"].split(f"bench {bench}", 1)[-1].strip() or "(defaults)"
+        date = (r["date"] or "unknown").replace("T", " ")[:16]
+        cells = [date, machine(r), f"{r['threads']}, load {load}", f"`{args}`", *cells,
+                 f"{versions}; aiayn {r.get('commit') or '?'}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def update(text: str, records: list[dict]) -> str:
+    """`text` with every marked block replaced by its rendering."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group(2), records) + m.group(4), text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the tables, or rewrite the marked blocks of the given files; returns 0."""
+    p = argparse.ArgumentParser(prog="aiayn bench report", description=__doc__.splitlines()[0])
+    p.add_argument("directory", nargs="?", type=Path, default=RESULTS_DIR, help="records (default benchmarks/results/)")
+    p.add_argument("--bench", help="only this benchmark's table")
+    p.add_argument("--update", nargs="+", type=Path, metavar="FILE", help="rewrite the bench-table blocks of FILE")
+    args = p.parse_args(argv)
+    records = load(args.directory)
+    if args.update:
+        for path in args.update:
+            text = path.read_text(encoding="utf-8")
+            new = update(text, records)
+            if new != text:
+                path.write_text(new, encoding="utf-8")
+                print(f"updated {path}")
+        return 0
+    for bench in sorted({r["bench"] for r in records} if not args.bench else {args.bench}):
+        print(f"## {bench}\n\n{render(bench, records)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""Benchmark records (`aiayn bench NAME --record`) and the tables the README and docs render from them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from aiayn.cli.bench import load_benchmark, split_record
+from aiayn.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+KEYS = {"bench", "command", "date", "commit", "cpu", "cores", "threads", "load_before", "load_after", "versions",
+        "figures", "output", "note"}
+
+
+def test_every_rendered_table_equals_its_rendering_from_the_committed_records():
+    report = load_benchmark("report")
+    records = report.load()
+    blocks = 0
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        blocks += len(report.BLOCK.findall(text))
+        assert report.update(text, records) == text, (
+            f"{path.name}: a bench-table differs from the records; run `aiayn bench report --update {path.name}`")
+    assert blocks >= 2  # the README's Speed table and the encoder guide's
+
+
+def test_the_committed_records_carry_their_date_machine_threads_and_versions():
+    paths = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    assert paths
+    for path in paths:
+        record = json.loads(path.read_text())
+        assert KEYS <= set(record), path.name
+        assert record["cpu"]["model"] and set(record["cpu"]["isa"]) >= {"avx2", "avx512f", "amx_bf16"}, path.name
+        assert record["threads"] >= 1 and "torch" in record["versions"] and record["figures"], path.name
+        for fig in record["figures"]:  # every figure also in the printed text the record keeps
+            assert fig["name"].split(" / ")[0].split(",")[0] in record["output"], (path.name, fig["name"])
+
+
+def test_record_writes_what_the_run_printed_and_the_report_shows_it(tmp_path, capsys):
+    code = main(["bench", "encoder", "--preset", "tiny", "--batch", "2", "--length", "8", "--repeats", "1",
+                 "--warmup", "0", "--matmul-size", "64", "--threads", "1", "--record", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    (path,) = tmp_path.glob("*-encoder.json")
+    record = json.loads(path.read_text())
+    assert record["command"] == ("aiayn bench encoder --preset tiny --batch 2 --length 8 --repeats 1 --warmup 0 "
+                                 "--matmul-size 64 --threads 1")
+    assert record["threads"] == 1 and record["output"] in out and f"record: {path}" in out
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", record["date"])
+    ratio = next(f for f in record["figures"] if f["name"] == "aiayn Encoder / fast path")
+    assert ratio["unit"] == "x" and f"{ratio['value']:.3f}x the torch fast path" in record["output"]
+    assert main(["bench", "report", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert f"{ratio['value']:.3f}x" in table and "`--preset tiny --batch 2" in table and record["cpu"]["model"] in table
+
+
+def test_record_may_come_before_or_after_the_name_and_takes_an_optional_directory():
+    assert split_record(["--threads", "1"]) == (["--threads", "1"], None)
+    assert split_record(["--record", "--threads", "1"]) == (["--threads", "1"], "")
+    assert split_record(["--threads", "1", "--record", "out"]) == (["--threads", "1"], "out")
