@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{'':<14} of the bound: " + ", ".join(f"{n} {share:.0%}" for n, share in shares.items()),
                           flush=True)
                     for n, share in shares.items():
-                        figure(f"{n} of the bound", 100 * share, "%", search=search, batch=batch)
+                        figure(n, 100 * share, "%", search=search, batch=batch, measure="share of the memory bound")
     positions = (16, 64) if args.quick else (16, 256)
     model = engines.get("aiayn fp32") or next(iter(engines.values()))
     step = _step_times(model, positions, device)
@@ -248,7 +248,7 @@ def _bandwidths(cfg):
         at[cores] = measure(nbytes)
         torch.set_num_threads(threads)
     for used, bandwidth in at.items():
-        figure("bandwidth", bandwidth.best / 1e9, "GB/s", threads=used)
+        figure("memory bound", bandwidth.best / 1e9, "GB/s", threads=used)
     bound = ", ".join(f"{p} {bound_tokens_per_second(at[threads], cfg, p):.0f}" for p in ("fp32", "bf16", "int8"))
     print(f"memory bound: a step reads {step_parameters(cfg) / 1e6:.1f} M weights; streaming "
           + "; ".join(b.describe() for b in at.values()) + f"; at {threads} thread(s) at most {bound} tokens/s "
