@@ -99,14 +99,53 @@ def update(text: str, records: list[dict]) -> str:
     return BLOCK.sub(lambda m: m.group(1) + render(m.group(2), records) + m.group(4), text)
 
 
+# The figures a decoding plot shows: aiayn's speed over CTranslate2's in the same precision, by setting.
+DECODE_RATIOS = (("greedy, batch 1", "search greedy, batch 1"), ("beam 4, batch 1", "search beam-4, batch 1"),
+                 ("greedy, batch 32", "search greedy, batch 32"), ("beam 4, batch 32", "search beam-4, batch 32"))
+
+
+def plot_decoding(records: list[dict], path: Path) -> Path:
+    """A PNG of every decoding record's speed over CTranslate2 (fp32 and int8) by setting, one group of bars per
+    record (its date and machine), with 1.0x marked: the same figures as the table, for a reader who looks."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r["bench"] == "generate" and any(f["name"].endswith("vs CT2") for f in r["figures"])]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
+    width = 0.8 / max(len(rows), 1)
+    for ax, precision in zip(axes, ("fp32", "int8")):
+        for i, r in enumerate(rows):
+            figures = {key(f): f["value"] for f in r["figures"]}
+            values = [figures.get(f"{precision} vs CT2 ({labels})", 0.0) for _, labels in DECODE_RATIOS]
+            label = f"{(r['date'] or '')[:10]}, {machine(r).split(';')[0]}"
+            ax.bar([x + i * width for x in range(len(DECODE_RATIOS))], values, width, label=label)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([x + width * (len(rows) - 1) / 2 for x in range(len(DECODE_RATIOS))],
+                      [name for name, _ in DECODE_RATIOS], fontsize=8)
+        ax.set_title(f"aiayn {precision} / CTranslate2 {precision} (tokens/s, 1 thread)", fontsize=9)
+    axes[0].set_ylabel("speed ratio (1.0 = level)")
+    axes[0].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the tables, or rewrite the marked blocks of the given files; returns 0."""
     p = argparse.ArgumentParser(prog="aiayn bench report", description=__doc__.splitlines()[0])
     p.add_argument("directory", nargs="?", type=Path, default=RESULTS_DIR, help="records (default benchmarks/results/)")
     p.add_argument("--bench", help="only this benchmark's table")
     p.add_argument("--update", nargs="+", type=Path, metavar="FILE", help="rewrite the bench-table blocks of FILE")
+    p.add_argument("--plot-decoding", type=Path, metavar="PNG", help="draw the decoding records' ratios to PNG")
     args = p.parse_args(argv)
     records = load(args.directory)
+    if args.plot_decoding:
+        print(f"wrote {plot_decoding(records, args.plot_decoding)}")
+        return 0
     if args.update:
         for path in args.update:
             text = path.read_text(encoding="utf-8")

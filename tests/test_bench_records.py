@@ -61,3 +61,15 @@ def test_record_may_come_before_or_after_the_name_and_takes_an_optional_director
     assert split_record(["--threads", "1"]) == (["--threads", "1"], None)
     assert split_record(["--record", "--threads", "1"]) == (["--threads", "1"], "")
     assert split_record(["--threads", "1", "--record", "out"]) == (["--threads", "1"], "out")
+
+
+def test_the_decoding_plot_draws_every_decoding_record_and_the_guide_shows_it(tmp_path):
+    report = load_benchmark("report")
+    records = report.load()
+    decoding = [r for r in records if r["bench"] == "generate" and any(f["name"].endswith("vs CT2")
+                                                                         for f in r["figures"])]
+    assert decoding, "no decoding record with ratios against CTranslate2"
+    path = report.plot_decoding(records, tmp_path / "decode.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    guide = (ROOT / "docs" / "generation.md").read_text(encoding="utf-8")
+    assert "](images/decode-speed.png)" in guide and (ROOT / "docs" / "images" / "decode-speed.png").is_file()
