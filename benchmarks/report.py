@@ -134,6 +134,31 @@ def plot_decoding(records: list[dict], path: Path) -> Path:
     return path
 
 
+def plot_learning(records: list[dict], path: Path) -> Path:
+    """A PNG of each translation record's validation BLEU against training minutes, aiayn and its peer trained
+    alike on the same corpus (`aiayn bench translate --budget B --curve C`), one panel per record."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if r["bench"] == "translate" and any("minutes" in f for f in r["figures"])]
+    fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(5.5 * max(len(rows), 1), 3.6), squeeze=False)
+    for ax, r in zip(axes[0], rows):
+        for name in dict.fromkeys(f["name"] for f in r["figures"] if "minutes" in f):
+            points = sorted((f["minutes"], f["value"]) for f in r["figures"] if f["name"] == name and "minutes" in f)
+            ax.plot([0, *(m for m, _ in points)], [0, *(b for _, b in points)], marker="o", label=name)
+        ax.set_xlabel("training minutes")
+        ax.set_ylabel("validation BLEU (greedy)")
+        ax.set_title(f"{(r['date'] or '')[:10]}, {machine(r).split(';')[0]}, {r['threads']} threads", fontsize=8)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the tables, or rewrite the marked blocks of the given files; returns 0."""
     p = argparse.ArgumentParser(prog="aiayn bench report", description=__doc__.splitlines()[0])
@@ -141,10 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench", help="only this benchmark's table")
     p.add_argument("--update", nargs="+", type=Path, metavar="FILE", help="rewrite the bench-table blocks of FILE")
     p.add_argument("--plot-decoding", type=Path, metavar="PNG", help="draw the decoding records' ratios to PNG")
+    p.add_argument("--plot-learning", type=Path, metavar="PNG", help="draw the translation records' BLEU curves")
     args = p.parse_args(argv)
     records = load(args.directory)
-    if args.plot_decoding:
-        print(f"wrote {plot_decoding(records, args.plot_decoding)}")
+    if args.plot_decoding or args.plot_learning:
+        for path, plot in ((args.plot_decoding, plot_decoding), (args.plot_learning, plot_learning)):
+            if path:
+                print(f"wrote {plot(records, path)}")
         return 0
     if args.update:
         for path in args.update:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from record import figure  # benchmarks/record.py
 
 from aiayn.data.batching import token_batches
 from aiayn.data.gettext import catalog_files, read_gettext
@@ -352,6 +353,14 @@ def main(argv: list[str] | None = None) -> int:
         a, m = results["aiayn"], results["marian"]
         print(f"BLEU difference {a['bleu'] - m['bleu']:+.2f}; training time aiayn / Marian: wall "
               f"{a['train_s'] / m['train_s']:.2f}, CPU {a['train_cpu_s'] / m['train_cpu_s']:.2f}")
+    for name in ("aiayn", "marian"):
+        if name in results:
+            r = results[name]
+            figure(name, r["bleu"], "BLEU", split="test")
+            figure(name, r["chrf"], "chrF", split="test")
+            figure(name, r["steps"], "steps")
+            for seconds, bleu in r["curve"]:
+                figure(name, bleu, "BLEU", split="valid", minutes=round(seconds / 60, 2))
     if curve_s:
         print_curves(pair, results, curve_s)
     return 0

@@ -73,3 +73,14 @@ def test_the_decoding_plot_draws_every_decoding_record_and_the_guide_shows_it(tm
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     guide = (ROOT / "docs" / "generation.md").read_text(encoding="utf-8")
     assert "](images/decode-speed.png)" in guide and (ROOT / "docs" / "images" / "decode-speed.png").is_file()
+
+
+def test_the_learning_curve_plot_draws_the_translation_records_and_the_training_guide_shows_it(tmp_path):
+    report = load_benchmark("report")
+    records = report.load()
+    curves = [r for r in records if r["bench"] == "translate" and any("minutes" in f for f in r["figures"])]
+    assert curves, "no translation record with a learning curve"
+    path = report.plot_learning(records, tmp_path / "curve.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    guide = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    assert "](images/learning-curve.png)" in guide and (ROOT / "docs" / "images" / "learning-curve.png").is_file()
