@@ -9,8 +9,8 @@ by length and cuts them into padded batches (`Translator.translations`, `Embedde
 Each job gets back its own slice. While every slot is busy, jobs keep queueing, so batches grow with
 the load. While other slots are idle, a batch takes only its share of the queue (the queued texts over
 the idle slots), so that the passes run side by side: taking everything would leave the other passes
-idle, and the clients, all answered by one batch, would come back together for the next one (a convoy:
-with 32 clients and two worker processes, each worker was busy 43% of the time, one after the other).
+idle, and the clients, all answered by one batch, would come back together for the next one (a convoy,
+in which the workers take turns instead of running together: measured in docs/notes.md).
 
 A job whose client went away before its batch started is dropped; a batch that raises is retried one
 job at a time, so an error in one request fails only that request.
