@@ -104,13 +104,29 @@ DECODE_RATIOS = (("greedy, batch 1", "search greedy, batch 1"), ("beam 4, batch 
                  ("greedy, batch 32", "search greedy, batch 32"), ("beam 4, batch 32", "search beam-4, batch 32"))
 
 
-def plot_decoding(records: list[dict], path: Path) -> Path:
-    """A PNG of every decoding record's speed over CTranslate2 (fp32 and int8) by setting, one group of bars per
-    record (its date and machine), with 1.0x marked: the same figures as the table, for a reader who looks."""
+def _pyplot():
+    """matplotlib's pyplot drawing to files, not to a screen."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    """Write `fig` to `path` as a PNG and free it."""
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_decoding(records: list[dict], path: Path) -> Path:
+    """A PNG of every decoding record's speed over CTranslate2 (fp32 and int8) by setting, one group of bars per
+    record (its date and machine), with 1.0x marked: the same figures as the table, for a reader who looks."""
+    plt = _pyplot()
 
     rows = [r for r in records if r["bench"] == "generate" and any(f["name"].endswith("vs CT2") for f in r["figures"])]
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6), sharey=True)
@@ -127,20 +143,13 @@ def plot_decoding(records: list[dict], path: Path) -> Path:
         ax.set_title(f"aiayn {precision} / CTranslate2 {precision} (tokens/s, 1 thread)", fontsize=9)
     axes[0].set_ylabel("speed ratio (1.0 = level)")
     axes[0].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_learning(records: list[dict], path: Path) -> Path:
     """A PNG of each translation record's validation BLEU against training minutes, aiayn and its peer trained
     alike on the same corpus (`aiayn bench translate --budget B --curve C`), one panel per record."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     rows = [r for r in records if r["bench"] == "translate" and any("minutes" in f for f in r["figures"])]
     fig, axes = plt.subplots(1, max(len(rows), 1), figsize=(5.5 * max(len(rows), 1), 3.6), squeeze=False)
@@ -152,11 +161,7 @@ def plot_learning(records: list[dict], path: Path) -> Path:
         ax.set_ylabel("validation BLEU (greedy)")
         ax.set_title(f"{(r['date'] or '')[:10]}, {machine(r).split(';')[0]}, {r['threads']} threads", fontsize=8)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

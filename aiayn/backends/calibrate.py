@@ -198,12 +198,17 @@ def cache_path(description: dict[str, str]) -> Path:
 _chosen: dict[str, Choices] = {}  # this process's choices, by machine description (threads included)
 
 
+def _key(description: dict[str, str]) -> str:
+    """`_chosen`'s key for one machine description."""
+    return json.dumps(description, sort_keys=True)
+
+
 def choices(*, refresh: bool = False) -> Choices:
     """This machine's choices (for its current thread count): from the cache, else measured (a few seconds) and
     cached. `refresh=True` (or `AIAYN_RECALIBRATE=1`, once a process) measures again and replaces the cached
     result."""
     description = machine()
-    key = json.dumps(description, sort_keys=True)
+    key = _key(description)
     if refresh or key not in _chosen:
         again = refresh or bool(os.environ.get("AIAYN_RECALIBRATE"))
         _chosen[key] = _load_or_measure(refresh=again, description=description)
@@ -223,12 +228,18 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
             pass
     with torch.inference_mode(False):
         found = replace(measure(description), load=_load())
-    try:
-        atomic_write_text(path, json.dumps(asdict(found), indent=1))
-    except OSError as err:  # a read-only home: measure again next time
-        log.info("could not cache the CPU product measurements in %s (%s)", path, err)
+    _store(found)
     log.info("CPU products measured (%s): %s", path, found.describe())
     return found
+
+
+def _store(found: Choices) -> None:
+    """Write `found` to its machine's cache file (a read-only home only costs measuring again next time)."""
+    path = cache_path(found.machine)
+    try:
+        atomic_write_text(path, json.dumps(asdict(found), indent=1))
+    except OSError as err:
+        log.info("could not cache the CPU product measurements in %s (%s)", path, err)
 
 
 def _library_time() -> float:
@@ -403,11 +414,8 @@ def int8_weight_choices() -> dict[str, dict[str, bool]]:
         with torch.inference_mode(False), torch.no_grad():
             measured = _int8_weights(_shape_weights(gen), found.inference, seconds, ratios, gen)
         found = replace(found, int8_weights=measured, seconds=seconds, ratios=ratios)
-        _chosen[json.dumps(found.machine, sort_keys=True)] = found
-        try:
-            atomic_write_text(cache_path(found.machine), json.dumps(asdict(found), indent=1))
-        except OSError as err:
-            log.info("could not cache the int8-weight measurements (%s)", err)
+        _chosen[_key(found.machine)] = found
+        _store(found)
     return found.int8_weights
 
 

@@ -189,6 +189,10 @@ class Int8WeightsLinear(nn.Module):
         """(..., in_features) float32 -> (..., out_features) float32."""
         if row_class(x.numel() // max(self.in_features, 1)) not in self.rows:
             return self.fallback(x)
+        return self.product(x)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """The int8-weight product itself, whatever the rows (`forward` sends some to the fallback)."""
         return int8_weights_product(x, self.q, self.scales, self.bias)
 
 
@@ -288,8 +292,7 @@ def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool,
                      if by_kind.get(shape_kind(*reversed(weight.shape))))
     if rows:  # int8 weights where measured faster, if they keep the full range's tolerance (see the class)
         weights_only = Int8WeightsLinear(weight, bias, rows=rows, fallback=replacement)
-        error = relative_error(lambda v: int8_weights_product(v, weights_only.q, weights_only.scales,
-                                                              weights_only.bias), x, expected)
+        error = relative_error(weights_only.product, x, expected)
         if error <= TOLERANCE:
             return weights_only, LayerChoice(name, "int8 weights", error)
     return replacement, LayerChoice(name, type(replacement).__name__, errors[kind])
