@@ -141,3 +141,19 @@ def tagging_run(tmp_path_factory):
     """A tiny trained tagging run (tags B-LOC, B-PER, O) from CoNLL."""
     lines = [line for sentence in TAGGED for line in [*(f"{w} {t}" for w, t in sentence), ""]]
     return _train_run(tmp_path_factory, "tagging", "train.conll", lines, "token_classification")
+
+
+def around_steps(monkeypatch, around) -> None:
+    """Run every decoding step `generate` takes as `around(step, tokens)`, `step` the state's own (tokens -> logits):
+    to count the steps, or to watch what happens inside them."""
+    from aiayn.inference import generation
+
+    begin = generation.start_decoding
+
+    def start(*args, **kwargs):
+        state = begin(*args, **kwargs)
+        step = state.step
+        state.step = lambda tokens: around(step, tokens)
+        return state
+
+    monkeypatch.setattr(generation, "start_decoding", start)

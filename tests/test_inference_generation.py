@@ -4,6 +4,7 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import around_steps
 
 from aiayn.config import ModelConfig
 from aiayn.inference.generation import GenerationConfig, _beam_search, generate
@@ -28,17 +29,7 @@ def make_model(seed: int = 0, vocab: int = 24, scale: float = 3.0):
 
 def count_steps(monkeypatch, seen) -> None:
     """Call `seen(tokens)` with the (N, 1) tokens of every decoding step that `generate` runs."""
-    from aiayn.inference import generation
-
-    begin = generation.start_decoding
-
-    def start(*args, **kwargs):
-        state = begin(*args, **kwargs)
-        step = state.step
-        state.step = lambda tokens: (seen(tokens), step(tokens))[1]
-        return state
-
-    monkeypatch.setattr(generation, "start_decoding", start)
+    around_steps(monkeypatch, lambda step, tokens: (seen(tokens), step(tokens))[1])
 
 
 def padded_sources(vocab: int = 24) -> torch.Tensor:

@@ -9,10 +9,11 @@ import contextlib
 
 import pytest
 import torch
+from conftest import around_steps
 
 from aiayn.backends import select
 from aiayn.config import ModelConfig
-from aiayn.inference import GenerationConfig, generate, generation
+from aiayn.inference import GenerationConfig, generate
 from aiayn.nn.model import build_model
 
 READS = ("item", "__bool__", "__int__", "__float__", "__index__", "tolist")
@@ -48,25 +49,17 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(monkeypatch, prepared, b
     module = select("cpu", "inference", "fp32").prepare(model) if prepared else model
     src = torch.randint(4, 40, (3, 7))
     src[1, 5:] = 0  # padded: the source mask is used at every step
-    begin = generation.start_decoding
     in_steps: list[str] = []
     calls = []
 
-    def start(*args, **kwargs):
-        state = begin(*args, **kwargs)
-        real_step = state.step
+    def step(real_step, tokens):
+        calls.append(1)
+        with counting_reads() as seen:
+            out = real_step(tokens)
+        in_steps.extend(seen)
+        return out
 
-        def step(tokens):
-            calls.append(1)
-            with counting_reads() as seen:
-                out = real_step(tokens)
-            in_steps.extend(seen)
-            return out
-
-        state.step = step
-        return state
-
-    monkeypatch.setattr(generation, "start_decoding", start)
+    around_steps(monkeypatch, step)
     with torch.no_grad():
         result = generate(module, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=8, beam_size=beam))
     assert len(calls) >= 4 and len(result.tokens) == 3
