@@ -58,6 +58,9 @@ class ModelConfig:
             (`aiayn.tasks.ENCODER_OBJECTIVES`: sequence / token classification, masked LM).
         num_labels: classes of a classification head.
         pooling: sequence-classification pooling, "first" token or "mean" over real tokens.
+        causal: the decoder-only language model (GPT): the stack's self-attention sees only earlier
+            positions and a vocabulary head predicts each next token; the paper's decoder without
+            cross-attention. Needs `n_decoder_layers=0` and `head="none"`.
     """
 
     vocab_size: int = 37000
@@ -86,6 +89,7 @@ class ModelConfig:
     head: str = "none"
     num_labels: int = 0
     pooling: str = "first"
+    causal: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -150,9 +154,12 @@ class ModelConfig:
         if self.head in LABELLED and self.num_labels < 1:
             raise ValueError(f"head {self.head!r} needs num_labels >= 1")
         for name in ("norm_first", "scale_embeddings", "tie_embeddings", "share_embeddings",
-                     "bias", "embedding_norm"):
+                     "bias", "embedding_norm", "causal"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.causal and (self.n_decoder_layers or self.head != "none"):
+            raise ValueError("causal (a decoder-only language model) needs n_decoder_layers=0 and head=none, got "
+                             f"n_decoder_layers={self.n_decoder_layers}, head={self.head!r}")
         check_field_types(self, "model")  # what the checks above do not cover
 
     # -- round trips ---------------------------------------------------------------------------

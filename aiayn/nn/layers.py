@@ -53,14 +53,17 @@ class EncoderLayer(nn.Module):
         self.attn_sublayer = SublayerConnection(d_model, dropout=dropout, norm_first=norm_first, eps=eps)
         self.ffn_sublayer = SublayerConnection(d_model, dropout=dropout, norm_first=norm_first, eps=eps)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, is_causal: bool = False,
+                cache: AttentionCache | None = None) -> torch.Tensor:
         """(B, S, d_model) -> (B, S, d_model); `mask` (B, 1, 1, S) marks real source tokens.
 
+        `is_causal` adds the look-ahead mask and `cache` keeps the keys and values across calls: the layer of
+        a decoder-only stack (the paper's decoder layer without cross-attention, as GPT uses it).
         The self-attention weights (B, h, S, S) come through `aiayn.nn.attention.attention_weights`.
         """
 
         def self_attention(y: torch.Tensor) -> torch.Tensor:
-            return self.self_attn(y, mask=mask)[0]
+            return self.self_attn(y, mask=mask, is_causal=is_causal, cache=cache)[0]
 
         x = self.attn_sublayer(x, self_attention)
         return self.ffn_sublayer(x, self.feed_forward)

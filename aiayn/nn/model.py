@@ -1,4 +1,4 @@
-"""Encoder, Decoder, and the encoder-decoder and encoder-only models; `build_model(cfg)` wires them.
+"""Encoder, Decoder, and the encoder-decoder, encoder-only and decoder-only models; `build_model(cfg)` wires them.
 
 Data flow (docs/core.md, "Architecture map"): ids (B, L) -> embedding x sqrt(d_model) + positions -> N encoder layers
 -> memory (B, S, d_model); shifted target ids (B, T) -> embedding + positions -> N decoder
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from aiayn.config import ModelConfig
-from aiayn.nn.attention import KVCache, MultiHeadAttention
+from aiayn.nn.attention import AttentionCache, KVCache, MultiHeadAttention
 from aiayn.nn.embedding import (
     LearnedPositionalEmbedding,
     SinusoidalPositionalEncoding,
@@ -75,10 +75,14 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.final_norm = final_norm
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, S, d_model) -> (B, S, d_model)."""
-        for layer in self.layers:
-            x = layer(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, is_causal: bool = False,
+                caches: list[AttentionCache] | None = None) -> torch.Tensor:
+        """(B, S, d_model) -> (B, S, d_model); `is_causal` and one cache per layer for a decoder-only stack."""
+        for i, layer in enumerate(self.layers):
+            if is_causal or caches is not None:
+                x = layer(x, mask, is_causal=is_causal, cache=None if caches is None else caches[i])
+            else:
+                x = layer(x, mask)
         return x if self.final_norm is None else self.final_norm(x)
 
     def hidden_states(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> list[torch.Tensor]:
@@ -248,6 +252,38 @@ class EncoderModel(nn.Module):
         return self.head(hidden, None if mask is None else mask[:, 0, 0, :])
 
 
+class DecoderOnlyModel(nn.Module):
+    """Decoder-only language model (GPT): the paper's decoder without cross-attention.
+
+    Embeddings, N layers of masked self-attention -> Add & Norm -> feed-forward -> Add & Norm (`EncoderLayer`s run
+    with the look-ahead mask), and the vocabulary head, tied to the token embedding by default (section 3.4).
+    """
+
+    def __init__(self, cfg: ModelConfig, *, embed: Embeddings, decoder: Encoder, head: VocabularyHead):
+        super().__init__()
+        self.config = cfg
+        self.embed = embed
+        self.decoder = decoder
+        self.head = head
+
+    def decode(self, ids: torch.Tensor, *, caches: list[AttentionCache] | None = None) -> torch.Tensor:
+        """Ids (B, L) -> hidden states (B, L, d_model); each position sees itself and the positions before.
+
+        With `caches` (one per layer, `new_caches`), the ids continue the positions already cached: a
+        decoding step feeds only its newest token.
+        """
+        offset = 0 if caches is None or caches[0].key is None else caches[0].key.shape[2]
+        return self.decoder(self.embed(ids, offset=offset), is_causal=True, caches=caches)
+
+    def new_caches(self) -> list[AttentionCache]:
+        """One empty key/value cache per layer, for `decode`."""
+        return [AttentionCache() for _ in self.decoder.layers]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Ids (B, L) -> next-token logits (B, L, V). Padding goes at the end: no real token attends to it."""
+        return self.head(self.decode(ids))
+
+
 # -- builders ------------------------------------------------------------------------------------
 
 def _attention(cfg: ModelConfig) -> MultiHeadAttention:
@@ -311,8 +347,9 @@ def _init_weights(model: nn.Module) -> None:
                 nn.init.zeros_(module.bias)
 
 
-def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
-    """Build the model a config describes: encoder-decoder when `n_decoder_layers > 0`, else encoder-only.
+def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel | DecoderOnlyModel:
+    """Build the model a config describes: decoder-only when `causal`, encoder-decoder when `n_decoder_layers > 0`,
+    else encoder-only.
 
     A config too large for this machine's memory (`d_model=1048576`, `max_len=10**11`, a million layers) raises
     MemoryError naming its sizes before anything is allocated (`aiayn.nn.sizes`).
@@ -335,7 +372,15 @@ _HEADS: dict[str, Callable[[ModelConfig], nn.Module]] = {
 }
 
 
-def _build(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel:
+def _build(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel | DecoderOnlyModel:
+    if cfg.causal:
+        embed = _embeddings(cfg, cfg.vocab_size)
+        head = VocabularyHead(cfg.d_model, cfg.vocab_size)
+        model = DecoderOnlyModel(cfg, embed=embed, decoder=build_encoder(cfg), head=head)
+        _init_weights(model)
+        if cfg.tie_embeddings:
+            head.proj.weight = embed.tokens.weight  # section 3.4
+        return model
     if cfg.is_encoder_decoder:
         src_embed = _embeddings(cfg, cfg.vocab_size)
         shared = src_embed.tokens if cfg.share_embeddings else None
