@@ -8,6 +8,7 @@ from conftest import around_steps
 
 from aiayn.config import ModelConfig
 from aiayn.inference.generation import GenerationConfig, _beam_search, generate
+from aiayn.inference.steps import start as start_decoding
 from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import build_model
 
@@ -70,7 +71,11 @@ def test_beam_size_one_equals_greedy(seed, run_on):
     # generate() sends beam_size=1 to the greedy loop; the beam search code with one beam must agree.
     limits = torch.full((4,), 12)
     config = GenerationConfig(max_new_tokens=12, length_penalty=0.6)
-    tokens, scores, _ = _beam_search(model, src, limits, BOS, EOS, config)
+    def begin(steps, beams, record):
+        return start_decoding(model, src, steps, beams=beams, record=record)
+
+    start = torch.full((4, 1), BOS)
+    tokens, scores, _ = _beam_search(begin, start, limits, EOS, config)
     assert tokens == greedy.tokens
     # A beam of one scores sum(log p) / length ** alpha, the length counting </s> when emitted.
     lengths = torch.tensor([min(len(t) + 1, 12) for t in tokens], dtype=torch.float)

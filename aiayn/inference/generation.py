@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from aiayn.config import check_field_types, fold_old_spelling
+from aiayn.inference.steps import DecodingState
 from aiayn.inference.steps import start as start_decoding
 from aiayn.nn.model import EncoderDecoderModel
 from aiayn.nn.sizes import check_memory, forward_bytes
@@ -128,6 +130,7 @@ class GenerationOutput:
 
 
 Finished = Callable[[int, list[int], float], None]  # (sentence, its tokens, its score) once its search ended
+Begin = Callable[[int, int, bool], DecodingState]  # (steps, beams, record) -> the state a search steps
 
 
 @torch.no_grad()
@@ -185,14 +188,12 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
         limits = (lengths[rows].cpu() * config.length_ratio).long() + config.extra_len
     limits = limits.clamp(min=1, max=cfg.max_len)
     _check_search_size(model, len(rows), sub.shape[1], int(limits.max()), config)
-    search = _beam_search if config.beam_size > 1 else _greedy_or_sample
-    was_training = model.training
-    model.eval()
-    try:
-        out_tokens, out_scores, out_attn = search(model, sub, limits, bos_id, eos_id, config,
-                                                  finished if on_finished is not None else None)
-    finally:
-        model.train(was_training)  # generating during training (validation) leaves the mode as it was
+    def begin(steps: int, beams: int, record: bool) -> DecodingState:
+        return start_decoding(model, sub, steps, beams=beams, record=record)
+
+    start = torch.full((len(rows), 1), bos_id, dtype=torch.long, device=src.device)
+    out_tokens, out_scores, out_attn = search(model, begin, start, limits, eos_id, config,
+                                              finished if on_finished is not None else None)
     for j, i in enumerate(rows.tolist()):
         tokens[i] = out_tokens[j]
         scores[i] = out_scores[j]
@@ -200,6 +201,22 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
             attention[i] = out_attn[j][:, :, : len(out_tokens[j]), real[i, : sub.shape[1]]]
     _report_rest(on_finished, batch, reported, tokens, scores)
     return GenerationOutput(tokens, scores, attention)
+
+
+def search(model: nn.Module, begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id: int,
+           config: GenerationConfig, on_finished: Finished | None = None):
+    """The search `config` asks for (beam search, greedy decoding or sampling) over the states `begin` gives, from
+    `start` (B, P) (the last column fed first) for up to `limits` (B,) tokens each, with `model` in eval mode.
+
+    Returns (tokens per row, scores (B,), attention per row or None); `on_finished` as `generate`'s.
+    """
+    run = _beam_search if config.beam_size > 1 else _greedy_or_sample
+    was_training = model.training
+    model.eval()
+    try:
+        return run(begin, start, limits, eos_id, config, on_finished)
+    finally:
+        model.train(was_training)  # generating during training (validation) leaves the mode as it was
 
 
 def _report_rest(on_finished: Finished | None, batch: int, reported: set[int], tokens: list[list[int]],
@@ -316,15 +333,16 @@ def _warp(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
 
 # -- greedy and sampling --------------------------------------------------------------------------
 
-def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                      eos_id: int, config: GenerationConfig, on_finished: Finished | None = None):
+def _greedy_or_sample(begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id: int, config: GenerationConfig,
+                      on_finished: Finished | None = None):
     """One hypothesis per sentence: the most likely token each step, or a sampled one; with
-    `config.return_attention`, its cross-attention too; `on_finished` hears of each sentence that leaves the batch."""
-    batch, device = src.shape[0], src.device
+    `config.return_attention`, its cross-attention too; `on_finished` hears of each sentence that leaves the batch.
+    `start` (B, P): the tokens before the first generated one (the last is fed first; all count as history)."""
+    batch, device = start.shape[0], start.device
     limits = limits.to(device)
     steps = int(limits.max())
     record = config.return_attention
-    state = start_decoding(model, src, steps, record=record)
+    state = begin(steps, 1, record)
     sampler = None  # the random number generator of sampling
     if config.do_sample and config.seed is not None:
         sampler = torch.Generator(device=device).manual_seed(config.seed)
@@ -332,14 +350,13 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     scores = torch.zeros(batch, device=device)
     weights: list[torch.Tensor] = []
-    start = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)
-    next_input = start
+    next_input = start[:, -1:]
     sentences = torch.arange(batch, device=device)  # (B,) each row's sentence in the first batch
     retired: dict[int, tuple[list[int], float]] = {}  # sentence -> its tokens and score, once it left the batch
     for step in range(steps):
         logits, step_weights = state.step(next_input), state.attention  # (B, V), (B, n_layers, h, S) or None
         log_probs = F.log_softmax(logits, dim=-1)  # (B, V): the score counts the model's own probabilities
-        history = torch.cat([start[: out.shape[0]], out[:, :step]], dim=1) if _uses_history(config) else None
+        history = torch.cat([start, out[:, :step]], dim=1) if _uses_history(config) else None
         logits = _constrain(logits, history, step, eos_id, config)
         if config.do_sample:
             probs = _warp(logits, config).softmax(dim=-1)
@@ -362,8 +379,8 @@ def _greedy_or_sample(model: EncoderDecoderModel, src: torch.Tensor, limits: tor
             # draws stay those of the whole batch.
             done, alive = finished.nonzero()[:, 0], (~finished).nonzero()[:, 0]
             _keep(retired, sentences[done].tolist(), out[done].tolist(), scores[done].tolist(), eos_id, on_finished)
-            sentences, out, finished, scores, limits, next_input = (
-                t.index_select(0, alive) for t in (sentences, out, finished, scores, limits, next_input))
+            sentences, out, finished, scores, limits, next_input, start = (
+                t.index_select(0, alive) for t in (sentences, out, finished, scores, limits, next_input, start))
             state.reorder(alive, memory_rows=alive)
     _keep(retired, sentences.tolist(), out.tolist(), scores.tolist(), eos_id)
     attn = torch.stack(weights, dim=3).cpu() if weights else None  # (B, n_layers, h, T, S)
@@ -391,24 +408,23 @@ def _in_order(retired: dict[int, tuple[list[int], float]]) -> tuple[list[list[in
 
 # -- beam search ----------------------------------------------------------------------------------
 
-def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Tensor, bos_id: int,
-                 eos_id: int, config: GenerationConfig, on_finished: Finished | None = None):
+def _beam_search(begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id: int, config: GenerationConfig,
+                 on_finished: Finished | None = None):
     """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone. With
     `config.return_attention`, the chosen hypotheses' cross-attention too; `on_finished` hears of each sentence
-    that leaves the batch."""
-    batch, device, k = src.shape[0], src.device, config.beam_size
+    that leaves the batch. `start` (B, P) as `_greedy_or_sample`'s."""
+    batch, device, k = start.shape[0], start.device, config.beam_size
     limits = limits.to(device)
     beams = _Beams(batch, k, int(limits.max()), eos_id, config, device)
     record = config.return_attention
-    state = start_decoding(model, src, beams.steps, beams=k, record=record)  # B*k rows: beams of a sentence adjacent
-    start = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=device)
-    next_input = start
+    state = begin(beams.steps, k, record)  # B*k rows: beams of a sentence adjacent
+    start = start.repeat_interleave(k, dim=0)  # (B*k, P)
+    next_input = start[:, -1:]
     for step in range(beams.steps):
         logits, step_weights = state.step(next_input), state.attention  # (B*k, V), (B*k, n_layers, h, S) or None
         history = None
         if _uses_history(config):
-            history = torch.cat([start[: beams.batch * k], beams.running.view(beams.batch * k, -1)[:, :step]],
-                                dim=1)  # (B*k, 1 + step)
+            history = torch.cat([start, beams.running.view(beams.batch * k, -1)[:, :step]], dim=1)  # (B*k, P + step)
         log_probs = _constrain(F.log_softmax(logits, dim=-1), history, step, eos_id, config)
         # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
         # are among the best 2k tokens of each of its beams: only those are scored.
@@ -425,6 +441,7 @@ def _beam_search(model: EncoderDecoderModel, src: torch.Tensor, limits: torch.Te
             rows = (alive[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B'*k,) their beams' rows
             parents = parents.view(-1, k).index_select(0, alive).view(-1)
             limits = limits.index_select(0, alive)
+            start = start.index_select(0, rows)
             state.reorder(parents, memory_rows=rows)
         else:  # the memory's keys and values are the same for every beam of a sentence: they stay
             state.reorder(parents)
