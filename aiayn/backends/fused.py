@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from aiayn.backends.calibrate import FEW_ROWS_MAX
-from aiayn.nn.attention import MultiHeadAttention, attend
+from aiayn.nn.attention import AttentionCache, MultiHeadAttention, attend
 from aiayn.nn.layers import EncoderLayer, hooked
 
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x, weight, bias) -> y
@@ -188,10 +188,11 @@ class TorchEncoderLayer(nn.Module):
                 and all(type(m) is nn.Linear for m in (ffn.linear1, ffn.linear2)) and norms[0].eps == norms[1].eps
                 and (type(activation) is nn.ReLU or (type(activation) is nn.GELU and activation.approximate == "none")))
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """(B, S, d_model) -> (B, S, d_model); `mask` (B, 1, 1, S) marks real tokens, as the layer's."""
-        if not self._takes(x, mask):
-            return self.layer(x, mask)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, is_causal: bool = False,
+                cache: AttentionCache | None = None) -> torch.Tensor:
+        """(B, S, d_model) -> (B, S, d_model); the arguments as the layer's (which runs a causal or cached call)."""
+        if is_causal or cache is not None or not self._takes(x, mask):
+            return self.layer(x, mask, is_causal=is_causal, cache=cache)
         padding = None if mask is None else ~mask[:, 0, 0]  # (B, S) True = padding, torch's convention
         return torch._transformer_encoder_layer_fwd(
             x, self.d_model, self.n_heads, *self.weights[:4], self.gelu, self.norm_first, self.eps,

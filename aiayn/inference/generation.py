@@ -1,6 +1,7 @@
-"""Autoregressive generation for encoder-decoder models: greedy, beam search and sampling on the KV cache.
+"""Autoregressive generation: greedy, beam search and sampling on the KV cache.
 
-Stable API: `generate(model, src, bos_id=..., eos_id=..., config=GenerationConfig(...)) -> GenerationOutput`.
+Stable API: `generate(model, src, bos_id=..., eos_id=..., config=GenerationConfig(...)) -> GenerationOutput` for
+encoder-decoder models, `continue_prompts(model, prompts, eos_id=..., config=...)` for decoder-only ones.
 
 The searches drive the decoder through `aiayn.inference.steps` (start on the sources, one step per token):
 the source is encoded once, each step feeds only the newest target token over the cached keys and
@@ -26,9 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.config import check_field_types, fold_old_spelling
-from aiayn.inference.steps import DecodingState
+from aiayn.inference.steps import DecodingState, start_causal
 from aiayn.inference.steps import start as start_decoding
-from aiayn.nn.model import EncoderDecoderModel
+from aiayn.nn.model import DecoderOnlyModel, EncoderDecoderModel
 from aiayn.nn.sizes import check_memory, forward_bytes
 
 NEG_INF = float("-inf")
@@ -201,6 +202,36 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
             attention[i] = out_attn[j][:, :, : len(out_tokens[j]), real[i, : sub.shape[1]]]
     _report_rest(on_finished, batch, reported, tokens, scores)
     return GenerationOutput(tokens, scores, attention)
+
+
+@torch.no_grad()
+def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: int,
+                     config: GenerationConfig | None = None) -> GenerationOutput:
+    """Continue prompts (B, P) of one length (no padding) with a decoder-only model: the new ids of each.
+
+    `config.max_new_tokens` None means `extra_len` new tokens; never past the model's `max_len` positions. The
+    prompt counts as history for `repetition_penalty` and `no_repeat_ngram_size`, as in Hugging Face `generate()`.
+    """
+    config = config or GenerationConfig()
+    if not isinstance(prompts, torch.Tensor) or prompts.dim() != 2 or prompts.shape[1] < 1:
+        raise ValueError(f"prompt ids must be a (batch, length >= 1) tensor, got {getattr(prompts, 'shape', prompts)}")
+    if config.return_attention:
+        raise ValueError("return_attention records cross-attention, which a decoder-only model has none of")
+    cfg = model.config
+    if not 0 <= eos_id < cfg.vocab_size:
+        raise ValueError(f"eos_id {eos_id} is outside the vocabulary (size {cfg.vocab_size})")
+    room = cfg.max_len - prompts.shape[1]
+    if room < 1:
+        raise ValueError(f"a prompt of {prompts.shape[1]} tokens leaves no room in the model's max_len "
+                         f"({cfg.max_len}) positions; shorten it to at most {cfg.max_len - 1} tokens")
+    limit = min(config.max_new_tokens or config.extra_len, room)
+    limits = torch.full((prompts.shape[0],), limit, dtype=torch.long)
+
+    def begin(steps: int, beams: int, record: bool) -> DecodingState:
+        return start_causal(model, prompts, beams=beams)
+
+    tokens, scores, _ = search(model, begin, prompts, limits, eos_id, config)
+    return GenerationOutput(tokens, scores, None)
 
 
 def search(model: nn.Module, begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id: int,

@@ -7,7 +7,7 @@ small protocol, so any model that implements it is searched the same way:
     logits = state.step(tokens)                  # (N, 1) newest tokens -> (N, V) next-token logits
     state.reorder(parents)                       # beam search: rows continue other rows' prefixes
 
-Two implementations:
+An encoder-decoder's states (`start`), two implementations:
 - `StaticState`, the fast one: every layer's self-attention keys and values in one buffer allocated for the
   whole search (`steps` positions), the memory's keys and values projected once per sentence (not per beam),
   and each step one flat function over the layers' own parts (their projections as the backend prepared
@@ -17,7 +17,8 @@ Two implementations:
 - `ModuleState`: the modules' own `decode`, for what the flat step does not do: recording attention weights
   (`return_attention`), and models whose modules a hook watches (profilers, `aiayn inspect`).
 Both compute the same arithmetic; `tests/test_inference_steps.py` holds them equal to each other and to
-recomputing the whole prefix at every step.
+recomputing the whole prefix at every step. A decoder-only model's state (`start_causal`) runs the prompt once and
+then its layers on their key/value caches, one token a step.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from torch import nn
 from aiayn.backends.absorbed import AbsorbedCrossAttention
 from aiayn.nn.attention import attention_weights
 from aiayn.nn.layers import DecoderLayer, hooked
-from aiayn.nn.model import EncoderDecoderModel
+from aiayn.nn.model import DecoderOnlyModel, EncoderDecoderModel
 
 
 class DecodingState(Protocol):
@@ -56,6 +57,37 @@ def start(model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: i
     if record or not StaticState.runs(model):
         return ModuleState(model, src, beams=beams, record=record)
     return StaticState(model, src, steps, beams=beams)
+
+
+# -- a decoder-only model ----------------------------------------------------------------------------
+
+def start_causal(model: DecoderOnlyModel, prompts: torch.Tensor, *, beams: int = 1) -> DecodingState:
+    """The state that continues `prompts` (B, P) of a decoder-only model, `beams` rows per prompt: the prompts but
+    their last token are run once here, and the search's first step feeds that last token."""
+    return CausalState(model, prompts, beams=beams)
+
+
+class CausalState:
+    """A decoder-only model's search state: each layer's self-attention keys and values, from the prompt on."""
+
+    attention = None  # a decoder-only model has no cross-attention to record
+
+    def __init__(self, model: DecoderOnlyModel, prompts: torch.Tensor, *, beams: int = 1):
+        self.model = model
+        self.caches = model.new_caches()
+        ids = prompts.repeat_interleave(beams, dim=0)  # (B * beams, P): the beams of a prompt adjacent
+        if ids.shape[1] > 1:
+            model.decode(ids[:, :-1], caches=self.caches)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Newest token ids (N, 1) -> next-token logits (N, V) in float32."""
+        hidden = self.model.decode(tokens, caches=self.caches)  # (N, 1, d_model)
+        return self.model.head(hidden[:, -1]).float()
+
+    def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
+        """See `DecodingState.reorder` (there is no memory: `rows` says everything)."""
+        for cache in self.caches:
+            cache.reorder(rows)
 
 
 # -- the flat step over a static cache -----------------------------------------------------------------
@@ -209,4 +241,4 @@ def _recording_cross_attention(model: EncoderDecoderModel, on: bool) -> Iterator
         yield cross
 
 
-__all__ = ["DecodingState", "ModuleState", "StaticState", "start"]
+__all__ = ["CausalState", "DecodingState", "ModuleState", "StaticState", "start", "start_causal"]
