@@ -98,7 +98,9 @@ def load_model(directory: str | Path) -> nn.Module:
     check_input_file(weights, "weights file")  # a device, a link loop or a dangling link: said so
     # the model and the file's tensors are in memory together while the weights are copied in
     check_model_fits(cfg, extra=weights.stat().st_size, what=f"the model in {directory}")
-    check_layer_counts(weights, cfg.n_encoder_layers, cfg.n_decoder_layers)  # before building them
+    # before building them; a decoder-only model keeps its n_encoder_layers layers under "decoder."
+    stacks = (0, cfg.n_encoder_layers) if cfg.causal else (cfg.n_encoder_layers, cfg.n_decoder_layers)
+    check_layer_counts(weights, *stacks)
     return load_weights(build_model(cfg), weights).eval()
 
 

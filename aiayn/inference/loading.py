@@ -3,6 +3,7 @@
 | the directory holds | you get |
 | --- | --- |
 | a translation run or encoder-decoder model | `Translator` |
+| a language-model run or decoder-only model | `Generator` |
 | a classification run (head `sequence_classification`) | `Classifier` |
 | a tagging run (head `token_classification`) | `Tagger` |
 | a masked-LM run, a plain encoder, a BERT-family checkpoint, a sentence-transformers model | `Embedder` |
@@ -17,6 +18,7 @@ import torch
 
 from aiayn.inference.classifiers import Classifier, Tagger
 from aiayn.inference.embeddings import Embedder
+from aiayn.inference.generator import Generator
 from aiayn.inference.translator import Translator
 from aiayn.rundir import (
     EXPORT,
@@ -32,7 +34,7 @@ from aiayn.rundir import (
     no_model_hint,
 )
 
-Loaded = Translator | Classifier | Tagger | Embedder
+Loaded = Translator | Generator | Classifier | Tagger | Embedder
 _BY_HEAD = {cls.head_kind: cls for cls in (Classifier, Tagger)}  # each names the task head it serves
 _READS = ("aiayn.load reads aiayn runs and model directories, BERT-family checkpoints (sentence-transformers "
           "models included) and the name 'minilm'")
@@ -76,6 +78,8 @@ def task_class(path: str | Path) -> type:
         from aiayn.io import load_config
 
         cfg = load_config(directory)
+        if cfg.causal:
+            return Generator
         if cfg.is_encoder_decoder:
             return Translator
         return _BY_HEAD.get(cfg.head, Embedder)
@@ -87,7 +91,8 @@ def load(path_or_name: str | Path, *, device: str | torch.device | None = None) 
     """The task object of a run, model directory, BERT-family checkpoint or the name `minilm`.
 
     Returns:
-        A `Translator` (`.translate`), `Classifier` / `Tagger` (`.predict`) or `Embedder` (`.embed`).
+        A `Translator` (`.translate`), `Generator` (`.generate`), `Classifier` / `Tagger` (`.predict`) or
+        `Embedder` (`.embed`).
 
     Raises:
         FileNotFoundError, ValueError: nothing aiayn can read is there (the message says what is).

@@ -1,0 +1,93 @@
+"""`Generator`: a prompt in, its continuation out, with a trained decoder-only language model (`aiayn generate`).
+
+Each prompt is `<s>` + its tokens, as the training lines began; prompts of one length are continued together
+(`aiayn.inference.generation.continue_prompts`: greedy, sampling or beam search on the key/value cache), and the
+new tokens come back as text that continues the prompt exactly (the tokenizer is lossless). Keywords follow
+Hugging Face `generate()`: `max_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`, `num_beams`,
+`repetition_penalty`, `no_repeat_ngram_size`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aiayn.inference.generation import GenerationConfig, continue_prompts
+from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list
+from aiayn.inference.translator import search_settings
+from aiayn.tokenization import Tokenizer
+
+# Hugging Face's defaults for a language model: greedy, up to 50 new tokens (`extra_len`, the paper's + 50).
+DEFAULT_SEARCH = GenerationConfig()
+
+
+@dataclass
+class Completion:
+    """One continuation: its text (what follows the prompt), its ids (no `</s>`) and its score (sum of log p)."""
+
+    text: str
+    tokens: list[int]
+    score: float
+
+
+class Generator(ModelRunner):
+    """Continue text with a decoder-only language model.
+
+    Args:
+        model: a `DecoderOnlyModel` (`ModelConfig.causal`).
+        tokenizer: its tokenizer.
+        device, precision, plain: where and how the model runs (`ModelRunner`).
+    """
+
+    def __init__(self, model: nn.Module, tokenizer: Tokenizer, *, device: str | torch.device | None = None,
+                 precision: str | None = "fp32", plain: bool = False):
+        if not getattr(model.config, "causal", False):
+            raise ValueError("a Generator needs a decoder-only language model (causal=true); aiayn.load picks "
+                             "the right object for any directory")
+        check_vocabulary(tokenizer, model.config.vocab_size, "vocab_size", exact=True)
+        super().__init__(model, device=device, precision=precision, plain=plain)
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, *, device: str | torch.device | None = None,
+                        precision: str | None = "fp32") -> Generator:
+        """The generator of a run or model directory (config.json, model.safetensors, tokenizer)."""
+        from aiayn.io import load_model, load_tokenizers
+
+        return cls(load_model(directory), load_tokenizers(directory)[0], device=device, precision=precision)
+
+    def generate(self, prompts: str | Sequence[str], config: GenerationConfig | None = None, *,
+                 max_new_tokens: int | None = None, do_sample: bool | None = None, temperature: float | None = None,
+                 top_k: int | None = None, top_p: float | None = None, num_beams: int | None = None,
+                 beam_size: int | None = None, length_penalty: float | None = None,
+                 repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
+                 seed: int | None = None) -> list[Completion]:
+        """Continue each prompt (one string or a list); the completions come back in the prompts' order."""
+        texts = text_list(prompts)
+        config = search_settings(config or DEFAULT_SEARCH, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, num_beams=num_beams,
+                                 beam_size=beam_size, length_penalty=length_penalty,
+                                 repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
+                                 seed=seed)
+        rows = self.tokenizer.encode_batch(texts, add_bos=True)
+        by_length: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            by_length.setdefault(len(row), []).append(i)
+        model = self.prepared_model()
+        out: list[Completion | None] = [None] * len(texts)
+        for indices in by_length.values():
+            ids = torch.tensor([rows[i] for i in indices], device=self.device)  # (B, P): one length, no padding
+            result = continue_prompts(model, ids, eos_id=self.tokenizer.eos_id, config=config)
+            for i, tokens, score in zip(indices, result.tokens, result.scores.tolist()):
+                out[i] = Completion(self._continuation(rows[i], tokens), tokens, score)
+        return out  # type: ignore[return-value]
+
+    def _continuation(self, prompt: list[int], new: list[int]) -> str:
+        """The text the new ids add to the prompt's (decoded together, so a word split across them reads whole)."""
+        before = self.tokenizer.decode(prompt)
+        after = self.tokenizer.decode(prompt + new)
+        return after[len(before):] if after.startswith(before) else self.tokenizer.decode(new)
