@@ -7,6 +7,9 @@
   The answer depends on both phrases at once, so it needs attention across positions; the
   majority-class baseline is 50%.
 - `copy`: copy a random letter string (a smoke test for sequence-to-sequence training).
+- `counting`: text for a language model: lines that count on from a number in English words ("one hundred and
+  five, one hundred and six, ..."). Continuing a line needs the words of the number before, several tokens back;
+  each split starts from numbers of its own.
 """
 
 from __future__ import annotations
@@ -15,8 +18,10 @@ import random
 from dataclasses import dataclass
 
 from aiayn.data.readers import LabelledText, ParallelExample
+from aiayn.tasks.names import CAUSAL_LM, SEQ2SEQ, SEQUENCE_CLASSIFICATION
 
-TASKS = ("numbers", "compare", "copy")
+TASKS = ("numbers", "compare", "copy", "counting")
+OBJECTIVE_OF = {"numbers": SEQ2SEQ, "compare": SEQUENCE_CLASSIFICATION, "copy": SEQ2SEQ, "counting": CAUSAL_LM}
 
 
 @dataclass
@@ -118,12 +123,27 @@ def copy_task(*, seed: int = 0, n_train: int = 2000, n_valid: int = 100, n_test:
     return Splits(train=items[:n_train], valid=items[n_train:n_train + n_valid], test=items[n_train + n_valid:])
 
 
+def counting_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
+                  max_number: int = 10000) -> Splits:
+    """Lines of 3 to 8 consecutive numbers in English words, each from its own start in [0, max_number)."""
+    _split_sizes(max_number, n_train, n_valid, n_test)
+    starts = list(range(max_number))
+    rng = random.Random(seed)
+    rng.shuffle(starts)
+
+    def line(start: int) -> str:
+        return ", ".join(english_spelling(n, "no comma") for n in range(start, start + rng.randint(3, 8)))
+
+    lines = [line(n) for n in starts[: n_train + n_valid + n_test]]
+    return Splits(train=lines[:n_train], valid=lines[n_train:n_train + n_valid], test=lines[n_train + n_valid:])
+
+
 def builtin_task(name: str, *, seed: int, n_train: int, n_valid: int, n_test: int, max_number: int = 10000,
                  max_len: int = 8) -> Splits:
     """The named built-in task's splits (`max_number` bounds the numbers, `max_len` the copy strings)."""
     if name == "copy":
         return copy_task(seed=seed, n_train=n_train, n_valid=n_valid, n_test=n_test, max_len=max_len)
-    makers = {"numbers": numbers_task, "compare": compare_task}
+    makers = {"numbers": numbers_task, "compare": compare_task, "counting": counting_task}
     if name not in makers:
         raise ValueError(f"unknown built-in task {name!r}; choose one of {', '.join(TASKS)}")
     return makers[name](seed=seed, n_train=n_train, n_valid=n_valid, n_test=n_test, max_number=max_number)

@@ -6,6 +6,7 @@
 | sequence classification | `SequenceClassification` | `sequence_classification.py` |
 | token classification (tagging) | `TokenClassification` | `token_classification.py` |
 | masked language modelling (BERT) | `MaskedLM` | `masked_lm.py` |
+| causal language modelling (GPT) | `CausalLM` | `causal_lm.py` |
 
 A task object owns what differs between objectives: how a data file is read and encoded (asked by
 `aiayn.data.prepare` through `TrainConfig.objective_task`), how a batch is collated, the forward that
@@ -23,6 +24,7 @@ import importlib
 
 from aiayn.tasks.base import Task
 from aiayn.tasks.names import (
+    CAUSAL_LM,
     ENCODER_OBJECTIVES,
     LABELLED,
     MASKED_LM,
@@ -40,6 +42,7 @@ _MODULES = {
     SEQUENCE_CLASSIFICATION: "aiayn.tasks.sequence_classification",
     TOKEN_CLASSIFICATION: "aiayn.tasks.token_classification",
     MASKED_LM: "aiayn.tasks.masked_lm",
+    CAUSAL_LM: "aiayn.tasks.causal_lm",
 }
 
 

@@ -1,0 +1,53 @@
+"""Causal language modelling (GPT): each token of a line predicted from the tokens before it; scored on loss.
+
+The model is the decoder-only shape (`ModelConfig.causal`: the paper's decoder without cross-attention). A line
+is `<s>` + its tokens + `</s>`; the model reads all but the last id and learns the next one at every position
+(teacher forcing, as the translation decoder does), so one line trains as many predictions as it has tokens.
+What a trained model gives at inference is `aiayn.inference.generator.Generator` (`aiayn generate`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from aiayn.data.collate import IGNORE, pad
+from aiayn.data.prepare import PreparedData
+from aiayn.data.readers import ReadStats, read_text
+from aiayn.tasks.base import Encoded, Task
+from aiayn.tasks.names import CAUSAL_LM
+from aiayn.tokenization import Tokenizer
+
+
+class CausalLM(Task):
+    """ids (B, L) = `<s>` + a line's tokens; labels (B, L) = the line's tokens + `</s>`, one position ahead."""
+
+    name = CAUSAL_LM
+
+    def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
+        """Plain text, one example a line."""
+        return read_text(path)
+
+    def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
+        """`<s>` ids `</s>` of each line; its length is what the model reads (one less)."""
+        ids = source.encode_batch(list(raw), add_bos=True, add_eos=True)
+        return ids, [(len(i) - 1, 0) for i in ids]
+
+    def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
+                generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+        """ids (B, L): each line but its last id, right-padded; labels (B, L): each line but its first, -100 on
+        padding (which the look-ahead mask keeps every real position from seeing)."""
+        return {"ids": pad([row[:-1] for row in items], data.source_tokenizer.pad_id),
+                "labels": pad([row[1:] for row in items], IGNORE)}
+
+    def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Only the N real positions reach the vocabulary projection: logits (N, V), labels (N,)."""
+        labels = batch["labels"]
+        hidden = model.decode(batch["ids"])  # (B, L, d_model)
+        keep = labels != IGNORE
+        return model.head(hidden[keep]), labels[keep]  # (N, V), (N,)
+
+
+TASK = CausalLM()
