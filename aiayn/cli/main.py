@@ -22,7 +22,8 @@ from aiayn.cli.options import check_numbers
 from aiayn.cli.streams import Stdout, silence_stdout
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
-COMMAND_MODULES = ("core", "data", "train", "translate", "predict", "encoders", "export", "serve", "verify", "bench")
+COMMAND_MODULES = ("core", "data", "train", "translate", "generate", "predict", "encoders", "export", "serve", "verify",
+                   "bench")
 # The `nargs="*"` positional of each command that has one (config items, overrides, texts).
 POSITIONAL_LISTS = ("items", "overrides", "texts", "text")
 

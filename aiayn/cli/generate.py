@@ -1,0 +1,54 @@
+"""`aiayn generate`: continue prompts with a trained decoder-only language model (greedy, sampling or beam)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from aiayn.cli.options import add_device_argument, add_precision_argument, input_lines, integer, number
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add `aiayn generate`."""
+    p = subparsers.add_parser(
+        "generate", help="continue text with a trained language model (objective=causal_lm)",
+        description="Continue each PROMPT argument, each line of --input FILE, or each line of stdin; one output "
+                    "line per prompt: the prompt followed by its continuation (--only-new: the continuation).",
+    )
+    p.add_argument("text", nargs="*", metavar="PROMPT", help="prompts to continue (default: read --input or stdin)")
+    p.add_argument("--run", required=True, help="model directory of a language model (objective=causal_lm)")
+    p.add_argument("--input", "-i", help="file of prompts, one per line ('-' for stdin)")
+    p.add_argument("--max-new-tokens", type=integer(1), default=50, help="most new tokens a prompt (default 50)")
+    p.add_argument("--sample", action="store_true", help="sample instead of taking the most likely token")
+    p.add_argument("--temperature", type=number(above=0), default=1.0)
+    p.add_argument("--top-k", type=integer(0), default=0)
+    p.add_argument("--top-p", type=number(maximum=1, above=0), default=1.0)
+    p.add_argument("--beam", type=integer(1), default=1, help="beam size (default 1: greedy or sampling)")
+    p.add_argument("--repetition-penalty", type=number(above=0), default=1.0,
+                   help="divide the score of tokens already in the text by this, as Hugging Face generate() (1: off)")
+    p.add_argument("--no-repeat-ngram-size", type=integer(0), default=0,
+                   help="no n-gram of this size twice in the text (default 0: off)")
+    p.add_argument("--seed", type=integer(0), default=None, help="seed for --sample")
+    p.add_argument("--only-new", action="store_true", help="print the continuation without its prompt")
+    add_device_argument(p)
+    add_precision_argument(p)
+    p.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Continue each prompt; print one line per prompt."""
+    from aiayn.inference.generator import Generator
+
+    if args.sample and args.beam > 1:
+        raise ValueError("--sample draws one continuation a prompt: leave --beam at 1")
+    generator = Generator.from_pretrained(args.run, device=args.device, precision=args.precision)
+    prompts = input_lines(args, "prompts")
+    completions = generator.generate(prompts, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+                                     temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                     num_beams=args.beam, repetition_penalty=args.repetition_penalty,
+                                     no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed)
+    for prompt, completion in zip(prompts, completions):
+        text = completion.text if args.only_new else prompt + completion.text
+        print(text.replace("\r", " ").replace("\n", " "), flush=True)
+    sys.stdout.flush()
+    return 0
