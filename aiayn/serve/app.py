@@ -4,6 +4,7 @@
 | --- | --- | --- |
 | `POST /translate` | LibreTranslate (JSON or form: `q` one text or a list, `source`, `target`) | `{"translatedText"}` |
 | `GET /languages` | LibreTranslate | `[{"code", "name", "targets"}]` |
+| `POST /v1/completions` | OpenAI (`prompt`, `model`, `max_tokens`, `temperature`, `top_p`, `stop`...) | completions |
 | `POST /v1/embeddings` | OpenAI (`input`, `model`, `encoding_format` float or base64) | `{"object": "list"}` |
 | `GET /v1/models` | OpenAI | the models served |
 | `POST /embed` | text-embeddings-inference (`inputs`) | a list of vectors |
@@ -22,6 +23,7 @@ import contextlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -41,8 +43,8 @@ from aiayn.serve.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
 
-ROUTES = ("/", "/health", "/metrics", "/languages", "/translate", "/v1/embeddings", "/v1/models", "/embed",
-          "/predict", "/v1/inspect")
+ROUTES = ("/", "/health", "/metrics", "/languages", "/translate", "/v1/completions", "/v1/embeddings", "/v1/models",
+          "/embed", "/predict", "/v1/inspect")
 FORMATS = ("text", "html")
 
 
@@ -248,8 +250,28 @@ def libretranslate_routes(server: Server) -> APIRouter:
 
 
 def openai_routes(server: Server) -> APIRouter:
-    """OpenAI's `/v1/embeddings` (float or base64 vectors) and `/v1/models`."""
+    """OpenAI's `/v1/completions`, `/v1/embeddings` (float or base64 vectors) and `/v1/models`."""
     router = APIRouter()
+
+    @router.post("/v1/completions")
+    async def openai_completions(request: Request) -> JSONResponse:
+        fields = await read_fields(request, server.limits)
+        prompts, _ = texts_field(fields, "prompt", server.limits)
+        model = pick(server.models, "complete", string_field(fields, "model"))
+        settings, stops, echo = completion_settings(fields)
+        tokens = model.count_tokens([(p, settings) for p in prompts])
+        results = await server.run(request, model, [(p, settings) for p in prompts])
+        choices = []
+        for i, (prompt, result) in enumerate(zip(prompts, results)):
+            text, stopped = cut_at_stop(result.text, stops)
+            finish = "stop" if stopped or len(result.tokens) < dict(settings)["max_new_tokens"] else "length"
+            choices.append({"text": prompt + text if echo else text, "index": i, "logprobs": None,
+                            "finish_reason": finish})
+        new_tokens = sum(len(r.tokens) for r in results)
+        return JSONResponse({"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+                             "model": model.name, "choices": choices,
+                             "usage": {"prompt_tokens": tokens, "completion_tokens": new_tokens,
+                                       "total_tokens": tokens + new_tokens}})
 
     @router.post("/v1/embeddings")
     async def openai_embeddings(request: Request) -> JSONResponse:
@@ -271,6 +293,50 @@ def openai_routes(server: Server) -> APIRouter:
                 "data": [{"id": m.name, "object": "model", "owned_by": "aiayn"} for m in server.models]}
 
     return router
+
+
+def completion_settings(fields: dict) -> tuple[tuple, list[str], bool]:
+    """(the `Generator.generate` settings as sorted pairs, the stop strings, echo) of an OpenAI completions request:
+    `max_tokens` (16), `temperature` (1; 0 takes the most likely token), `top_p` (1), `seed`, `stop`, `echo`."""
+    def number(name: str, default: float, low: float, high: float) -> float:
+        value = fields.get(name, default)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+            raise ApiError(422, f"the field {name!r} must be a number from {low} to {high}, got {value!r}")
+        return value
+
+    max_tokens = fields.get("max_tokens", 16)
+    if max_tokens is None:
+        max_tokens = 16
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ApiError(422, f"the field 'max_tokens' must be a positive integer, got {max_tokens!r}")
+    if fields.get("n", 1) not in (1, None):
+        raise ApiError(422, "the field 'n' must be 1: this server returns one completion a prompt")
+    seed = fields.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ApiError(422, f"the field 'seed' must be a non-negative integer, got {seed!r}")
+    stop = fields.get("stop") or []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
+        raise ApiError(422, "the field 'stop' must be a string or a list of at most 4 non-empty strings")
+    echo = fields.get("echo", False)
+    if not isinstance(echo, bool):
+        raise ApiError(422, f"the field 'echo' must be true or false, got {echo!r}")
+    temperature = number("temperature", 1.0, 0.0, 2.0)
+    top_p = number("top_p", 1.0, 0.0, 1.0)
+    if top_p == 0:
+        raise ApiError(422, "the field 'top_p' must be above 0")
+    settings = {"max_new_tokens": min(max_tokens, 4096), "do_sample": temperature > 0, "seed": seed}
+    if temperature > 0:
+        settings.update(temperature=float(temperature), top_p=float(top_p))
+    return tuple(sorted(settings.items())), stops, echo
+
+
+def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """`text` up to the first of `stops` (not included), and whether one occurred."""
+    ends = [text.find(s) for s in stops if s in text]
+    return (text[: min(ends)], True) if ends else (text, False)
 
 
 def tei_routes(server: Server) -> APIRouter:

@@ -1,7 +1,8 @@
 """The objects a server answers with: each loaded task object, its batcher, and what its routes need.
 
 One class per kind of object (`SERVED` maps the task object's class to it): a translator answers
-`/translate`, an embedder `/v1/embeddings` and `/embed`, a classifier or tagger `/predict`. Each one
+`/translate`, a generator `/v1/completions`, an embedder `/v1/embeddings` and `/embed`, a classifier or tagger
+`/predict`. Each one
 counts a request's tokens before it is queued (so a text the model cannot take is refused alone,
 with 422) and runs a gathered batch through the object's own batched call (`call`): in the server's
 pass thread, or, given a `WorkerPool`, in a worker process that holds its own copy of the object.
@@ -18,6 +19,7 @@ import torch
 
 from aiayn.inference.classifiers import Classifier, Prediction, Tagger
 from aiayn.inference.embeddings import Embedder, encode_texts
+from aiayn.inference.generator import Completion, Generator
 from aiayn.inference.translator import DEFAULT_SEARCH, Translator
 from aiayn.serve.batching import Batcher, Passes
 from aiayn.serve.limits import ApiError, Limits
@@ -169,7 +171,37 @@ class ServedLabeller(Served):
         return [{"word": tag.word, "entity": tag.tag, "score": tag.score, "index": i} for i, tag in enumerate(result)]
 
 
-SERVED: dict[type, type[Served]] = {Translator: ServedTranslator, Embedder: ServedEmbedder,
+class ServedGenerator(Served):
+    """A `Generator`: OpenAI's completions. A queued item is (prompt, settings), so requests with different
+    settings share one queue; a batch runs one `generate` per distinct settings."""
+
+    kind = "complete"
+
+    def count_tokens(self, items: Sequence[tuple[str, tuple]]) -> int:
+        tokenizer, limit = self.obj.tokenizer, self.obj.model.config.max_len
+        total = 0
+        for number, (prompt, _) in enumerate(items):
+            length = len(tokenizer.encode(prompt, add_bos=True))
+            if length >= limit:
+                raise ApiError(422, f"prompt {number} has {length} tokens, and the model reads at most {limit} "
+                                    "positions with its continuation: shorten it")
+            total += length
+        return total
+
+    @staticmethod
+    def call(obj: Generator, items: list[tuple[str, tuple]]) -> list[Completion]:
+        """`obj.generate` on each group of prompts that share their settings; the results in the items' order."""
+        groups: dict[tuple, list[int]] = {}
+        for i, (_, settings) in enumerate(items):
+            groups.setdefault(settings, []).append(i)
+        out: list[Completion | None] = [None] * len(items)
+        for settings, indices in groups.items():
+            for i, completion in zip(indices, obj.generate([items[i][0] for i in indices], **dict(settings))):
+                out[i] = completion
+        return out  # type: ignore[return-value]
+
+
+SERVED: dict[type, type[Served]] = {Translator: ServedTranslator, Generator: ServedGenerator, Embedder: ServedEmbedder,
                                     Classifier: ServedLabeller, Tagger: ServedLabeller}
 
 
