@@ -7,7 +7,8 @@ import torch
 from conftest import around_steps
 
 from aiayn.config import ModelConfig
-from aiayn.inference.generation import GenerationConfig, _beam_search, generate
+from aiayn.inference.generation import GenerationConfig, generate
+from aiayn.inference.searches import _beam_search
 from aiayn.inference.steps import start as start_decoding
 from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import build_model
@@ -266,7 +267,7 @@ def test_benchmark_runs(capsys):
 @pytest.mark.parametrize("vocab", [50, 2000, 37000])
 def test_topk_rows_equals_topk(vocab):
     # Beam search takes each beam's best tokens through blocks' maxima: the same values and ids as topk.
-    from aiayn.inference.generation import topk_rows
+    from aiayn.inference.searches import topk_rows
 
     x = torch.randn(6, vocab)
     x[2] = float("-inf")
