@@ -4,6 +4,8 @@ Marian (and Hugging Face's port of it) is the paper's model: post-LN layers, sta
 positions (stored as a sin half then a cos half: aiayn's `pe_layout="split"`), embeddings x sqrt(d_model)
 (`scale_embedding=True`), LayerNorm eps 1e-5, attention scaled by d_k ** -0.5. The only parameters
 aiayn lacks are Marian's `final_logits_bias` (zeros unless trained; `from_marian` refuses non-zero ones).
+A pre-LN model (`norm_first=True`) goes to Pegasus instead (`aiayn.interop.pegasus`), whose layers carry
+the same names: the split layout, the weight copy and the generation settings here serve both.
 
 A model in the paper's interleaved layout (sin on even, cos on odd dimensions: what `aiayn train`
 uses by default) maps too: `to_split_layout` permutes the d_model basis, which turns interleaved
