@@ -2,7 +2,8 @@
 
 | the source | format | written by |
 | --- | --- | --- |
-| a translator (encoder-decoder) | Hugging Face Marian model + tokenizer | `interop.marian.export_marian` |
+| a post-LN translator (encoder-decoder) | Hugging Face Marian model + tokenizer | `interop.marian.export_marian` |
+| a pre-LN translator (`norm_first`) | Hugging Face Pegasus model + tokenizer | `interop.pegasus.export_pegasus` |
 | a translator, `ctranslate2` | CTranslate2 model (+ tokenizer files) | `interop.ctranslate2.to_ctranslate2` |
 | an encoder of BERT's layout | sentence-transformers / BERT model + tokenizer | `interop.sentence_transformers` |
 | any encoder, `onnx` | `model.onnx` + tokenizer | `interop.onnx.export_onnx` |
@@ -37,6 +38,10 @@ CHECK_TEXTS = ("The cat sat on the mat.", "Attention is all you need.", "a b c d
                "three hundred and five", "naïve café, déjà vu", "Zürich 2017: 12.5% mehr!",
                "literal <s> and </s> here", "日本語のテキスト", "one two three four five six seven eight nine ten")
 CHECK_MAX_NEW_TOKENS = 48
+# Teacher-forced logits of a float32 export and of aiayn differ by rounding alone: the same products summed in
+# another order (attention scaled before or after Q K^T, fused or separate projections), a few float32 ulps at
+# each sum, carried through the layers to the logits.
+CHECK_LOGITS_ATOL = 1e-4
 
 
 @dataclass
@@ -96,8 +101,8 @@ def export(source: str | Path | None, out: str | Path, *, fmt: str = "hf", quant
     """Export the model of `source` (a run, model directory, BERT checkpoint, or None / "minilm") into `out`.
 
     Args:
-        fmt: "hf" (Marian for translators, sentence-transformers / BERT for encoders), "onnx" (encoders)
-            or "ctranslate2" (translators).
+        fmt: "hf" (Marian for post-LN translators, Pegasus for pre-LN ones, sentence-transformers / BERT
+            for encoders), "onnx" (encoders) or "ctranslate2" (translators).
         quantization: CTranslate2's weight type ("int8", "float16", ...); None keeps float32.
         force: write into a directory that holds something aiayn did not export (refused otherwise).
         check: run the fixed check texts through both models and report the agreement.
@@ -136,25 +141,26 @@ def _encoder_of(source: str | Path, kind: type) -> Embedder:
 
 def _export_translator(translator: Translator, out: str | Path, *, fmt: str, quantization: str | None, force: bool,
                        check: bool) -> ExportResult:
-    from aiayn.interop.marian import check_mappable
+    from aiayn.interop.translators import check_mappable, hf_family
 
     if fmt == "onnx":
-        raise ValueError("the ONNX export takes encoders; a translator exports to Hugging Face Marian (the default) "
-                         "or to CTranslate2 (--ctranslate2)")
+        raise ValueError("the ONNX export takes encoders; a translator exports to Hugging Face Marian or Pegasus "
+                         "(the default) or to CTranslate2 (--ctranslate2)")
     check_mappable(translator.model.config)  # refused before anything is written
-    out = claim_for_export(out, force=force, fmt="marian" if fmt == "hf" else fmt)
+    family = hf_family(translator.model.config)
+    out = claim_for_export(out, force=force, fmt=family if fmt == "hf" else fmt)
     source, target = translator.source_tokenizer, translator.target_tokenizer
     if fmt == "hf":
-        from aiayn.interop.marian import export_marian
+        from aiayn.interop.translators import export_hf
 
-        export_marian(translator.model, source, target, out)
-        checks = check_marian(translator, out) if check else []
+        export_hf(translator.model, source, target, out)
+        checks = check_hf_translator(translator, out) if check else []
     else:
         from aiayn.interop.ctranslate2 import to_ctranslate2
 
         to_ctranslate2(translator.model, source, out, target_tokenizer=target, quantization=quantization)
         checks = check_ctranslate2(translator, out, quantized=quantization is not None) if check else []
-    return ExportResult(out, fmt if fmt != "hf" else "marian", checks)
+    return ExportResult(out, fmt if fmt != "hf" else family, checks)
 
 
 def _check_limit(translator: Translator) -> int:
@@ -166,12 +172,13 @@ def _aiayn_tokens(translator: Translator, texts: list[str], beam_size: int) -> l
     return [t.tokens for t in translator.translations(texts, config)]
 
 
-def check_marian(translator: Translator, directory: str | Path) -> list[Agreement]:
-    """Load the Marian export back with `transformers` and compare its tokenizer and `generate()` with aiayn's."""
-    from transformers import AutoTokenizer, MarianMTModel
+def check_hf_translator(translator: Translator, directory: str | Path) -> list[Agreement]:
+    """Load the Marian or Pegasus export back with `transformers` and compare its tokenizer and `generate()`
+    with aiayn's."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     directory = Path(directory)
-    hf_model = MarianMTModel.from_pretrained(directory).eval()
+    hf_model = AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
     hf_source = AutoTokenizer.from_pretrained(directory)
     hf_target = AutoTokenizer.from_pretrained(directory / "target") if (directory / "target").is_dir() else hf_source
     source, target = translator.source_tokenizer, translator.target_tokenizer
@@ -188,9 +195,27 @@ def check_marian(translator: Translator, directory: str | Path) -> list[Agreemen
                                     length_penalty=0.6, early_stopping=True, do_sample=False)
         theirs = [_until(row[1:].tolist(), target.eos_id) for row in out]
         ours = _aiayn_tokens(translator, texts, beam)
-        checks.append(Agreement(f"MarianMTModel.generate(), {'greedy' if beam == 1 else f'beam {beam}'}, tokens",
+        search = "greedy" if beam == 1 else f"beam {beam}"
+        checks.append(Agreement(f"{type(hf_model).__name__}.generate(), {search}, tokens",
                                 sum(a == b for a, b in zip(ours, theirs)), len(texts)))
+        if beam == 1:
+            checks.append(_logits_agreement(translator, hf_model, batch, ours))
     return checks
+
+
+def _logits_agreement(translator: Translator, hf_model, batch, outputs: list[list[int]]) -> Agreement:
+    """The export's and aiayn's logits, teacher-forced on aiayn's `outputs` (one row per text), within
+    `CHECK_LOGITS_ATOL` at every real position."""
+    from aiayn.data.collate import pad
+
+    rows = [[translator.target_tokenizer.bos_id, *tokens] for tokens in outputs]
+    tgt = pad(rows, translator.model.config.pad_id)  # (B, T)
+    with torch.no_grad():
+        theirs = hf_model(**batch, decoder_input_ids=tgt).logits  # (B, T, V)
+        ours = translator.model(batch["input_ids"], tgt)  # (B, T, V)
+    errors = [float((theirs[i, : len(row)] - ours[i, : len(row)]).abs().max()) for i, row in enumerate(rows)]
+    return Agreement(f"{type(hf_model).__name__} logits on aiayn's greedy outputs, within {CHECK_LOGITS_ATOL:g}",
+                     sum(e <= CHECK_LOGITS_ATOL for e in errors), len(rows), f"largest difference {max(errors):.1e}")
 
 
 def check_ctranslate2(translator: Translator, directory: str | Path, *, quantized: bool = False) -> list[Agreement]:

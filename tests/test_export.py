@@ -14,7 +14,7 @@ from conftest import SAMPLE_LINES
 import aiayn
 from aiayn.cli.main import main
 from aiayn.config import ModelConfig
-from aiayn.export import CHECK_TEXTS, check_marian, export
+from aiayn.export import CHECK_TEXTS, check_hf_translator, export
 from aiayn.io import save_model
 from aiayn.nn.model import build_model
 from aiayn.tokenization import train_tokenizer
@@ -33,7 +33,7 @@ def test_marian_export_decodes_what_aiayn_translate_decodes(translation_run, tmp
     out = tmp_path / "marian"
     code, stdout, _ = run(capsys, "export", "--run", str(translation_run), "--out", str(out))
     assert code == 0 and "wrote marian files" in stdout
-    assert stdout.count(f"{len(CHECK_TEXTS)}/{len(CHECK_TEXTS)} agree") == 4  # ids, decoding, greedy, beam 4
+    assert stdout.count(f"{len(CHECK_TEXTS)}/{len(CHECK_TEXTS)} agree") == 5  # ids, decoding, greedy, logits, beam 4
     model = transformers.MarianMTModel.from_pretrained(out).eval()
     tokenizer = transformers.AutoTokenizer.from_pretrained(out)
     lines = [line for line in SAMPLE_LINES if line]
@@ -55,8 +55,8 @@ def test_the_check_reports_an_export_that_decodes_differently(translation_run, t
     with torch.no_grad():
         hf.model.decoder.layers[0].fc2.bias.add_(3.0 * torch.randn_like(hf.model.decoder.layers[0].fc2.bias))
     hf.save_pretrained(tmp_path / "marian")
-    checks = check_marian(aiayn.load(translation_run), tmp_path / "marian")
-    assert [c.complete for c in checks] == [True, True, False, False]
+    checks = check_hf_translator(aiayn.load(translation_run), tmp_path / "marian")
+    assert [c.complete for c in checks] == [True, True, False, False, False]
     assert "greedy" in str(checks[2]) and f"/{len(CHECK_TEXTS)} agree" in str(checks[2])
 
 
@@ -110,3 +110,35 @@ def test_exports_that_do_not_fit_are_refused_before_writing(translation_run, tmp
     code, _, err = run(capsys, "export", "--model", str(tmp_path / "plain"), "--out", str(tmp_path / "b"))
     assert code == 2 and "embedding_norm must be true" in err and "--onnx exports any encoder" in err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.fixture(scope="module")
+def pre_ln_run(tmp_path_factory):
+    """A tiny pre-LN translation run (`norm_first`, as the real-text recipe trains)."""
+    from conftest import TINY_RUN
+
+    run_dir = tmp_path_factory.mktemp("pre_ln") / "run"
+    assert main(["train", *TINY_RUN, "model.norm_first=true", "--run", str(run_dir), "--no-progress"]) == 0
+    return run_dir
+
+
+def test_a_pre_ln_run_exports_as_pegasus_and_to_ctranslate2(pre_ln_run, tmp_path, capsys):
+    code, stdout, _ = run(capsys, "export", "--run", str(pre_ln_run), "--out", str(tmp_path / "hf"))
+    assert code == 0 and "wrote pegasus files" in stdout
+    assert stdout.count(f"{len(CHECK_TEXTS)}/{len(CHECK_TEXTS)} agree") == 5  # ids, decoding, greedy, logits, beam 4
+    assert "PegasusForConditionalGeneration logits" in stdout
+    assert json.loads((tmp_path / "hf" / "aiayn_export.json").read_text()) == {"format": "pegasus"}
+    pytest.importorskip("ctranslate2")
+    code, stdout, _ = run(capsys, "export", "--run", str(pre_ln_run), "--ctranslate2", "--out", str(tmp_path / "ct2"))
+    assert code == 0 and f"ctranslate2.Translator, greedy, tokens: {len(CHECK_TEXTS)}/{len(CHECK_TEXTS)}" in stdout
+
+
+def test_a_pre_ln_model_pegasus_cannot_hold_is_refused_with_the_fix(tmp_path, capsys):
+    source = train_tokenizer(["a b c d"], vocab_size=40)
+    target = train_tokenizer(["w x y z"], vocab_size=40)
+    cfg = ModelConfig(vocab_size=source.vocab_size, tgt_vocab_size=target.vocab_size, share_embeddings=False,
+                      norm_first=True, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1)
+    aiayn.Translator(build_model(cfg), source, target).save_pretrained(tmp_path / "model")
+    code, _, stderr = run(capsys, "export", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "out"))
+    assert code != 0 and "shared_vocab=true" in stderr and len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()

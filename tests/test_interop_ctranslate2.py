@@ -69,3 +69,16 @@ def test_bad_quantization_is_refused_before_writing(tmp_path):
     with pytest.raises(ValueError, match="quantization must be one of"):
         to_ctranslate2(model, tokenizer, tmp_path / "x", quantization="int3")
     assert not (tmp_path / "x").exists()
+
+
+def test_pre_ln_greedy_output_equals_aiayn(tmp_path):
+    """A pre-LN model goes through Pegasus to CTranslate2's pre-norm spec, final LayerNorms included."""
+    from test_interop_pegasus import pre_ln
+
+    lines = ["the cat sat on the mat", "a dog ran in the park", "the park is green", "a mat"] * 3
+    tokenizer = train_tokenizer(lines, vocab_size=40)
+    model = pre_ln(0, vocab=tokenizer.vocab_size)
+    translator = ctranslate2.Translator(str(to_ctranslate2(model, tokenizer, tmp_path / "ct2")), device="cpu")
+    ours = aiayn_greedy(model, tokenizer, tokenizer, lines[:4], max_new_tokens=12)
+    assert translate_tokens(translator, tokenizer, lines[:4], max_new_tokens=12) == ours
+    assert len({tuple(t) for t in ours}) > 1

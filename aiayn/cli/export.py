@@ -1,6 +1,7 @@
 """`aiayn export`: a trained translator or an encoder written for other tools, then checked against aiayn.
 
-Translators go to Hugging Face Marian or CTranslate2, encoders to sentence-transformers or ONNX (`aiayn.export`).
+Translators go to Hugging Face (Marian when post-LN, Pegasus when pre-LN) or CTranslate2, encoders to
+sentence-transformers or ONNX (`aiayn.export`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "export", help="write a trained model (or an encoder) for Hugging Face, sentence-transformers, CTranslate2 or "
                        "ONNX, checked against aiayn",
-        description="A translation run becomes a Hugging Face Marian model (or, with --ctranslate2, a CTranslate2 "
-                    "model); an encoder a sentence-transformers model (or, with --onnx, an ONNX graph). Both come "
-                    "with their tokenizer, and the export is then checked: a fixed set of texts goes through the "
-                    "exported model and through aiayn, and the agreement is printed.")
+        description="A translation run becomes a Hugging Face model, Marian for post-LN layers and Pegasus for "
+                    "pre-LN ones (or, with --ctranslate2, a CTranslate2 model); an encoder a sentence-transformers "
+                    "model (or, with --onnx, an ONNX graph). Both come with their tokenizer, and the export is then "
+                    "checked: a fixed set of texts goes through the exported model and through aiayn, and the "
+                    "agreement is printed.")
     p.add_argument("--model", "--run", dest="model",
                    help="a run or model directory, BERT checkpoint or hub id (default: all-MiniLM-L6-v2)")
     p.add_argument("--out", "-o", required=True, help="output directory")

@@ -1,9 +1,11 @@
 """aiayn encoder-decoders as CTranslate2 models (the optional `ctranslate2` extra: `pip install ctranslate2`).
 
-The model goes through its Marian form (`aiayn.interop.marian.to_marian`, which also moves the
-interleaved sinusoid layout to Marian's split one) and CTranslate2's own Marian loader, with two of
-aiayn's conventions where Marian's differ: the decoder starts from the `<s>` embedding (Marian
-starts from a zero vector), and `<pad>` is id 0 (Marian's loader drops the last id, Marian's pad).
+The model goes through its Hugging Face form (`aiayn.interop.translators.to_hf`: Marian for post-LN,
+Pegasus for pre-LN, the interleaved sinusoid layout moved to their split one) and CTranslate2's
+loader of that layer family (BART's), `pre_norm` set from `norm_first` (a pre-LN spec also takes the
+final LayerNorm of each stack), with aiayn's conventions where Marian's differ: the decoder starts
+from the `<s>` embedding (Marian starts from a zero vector), and every id is kept (Marian's loader
+drops the last one, Marian's pad; aiayn's `<pad>` is id 0).
 The vocabularies are the tokenizers' pieces in id order, so CTranslate2 takes the pieces aiayn's
 tokenizer makes (`source_tokens`) and returns pieces that map back to the same ids.
 """
@@ -13,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from aiayn.config import fold_old_spelling
+from aiayn.config import ModelConfig, fold_old_spelling
 from aiayn.interop.hf_tokenizer import save_hf_tokenizer
-from aiayn.interop.marian import to_marian
+from aiayn.interop.translators import to_hf
 from aiayn.nn.model import EncoderDecoderModel
 from aiayn.rundir import atomic_files
 from aiayn.tokenization import Tokenizer
@@ -40,18 +42,15 @@ def vocabulary(tokenizer: Tokenizer, size: int) -> list[str]:
     return pieces + [f"<extra_{i}>" for i in range(len(pieces), size)]
 
 
-def _converter(hf_model, source: Tokenizer, target: Tokenizer):
-    """A CTranslate2 `Converter` of an in-memory Marian model with aiayn's vocabularies and start token."""
+def _converter(hf_model, cfg: ModelConfig, source: Tokenizer, target: Tokenizer):
+    """A CTranslate2 `Converter` of an in-memory Marian or Pegasus model with aiayn's vocabularies and start token."""
     ctranslate2, converters = _require_ctranslate2()
 
-    class AiaynMarianLoader(converters.MarianMTLoader):
+    class AiaynLoader(converters.BartLoader):  # keeps every id; the decoder starts from <s>'s embedding
         def get_model_spec(self, model):
-            model.config.normalize_before = False
+            model.config.normalize_before = cfg.norm_first
             model.config.normalize_embedding = False
-            return converters.BartLoader.get_model_spec(self, model)  # keeps every id (no pad row dropped)
-
-        def set_decoder(self, spec, decoder):
-            converters.BartLoader.set_decoder(self, spec, decoder)  # starts from <s>'s embedding
+            return converters.BartLoader.get_model_spec(self, model)
 
         def set_config(self, config, model, tokenizer):
             special = target.special
@@ -62,12 +61,12 @@ def _converter(hf_model, source: Tokenizer, target: Tokenizer):
             return None
 
         def set_vocabulary(self, spec, tokens):
-            spec.register_source_vocabulary(vocabulary(source, hf_model.config.vocab_size))
-            spec.register_target_vocabulary(vocabulary(target, hf_model.config.decoder_vocab_size))
+            spec.register_source_vocabulary(vocabulary(source, cfg.vocab_size))
+            spec.register_target_vocabulary(vocabulary(target, cfg.target_vocab_size))
 
     class AiaynConverter(ctranslate2.converters.Converter):
         def _load(self):
-            return AiaynMarianLoader()(hf_model, None)
+            return AiaynLoader()(hf_model, None)
 
     return AiaynConverter()
 
@@ -77,7 +76,8 @@ def to_ctranslate2(model: EncoderDecoderModel, tokenizer: Tokenizer, out_dir: st
     """Write `model` as a CTranslate2 model directory (plus the Hugging Face tokenizer files) and return it.
 
     Args:
-        model: an aiayn encoder-decoder that maps to Marian (post-LN, sinusoidal positions, biases).
+        model: an aiayn encoder-decoder that maps to Marian (post-LN) or Pegasus (pre-LN, one vocabulary):
+            sinusoidal positions, biases.
         tokenizer: the source tokenizer (and the target's, unless `target_tokenizer` is given).
         out_dir: where `model.bin`, `config.json` and the vocabularies go (created; files replaced).
         target_tokenizer: the target tokenizer of a model with separate vocabularies.
@@ -88,8 +88,8 @@ def to_ctranslate2(model: EncoderDecoderModel, tokenizer: Tokenizer, out_dir: st
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     target = target_tokenizer or tokenizer
-    hf_model = to_marian(model, decoder_start_token_id=target.bos_id, eos_token_id=target.eos_id)
-    converter = _converter(hf_model, tokenizer, target)
+    hf_model = to_hf(model, decoder_start_token_id=target.bos_id, eos_token_id=target.eos_id)
+    converter = _converter(hf_model, model.config, tokenizer, target)
     out_dir = Path(out_dir)
     with atomic_files(out_dir) as staging:
         converter.convert(str(staging), quantization=quantization, force=True)  # force: staging exists (empty)

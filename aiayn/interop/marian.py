@@ -4,6 +4,8 @@ Marian (and Hugging Face's port of it) is the paper's model: post-LN layers, sta
 positions (stored as a sin half then a cos half: aiayn's `pe_layout="split"`), embeddings x sqrt(d_model)
 (`scale_embedding=True`), LayerNorm eps 1e-5, attention scaled by d_k ** -0.5. The only parameters
 aiayn lacks are Marian's `final_logits_bias` (zeros unless trained; `from_marian` refuses non-zero ones).
+A pre-LN model (`norm_first=True`) goes to Pegasus instead (`aiayn.interop.pegasus`), whose layers carry
+the same names: the split layout, the weight copy and the generation settings here serve both.
 
 A model in the paper's interleaved layout (sin on even, cos on odd dimensions: what `aiayn train`
 uses by default) maps too: `to_split_layout` permutes the d_model basis, which turns interleaved
@@ -29,7 +31,8 @@ from aiayn.nn.model import EncoderDecoderModel, build_model
 from aiayn.rundir import atomic_files
 from aiayn.tokenization import Tokenizer
 
-_ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+# aiayn's activation -> the `activation_function` of a Marian or Pegasus config.
+ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 _ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
@@ -81,21 +84,27 @@ def to_split_layout(model: EncoderDecoderModel) -> EncoderDecoderModel:
     return split
 
 
-def check_mappable(cfg: ModelConfig) -> None:
-    """ValueError naming every option of `cfg` that Marian cannot express."""
+def layer_problems(cfg: ModelConfig, family: str) -> list[str]:
+    """What the layers Marian and Pegasus share cannot express of `cfg`, each with its fix; empty when they can."""
     problems = []
     if not cfg.is_encoder_decoder:
         problems.append("it has no decoder (n_decoder_layers=0)")
-    if cfg.norm_first:
-        problems.append("Marian is post-LN (set norm_first=false)")
     if cfg.positional != "sinusoidal":
-        problems.append("Marian uses sinusoidal positions (positional=sinusoidal)")
+        problems.append(f"{family} uses sinusoidal positions (positional=sinusoidal)")
     if not cfg.bias:
-        problems.append("Marian's projections have biases (bias=true)")
+        problems.append(f"{family}'s projections have biases (bias=true)")
     if cfg.embedding_norm or cfg.type_vocab_size:
-        problems.append("Marian has no embedding LayerNorm or token types")
+        problems.append(f"{family} has no embedding LayerNorm or token types")
     if cfg.layer_norm_eps != 1e-5:
-        problems.append(f"Marian's LayerNorm eps is 1e-5, not {cfg.layer_norm_eps}")
+        problems.append(f"{family}'s LayerNorm eps is 1e-5, not {cfg.layer_norm_eps}")
+    return problems
+
+
+def check_mappable(cfg: ModelConfig) -> None:
+    """ValueError naming every option of `cfg` that Marian cannot express."""
+    problems = layer_problems(cfg, "Marian")
+    if cfg.norm_first:
+        problems.insert(0, "Marian is post-LN (set norm_first=false, or export a pre-LN model as Pegasus)")
     if problems:
         raise ValueError("model cannot be mapped to Marian: " + "; ".join(problems))
 
@@ -110,7 +119,7 @@ def marian_config(cfg: ModelConfig, *, decoder_start_token_id: int | None = None
         vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.target_vocab_size, d_model=cfg.d_model,
         encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
         encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=_ACTIVATIONS[cfg.activation],
+        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=ACTIVATIONS[cfg.activation],
         dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
         max_position_embeddings=cfg.max_len, scale_embedding=cfg.scale_embeddings,
         share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.tie_embeddings,
@@ -120,7 +129,7 @@ def marian_config(cfg: ModelConfig, *, decoder_start_token_id: int | None = None
 
 
 def _name_pairs(cfg: ModelConfig) -> Iterator[tuple[str, str]]:
-    """(aiayn name, Marian name) of every parameter except the embeddings and the output projection."""
+    """(aiayn name, Marian / Pegasus name) of every parameter except the embeddings and the output projection."""
     for i in range(cfg.n_encoder_layers):
         ours, theirs = f"encoder.layers.{i}.", f"model.encoder.layers.{i}."
         for proj in _ATTENTION:
@@ -139,6 +148,9 @@ def _name_pairs(cfg: ModelConfig) -> Iterator[tuple[str, str]]:
         yield f"{ours}feed_forward.linear1", f"{theirs}fc1"
         yield f"{ours}feed_forward.linear2", f"{theirs}fc2"
         yield f"{ours}ffn_sublayer.norm", f"{theirs}final_layer_norm"
+    if cfg.norm_first:  # a pre-LN stack ends with a LayerNorm (Pegasus's layer_norm)
+        yield "encoder.final_norm", "model.encoder.layer_norm"
+        yield "decoder.final_norm", "model.decoder.layer_norm"
 
 
 def _copy_pairs(cfg: ModelConfig) -> Iterator[tuple[str, str]]:
@@ -173,6 +185,15 @@ def to_marian(model: EncoderDecoderModel, *, decoder_start_token_id: int | None 
         model = to_split_layout(model)
     hf = MarianMTModel(marian_config(cfg, decoder_start_token_id=decoder_start_token_id,
                                      eos_token_id=eos_token_id)).eval()
+    copy_weights(model, hf)
+    plain_generation(hf, cfg, eos_token_id=eos_token_id)
+    return hf
+
+
+@torch.no_grad()
+def copy_weights(model: EncoderDecoderModel, hf) -> None:
+    """Copy a split-layout aiayn model's weights into a Marian or Pegasus model of the same sizes."""
+    cfg: ModelConfig = model.config
     ours, theirs = model.state_dict(), hf.state_dict()
     for src_name, dst_name in _copy_pairs(cfg):
         theirs[dst_name].copy_(ours[src_name])
@@ -182,12 +203,16 @@ def to_marian(model: EncoderDecoderModel, *, decoder_start_token_id: int | None 
     if cfg.tie_embeddings and hf.lm_head.weight.data_ptr() != hf.model.decoder.embed_tokens.weight.data_ptr():
         hf.lm_head.weight.copy_(ours["tgt_embed.tokens.weight"])
     hf.final_logits_bias.zero_()
+
+
+def plain_generation(hf, cfg: ModelConfig, *, eos_token_id: int) -> None:
+    """Set `hf.generation_config` to search as `aiayn.inference.generation` does: greedy, no forced EOS,
+    no bad words, no n-gram blocking, length penalty 1, at most `cfg.max_len` tokens."""
     gen = hf.generation_config
     gen.decoder_start_token_id = hf.config.decoder_start_token_id
     gen.eos_token_id, gen.pad_token_id, gen.bos_token_id = eos_token_id, cfg.pad_id, None
     gen.forced_eos_token_id, gen.bad_words_ids, gen.no_repeat_ngram_size = None, None, 0
     gen.num_beams, gen.max_length, gen.length_penalty = 1, cfg.max_len, 1.0
-    return hf
 
 
 def export_marian(model: EncoderDecoderModel, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer,
@@ -199,11 +224,17 @@ def export_marian(model: EncoderDecoderModel, source_tokenizer: Tokenizer, targe
     `aiayn translate` (beam 4, length penalty 0.6, early stopping). One shared vocabulary is one
     tokenizer; separate ones put the target's in `directory/target` (decode outputs with it).
     """
-    directory = Path(directory)
     hf = to_marian(model, decoder_start_token_id=target_tokenizer.bos_id, eos_token_id=target_tokenizer.eos_id)
+    return save_translator(hf, source_tokenizer, target_tokenizer, directory, max_len=model.config.max_len,
+                           beam_size=beam_size, length_penalty=length_penalty)
+
+
+def save_translator(hf, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, directory: str | Path, *,
+                    max_len: int, beam_size: int, length_penalty: float) -> Path:
+    """Write a Hugging Face translator and its tokenizers into `directory`, `generate()` set to aiayn's beam search."""
+    directory = Path(directory)
     gen = hf.generation_config
     gen.num_beams, gen.length_penalty, gen.early_stopping = beam_size, length_penalty, True
-    max_len = model.config.max_len
     with atomic_files(directory) as staging:
         hf.save_pretrained(staging)
         save_hf_tokenizer(source_tokenizer, staging, template="marian", max_len=max_len)
@@ -223,10 +254,10 @@ def from_marian(hf_model) -> EncoderDecoderModel:
     c = hf_model.config
     if c.encoder_attention_heads != c.decoder_attention_heads or c.encoder_ffn_dim != c.decoder_ffn_dim:
         raise ValueError("aiayn needs equal encoder and decoder head counts and d_ff")
-    activation = {v: k for k, v in _ACTIVATIONS.items()}.get(c.activation_function)
+    activation = {v: k for k, v in ACTIVATIONS.items()}.get(c.activation_function)
     if activation is None:
         raise ValueError(f"activation {c.activation_function!r} has no aiayn equivalent "
-                         f"(choose one of {', '.join(_ACTIVATIONS.values())})")
+                         f"(choose one of {', '.join(ACTIVATIONS.values())})")
     if bool(hf_model.final_logits_bias.ne(0).any()):
         raise ValueError("this Marian model has a non-zero final_logits_bias, which aiayn's output layer lacks")
     shared = bool(c.share_encoder_decoder_embeddings)
