@@ -1,0 +1,127 @@
+"""Hugging Face GPT-2 <-> aiayn's decoder-only model: the same logits and greedy tokens both ways, and what does
+not map is named."""
+
+import pytest
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.interop.gpt2 import from_gpt2, gpt2_problems, greedy_continuation, to_gpt2
+from aiayn.nn import DecoderOnlyModel, build_model
+
+transformers = pytest.importorskip("transformers")
+
+ATOL = 1e-5  # fp32, tiny sizes: the two libraries add the same products in other orders
+
+
+def gpt2_like(**changes) -> ModelConfig:
+    base = dict(vocab_size=61, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=0, causal=True,
+                dropout=0.1, attention_dropout=0.1, norm_first=True, positional="learned", scale_embeddings=False,
+                activation="gelu_tanh", max_len=24, pad_id=0)
+    return ModelConfig(**{**base, **changes})
+
+
+def trained_looking(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every weight drawn at random (LayerNorms and biases too), so that no mapped weight hides behind its init."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            gain = name.endswith("weight") and ("norm" in name or ".ln_" in name)  # LayerNorm gains near 1
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.3 + (1.0 if gain else 0.0))
+    return model
+
+
+def prompts(batch: int = 3, length: int = 5, vocab: int = 61, seed: int = 0) -> torch.Tensor:
+    return torch.randint(1, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+MAPPED = {
+    "gpt2": {},
+    "gelu, eps 1e-6": dict(activation="gelu", layer_norm_eps=1e-6),
+    "relu, untied head": dict(activation="relu", tie_embeddings=False),
+    "sinusoidal positions, no biases": dict(positional="sinusoidal", bias=False),
+    "scaled embeddings, untied head": dict(scale_embeddings=True, tie_embeddings=False),
+    "d_model 16": dict(d_model=16, n_heads=2, d_ff=48),
+}
+
+
+@pytest.mark.parametrize("options", MAPPED.values(), ids=MAPPED.keys())
+def test_gpt2_computes_aiayns_logits(options):
+    torch.manual_seed(0)
+    model = trained_looking(build_model(gpt2_like(**options)), seed=1).eval()
+    hf = to_gpt2(model)
+    ids = prompts(length=9)
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=ids).logits, model(ids), atol=ATOL, rtol=0)
+    assert not hf.training and not model.training  # dropout off in both
+
+
+@pytest.mark.parametrize("activation", ["gelu_new", "gelu", "relu"])
+def test_aiayn_computes_gpt2s_logits(activation):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=53, n_positions=20, n_embd=24, n_layer=2, n_head=3, n_inner=40,
+                                     activation_function=activation, layer_norm_epsilon=1e-5)
+    hf = trained_looking(transformers.GPT2LMHeadModel(config), seed=2).eval()
+    model = from_gpt2(hf)
+    assert isinstance(model, DecoderOnlyModel)
+    assert model.head.proj.weight is model.embed.tokens.weight  # tied, as GPT-2's head
+    ids = prompts(length=11, vocab=53)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), hf(input_ids=ids).logits, atol=ATOL, rtol=0)
+
+
+def test_there_and_back_gives_the_same_weights():
+    model = trained_looking(build_model(gpt2_like()), seed=3).eval()
+    back = from_gpt2(to_gpt2(model))
+    assert back.config == model.config
+    for (name, ours), theirs in zip(model.state_dict().items(), back.state_dict().values()):
+        torch.testing.assert_close(theirs, ours, atol=0, rtol=0, msg=name)
+
+
+def test_generate_picks_the_tokens_of_aiayns_cached_greedy_loop():
+    model = trained_looking(build_model(gpt2_like()), seed=4).eval()
+    ids = prompts(batch=4, length=6, seed=5)
+    ours = greedy_continuation(model, ids, 12)
+    eos = int(ours[0, 3])  # a token the loop picks, so that rows end at different steps
+    hf = to_gpt2(model, eos_token_id=eos)
+    with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                          pad_token_id=model.config.pad_id)[:, ids.shape[1]:]
+
+    def until_eos(row: list[int]) -> list[int]:
+        return row[:row.index(eos) + 1] if eos in row else row
+
+    assert [until_eos(r) for r in out.tolist()] == [until_eos(r) for r in ours.tolist()]
+
+
+def test_the_greedy_loop_equals_argmax_over_full_passes():
+    model = trained_looking(build_model(gpt2_like()), seed=6).eval()
+    ids = prompts(length=4, seed=7)
+    new = greedy_continuation(model, ids, 5)
+    full = ids
+    with torch.no_grad():
+        for _ in range(5):
+            full = torch.cat([full, model(full)[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert torch.equal(new, full[:, 4:])
+
+
+def test_options_gpt2_cannot_express_are_named_with_their_fix():
+    problems = gpt2_problems(gpt2_like(norm_first=False, scale_embeddings=True, embedding_norm=True,
+                                       type_vocab_size=2))
+    assert problems == [
+        "GPT-2 is pre-LN (set norm_first=true)",
+        "GPT-2 does not scale the embedding its head shares (set scale_embeddings=false, or tie_embeddings=false)",
+        "GPT-2 has no LayerNorm on the embeddings (set embedding_norm=false)",
+        "GPT-2 has no token-type embeddings (set type_vocab_size=0)",
+    ]
+    assert gpt2_problems(gpt2_like()) == []
+    translator = ModelConfig(vocab_size=61, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1)
+    assert gpt2_problems(translator)[0].startswith("GPT-2 is a decoder-only language model (causal=true")
+    with pytest.raises(ValueError, match=r"model cannot be mapped to GPT-2: GPT-2 is pre-LN \(set norm_first=true\)$"):
+        to_gpt2(build_model(gpt2_like(norm_first=False)))
+
+
+def test_gpt2_settings_aiayn_lacks_are_named():
+    config = transformers.GPT2Config(vocab_size=53, n_positions=20, n_embd=24, n_layer=1, n_head=3,
+                                     scale_attn_by_inverse_layer_idx=True, activation_function="silu")
+    with pytest.raises(ValueError, match="activation_function 'silu'.*scale_attn_by_inverse_layer_idx=True"):
+        from_gpt2(transformers.GPT2LMHeadModel(config))
