@@ -6,6 +6,7 @@
 | a translator, `ctranslate2` | CTranslate2 model (+ tokenizer files) | `interop.ctranslate2.to_ctranslate2` |
 | an encoder of BERT's layout | sentence-transformers / BERT model + tokenizer | `interop.sentence_transformers` |
 | any encoder, `onnx` | `model.onnx` + tokenizer | `interop.onnx.export_onnx` |
+| a decoder-only language model | Hugging Face GPT-2 model + tokenizer | `interop.gpt2.export_gpt2` |
 
 Every export then runs a fixed set of texts through the exported model (loaded back from disk with
 its own library) and through aiayn with the same settings, and reports the agreement: tokens for
@@ -114,6 +115,8 @@ def export(source: str | Path | None, out: str | Path, *, fmt: str = "hf", quant
     source = "minilm" if source is None else source
     kind = task_class(source)
     with _transformers_quiet():
+        if _is_decoder_only(source):
+            return _export_decoder_only(source, out, fmt=fmt, force=force, check=check)
         if kind is Translator:
             return _export_translator(Translator.from_pretrained(source, device="cpu"), out, fmt=fmt,
                                       quantization=quantization, force=force, check=check)
@@ -211,6 +214,29 @@ def check_ctranslate2(translator: Translator, directory: str | Path, *, quantize
 
 def _until(row: list[int], eos: int) -> list[int]:
     return row[: row.index(eos)] if eos in row else row
+
+
+# -- decoder-only language models ---------------------------------------------------------------------
+
+def _is_decoder_only(source: str | Path) -> bool:
+    from aiayn.io import load_config
+    from aiayn.rundir import MODEL, RUN, inspect_dir
+
+    return inspect_dir(source).kind in (RUN, MODEL) and load_config(source).causal
+
+
+def _export_decoder_only(source: str | Path, out: str | Path, *, fmt: str, force: bool, check: bool) -> ExportResult:
+    from aiayn.interop.gpt2 import check_gpt2, check_mappable, export_gpt2
+    from aiayn.io import load_model, load_tokenizers
+
+    if fmt != "hf":
+        raise ValueError(f"a decoder-only language model exports to Hugging Face GPT-2 (the default), not {fmt}")
+    model, tokenizer = load_model(source), load_tokenizers(source)[0]
+    check_mappable(model.config)  # refused before anything is written
+    out = claim_for_export(out, force=force, fmt="gpt2")
+    export_gpt2(model, tokenizer, out)
+    checks = check_gpt2(model, tokenizer, out, list(CHECK_TEXTS), max_new_tokens=CHECK_MAX_NEW_TOKENS) if check else []
+    return ExportResult(out, "gpt2", [Agreement(*c) for c in checks])
 
 
 # -- encoders --------------------------------------------------------------------------------------

@@ -84,8 +84,8 @@ def test_generate_picks_the_tokens_of_aiayns_cached_greedy_loop():
     eos = int(ours[0, 3])  # a token the loop picks, so that rows end at different steps
     hf = to_gpt2(model, eos_token_id=eos)
     with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                          pad_token_id=model.config.pad_id)[:, ids.shape[1]:]
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_length=ids.shape[1] + 12,
+                          do_sample=False, pad_token_id=model.config.pad_id)[:, ids.shape[1]:]
 
     def until_eos(row: list[int]) -> list[int]:
         return row[:row.index(eos) + 1] if eos in row else row
@@ -125,3 +125,60 @@ def test_gpt2_settings_aiayn_lacks_are_named():
                                      scale_attn_by_inverse_layer_idx=True, activation_function="silu")
     with pytest.raises(ValueError, match="activation_function 'silu'.*scale_attn_by_inverse_layer_idx=True"):
         from_gpt2(transformers.GPT2LMHeadModel(config))
+
+
+def language_model_dir(tmp_path, **changes):
+    """A saved decoder-only model with its tokenizer, as `aiayn export` reads it."""
+    from conftest import SAMPLE_LINES
+
+    from aiayn.io import save_model
+    from aiayn.tokenization import train_tokenizer
+
+    tokenizer = train_tokenizer(SAMPLE_LINES * 4, vocab_size=60)
+    model = trained_looking(build_model(gpt2_like(vocab_size=tokenizer.vocab_size, max_len=64, **changes)), seed=8)
+    return save_model(model, tmp_path / "lm", tokenizer=tokenizer), tokenizer
+
+
+def test_export_writes_a_gpt2_directory_that_transformers_loads_and_checks_it(tmp_path, capsys):
+    from aiayn.cli.main import main
+    from aiayn.export import CHECK_TEXTS
+
+    directory, tokenizer = language_model_dir(tmp_path)
+    out = tmp_path / "gpt2"
+    assert main(["export", "--model", str(directory), "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "wrote gpt2 files" in stdout
+    assert stdout.count(f"{len(CHECK_TEXTS)}/{len(CHECK_TEXTS)} agree") == 3, stdout  # ids, logits, greedy tokens
+    hf = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    assert hf_tokenizer("a b c").input_ids == tokenizer.encode("a b c", add_bos=True)
+    assert (hf.generation_config.bos_token_id, hf.generation_config.eos_token_id) == (tokenizer.bos_id,
+                                                                                     tokenizer.eos_id)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "aiayn_export.json", "config.json", "generation_config.json", "model.safetensors", "special_tokens_map.json",
+        "tokenizer.json", "tokenizer_config.json"]
+
+
+def test_the_export_check_reports_weights_that_compute_something_else(tmp_path):
+    from aiayn.export import CHECK_TEXTS, export
+    from aiayn.interop.gpt2 import check_gpt2
+    from aiayn.io import load_model
+
+    directory, tokenizer = language_model_dir(tmp_path)
+    export(directory, tmp_path / "gpt2")
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2")
+    with torch.no_grad():
+        bias = hf.transformer.h[0].mlp.c_proj.bias
+        bias.add_(3.0 * torch.randn(bias.shape, generator=torch.Generator().manual_seed(0)))
+    hf.save_pretrained(tmp_path / "gpt2")
+    checks = check_gpt2(load_model(directory), tokenizer, tmp_path / "gpt2", list(CHECK_TEXTS), max_new_tokens=8)
+    assert [agreed for _, agreed, _, _ in checks][:2] == [len(CHECK_TEXTS), 0]  # same ids, other logits
+
+
+def test_a_decoder_only_model_gpt2_cannot_express_is_refused_before_writing(tmp_path):
+    from aiayn.export import export
+
+    directory, _ = language_model_dir(tmp_path, norm_first=False)
+    with pytest.raises(ValueError, match=r"GPT-2 is pre-LN \(set norm_first=true\)"):
+        export(directory, tmp_path / "gpt2")
+    assert not (tmp_path / "gpt2").exists()

@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "export", help="write a trained model (or an encoder) for Hugging Face, sentence-transformers, CTranslate2 or "
                        "ONNX, checked against aiayn",
         description="A translation run becomes a Hugging Face Marian model (or, with --ctranslate2, a CTranslate2 "
-                    "model); an encoder a sentence-transformers model (or, with --onnx, an ONNX graph). Both come "
+                    "model); an encoder a sentence-transformers model (or, with --onnx, an ONNX graph); a decoder-only "
+                    "language model a Hugging Face GPT-2 model. Each comes "
                     "with their tokenizer, and the export is then checked: a fixed set of texts goes through the "
                     "exported model and through aiayn, and the agreement is printed.")
     p.add_argument("--model", "--run", dest="model",

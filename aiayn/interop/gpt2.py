@@ -34,8 +34,6 @@ from aiayn.tokenization import Tokenizer
 _ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 _FROM_ACTIVATIONS = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh",
                      "gelu": "gelu", "relu": "relu"}
-# The check's prompts: fixed ids of equal length (from the ids after the special tokens, within any vocabulary).
-CHECK_PROMPTS = 4
 
 
 def gpt2_problems(cfg: ModelConfig) -> list[str]:
@@ -245,13 +243,6 @@ def export_gpt2(model: DecoderOnlyModel, tokenizer: Tokenizer | None, directory:
     return directory
 
 
-def check_prompts(cfg: ModelConfig, batch: int = CHECK_PROMPTS, length: int = 6) -> torch.Tensor:
-    """Fixed prompts (B, L) for checking an export: seeded ids, none of them padding."""
-    ids = torch.randint(1, cfg.vocab_size, (batch, min(length, cfg.max_len - 1)),
-                        generator=torch.Generator().manual_seed(0))
-    return ids.masked_fill(ids == cfg.pad_id, (cfg.pad_id + 1) % cfg.vocab_size)
-
-
 def logits_tolerance(cfg: ModelConfig, logits: torch.Tensor) -> float:
     """The largest |difference| two fp32 computations of the same logits may show: the products are the same, but
     the two libraries add their terms in other orders (Conv1D's addmm, one Q/K/V product, other attention kernels).
@@ -266,30 +257,37 @@ def logits_tolerance(cfg: ModelConfig, logits: torch.Tensor) -> float:
 
 
 @torch.no_grad()
-def check_gpt2(model: DecoderOnlyModel, directory: str | Path, *,
+def check_gpt2(model: DecoderOnlyModel, tokenizer: Tokenizer, directory: str | Path, texts: list[str], *,
                max_new_tokens: int) -> list[tuple[str, int, int, str]]:
-    """Load the export back with `transformers` and compare it with `model` on `check_prompts`.
+    """Load the export back with `transformers` and compare it with `model`, prompted with each of `texts`.
 
-    Returns (what, agreed, total, detail) for: each prompt's logits within `logits_tolerance`, and
-    each prompt's greedy `generate()` tokens equal to `greedy_continuation`'s (cut at end-of-text).
+    Returns (what, agreed, total, detail) for: the exported tokenizer's ids against aiayn's (`<s>` first); each
+    prompt's logits within `logits_tolerance`; each prompt's greedy `generate()` tokens against
+    `greedy_continuation`'s (cut after end-of-text).
     """
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoTokenizer, GPT2LMHeadModel
 
+    cfg: ModelConfig = model.config
     hf = GPT2LMHeadModel.from_pretrained(directory).eval()
-    prompts = check_prompts(model.config)
-    ours_logits = model(prompts)  # (B, L, V)
-    tolerance = logits_tolerance(model.config, ours_logits)
-    differences = (hf(input_ids=prompts).logits - ours_logits).abs().amax(dim=(1, 2))  # (B,)
-    steps = max(0, min(max_new_tokens, model.config.max_len - prompts.shape[1]))
+    hf_tokenizer = AutoTokenizer.from_pretrained(directory)
+    ours_ids = [tokenizer.encode(text, add_bos=True) for text in texts]
+    same_ids = sum(hf_tokenizer(text).input_ids == ids for text, ids in zip(texts, ours_ids))
     eos = hf.generation_config.eos_token_id
-    out = hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=steps, min_new_tokens=0,
-                      do_sample=False, num_beams=1)
-    theirs = [_until(row.tolist(), eos) for row in out[:, prompts.shape[1]:]]
-    ours = [_until(row.tolist(), eos) for row in greedy_continuation(model, prompts, steps)]
-    return [("GPT2LMHeadModel logits", int((differences <= tolerance).sum()), len(prompts),
-             f"max |difference| {float(differences.max()):.2e}, tolerance {tolerance:.0e}"),
-            ("GPT2LMHeadModel.generate(), greedy, tokens", sum(a == b for a, b in zip(ours, theirs)), len(prompts),
-             f"{steps} new tokens at most")]
+    close, same_tokens, worst = 0, 0, 0.0
+    for ids in ours_ids:
+        prompt = torch.tensor([ids[: cfg.max_len - 1]])  # (1, P): room for one new token at least
+        logits = model(prompt)  # (1, P, V)
+        difference = float((hf(input_ids=prompt).logits - logits).abs().max())
+        close += difference <= logits_tolerance(cfg, logits)
+        worst = max(worst, difference)
+        steps = min(max_new_tokens, cfg.max_len - prompt.shape[1])
+        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, num_beams=1,
+                             max_length=prompt.shape[1] + steps)[0, prompt.shape[1]:]
+        ours = greedy_continuation(model, prompt, steps)[0]
+        same_tokens += _until(theirs.tolist(), eos) == _until(ours.tolist(), eos)
+    return [("tokenizer ids (AutoTokenizer vs aiayn, <s> first)", same_ids, len(texts), ""),
+            ("GPT2LMHeadModel logits", close, len(texts), f"max |difference| {worst:.1e}"),
+            ("GPT2LMHeadModel.generate(), greedy, tokens", same_tokens, len(texts), "")]
 
 
 def _until(row: list[int], eos: int | None) -> list[int]:
