@@ -182,3 +182,13 @@ def test_a_decoder_only_model_gpt2_cannot_express_is_refused_before_writing(tmp_
     with pytest.raises(ValueError, match=r"GPT-2 is pre-LN \(set norm_first=true\)"):
         export(directory, tmp_path / "gpt2")
     assert not (tmp_path / "gpt2").exists()
+
+
+def test_the_training_benchmark_times_the_decoder_only_model_beside_gpt2(capsys):
+    from aiayn.cli.main import main
+
+    code = main(["bench", "train", "--model", "decoder-only", "--preset", "tiny", "--max-tokens", "64",
+                 "--seq-len", "16", "--steps", "1", "--threads", "1"])
+    out = capsys.readouterr().out
+    assert code == 0 and "decoder-only, preset tiny's decoder (2 layers" in out, out
+    assert "batches of 4 sequences x 16 tokens" in out and "aiayn / Hugging Face GPT-2" in out
