@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.interop.gpt2 import from_gpt2, gpt2_problems, greedy_continuation, to_gpt2
+from aiayn.inference.generation import GenerationConfig, continue_prompts
+from aiayn.interop.gpt2 import from_gpt2, gpt2_problems, to_gpt2
 from aiayn.nn import DecoderOnlyModel, build_model
 
 transformers = pytest.importorskip("transformers")
@@ -77,31 +78,19 @@ def test_there_and_back_gives_the_same_weights():
         torch.testing.assert_close(theirs, ours, atol=0, rtol=0, msg=name)
 
 
-def test_generate_picks_the_tokens_of_aiayns_cached_greedy_loop():
+def test_generate_picks_the_tokens_of_aiayns_greedy_search():
     model = trained_looking(build_model(gpt2_like()), seed=4).eval()
     ids = prompts(batch=4, length=6, seed=5)
-    ours = greedy_continuation(model, ids, 12)
-    eos = int(ours[0, 3])  # a token the loop picks, so that rows end at different steps
+    greedy = GenerationConfig(max_new_tokens=12)
+    eos = continue_prompts(model, ids, eos_id=0, config=greedy).tokens[0][3]  # a token it picks: rows end apart
+    ours = continue_prompts(model, ids, eos_id=eos, config=greedy).tokens  # each row's new ids, without </s>
+    assert len({len(row) for row in ours}) > 1
     hf = to_gpt2(model, eos_token_id=eos)
     with torch.no_grad():
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_length=ids.shape[1] + 12,
                           do_sample=False, pad_token_id=model.config.pad_id)[:, ids.shape[1]:]
-
-    def until_eos(row: list[int]) -> list[int]:
-        return row[:row.index(eos) + 1] if eos in row else row
-
-    assert [until_eos(r) for r in out.tolist()] == [until_eos(r) for r in ours.tolist()]
-
-
-def test_the_greedy_loop_equals_argmax_over_full_passes():
-    model = trained_looking(build_model(gpt2_like()), seed=6).eval()
-    ids = prompts(length=4, seed=7)
-    new = greedy_continuation(model, ids, 5)
-    full = ids
-    with torch.no_grad():
-        for _ in range(5):
-            full = torch.cat([full, model(full)[:, -1].argmax(-1, keepdim=True)], dim=1)
-    assert torch.equal(new, full[:, 4:])
+    theirs = [row[:row.index(eos)] if eos in row else row for row in out.tolist()]
+    assert theirs == ours
 
 
 def test_options_gpt2_cannot_express_are_named_with_their_fix():
@@ -160,19 +149,19 @@ def test_export_writes_a_gpt2_directory_that_transformers_loads_and_checks_it(tm
 
 
 def test_the_export_check_reports_weights_that_compute_something_else(tmp_path):
-    from aiayn.export import CHECK_TEXTS, export
-    from aiayn.interop.gpt2 import check_gpt2
-    from aiayn.io import load_model
+    from aiayn.export import CHECK_TEXTS, check_gpt2, export
+    from aiayn.inference.generator import Generator
 
-    directory, tokenizer = language_model_dir(tmp_path)
+    directory, _ = language_model_dir(tmp_path)
     export(directory, tmp_path / "gpt2")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "gpt2")
     with torch.no_grad():
         bias = hf.transformer.h[0].mlp.c_proj.bias
         bias.add_(3.0 * torch.randn(bias.shape, generator=torch.Generator().manual_seed(0)))
     hf.save_pretrained(tmp_path / "gpt2")
-    checks = check_gpt2(load_model(directory), tokenizer, tmp_path / "gpt2", list(CHECK_TEXTS), max_new_tokens=8)
-    assert [agreed for _, agreed, _, _ in checks][:2] == [len(CHECK_TEXTS), 0]  # same ids, other logits
+    checks = check_gpt2(Generator.from_pretrained(directory), tmp_path / "gpt2")
+    assert [check.agreed for check in checks][:2] == [len(CHECK_TEXTS), 0]  # the same ids, other logits
+    assert checks[1].failed and "logits" in str(checks[1])
 
 
 def test_a_decoder_only_model_gpt2_cannot_express_is_refused_before_writing(tmp_path):

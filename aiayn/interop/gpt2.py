@@ -207,25 +207,7 @@ def from_gpt2(hf_model) -> DecoderOnlyModel:
     return model.eval()
 
 
-# -- greedy continuation, export and its check ---------------------------------------------------------
-
-@torch.no_grad()
-def greedy_continuation(model: DecoderOnlyModel, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """The `max_new_tokens` ids (B, N) that greedy decoding appends to `prompts` (B, P), one cached step each.
-
-    Every row runs all steps, past an end-of-text id too: cut rows after it to compare with
-    `generate()`, which pads rows after theirs.
-    """
-    caches = model.new_caches()
-    logits = model.head(model.decode(prompts, caches=caches)[:, -1:])  # (B, 1, V)
-    new = []
-    for step in range(max_new_tokens):
-        token = logits[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
-        new.append(token)
-        if step + 1 < max_new_tokens:
-            logits = model.head(model.decode(token, caches=caches))
-    return torch.cat(new, dim=1) if new else prompts.new_zeros(prompts.shape[0], 0)
-
+# -- export ------------------------------------------------------------------------------------------
 
 def export_gpt2(model: DecoderOnlyModel, tokenizer: Tokenizer | None, directory: str | Path) -> Path:
     """Write a decoder-only model as a Hugging Face GPT-2 model (and tokenizer) into `directory`.
@@ -254,41 +236,3 @@ def logits_tolerance(cfg: ModelConfig, logits: torch.Tensor) -> float:
     widest = max(cfg.d_model, cfg.d_ff, logits.shape[1])  # the longest sum: a row, the FFN, attention
     scale = max(1.0, float(logits.abs().max()))
     return 8 * torch.finfo(torch.float32).eps * widest**0.5 * (cfg.n_encoder_layers + 1) * scale
-
-
-@torch.no_grad()
-def check_gpt2(model: DecoderOnlyModel, tokenizer: Tokenizer, directory: str | Path, texts: list[str], *,
-               max_new_tokens: int) -> list[tuple[str, int, int, str]]:
-    """Load the export back with `transformers` and compare it with `model`, prompted with each of `texts`.
-
-    Returns (what, agreed, total, detail) for: the exported tokenizer's ids against aiayn's (`<s>` first); each
-    prompt's logits within `logits_tolerance`; each prompt's greedy `generate()` tokens against
-    `greedy_continuation`'s (cut after end-of-text).
-    """
-    from transformers import AutoTokenizer, GPT2LMHeadModel
-
-    cfg: ModelConfig = model.config
-    hf = GPT2LMHeadModel.from_pretrained(directory).eval()
-    hf_tokenizer = AutoTokenizer.from_pretrained(directory)
-    ours_ids = [tokenizer.encode(text, add_bos=True) for text in texts]
-    same_ids = sum(hf_tokenizer(text).input_ids == ids for text, ids in zip(texts, ours_ids))
-    eos = hf.generation_config.eos_token_id
-    close, same_tokens, worst = 0, 0, 0.0
-    for ids in ours_ids:
-        prompt = torch.tensor([ids[: cfg.max_len - 1]])  # (1, P): room for one new token at least
-        logits = model(prompt)  # (1, P, V)
-        difference = float((hf(input_ids=prompt).logits - logits).abs().max())
-        close += difference <= logits_tolerance(cfg, logits)
-        worst = max(worst, difference)
-        steps = min(max_new_tokens, cfg.max_len - prompt.shape[1])
-        theirs = hf.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, num_beams=1,
-                             max_length=prompt.shape[1] + steps)[0, prompt.shape[1]:]
-        ours = greedy_continuation(model, prompt, steps)[0]
-        same_tokens += _until(theirs.tolist(), eos) == _until(ours.tolist(), eos)
-    return [("tokenizer ids (AutoTokenizer vs aiayn, <s> first)", same_ids, len(texts), ""),
-            ("GPT2LMHeadModel logits", close, len(texts), f"max |difference| {worst:.1e}"),
-            ("GPT2LMHeadModel.generate(), greedy, tokens", same_tokens, len(texts), "")]
-
-
-def _until(row: list[int], eos: int | None) -> list[int]:
-    return row[: row.index(eos) + 1] if eos is not None and eos in row else row
