@@ -151,7 +151,7 @@ def to_gpt2(model: DecoderOnlyModel, *, bos_token_id: int | None = None, eos_tok
         hf.lm_head.weight.copy_(hf.transformer.wte.weight)  # transformers did not tie them: copy
     gen = hf.generation_config
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = bos_token_id, eos_token_id, cfg.pad_id
-    gen.do_sample, gen.num_beams, gen.max_length = False, 1, cfg.max_len
+    gen.do_sample, gen.num_beams = False, 1
     return hf
 
 
