@@ -7,6 +7,7 @@
 | a translator, `ctranslate2` | CTranslate2 model (+ tokenizer files) | `interop.ctranslate2.to_ctranslate2` |
 | an encoder of BERT's layout | sentence-transformers / BERT model + tokenizer | `interop.sentence_transformers` |
 | any encoder, `onnx` | `model.onnx` + tokenizer | `interop.onnx.export_onnx` |
+| a decoder-only language model | Hugging Face GPT-2 model + tokenizer | `interop.gpt2.export_gpt2` |
 
 Every export then runs a fixed set of texts through the exported model (loaded back from disk with
 its own library) and through aiayn with the same settings, and reports the agreement: tokens for
@@ -26,6 +27,7 @@ import torch
 
 from aiayn.inference.embeddings import Embedder
 from aiayn.inference.generation import GenerationConfig
+from aiayn.inference.generator import Generator
 from aiayn.inference.loading import task_class
 from aiayn.inference.translator import Translator
 from aiayn.rundir import check_export_dir, claim_for_export
@@ -119,6 +121,9 @@ def export(source: str | Path | None, out: str | Path, *, fmt: str = "hf", quant
     source = "minilm" if source is None else source
     kind = task_class(source)
     with _transformers_quiet():
+        if kind is Generator:
+            return _export_generator(Generator.from_pretrained(source, device="cpu"), out, fmt=fmt, force=force,
+                                     check=check)
         if kind is Translator:
             return _export_translator(Translator.from_pretrained(source, device="cpu"), out, fmt=fmt,
                                       quantization=quantization, force=force, check=check)
@@ -236,6 +241,50 @@ def check_ctranslate2(translator: Translator, directory: str | Path, *, quantize
 
 def _until(row: list[int], eos: int) -> list[int]:
     return row[: row.index(eos)] if eos in row else row
+
+
+# -- decoder-only language models ---------------------------------------------------------------------
+
+def _export_generator(generator: Generator, out: str | Path, *, fmt: str, force: bool, check: bool) -> ExportResult:
+    from aiayn.interop.gpt2 import check_mappable, export_gpt2
+
+    if fmt != "hf":
+        raise ValueError(f"a decoder-only language model exports to Hugging Face GPT-2 (the default), not {fmt}")
+    check_mappable(generator.model.config)  # refused before anything is written
+    out = claim_for_export(out, force=force, fmt="gpt2")
+    export_gpt2(generator.model, generator.tokenizer, out)
+    return ExportResult(out, "gpt2", check_gpt2(generator, out) if check else [])
+
+
+@torch.no_grad()
+def check_gpt2(generator: Generator, directory: str | Path) -> list[Agreement]:
+    """Load the GPT-2 export back with `transformers`; compare its tokenizer, logits and greedy `generate()` with
+    aiayn's on the check texts, each a prompt (`<s>` + its tokens, as `Generator` prompts)."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    from aiayn.interop.gpt2 import logits_tolerance
+
+    hf_model = GPT2LMHeadModel.from_pretrained(directory).eval()
+    hf_tokenizer = AutoTokenizer.from_pretrained(directory)
+    model, cfg = generator.model, generator.model.config
+    encoded = {text: generator.tokenizer.encode(text, add_bos=True) for text in CHECK_TEXTS}
+    texts = [text for text, row in encoded.items() if len(row) < cfg.max_len]  # a prompt leaves room for a token
+    rows = [encoded[text] for text in texts]
+    same_ids = sum(hf_tokenizer(text).input_ids == row for text, row in zip(texts, rows))
+    steps = min(CHECK_MAX_NEW_TOKENS, cfg.max_len - max(len(row) for row in rows))
+    ours = [c.tokens for c in generator.generate(texts, max_new_tokens=steps, do_sample=False, num_beams=1)]
+    close, same_tokens, worst = 0, 0, 0.0
+    for row, tokens in zip(rows, ours):
+        prompt = torch.tensor([row])  # (1, P)
+        logits = model(prompt)  # (1, P, V)
+        difference = float((hf_model(input_ids=prompt).logits - logits).abs().max())
+        close, worst = close + (difference <= logits_tolerance(cfg, logits)), max(worst, difference)
+        out = hf_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_length=len(row) + steps,
+                                do_sample=False, num_beams=1)
+        same_tokens += _until(out[0, len(row):].tolist(), generator.tokenizer.eos_id) == tokens
+    return [Agreement("tokenizer ids (AutoTokenizer vs aiayn, <s> first)", same_ids, len(texts)),
+            Agreement("GPT2LMHeadModel logits", close, len(texts), f"max |difference| {worst:.1e}"),
+            Agreement("GPT2LMHeadModel.generate(), greedy, tokens", same_tokens, len(texts))]
 
 
 # -- encoders --------------------------------------------------------------------------------------

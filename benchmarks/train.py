@@ -24,6 +24,13 @@ the trainer's own length bucketing, random ids; identical for every model. Model
 forward pass (projections, attention, FFN, vocabulary projection over the real target tokens) x 3.
 All models are timed on every batch in rotating order; rates are medians, and the per-batch ratios
 (the same batch, back to back) show how much a noisy neighbour moved them.
+
+`--model decoder-only` measures the language model instead: the preset's decoder (its depth and widths) as
+aiayn's decoder-only model in GPT-2's layout (pre-LN, learned positions, unscaled tied embeddings, tanh GELU),
+through the trainer's backend and as plain modules, beside `transformers.GPT2LMHeadModel` of the same sizes
+(`aiayn.interop.gpt2.gpt2_config`), as its users train it. Batches are rows of `--seq-len` consecutive random
+ids (`--max-tokens // --seq-len` rows, no padding), the labels the same rows one token on; every model takes
+next-token logits at every position, cross-entropy, backward and the same fused Adam step.
 """
 
 from __future__ import annotations
@@ -261,6 +268,151 @@ def data_parallel_rank(args: argparse.Namespace, cfg: ModelConfig) -> int:
     return 0
 
 
+def time_rotating(steps: dict, batches: list, warmup: int, device: torch.device, onednn: bool,
+                  flops_of) -> tuple[dict[str, list[float]], float, list[float], list[float]]:
+    """Every model's step on every batch, in rotating order (who goes first changes each batch), after `warmup`
+    untimed batches; and the matmul peak after each batch.
+
+    Returns (seconds of each timed step by model, model FLOPs of the timed batches, PyTorch's and oneDNN's peaks).
+    """
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    peaks, peaks_onednn, flops = [], [], 0.0
+    for i, batch in enumerate(batches):
+        order = list(steps)[i % len(steps):] + list(steps)[:i % len(steps)]  # rotate who goes first
+        for name in order:
+            step, model, opt, precision = steps[name]
+            _sync(device)
+            start = time.perf_counter()
+            with precision():
+                step(model, opt, batch)
+            _sync(device)
+            if i >= warmup:
+                seconds[name].append(time.perf_counter() - start)
+        if i >= warmup:
+            flops += flops_of(batch)
+            peaks.append(matmul_peak(device=device))
+            if onednn:
+                peaks_onednn.append(matmul_peak(onednn=True))
+    return seconds, flops, peaks, peaks_onednn
+
+
+def print_rates(seconds: dict[str, list[float]], tokens: int, flops: float, peaks: list[float],
+                peaks_onednn: list[float], counted: str, **labels: str) -> None:
+    """One row per model: tokens/s (`counted` says which tokens) and model GFLOP/s against the matmul peak;
+    `labels` go with the figures into the record."""
+    peak = max(statistics.median(peaks), statistics.median(peaks_onednn or peaks))
+    for name, times in seconds.items():
+        total = sum(times)
+        print(f"  {name:22s} {tokens / total:10.0f} tokens/s ({counted})   "
+              f"{flops / total / 1e9:7.1f} model GFLOP/s ({100 * flops / total / peak:.0f}% of peak)")
+        figure(name, tokens / total, "tokens/s", **labels)
+    onednn_peak = f", {statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN)" if peaks_onednn else ""
+    print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default)"
+          f"{onednn_peak}; peak = the higher")
+
+
+def print_ratios(seconds: dict[str, list[float]], peers: tuple[str, ...], **labels: str) -> None:
+    """aiayn's rate over each peer's, of the whole run and per batch (the same batch, back to back)."""
+    for peer in peers:
+        if peer not in seconds:
+            continue
+        for name in ("aiayn", "aiayn, plain modules"):
+            ratios = [t / o for o, t in zip(seconds[name], seconds[peer])]
+            print(f"  {name} / {peer}: {sum(seconds[peer]) / sum(seconds[name]):.2f}x tokens/s "
+                  f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "
+                  f"range {min(ratios):.2f}-{max(ratios):.2f})")
+            figure(f"{name} / {peer}", sum(seconds[peer]) / sum(seconds[name]), "x", **labels)
+
+
+# -- the decoder-only model (GPT's shape) beside Hugging Face GPT-2 ------------------------------------
+
+def decoder_only_config(cfg: ModelConfig, seq_len: int) -> ModelConfig:
+    """The preset's decoder as a decoder-only model of GPT-2's layout (its depth and widths; pre-LN, learned
+    positions, unscaled tied embeddings, tanh GELU), so that `GPT2LMHeadModel` is the same model."""
+    return cfg.replace(causal=True, n_encoder_layers=cfg.n_decoder_layers, n_decoder_layers=0, norm_first=True,
+                       positional="learned", scale_embeddings=False, activation="gelu_tanh",
+                       max_len=max(cfg.max_len, seq_len))
+
+
+def make_sequences(cfg: ModelConfig, n: int, max_tokens: int, seq_len: int, seed: int = 0):
+    """`n` batches of plain token sequences as a language model trains on them: `max_tokens // seq_len` rows of
+    `seq_len` consecutive tokens, no padding; random ids. Returns (ids (B, L), labels (B, L): the next tokens)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = max(1, max_tokens // seq_len)
+    out = []
+    for _ in range(n):
+        stream = torch.randint(4, cfg.vocab_size, (rows, seq_len + 1), generator=gen)  # (B, L + 1)
+        out.append((stream[:, :-1].contiguous(), stream[:, 1:].contiguous()))
+    return out
+
+
+def decoder_only_flops(cfg: ModelConfig, ids: torch.Tensor) -> float:
+    """Training FLOPs of one batch: 3 x the forward multiply-adds x 2 (projections, attention, FFN, vocabulary)."""
+    batch, length = ids.shape
+    d, ff = cfg.d_model, cfg.d_ff
+    per_token = cfg.n_encoder_layers * (4 * d * d + 2 * d * ff + 2 * length * d) + d * cfg.vocab_size
+    return 3 * 2.0 * batch * length * per_token
+
+
+def decoder_only_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+    """One aiayn step: next-token logits at every position, cross-entropy, backward, Adam."""
+    ids, labels = batch
+    opt.zero_grad(set_to_none=True)
+    logits = model(ids)  # (B, L, V)
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)).backward()
+    opt.step()
+
+
+def gpt2_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+    """One `GPT2LMHeadModel` step, the same loss on its logits."""
+    ids, labels = batch
+    opt.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids).logits  # (B, L, V)
+    F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)).backward()
+    opt.step()
+
+
+def gpt2_peer(cfg: ModelConfig) -> nn.Module | None:
+    """`GPT2LMHeadModel` of the decoder-only `cfg`'s sizes (None when transformers is not installed)."""
+    try:
+        from transformers import GPT2LMHeadModel
+    except ImportError:
+        return None
+    from aiayn.interop.gpt2 import gpt2_config
+
+    return GPT2LMHeadModel(gpt2_config(cfg))
+
+
+def decoder_only_main(args: argparse.Namespace, cfg: ModelConfig) -> int:
+    """aiayn's decoder-only model (prepared by the trainer's backend, and as plain modules) beside
+    `GPT2LMHeadModel` of the same sizes, on the same batches, interleaved; prints tokens/s and the ratios."""
+    cfg = decoder_only_config(cfg, args.seq_len)
+    backend = select(args.device, "train", args.precision)
+    device = backend.device
+    ours, plain = build_model(cfg).train(), build_model(cfg).train()
+    plain.load_state_dict(ours.state_dict())
+    prepared = backend.prepare(ours)  # shares `ours`' parameters (moved to the device), as in the trainer
+    plain.to(device)
+    steps = {"aiayn": (decoder_only_step, prepared, _optimizer(ours), backend.autocast),
+             "aiayn, plain modules": (decoder_only_step, plain, _optimizer(plain), nullcontext)}
+    gpt2 = gpt2_peer(cfg)
+    if gpt2 is not None:
+        gpt2.to(device).train()
+        steps["Hugging Face GPT-2"] = (gpt2_step, gpt2, _optimizer(gpt2), nullcontext)
+    batches = [tuple(t.to(device) for t in batch)
+               for batch in make_sequences(cfg, args.steps + args.warmup, args.max_tokens, args.seq_len)]
+    params = sum(p.numel() for p in ours.parameters())
+    print(f"train step, decoder-only, preset {args.preset}'s decoder ({cfg.n_encoder_layers} layers, "
+          f"{params / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}), batches of {batches[0][0].shape[0]} "
+          f"sequences x {args.seq_len} tokens, {torch.get_num_threads()} threads, aiayn backend {backend.describe()}")
+    seconds, flops, peaks, peaks_onednn = time_rotating(steps, batches, args.warmup, device, backend.onednn,
+                                                        lambda batch: decoder_only_flops(cfg, batch[0]))
+    tokens = sum(batch[0].numel() for batch in batches[args.warmup:])
+    print_rates(seconds, tokens, flops, peaks, peaks_onednn, "no padding", model="decoder-only")
+    print_ratios(seconds, ("Hugging Face GPT-2",), model="decoder-only")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print tokens/s of each step, the ratios, and aiayn's FLOP/s as a fraction of the matmul peak."""
     parser = argparse.ArgumentParser(prog="aiayn bench train", description=__doc__.splitlines()[0])
@@ -274,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                         help="aiayn's training precision (default: the backend's choice for the device)")
+    parser.add_argument("--model", choices=("encoder-decoder", "decoder-only"), default="encoder-decoder",
+                        help="encoder-decoder (beside Marian and torch.nn.Transformer, the default) or decoder-only "
+                             "(the preset's decoder as GPT-2's layout, beside Hugging Face GPT-2)")
+    parser.add_argument("--seq-len", type=int, default=128, help="decoder-only: tokens per training sequence")
     parser.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)  # a data-parallel process
     args = parser.parse_args(argv)
     if args.threads:
@@ -282,6 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     cfg = preset(args.preset)
     if args.vocab:
         cfg = cfg.replace(vocab_size=args.vocab)
+    if args.model == "decoder-only":
+        return decoder_only_main(args, cfg)
     if args.rank >= 0:
         return data_parallel_rank(args, cfg)
     backend = select(args.device, "train", args.precision)
@@ -305,43 +463,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"train step, preset {args.preset} ({params / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}), batches "
           f"of <= {args.max_tokens} padded tokens (mean {statistics.mean(real_tokens):.0f} real source + target "
           f"tokens), {torch.get_num_threads()} threads, aiayn backend {backend.describe()}")
-    seconds: dict[str, list[float]] = {name: [] for name in steps}
-    peaks, peaks_onednn, flops = [], [], 0.0
-    for i, batch in enumerate(batches):
-        order = list(steps)[i % len(steps):] + list(steps)[:i % len(steps)]  # rotate who goes first
-        for name in order:
-            step, model, opt, precision = steps[name]
-            _sync(device)
-            start = time.perf_counter()
-            with precision():
-                step(model, opt, batch)
-            _sync(device)
-            if i >= args.warmup:
-                seconds[name].append(time.perf_counter() - start)
-        if i >= args.warmup:
-            flops += batch_flops(cfg, *batch)
-            peaks.append(matmul_peak(device=device))
-            if backend.onednn:
-                peaks_onednn.append(matmul_peak(onednn=True))
-    peak = max(statistics.median(peaks), statistics.median(peaks_onednn or peaks))
+    seconds, flops, peaks, peaks_onednn = time_rotating(steps, batches, args.warmup, device, backend.onednn,
+                                                        lambda batch: batch_flops(cfg, *batch))
     tokens = sum(real_tokens[args.warmup:])
-    for name, times in seconds.items():
-        total = sum(times)
-        print(f"  {name:22s} {tokens / total:10.0f} tokens/s (real source + target tokens)   "
-              f"{flops / total / 1e9:7.1f} model GFLOP/s ({100 * flops / total / peak:.0f}% of peak)")
-        figure(name, tokens / total, "tokens/s")
-    onednn_peak = f", {statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN)" if peaks_onednn else ""
-    print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default)"
-          f"{onednn_peak}; peak = the higher")
-    for peer in ("Hugging Face Marian", "torch.nn.Transformer"):
-        if peer not in seconds:
-            continue
-        for name in ("aiayn", "aiayn, plain modules"):
-            ratios = [t / o for o, t in zip(seconds[name], seconds[peer])]
-            print(f"  {name} / {peer}: {sum(seconds[peer]) / sum(seconds[name]):.2f}x tokens/s "
-                  f"(median of per-batch ratios {statistics.median(ratios):.2f}x, "
-                  f"range {min(ratios):.2f}-{max(ratios):.2f})")
-            figure(f"{name} / {peer}", sum(seconds[peer]) / sum(seconds[name]), "x")
+    print_rates(seconds, tokens, flops, peaks, peaks_onednn, "real source + target tokens")
+    print_ratios(seconds, ("Hugging Face Marian", "torch.nn.Transformer"))
     threads = torch.get_num_threads()
     if threads > 1 and device.type == "cpu" and args.steps >= threads:
         rate = data_parallel_rate(_rank_argv(args), threads)

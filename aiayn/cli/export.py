@@ -17,9 +17,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        "ONNX, checked against aiayn",
         description="A translation run becomes a Hugging Face model, Marian for post-LN layers and Pegasus for "
                     "pre-LN ones (or, with --ctranslate2, a CTranslate2 model); an encoder a sentence-transformers "
-                    "model (or, with --onnx, an ONNX graph). Both come with their tokenizer, and the export is then "
-                    "checked: a fixed set of texts goes through the exported model and through aiayn, and the "
-                    "agreement is printed.")
+                    "model (or, with --onnx, an ONNX graph); a decoder-only language model a Hugging Face GPT-2 "
+                    "model. Each comes with its tokenizer, and the export is then checked: a fixed set of texts goes "
+                    "through the exported model and through aiayn, and the agreement is printed.")
     p.add_argument("--model", "--run", dest="model",
                    help="a run or model directory, BERT checkpoint or hub id (default: all-MiniLM-L6-v2)")
     p.add_argument("--out", "-o", required=True, help="output directory")

@@ -2,7 +2,8 @@
 
 The `tokenizers` JSON is written as it is (the same pieces, the same ids, lossless decoding), with a
 post-processor that adds the special tokens aiayn's code adds: `[CLS] text [SEP]` for encoders
-(`template="encoder"`), `text </s>` for translation sources (`template="marian"`, as Marian).
+(`template="encoder"`), `text </s>` for translation sources (`template="marian"`, as Marian), `<s> text` for
+prompts of a decoder-only language model (`template="decoder"`, which continues them).
 `tokenizer_config.json` names the special tokens, keeps literal `<s>` in user text as text
 (`split_special_tokens`) where aiayn does, turns off the clean-up that would change spaces on
 decoding, and lists `model_input_names`: exactly the inputs the exported model takes.
@@ -16,13 +17,17 @@ from pathlib import Path
 from aiayn.rundir import atomic_write_text
 from aiayn.tokenization import Tokenizer
 
-TEMPLATES = ("encoder", "marian")
+TEMPLATES = ("encoder", "marian", "decoder")
 
 
 def _post_processor(tokenizer: Tokenizer, template: str):
     from tokenizers import processors
 
     eos = tokenizer.special["eos"]
+    if template == "decoder":
+        bos = tokenizer.special["bos"]
+        return processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B:1",
+                                             special_tokens=[(bos, tokenizer.bos_id)])
     if template == "marian":
         return processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
                                              special_tokens=[(eos, tokenizer.eos_id)])
@@ -37,8 +42,8 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, *, template: 
 
     Args:
         tokenizer: an aiayn tokenizer (its own or a BERT checkpoint's).
-        template: "encoder" (`[CLS] text [SEP]`; a checkpoint's own post-processor is kept) or
-            "marian" (`text </s>`, a translation source as Marian writes it).
+        template: "encoder" (`[CLS] text [SEP]`; a checkpoint's own post-processor is kept),
+            "marian" (`text </s>`, a translation source as Marian writes it) or "decoder" (`<s> text`, a prompt).
         max_len: `model_max_length`, the most tokens the model takes.
         model_input_names: what calling the tokenizer returns (`token_type_ids` only for models with segments).
     """
@@ -48,7 +53,7 @@ def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, *, template: 
         raise ValueError(f"template must be one of {', '.join(TEMPLATES)}, got {template!r}")
     directory = Path(directory)
     hf = HFTokenizer.from_str(tokenizer.hf.to_str())
-    if template == "marian" or hf.post_processor is None:  # aiayn adds specials in code; HF needs a template
+    if template != "encoder" or hf.post_processor is None:  # aiayn adds specials in code; HF needs a template
         hf.post_processor = _post_processor(tokenizer, template)
     atomic_write_text(directory / "tokenizer.json", hf.to_str())
     roles = {"pad": "pad_token", "eos": "eos_token", "unk": "unk_token", "mask": "mask_token"}
