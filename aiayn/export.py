@@ -30,7 +30,7 @@ from aiayn.inference.generation import GenerationConfig
 from aiayn.inference.generator import Generator
 from aiayn.inference.loading import task_class
 from aiayn.inference.translator import Translator
-from aiayn.rundir import check_export_dir, claim_for_export
+from aiayn.rundir import TARGET_TOKENIZER, check_export_dir, claim_for_export
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,8 @@ def check_hf_translator(translator: Translator, directory: str | Path) -> list[A
     directory = Path(directory)
     hf_model = AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
     hf_source = AutoTokenizer.from_pretrained(directory)
-    hf_target = AutoTokenizer.from_pretrained(directory / "target") if (directory / "target").is_dir() else hf_source
+    target_dir = directory / TARGET_TOKENIZER
+    hf_target = AutoTokenizer.from_pretrained(target_dir) if target_dir.is_dir() else hf_source
     source, target = translator.source_tokenizer, translator.target_tokenizer
     texts = list(CHECK_TEXTS)
     same_ids = sum(hf_source(text).input_ids == source.encode(text, add_eos=True) for text in texts)

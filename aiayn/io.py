@@ -18,8 +18,9 @@ from aiayn.config import ModelConfig
 from aiayn.nn.model import build_model
 from aiayn.nn.sizes import check_model_fits
 from aiayn.rundir import MODEL_CONFIG as CONFIG_NAME
-from aiayn.rundir import WEIGHTS as WEIGHTS_NAME
 from aiayn.rundir import (
+    SOURCE_TOKENIZER,
+    TARGET_TOKENIZER,
     atomic_output,
     atomic_write_bytes,
     check_input_file,
@@ -27,6 +28,7 @@ from aiayn.rundir import (
     load_json,
     no_model_hint,
 )
+from aiayn.rundir import WEIGHTS as WEIGHTS_NAME
 from aiayn.weights import check_layer_counts, load_weights
 
 if TYPE_CHECKING:
@@ -120,6 +122,7 @@ def load_tokenizers(directory: str | Path) -> tuple[Tokenizer, Tokenizer]:
     if shared_file.exists() or shared_file.is_symlink():  # Tokenizer.load says what is wrong with it
         shared = Tokenizer.load(directory)
         return shared, shared
-    if (directory / "source" / TOKENIZER_NAME).is_file() and (directory / "target" / TOKENIZER_NAME).is_file():
-        return Tokenizer.load(directory / "source"), Tokenizer.load(directory / "target")
+    source, target = directory / SOURCE_TOKENIZER, directory / TARGET_TOKENIZER
+    if (source / TOKENIZER_NAME).is_file() and (target / TOKENIZER_NAME).is_file():
+        return Tokenizer.load(source), Tokenizer.load(target)
     raise FileNotFoundError(f"{directory}: no {TOKENIZER_NAME} (nor source/ and target/ tokenizers)")

@@ -46,6 +46,7 @@ MODEL_CONFIG = "config.json"
 WEIGHTS = "model.safetensors"
 TOKENIZER = "tokenizer.json"
 TOKENIZER_META = "tokenizer_meta.json"
+SOURCE_TOKENIZER, TARGET_TOKENIZER = "source", "target"  # the two folders of a run with two vocabularies
 LABELS = "labels.json"
 METRICS_LOG = "metrics.jsonl"
 METRICS_CSV = "metrics.csv"

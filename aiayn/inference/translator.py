@@ -109,15 +109,15 @@ class Translator(ModelRunner):
         """Write the model and tokenizer(s) as a model directory `from_pretrained` loads (a new or empty
         directory, or one aiayn saved before, unless `force`)."""
         from aiayn.io import save_model
-        from aiayn.rundir import claim_for_export
+        from aiayn.rundir import SOURCE_TOKENIZER, TARGET_TOKENIZER, claim_for_export
 
         directory = claim_for_export(directory, force=force, fmt="aiayn", option="directory",
                                      force_hint="pass force=True")
         if self.source_tokenizer is self.target_tokenizer:
             return save_model(self.model, directory, tokenizer=self.source_tokenizer)
         save_model(self.model, directory)
-        self.source_tokenizer.save(directory / "source")
-        self.target_tokenizer.save(directory / "target")
+        self.source_tokenizer.save(directory / SOURCE_TOKENIZER)
+        self.target_tokenizer.save(directory / TARGET_TOKENIZER)
         return directory
 
     def translate(self, texts: str | Sequence[str], config: GenerationConfig | None = None, *,
