@@ -23,7 +23,8 @@ import aiayn
 
 BENCHMARKS = {
     "encoder": "encoder forward throughput vs torch.nn.TransformerEncoder fast path and matmul peak",
-    "train": "training step throughput on real-run shapes vs Hugging Face Marian and torch.nn.Transformer",
+    "train": "training step throughput on real-run shapes vs Hugging Face Marian and torch.nn.Transformer (--model "
+             "decoder-only: vs Hugging Face GPT-2)",
     "translate": "English -> French from this machine's gettext catalogs: aiayn vs Marian trained alike, BLEU and time",
     "generate": "greedy and beam decoding vs CTranslate2 and Hugging Face generate(), fp32 and int8",
     "embed": "sentence embedding with all-MiniLM-L6-v2 vs sentence-transformers and BertModel",
