@@ -16,8 +16,9 @@ import torch
 from torch import nn
 
 from aiayn.backends.calibrate import FEW_ROWS_MAX
+from aiayn.backends.hooks import hooked
 from aiayn.nn.attention import AttentionCache, MultiHeadAttention, attend
-from aiayn.nn.layers import EncoderLayer, hooked
+from aiayn.nn.layers import EncoderLayer
 
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x, weight, bias) -> y
 Frozen = Callable[[torch.Tensor, torch.Tensor | None], nn.Module]  # (stacked weight, bias) -> an inference layer
