@@ -10,6 +10,7 @@ from torch.profiler import ProfilerActivity, profile
 from aiayn.backends import available_devices, calibrate, resolve_device, select
 from aiayn.backends.cpu import OneDnnLinear, PackedLinear, onednn_linear, onednn_usable
 from aiayn.backends.fused import FusedQKVAttention
+from aiayn.backends.shapes import row_class, shape_kind
 from aiayn.config import ModelConfig, preset
 from aiayn.inference import GenerationConfig, generate
 from aiayn.nn.attention import MultiHeadAttention
@@ -310,9 +311,9 @@ def test_each_layer_runs_the_kernels_measured_for_its_shape_kind(monkeypatch):
         ours = generate(prepared, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=6, min_len=6))
         plain = generate(model, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=6, min_len=6))
     assert ours.tokens == plain.tokens
-    assert calibrate.shape_kind(512, 2048) == "wide" and calibrate.shape_kind(2048, 512) == "narrow"
-    assert calibrate.shape_kind(512, 512) == "square" and calibrate.shape_kind(512, 1536) == "wide"  # stacked Q/K/V
-    assert calibrate.shape_kind(512, 37000) == "vocabulary" and calibrate.shape_kind(768, 30522) == "vocabulary"
+    assert shape_kind(512, 2048) == "wide" and shape_kind(2048, 512) == "narrow"
+    assert shape_kind(512, 512) == "square" and shape_kind(512, 1536) == "wide"  # stacked Q/K/V
+    assert shape_kind(512, 37000) == "vocabulary" and shape_kind(768, 30522) == "vocabulary"
 
 
 def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
@@ -377,7 +378,7 @@ def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
     assert calibrate._pick({"dense": [1.0, 1.0, 1.0], "packed": [0.3, 1.0, 1.02]}, "dense") == "dense"
     # ratios within a repeat: load that drifts between repeats hits both alike
     assert calibrate._pick({"dense": [1.0, 3.0, 2.0], "packed": [0.8, 2.4, 1.6]}, "dense") == "packed"
-    assert calibrate.row_class(1) == "one" and calibrate.row_class(4) == "few" and calibrate.row_class(17) == "many"
+    assert row_class(1) == "one" and row_class(4) == "few" and row_class(17) == "many"
     # a median win smaller than its spread is no win: faster by the margin in only half of the repeats
     noisy = {"dense": [1.0] * 8, "packed": [0.6, 0.6, 0.6, 0.6, 1.0, 1.0, 1.1, 1.1]}
     assert calibrate._pick(noisy, "dense") == "dense"

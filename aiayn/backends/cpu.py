@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from aiayn.backends.calibrate import ROW_CLASSES, row_class
+from aiayn.backends.shapes import ROW_CLASSES, row_class, shape_kind
 from aiayn.nn.feedforward import PositionwiseFeedForward
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 KERNELS = ("packed", "columns", "dense")  # see aiayn.backends.calibrate
 # What a PackedLinear runs where no measurement says otherwise: oneDNN, but MKL for one row.
 DEFAULT_KERNELS = {"one": "columns", "few": "packed", "many": "packed"}
+
+
+def kernel_triples(inference: dict[str, dict[str, str]]) -> tuple[tuple[str, str, str], ...]:
+    """Kernels by row class and shape kind (`calibrate.Choices.inference`) as (row class, shape kind, kernel) triples,
+    the form `Backend.kernels` and `PackedLinear.on_kernels` take."""
+    return tuple((rows, kind, kernel) for rows, by_kind in inference.items() for kind, kernel in by_kind.items())
 
 # Activations oneDNN applies inside a product: name -> (post-op, algorithm, the same function in torch, in place).
 # In place because the product's output is a new tensor: an activation writing another one of a batch's FFN size
@@ -120,7 +126,7 @@ class OneDnnLinear(nn.Linear):
 class PackedLinear(nn.Module):
     """An inference-only float32 CPU linear layer whose product runs the kernel measured fastest for its rows.
 
-    `kernels` maps each row class of `calibrate.ROW_CLASSES` ("one", "few", "many") to a kernel:
+    `kernels` maps each row class of `shapes.ROW_CLASSES` ("one", "few", "many") to a kernel:
     "packed" (oneDNN over the weight reordered once into its blocked layout), "columns" (MKL over
     the weight transposed, (in, out) contiguous, made on first use) or "dense" (F.linear over the
     weight as given, shared with the model). Only the forms some row class uses are held. The packed
@@ -147,6 +153,16 @@ class PackedLinear(nn.Module):
         if activation is not None and activation not in POST_OPS:
             raise ValueError(f"no oneDNN post-op for activation {activation!r}; choose one of {', '.join(POST_OPS)}")
         self.activation = activation
+
+    @classmethod
+    def on_kernels(cls, weight: torch.Tensor, bias: torch.Tensor | None,
+                   kernels: tuple[tuple[str, str, str], ...]) -> PackedLinear:
+        """The layer running `kernels` ((row class, shape kind, kernel) triples) of its weight's shape kind
+        (`shapes.shape_kind`), `DEFAULT_KERNELS` for a row class they leave out."""
+        kind = shape_kind(weight.shape[1], weight.shape[0])
+        chosen = dict(DEFAULT_KERNELS)
+        chosen.update({rows: kernel for rows, of_kind, kernel in kernels if of_kind == kind})
+        return cls(weight, bias, kernels=chosen)
 
     def extra_repr(self) -> str:
         kernels = ", ".join(f"{rows}={kernel}" for rows, kernel in self.kernels.items())

@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from aiayn.backends.calibrate import FEW_ROWS_MAX
 from aiayn.backends.hooks import hooked
+from aiayn.backends.shapes import FEW_ROWS_MAX
 from aiayn.nn.attention import AttentionCache, MultiHeadAttention, attend
 from aiayn.nn.layers import EncoderLayer
 
@@ -133,6 +133,17 @@ def fuse_qkv(model: nn.Module, *, product: Product, frozen: Frozen | None) -> nn
     return model
 
 
+def stacked_away(model: nn.Module) -> frozenset[int]:
+    """Projections an inference copy never calls on their own: their weights are in a frozen Q/K/V stack."""
+    unused = set()
+    for m in model.modules():
+        if isinstance(m, FusedQKVAttention) and (m.qkv is not None or m.kv is not None):
+            unused.update((id(m.k_proj), id(m.v_proj)))
+            if m.kv is None:  # self-attention only: the query comes from the stack too
+                unused.add(id(m.q_proj))
+    return frozenset(unused)
+
+
 class TorchEncoderLayer(nn.Module):
     """An encoder layer run by PyTorch's own fused layer (`torch._transformer_encoder_layer_fwd`, the kernel of
     `nn.TransformerEncoderLayer`'s inference fast path and of Hugging Face's BetterTransformer), with the plain
@@ -143,7 +154,7 @@ class TorchEncoderLayer(nn.Module):
     uses it where calibration measured it faster than the layer written out on the kernels chosen there
     (`calibrate`, a base layer on 2 x 128 tokens; figures in docs/notes.md). It runs only where it computes what
     `layer` does: inference (eval mode, no gradients) on float32 CPU inputs (B, S, d_model) of more than
-    `calibrate.FEW_ROWS_MAX` rows, no padded-out sequence, no hook on the layer's modules (recorded attention,
+    `shapes.FEW_ROWS_MAX` rows, no padded-out sequence, no hook on the layer's modules (recorded attention,
     profilers), and sequences and scores within `FUSED_MAX_LENGTH` and `FUSED_SCORES_BYTES` (it writes the
     L x L attention matrices out); any other call runs `layer` itself. The weights are copied out when built:
     prepare again after changing them.

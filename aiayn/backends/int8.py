@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.backends.calibrate import row_class, shape_kind
 from aiayn.backends.fused import StackedLinear
+from aiayn.backends.shapes import row_class, shape_kind
 from aiayn.nn.model import Encoder, EncoderDecoderModel, EncoderModel
 
 log = logging.getLogger(__name__)
