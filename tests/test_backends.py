@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from aiayn.backends import available_devices, calibrate, resolve_device, select
-from aiayn.backends.cpu import OneDnnLinear, PackedLinear, onednn_linear, onednn_usable
+from aiayn.backends.cpu import OneDnnLinear, PackedFeedForward, PackedLinear, onednn_linear, onednn_usable
 from aiayn.backends.fused import FusedQKVAttention
 from aiayn.backends.shapes import row_class, shape_kind
 from aiayn.config import ModelConfig, preset
@@ -175,8 +175,9 @@ def test_the_ffn_activation_runs_inside_the_first_product(activation, measured):
     model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0}, activation=activation)).eval()
     prepared = select("cpu", "inference").prepare(model)
     ffn = prepared.encoder.layers[0].feed_forward
-    assert ffn.linear1.activation == activation and isinstance(ffn.activation, torch.nn.Identity)
-    assert not isinstance(model.encoder.layers[0].feed_forward.activation, torch.nn.Identity)  # model untouched
+    assert isinstance(ffn, PackedFeedForward) and ffn.linear1.activation == activation  # it owns the activation
+    assert [name for name, _ in ffn.named_children()] == ["linear1", "dropout", "linear2"]  # no stand-in for it
+    assert not isinstance(model.encoder.layers[0].feed_forward, PackedFeedForward)  # model untouched
     with torch.no_grad():
         ops = operators(lambda: ffn(torch.randn(2, 3, 32)))
     assert "mkldnn::_linear_pointwise" in ops and not ops & {"aten::gelu", "aten::relu", "aten::relu_"}

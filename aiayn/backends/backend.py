@@ -130,7 +130,7 @@ class Backend:
         if self.onednn:
             cpu.use_onednn(prepared, prepack=self._packed if self.prepack else None, skip=stacked_away(prepared))
             if self.prepack:
-                cpu.fuse_activations(prepared)
+                prepared = cpu.fuse_activations(prepared)
         prepared.train(self.mode == "train")
         if self.mode == "inference" and not self.plain:
             _without_dropout(prepared)

@@ -383,8 +383,7 @@ def _written_out(layer: nn.Module, kernels: tuple[tuple[str, str, str], ...], fu
     if fused_qkv:
         written_out = fuse_qkv(written_out, product=F.linear, frozen=packed)
     cpu.use_onednn(written_out, prepack=packed, skip=stacked_away(written_out))
-    cpu.fuse_activations(written_out)
-    return written_out
+    return cpu.fuse_activations(written_out)
 
 
 def _shape_weights(gen: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

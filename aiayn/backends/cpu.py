@@ -191,42 +191,69 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)  # (..., out)
 
 
-def fuse_activations(model: nn.Module) -> None:
-    """Run each feed-forward network's activation inside its first layer's product (oneDNN post-op), in place.
+class PackedFeedForward(nn.Module):
+    """The position-wise feed-forward network at inference with its activation inside the first product.
 
-    Only where that layer is a `PackedLinear` (inference) and the activation one oneDNN has: the FFN's
-    `activation` becomes the identity. The activation then costs no pass of its own over the hidden layer
-    (GELU's saves most; measured: docs/notes.md).
+    `linear1` is a `PackedLinear` that applies the activation to its output (a oneDNN post-op where its kernel is
+    oneDNN's, in place after the product otherwise), so the activation costs no pass of its own over the hidden
+    layer (GELU's saves most; measured: docs/notes.md). Built by `fuse_activations` from a
+    `PositionwiseFeedForward`, whose linear layers and dropout it takes.
     """
-    for module in model.modules():
-        if not isinstance(module, PositionwiseFeedForward) or type(module.linear1) is not PackedLinear:
-            continue
-        name = activation_name(module.activation)
-        if name is None or module.linear1.activation is not None:
-            continue
-        module.linear1.activation = name
-        module.activation = nn.Identity()
+
+    def __init__(self, ffn: PositionwiseFeedForward, activation: str):
+        super().__init__()
+        self.linear1, self.dropout, self.linear2 = ffn.linear1, ffn.dropout, ffn.linear2
+        self.linear1.activation = activation
+        self.train(ffn.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, d_model) -> (B, L, d_model); positions never mix."""
+        hidden = self.linear1(x)  # (B, L, d_ff), activated
+        return self.linear2(self.dropout(hidden))
+
+
+def fuse_activations(model: nn.Module) -> nn.Module:
+    """Replace each feed-forward network whose first layer is a `PackedLinear` (inference) and whose activation
+    oneDNN has by a `PackedFeedForward`, in place.
+
+    Returns the model (a new object only when `model` itself is such a network).
+    """
+    if isinstance(model, PositionwiseFeedForward):
+        return _with_fused_activation(model)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, PositionwiseFeedForward):
+                setattr(module, name, _with_fused_activation(child))
+    return model
+
+
+def _with_fused_activation(ffn: PositionwiseFeedForward) -> nn.Module:
+    """`ffn` as a `PackedFeedForward` where its first layer and activation allow, else `ffn` itself."""
+    name = activation_name(ffn.activation)
+    if name is None or not isinstance(ffn.linear1, PackedLinear) or ffn.linear1.activation is not None:
+        return ffn
+    return PackedFeedForward(ffn, name)
 
 
 def activation_name(module: nn.Module) -> str | None:
     """The `POST_OPS` name of an activation module, None for one oneDNN cannot fuse."""
-    if type(module) is nn.ReLU:
+    if isinstance(module, nn.ReLU):
         return "relu"
-    if type(module) is nn.GELU:
+    if isinstance(module, nn.GELU):
         return {"none": "gelu", "tanh": "gelu_tanh"}.get(module.approximate)
     return None
 
 
 def use_onednn(model: nn.Module, *, prepack: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None,
                skip: frozenset[int] = frozenset()) -> None:
-    """Swap every plain `nn.Linear` in `model` for `prepack(weight, bias)` (inference) or a `OneDnnLinear`
-    (training, prepack None), in place.
+    """Swap every `nn.Linear` in `model` (subclasses too, but not a `OneDnnLinear` already) for
+    `prepack(weight, bias)` (inference) or a `OneDnnLinear` (training, prepack None), in place.
 
     Layers whose `id` is in `skip` stay as they are (for example projections an inference copy never calls).
     """
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and id(child) not in skip:
+            if isinstance(child, nn.Linear) and not isinstance(child, OneDnnLinear) and id(child) not in skip:
                 setattr(module, name, prepack(child.weight, child.bias) if prepack is not None
                         else OneDnnLinear.from_linear(child))
 

@@ -18,6 +18,7 @@ from torch import nn
 from aiayn.backends.hooks import hooked
 from aiayn.backends.shapes import FEW_ROWS_MAX
 from aiayn.nn.attention import AttentionCache, MultiHeadAttention, attend
+from aiayn.nn.feedforward import PositionwiseFeedForward
 from aiayn.nn.layers import EncoderLayer
 
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x, weight, bias) -> y
@@ -117,8 +118,10 @@ class StackedLinear(nn.Module):
 
 
 def fuse_qkv(model: nn.Module, *, product: Product, frozen: Frozen | None) -> nn.Module:
-    """Replace every plain `MultiHeadAttention` in `model` (or `model` itself) by its fused twin, in place.
+    """Replace every `MultiHeadAttention` in `model` (or `model` itself) by its fused twin, in place.
 
+    Only a `MultiHeadAttention` itself: the twin runs that class's `forward`, which a subclass (this module's own
+    included) may not. Its projections may be any `nn.Linear`: the stack reads their weights and biases.
     Returns the model (a new object only when `model` itself is a `MultiHeadAttention`).
     """
     if type(model) is MultiHeadAttention:
@@ -126,7 +129,7 @@ def fuse_qkv(model: nn.Module, *, product: Product, frozen: Frozen | None) -> nn
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is MultiHeadAttention and all(
-                    type(p) is nn.Linear for p in (child.q_proj, child.k_proj, child.v_proj)):
+                    isinstance(p, nn.Linear) for p in (child.q_proj, child.k_proj, child.v_proj)):
                 fused = FusedQKVAttention.from_attention(child, product=product, frozen=frozen,
                                                          role=ROLES.get(name, "any"))
                 setattr(module, name, fused)
@@ -179,7 +182,7 @@ class TorchEncoderLayer(nn.Module):
                                              n.weight.new_zeros(d_model) if n.bias is None else n.bias.detach())),
                 ffn.linear1.weight.detach(), bias(ffn.linear1), ffn.linear2.weight.detach(), bias(ffn.linear2))
         self.d_model, self.n_heads = d_model, attn.n_heads
-        self.gelu = type(ffn.activation) is nn.GELU
+        self.gelu = isinstance(ffn.activation, nn.GELU)
         self.norm_first, self.eps = layer.attn_sublayer.norm_first, norms[0].eps
         self.train(layer.training)
 
@@ -192,13 +195,15 @@ class TorchEncoderLayer(nn.Module):
 
     @staticmethod
     def runs(layer: nn.Module) -> bool:
-        """Whether the fused layer computes what `layer` does: ReLU or exact GELU, the same eps in both norms."""
+        """Whether the fused layer computes what `layer` does: a `MultiHeadAttention` and a `PositionwiseFeedForward`
+        themselves (a subclass's `forward` may differ), linear FFN layers, ReLU or exact GELU, one eps in both norms."""
         ffn = layer.feed_forward
-        activation = ffn.activation
         norms = (layer.attn_sublayer.norm, layer.ffn_sublayer.norm)
         return (hasattr(torch, "_transformer_encoder_layer_fwd") and type(layer.self_attn) is MultiHeadAttention
-                and all(type(m) is nn.Linear for m in (ffn.linear1, ffn.linear2)) and norms[0].eps == norms[1].eps
-                and (type(activation) is nn.ReLU or (type(activation) is nn.GELU and activation.approximate == "none")))
+                and type(ffn) is PositionwiseFeedForward and norms[0].eps == norms[1].eps
+                and all(isinstance(m, nn.Linear) for m in (ffn.linear1, ffn.linear2))
+                and (isinstance(ffn.activation, nn.ReLU)
+                     or (isinstance(ffn.activation, nn.GELU) and ffn.activation.approximate == "none")))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, is_causal: bool = False,
                 cache: AttentionCache | None = None) -> torch.Tensor:
@@ -223,7 +228,9 @@ class TorchEncoderLayer(nn.Module):
 
 
 def use_torch_encoder_layers(model: nn.Module) -> nn.Module:
-    """Wrap every encoder layer of `model` that the fused layer computes in a `TorchEncoderLayer`, in place."""
+    """Wrap every encoder layer of `model` that the fused layer computes in a `TorchEncoderLayer`, in place.
+
+    Only an `EncoderLayer` itself: the fused layer computes that class's `forward`, which a subclass's may not."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is EncoderLayer and TorchEncoderLayer.runs(child):
