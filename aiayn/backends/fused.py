@@ -3,9 +3,10 @@
 W_Q, W_K and W_V are each (d_model, d_model) and read the same input, so stacking them into one
 (3 d_model, d_model) matrix gives Q, K and V side by side from one matrix product, which is faster
 than three. `FusedQKVAttention` is a `MultiHeadAttention` that keeps the same `q_proj`, `k_proj`,
-`v_proj` and `out_proj` (the same parameters and state_dict) and overrides only `project_qkv` and
-`project_kv`. For training the stack is concatenated on every call from the live weights (gradients
-flow back through `torch.cat`); for inference it is built once, when the backend prepares the model.
+`v_proj` and `out_proj` (the same parameters and state_dict) and overrides `project_qkv` and
+`project_kv` (and `attend`, for one query per row on CPU). For training the stack is concatenated on
+every call from the live weights (gradients flow back through `torch.cat`); for inference it is built
+once, when the backend prepares the model.
 """
 
 from __future__ import annotations
