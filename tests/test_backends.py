@@ -168,6 +168,26 @@ def test_a_packed_layer_computes_one_row_by_mkl_and_many_by_onednn_equally():
 
 
 @needs_onednn
+def test_a_subclass_of_linear_is_swapped_as_a_linear(measured):
+    measured(fused_qkv=False)
+
+    class Renamed(torch.nn.Linear):  # the same map under another class
+        pass
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**TINY)).eval()
+    ffn = model.encoder.layers[0].feed_forward
+    ffn.linear2 = Renamed(ffn.linear2.in_features, ffn.linear2.out_features)
+    ffn.linear2.load_state_dict(model.encoder.layers[1].feed_forward.linear2.state_dict())
+    prepared = select("cpu", "inference").prepare(model)
+    assert isinstance(prepared.encoder.layers[0].feed_forward.linear2, PackedLinear)
+    assert type(select("cpu", "train").prepare(model).encoder.layers[0].feed_forward.linear2) is OneDnnLinear
+    src, tgt = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(prepared(src, tgt), model(src, tgt), atol=1e-5, rtol=0)
+
+
+@needs_onednn
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 def test_the_ffn_activation_runs_inside_the_first_product(activation, measured):
     measured()
