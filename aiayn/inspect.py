@@ -158,10 +158,11 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
     next-token distribution, in `target_tokenizer`'s vocabulary when the model has two) and
     encoder-only models (the head's output).
     """
+    from aiayn.backends.cpu import PackedFeedForward
     from aiayn.backends.fused import FusedQKVAttention, TorchEncoderLayer
 
-    if any(isinstance(m, (FusedQKVAttention, TorchEncoderLayer)) for m in model.modules()):
-        # (its stacked or fused products never call the projections whose outputs a trace shows)
+    if any(isinstance(m, (FusedQKVAttention, TorchEncoderLayer, PackedFeedForward)) for m in model.modules()):
+        # (its stacked or fused products never call the projections and activations whose outputs a trace shows)
         raise ValueError("trace shows the model as written, and this is a backend's prepared copy: pass the model "
                          "itself (the one given to Backend.prepare)")
     model.eval()

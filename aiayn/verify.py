@@ -31,7 +31,6 @@ from torch import nn
 
 from aiayn import reference
 from aiayn.backends import Backend, bf16_supported, calibrate, cpu, resolve_device, select
-from aiayn.backends.backend import kernel_triples
 from aiayn.config import ModelConfig
 from aiayn.interop.torch_nn import (
     copy_decoder_layer,
@@ -80,7 +79,7 @@ def paths(device: str | torch.device | None = None) -> list[Backend]:
         found.append(select(device, "inference", "int8"))
         if cpu.onednn_usable():  # the kernels other machines choose, checked here too
             found += [Backend(device, "inference", "fp32", onednn=True, prepack=True, fused_qkv=True,
-                              kernels=kernel_triples(calibrate.by_shape(cpu.DEFAULT_KERNELS))),
+                              kernels=cpu.kernel_triples(calibrate.by_shape(cpu.DEFAULT_KERNELS))),
                       Backend(device, "train", "fp32", onednn=True, fused_qkv=True)]
     unique = {backend.describe(): backend for backend in found}
     return list(unique.values())

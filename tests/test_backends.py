@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from aiayn.backends import available_devices, calibrate, resolve_device, select
-from aiayn.backends.cpu import OneDnnLinear, PackedLinear, onednn_linear, onednn_usable
+from aiayn.backends.cpu import OneDnnLinear, PackedFeedForward, PackedLinear, onednn_linear, onednn_usable
 from aiayn.backends.fused import FusedQKVAttention
+from aiayn.backends.shapes import row_class, shape_kind
 from aiayn.config import ModelConfig, preset
 from aiayn.inference import GenerationConfig, generate
 from aiayn.nn.attention import MultiHeadAttention
@@ -167,6 +168,26 @@ def test_a_packed_layer_computes_one_row_by_mkl_and_many_by_onednn_equally():
 
 
 @needs_onednn
+def test_a_subclass_of_linear_is_swapped_as_a_linear(measured):
+    measured(fused_qkv=False)
+
+    class Renamed(torch.nn.Linear):  # the same map under another class
+        pass
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**TINY)).eval()
+    ffn = model.encoder.layers[0].feed_forward
+    ffn.linear2 = Renamed(ffn.linear2.in_features, ffn.linear2.out_features)
+    ffn.linear2.load_state_dict(model.encoder.layers[1].feed_forward.linear2.state_dict())
+    prepared = select("cpu", "inference").prepare(model)
+    assert isinstance(prepared.encoder.layers[0].feed_forward.linear2, PackedLinear)
+    assert type(select("cpu", "train").prepare(model).encoder.layers[0].feed_forward.linear2) is OneDnnLinear
+    src, tgt = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 5))
+    with torch.no_grad():
+        torch.testing.assert_close(prepared(src, tgt), model(src, tgt), atol=1e-5, rtol=0)
+
+
+@needs_onednn
 @pytest.mark.parametrize("activation", ["relu", "gelu", "gelu_tanh"])
 def test_the_ffn_activation_runs_inside_the_first_product(activation, measured):
     measured()
@@ -174,8 +195,9 @@ def test_the_ffn_activation_runs_inside_the_first_product(activation, measured):
     model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0}, activation=activation)).eval()
     prepared = select("cpu", "inference").prepare(model)
     ffn = prepared.encoder.layers[0].feed_forward
-    assert ffn.linear1.activation == activation and isinstance(ffn.activation, torch.nn.Identity)
-    assert not isinstance(model.encoder.layers[0].feed_forward.activation, torch.nn.Identity)  # model untouched
+    assert isinstance(ffn, PackedFeedForward) and ffn.linear1.activation == activation  # it owns the activation
+    assert [name for name, _ in ffn.named_children()] == ["linear1", "dropout", "linear2"]  # no stand-in for it
+    assert not isinstance(model.encoder.layers[0].feed_forward, PackedFeedForward)  # model untouched
     with torch.no_grad():
         ops = operators(lambda: ffn(torch.randn(2, 3, 32)))
     assert "mkldnn::_linear_pointwise" in ops and not ops & {"aten::gelu", "aten::relu", "aten::relu_"}
@@ -310,9 +332,9 @@ def test_each_layer_runs_the_kernels_measured_for_its_shape_kind(monkeypatch):
         ours = generate(prepared, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=6, min_len=6))
         plain = generate(model, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=6, min_len=6))
     assert ours.tokens == plain.tokens
-    assert calibrate.shape_kind(512, 2048) == "wide" and calibrate.shape_kind(2048, 512) == "narrow"
-    assert calibrate.shape_kind(512, 512) == "square" and calibrate.shape_kind(512, 1536) == "wide"  # stacked Q/K/V
-    assert calibrate.shape_kind(512, 37000) == "vocabulary" and calibrate.shape_kind(768, 30522) == "vocabulary"
+    assert shape_kind(512, 2048) == "wide" and shape_kind(2048, 512) == "narrow"
+    assert shape_kind(512, 512) == "square" and shape_kind(512, 1536) == "wide"  # stacked Q/K/V
+    assert shape_kind(512, 37000) == "vocabulary" and shape_kind(768, 30522) == "vocabulary"
 
 
 def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
@@ -377,7 +399,7 @@ def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
     assert calibrate._pick({"dense": [1.0, 1.0, 1.0], "packed": [0.3, 1.0, 1.02]}, "dense") == "dense"
     # ratios within a repeat: load that drifts between repeats hits both alike
     assert calibrate._pick({"dense": [1.0, 3.0, 2.0], "packed": [0.8, 2.4, 1.6]}, "dense") == "packed"
-    assert calibrate.row_class(1) == "one" and calibrate.row_class(4) == "few" and calibrate.row_class(17) == "many"
+    assert row_class(1) == "one" and row_class(4) == "few" and row_class(17) == "many"
     # a median win smaller than its spread is no win: faster by the margin in only half of the repeats
     noisy = {"dense": [1.0] * 8, "packed": [0.6, 0.6, 0.6, 0.6, 1.0, 1.0, 1.1, 1.1]}
     assert calibrate._pick(noisy, "dense") == "dense"

@@ -1,7 +1,9 @@
 """The layout's one rule: imports run one way, cli -> serve -> inference / training / interop -> ... -> config.
 
 Every `import aiayn.X` in the package, at the top of a file or inside a function, goes from a part to
-one of the same or a lower layer, and no two parts import each other (directly or through others).
+one of the same or a lower layer, and no two parts import each other (directly or through others); inside
+a part too, no module imports one that imports it back (`aiayn.backends`: shapes -> kernels -> calibrate ->
+select).
 """
 
 import ast
@@ -106,6 +108,74 @@ def test_no_import_circles_between_parts():
 
     circles = sorted(part for part in graph if reaches(part, part, {part}))
     assert not circles, circles
+
+
+def _module_name(path: Path) -> str:
+    """The dotted name of a file of the package (`aiayn/backends/cpu.py` -> `aiayn.backends.cpu`)."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_imports() -> dict[str, set[str]]:
+    """Each aiayn module -> the aiayn modules it imports, at the top of its file or inside a function."""
+    modules = {_module_name(path): path for path in PACKAGE.rglob("*.py")}
+    return {name: imported_modules(ast.parse(path.read_text(encoding="utf-8")), set(modules)) - {name}
+            for name, path in modules.items()}
+
+
+def imported_modules(tree: ast.AST, modules: set[str]) -> set[str]:
+    """The `modules` that the code in `tree` imports, wherever the import statement is.
+
+    `from aiayn.backends import cpu` imports the module `aiayn.backends.cpu`; `from aiayn.backends import select`
+    imports the package's `__init__`, `aiayn.backends`.
+    """
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"line {node.lineno}: import by the full name, aiayn.X"
+            imported.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                            for a in node.names)
+    return imported & modules
+
+
+def _circle_through(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """A shortest chain of imports from `start` back to itself, or None."""
+    paths = {nxt: [start, nxt] for nxt in graph.get(start, ())}
+    frontier = list(paths)
+    while frontier:
+        following = []
+        for module in frontier:
+            if module == start:
+                return paths[module]
+            for nxt in graph.get(module, ()):
+                if nxt not in paths:
+                    paths[nxt] = [*paths[module], nxt]
+                    following.append(nxt)
+        frontier = following
+    return None
+
+
+def test_no_import_circles_between_modules():
+    """Inside a part as between parts: no module imports (directly or through others) a module that imports it."""
+    graph = module_imports()
+    circles = {" -> ".join(circle) for module in sorted(graph) if (circle := _circle_through(graph, module))}
+    assert not circles, sorted(circles)
+
+
+def test_the_module_graph_sees_imports_inside_functions():
+    """The graph the circle test reads holds the imports a function makes when it runs, not only the file's top."""
+    source = """
+import torch
+from aiayn.backends.shapes import row_class
+
+def measure():
+    from aiayn.backends import cpu, select
+    import aiayn.nn.model
+"""
+    modules = {"aiayn.backends", "aiayn.backends.shapes", "aiayn.backends.cpu", "aiayn.nn.model", "aiayn.nn"}
+    assert imported_modules(ast.parse(source), modules) == modules - {"aiayn.nn"}
 
 
 # Test files of no single part: the whole product as a user meets it, or the project's own checks.

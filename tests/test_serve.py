@@ -24,6 +24,7 @@ from serving import metric, serving, wait_until
 
 import aiayn
 from aiayn.serve import Limits, create_app
+from aiayn.serve.models import batched_call
 from aiayn.serve.workers import WorkerPool
 
 TEXTS = ["A man is eating food.", "A man eats.", "Someone is having a meal.", "The cat sleeps on the sofa."]
@@ -43,7 +44,7 @@ def objects(sources):
 @pytest.fixture(scope="module")
 def pool(sources):
     """Two worker processes holding the same models: how `aiayn serve` runs its passes on a CPU."""
-    workers = WorkerPool(sources, 2)
+    workers = WorkerPool(sources, 2, batched_call=batched_call)
     workers.start()
     yield workers
     workers.close()
@@ -352,7 +353,7 @@ def test_a_worker_that_cannot_load_its_models_says_why_and_the_pool_stops_the_ot
     import multiprocessing
 
     others = set(multiprocessing.active_children())  # the workers of the module's server, say
-    pool = WorkerPool({"x": str(tmp_path / "missing")}, 2)
+    pool = WorkerPool({"x": str(tmp_path / "missing")}, 2, batched_call=batched_call)
     with pytest.raises(RuntimeError, match="a worker process could not load the models: FileNotFoundError"):
         pool.start()
     assert not set(multiprocessing.active_children()) - others

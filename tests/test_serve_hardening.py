@@ -433,6 +433,7 @@ def test_the_page_in_a_browser_sends_the_key_it_is_given(keyed):
 def test_a_pool_interrupted_while_its_workers_load_ends_them(monkeypatch, translation_run):
     import multiprocessing
 
+    from aiayn.serve.models import batched_call
     from aiayn.serve.workers import WorkerPool, _Worker
 
     others = set(multiprocessing.active_children())
@@ -441,7 +442,7 @@ def test_a_pool_interrupted_while_its_workers_load_ends_them(monkeypatch, transl
         raise KeyboardInterrupt
 
     monkeypatch.setattr(_Worker, "ready", interrupted)
-    pool = WorkerPool({"en-de": str(translation_run)}, 2)
+    pool = WorkerPool({"en-de": str(translation_run)}, 2, batched_call=batched_call)
     with pytest.raises(KeyboardInterrupt):
         pool.start()
     assert not set(multiprocessing.active_children()) - others

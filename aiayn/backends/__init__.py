@@ -4,6 +4,9 @@
 particular machine (oneDNN products and prepacked weights on CPU, stacked Q/K/V, bf16, int8,
 `torch.compile`) is swapped in from outside by `Backend.prepare`, and `aiayn verify` checks every
 path this machine can use against the plain one and the oracles.
+
+The modules import one way: `shapes` (row classes and shape kinds) and `hooks` -> the kernels (`cpu`,
+`fused`, `int8`, `absorbed`) -> `calibrate` (times the kernels) -> `backend` (`Backend`, `select`).
 """
 
 from aiayn.backends.backend import MODES, PRECISIONS, Backend, select, shared_copy, weights_version

@@ -32,7 +32,7 @@ from torch import nn
 from aiayn.backends import calibrate, cpu, int8
 from aiayn.backends.absorbed import absorb_cross_attention
 from aiayn.backends.devices import bf16_supported, resolve_device
-from aiayn.backends.fused import FusedQKVAttention, StackedLinear, fuse_qkv, use_torch_encoder_layers
+from aiayn.backends.fused import StackedLinear, fuse_qkv, stacked_away, use_torch_encoder_layers
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ class Backend:
         onednn: linear layers on oneDNN (CPU training), or on the measured kernels (CPU inference).
         prepack: inference linear layers run the kernel measured fastest for their number of rows and
             their shape (`kernels`), with the weight forms those kernels need made once (CPU).
-        kernels: the inference kernel per row class (`calibrate.ROW_CLASSES`) and shape kind
-            (`calibrate.shape_kind`), as (class, kind, kernel) triples.
+        kernels: the inference kernel per row class (`shapes.ROW_CLASSES`) and shape kind
+            (`shapes.shape_kind`), as (class, kind, kernel) triples (`cpu.kernel_triples`).
         fused_qkv: Q, K and V from one stacked product.
         torch_layers: encoder layers run PyTorch's fused layer (`fused.TorchEncoderLayer`) on many rows.
         absorbed_cross: decoding steps fold cross-attention's W_Q and W_O into the memory where that reads
@@ -128,9 +128,9 @@ class Backend:
         if self.absorbed_cross and self.mode == "inference":  # before use_onednn: it reads the plain projections
             absorb_cross_attention(prepared)
         if self.onednn:
-            cpu.use_onednn(prepared, prepack=self._packed if self.prepack else None, skip=_stacked_away(prepared))
+            cpu.use_onednn(prepared, prepack=self._packed if self.prepack else None, skip=stacked_away(prepared))
             if self.prepack:
-                cpu.fuse_activations(prepared)
+                prepared = cpu.fuse_activations(prepared)
         prepared.train(self.mode == "train")
         if self.mode == "inference" and not self.plain:
             _without_dropout(prepared)
@@ -163,23 +163,15 @@ class Backend:
 
     def _packed(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
         """An inference linear layer running this backend's measured kernels for its shape."""
-        kernels = dict(cpu.DEFAULT_KERNELS)
-        kind = calibrate.shape_kind(weight.shape[1], weight.shape[0])
-        kernels.update({rows: kernel for rows, of_kind, kernel in self.kernels or () if of_kind == kind})
-        return cpu.PackedLinear(weight, bias, kernels=kernels)
+        return cpu.PackedLinear.on_kernels(weight, bias, self.kernels or ())
 
 
 def with_kernels(backend: Backend, kernels: tuple[tuple[str, str, str], ...], *, fused_qkv: bool,
                  torch_layers: bool = False) -> Backend:
-    """`backend` for inference on the measured `kernels` (`kernel_triples`): prepacked oneDNN forms where any
+    """`backend` for inference on the measured `kernels` (`cpu.kernel_triples`): prepacked oneDNN forms where any
     kernel is not PyTorch's default, and the measured fused Q/K/V and fused encoder layers."""
     swap = any(kernel != "dense" for _, _, kernel in kernels)
     return replace(backend, onednn=swap, prepack=swap, kernels=kernels, fused_qkv=fused_qkv, torch_layers=torch_layers)
-
-
-def kernel_triples(inference: dict[str, dict[str, str]]) -> tuple[tuple[str, str, str], ...]:
-    """`calibrate.Choices.inference` as `Backend.kernels`: (row class, shape kind, kernel) triples."""
-    return tuple((rows, kind, kernel) for rows, by_kind in inference.items() for kind, kernel in by_kind.items())
 
 
 def _row_kernels(kernels: tuple[tuple[str, str, str], ...]) -> list[str]:
@@ -203,17 +195,6 @@ def _without_dropout(model: nn.Module) -> None:
         for name, child in list(module.named_children()):
             if isinstance(child, nn.Dropout):
                 setattr(module, name, nn.Identity())
-
-
-def _stacked_away(model: nn.Module) -> frozenset[int]:
-    """Projections an inference copy never calls on their own: their weights are in a frozen Q/K/V stack."""
-    unused = set()
-    for m in model.modules():
-        if isinstance(m, FusedQKVAttention) and (m.qkv is not None or m.kv is not None):
-            unused.update((id(m.k_proj), id(m.v_proj)))
-            if m.kv is None:  # self-attention only: the query comes from the stack too
-                unused.add(id(m.q_proj))
-    return frozenset(unused)
 
 
 def shared_copy(model: nn.Module) -> nn.Module:
@@ -267,7 +248,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         return replace(backend, fused_qkv=True, compile=compile)
     measured = calibrate.choices()
     log.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
-    kernels = kernel_triples(measured.inference)
+    kernels = cpu.kernel_triples(measured.inference)
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
         pays = tuple((rows, kind) for rows, by_kind in calibrate.int8_weight_choices().items()
                      for kind, yes in by_kind.items() if yes)

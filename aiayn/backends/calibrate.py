@@ -7,7 +7,7 @@ one (beam 4) can go either way again, and differently for a layer that widens it
 stacked Q/K/V, the vocabulary projection) than for one that narrows it (FFN down): on an AVX2 EPYC,
 MKL's product over the transposed weight streams a widening one-row product about twice as fast as
 `F.linear`, and a narrowing one slower. So nothing is assumed: `choices()` times each candidate on
-each shape kind of a base model's layers (`SHAPE_KINDS`: d_model 512, d_ff 2048) and keeps the plain
+each shape kind of a base model's layers (`shapes.SHAPE_KINDS`: d_model 512, d_ff 2048) and keeps the plain
 kernel unless another is at least `MARGIN` faster (median of per-repeat ratios).
 
     kernel      computes x W^T + b with
@@ -15,8 +15,8 @@ kernel unless another is at least `MARGIN` faster (median of per-repeat ratios).
     "columns"   torch.mm over a copy of W transposed, (in, out) contiguous (MKL's matrix-vector product)
     "packed"    oneDNN over W reordered once into its blocked layout (`torch.ops.mkldnn`)
 
-Inference products are chosen per number of rows (`ROW_CLASSES`: one, a few, many) and per shape
-kind (`shape_kind`: wide, square, narrow, vocabulary); training
+Inference products are chosen per number of rows (`shapes.ROW_CLASSES`: one, a few, many) and per shape
+kind (`shapes.shape_kind`: wide, square, narrow, vocabulary); training
 products (forward and backward) are oneDNN or F.linear; fused Q/K/V (one stacked product instead of
 three) is kept only where measured faster, in each mode.
 
@@ -32,6 +32,7 @@ each choice's median and lower-quartile speed-up.
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import json
@@ -46,22 +47,19 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from aiayn.backends import cpu, int8
 from aiayn.backends.devices import usable_cores
+from aiayn.backends.fused import TorchEncoderLayer, fuse_qkv, stacked_away
+from aiayn.backends.shapes import FEW_ROWS_MAX, ROW_CLASSES, SHAPE_KINDS
+from aiayn.config import preset
+from aiayn.nn.model import build_encoder
 from aiayn.rundir import atomic_write_text
 
 log = logging.getLogger(__name__)
 
 MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
-ROW_CLASSES = (("one", 1), ("few", 4), ("many", 256))  # (name, rows measured); few = 2..16 rows
-FEW_ROWS_MAX = 16
-# A base model's products by shape kind (in_features, out_features): FFN up, attention projection, FFN down,
-# and the vocabulary projection (a 32,768-token vocabulary). The last differs from FFN up by its weight, 64 MiB
-# here, far beyond a CPU's cache: PyTorch's default product repacks the weight on every call, and over weights
-# streamed from memory that costs more than the product at up to hundreds of rows (measured on an AVX2 EPYC:
-# docs/notes.md, "Encoder and CPU kernels"), where over FFN up's 4 MiB it costs little.
-SHAPE_KINDS = (("wide", (512, 2048)), ("square", (512, 512)), ("narrow", (2048, 512)), ("vocabulary", (512, 32768)))
-VOCABULARY_WIDENING = 4  # a product widening its input more than this many times is of the vocabulary kind
 TRAIN_ROWS = 256
 # A decoding step at batch 1 streams every weight from memory once: one- and few-row products are timed
 # over enough copies of a shape to hold this many bytes (more than a CPU's last-level cache), not over
@@ -76,19 +74,6 @@ FORMAT = 7  # bump when what is measured changes (3: kernels by shape kind as we
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
 LAYER_REPEATS = 11
-
-
-def row_class(rows: int) -> str:
-    """The row class ("one", "few", "many") of a product over `rows` input rows."""
-    return "one" if rows == 1 else "few" if rows <= FEW_ROWS_MAX else "many"
-
-
-def shape_kind(in_features: int, out_features: int) -> str:
-    """The shape kind ("wide", "square", "narrow", "vocabulary") of a product from `in_features` to `out_features`:
-    FFN up (4x) and stacked Q/K/V (3x) are wide, an output layer over a vocabulary is "vocabulary"."""
-    if out_features > VOCABULARY_WIDENING * in_features:
-        return "vocabulary"
-    return "wide" if out_features > in_features else "narrow" if out_features < in_features else "square"
 
 
 def by_shape(per_rows: dict[str, str]) -> dict[str, dict[str, str]]:
@@ -328,8 +313,6 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
     one), at one row over weights streamed from memory (a decoding step) and at many rows (an encoder).
     Fused wins where it is faster for one of the two and not slower for the other.
     """
-    from aiayn.backends import cpu
-
     faster, slower = [], []
     for name, rows in (ROW_CLASSES[0], ROW_CLASSES[-1]):
         kernels = {kind: dict.fromkeys(inference, inference[name][kind]) for kind in ("square", "wide")}
@@ -354,8 +337,6 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
                   gen: torch.Generator) -> dict[str, dict[str, bool]]:
     """Whether a product over int8 weights (read as bytes, scaled inside the product) beats the float32 kernel just
     chosen, by row class (one, few: decoding) and shape kind, over weights streamed from memory."""
-    from aiayn.backends import cpu, int8
-
     if not int8.int8_weights_usable():
         return {}
     faster: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES[:2]}
@@ -379,23 +360,30 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
 def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: bool, seconds: dict[str, float]) -> bool:
     """Whether PyTorch's fused encoder layer runs a base encoder layer on many rows (2 x 128 tokens) faster than
     the layer written out on the kernels just chosen (and fused Q/K/V where chosen)."""
-    from aiayn.backends.backend import Backend, kernel_triples, with_kernels
-    from aiayn.backends.fused import TorchEncoderLayer
-    from aiayn.config import preset
-    from aiayn.nn.model import build_encoder
-
     layer = build_encoder(preset("base").replace(dropout=0.0, n_encoder_layers=1)).layers[0].eval()
     if not TorchEncoderLayer.runs(layer):
         seconds.update({"encoder layer: aiayn": 1.0, "encoder layer: torch": float("inf")})
         return False
-    backend = with_kernels(Backend(torch.device("cpu"), "inference", "fp32"), kernel_triples(inference),
-                           fused_qkv=fused_qkv)
-    written_out, fused = backend.prepare(layer), TorchEncoderLayer(layer)
+    written_out, fused = _written_out(layer, cpu.kernel_triples(inference), fused_qkv), TorchEncoderLayer(layer)
     x = torch.randn(2, 128, layer.self_attn.d_model, generator=torch.Generator().manual_seed(1))
     timed = _timed({"aiayn": lambda: written_out(x), "torch": lambda: fused(x)}, LAYER_REPEATS)
     _record(seconds, "encoder layer", timed)
     ratio = statistics.median(t / p for t, p in zip(timed["torch"], timed["aiayn"]))
     return ratio < 1 - LAYER_MARGIN
+
+
+def _written_out(layer: nn.Module, kernels: tuple[tuple[str, str, str], ...], fused_qkv: bool) -> nn.Module:
+    """A copy of the encoder `layer` whose products run `kernels` (`cpu.kernel_triples`), Q, K and V one stacked
+    product where `fused_qkv`, the activation inside the first FFN product: the layer as inference runs it on
+    these kernels where PyTorch's fused layer does not."""
+    def packed(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+        return cpu.PackedLinear.on_kernels(weight, bias, kernels)
+
+    written_out = copy.deepcopy(layer)
+    if fused_qkv:
+        written_out = fuse_qkv(written_out, product=F.linear, frozen=packed)
+    cpu.use_onednn(written_out, prepack=packed, skip=stacked_away(written_out))
+    return cpu.fuse_activations(written_out)
 
 
 def _shape_weights(gen: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -421,8 +409,6 @@ def int8_weight_choices() -> dict[str, dict[str, bool]]:
 
 def measure(description: dict[str, str] | None = None) -> Choices:
     """Time every candidate kernel on this machine now (no cache)."""
-    from aiayn.backends import cpu  # the kernels measured live there
-
     gen = torch.Generator().manual_seed(0)
     weights = _shape_weights(gen)
     usable = cpu.onednn_usable()

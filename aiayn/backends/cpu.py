@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from aiayn.backends.calibrate import ROW_CLASSES, row_class
+from aiayn.backends.shapes import ROW_CLASSES, row_class, shape_kind
 from aiayn.nn.feedforward import PositionwiseFeedForward
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,12 @@ log = logging.getLogger(__name__)
 KERNELS = ("packed", "columns", "dense")  # see aiayn.backends.calibrate
 # What a PackedLinear runs where no measurement says otherwise: oneDNN, but MKL for one row.
 DEFAULT_KERNELS = {"one": "columns", "few": "packed", "many": "packed"}
+
+
+def kernel_triples(inference: dict[str, dict[str, str]]) -> tuple[tuple[str, str, str], ...]:
+    """Kernels by row class and shape kind (`calibrate.Choices.inference`) as (row class, shape kind, kernel) triples,
+    the form `Backend.kernels` and `PackedLinear.on_kernels` take."""
+    return tuple((rows, kind, kernel) for rows, by_kind in inference.items() for kind, kernel in by_kind.items())
 
 # Activations oneDNN applies inside a product: name -> (post-op, algorithm, the same function in torch, in place).
 # In place because the product's output is a new tensor: an activation writing another one of a batch's FFN size
@@ -120,7 +126,7 @@ class OneDnnLinear(nn.Linear):
 class PackedLinear(nn.Module):
     """An inference-only float32 CPU linear layer whose product runs the kernel measured fastest for its rows.
 
-    `kernels` maps each row class of `calibrate.ROW_CLASSES` ("one", "few", "many") to a kernel:
+    `kernels` maps each row class of `shapes.ROW_CLASSES` ("one", "few", "many") to a kernel:
     "packed" (oneDNN over the weight reordered once into its blocked layout), "columns" (MKL over
     the weight transposed, (in, out) contiguous, made on first use) or "dense" (F.linear over the
     weight as given, shared with the model). Only the forms some row class uses are held. The packed
@@ -147,6 +153,16 @@ class PackedLinear(nn.Module):
         if activation is not None and activation not in POST_OPS:
             raise ValueError(f"no oneDNN post-op for activation {activation!r}; choose one of {', '.join(POST_OPS)}")
         self.activation = activation
+
+    @classmethod
+    def on_kernels(cls, weight: torch.Tensor, bias: torch.Tensor | None,
+                   kernels: tuple[tuple[str, str, str], ...]) -> PackedLinear:
+        """The layer running `kernels` ((row class, shape kind, kernel) triples) of its weight's shape kind
+        (`shapes.shape_kind`), `DEFAULT_KERNELS` for a row class they leave out."""
+        kind = shape_kind(weight.shape[1], weight.shape[0])
+        chosen = dict(DEFAULT_KERNELS)
+        chosen.update({rows: kernel for rows, of_kind, kernel in kernels if of_kind == kind})
+        return cls(weight, bias, kernels=chosen)
 
     def extra_repr(self) -> str:
         kernels = ", ".join(f"{rows}={kernel}" for rows, kernel in self.kernels.items())
@@ -175,42 +191,69 @@ class PackedLinear(nn.Module):
         return out.view(*x.shape[:-1], self.out_features)  # (..., out)
 
 
-def fuse_activations(model: nn.Module) -> None:
-    """Run each feed-forward network's activation inside its first layer's product (oneDNN post-op), in place.
+class PackedFeedForward(nn.Module):
+    """The position-wise feed-forward network at inference with its activation inside the first product.
 
-    Only where that layer is a `PackedLinear` (inference) and the activation one oneDNN has: the FFN's
-    `activation` becomes the identity. The activation then costs no pass of its own over the hidden layer
-    (GELU's saves most; measured: docs/notes.md).
+    `linear1` is a `PackedLinear` that applies the activation to its output (a oneDNN post-op where its kernel is
+    oneDNN's, in place after the product otherwise), so the activation costs no pass of its own over the hidden
+    layer (GELU's saves most; measured: docs/notes.md). Built by `fuse_activations` from a
+    `PositionwiseFeedForward`, whose linear layers and dropout it takes.
     """
-    for module in model.modules():
-        if not isinstance(module, PositionwiseFeedForward) or type(module.linear1) is not PackedLinear:
-            continue
-        name = activation_name(module.activation)
-        if name is None or module.linear1.activation is not None:
-            continue
-        module.linear1.activation = name
-        module.activation = nn.Identity()
+
+    def __init__(self, ffn: PositionwiseFeedForward, activation: str):
+        super().__init__()
+        self.linear1, self.dropout, self.linear2 = ffn.linear1, ffn.dropout, ffn.linear2
+        self.linear1.activation = activation
+        self.train(ffn.training)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, L, d_model) -> (B, L, d_model); positions never mix."""
+        hidden = self.linear1(x)  # (B, L, d_ff), activated
+        return self.linear2(self.dropout(hidden))
+
+
+def fuse_activations(model: nn.Module) -> nn.Module:
+    """Replace each feed-forward network whose first layer is a `PackedLinear` (inference) and whose activation
+    oneDNN has by a `PackedFeedForward`, in place.
+
+    Returns the model (a new object only when `model` itself is such a network).
+    """
+    if isinstance(model, PositionwiseFeedForward):
+        return _with_fused_activation(model)
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, PositionwiseFeedForward):
+                setattr(module, name, _with_fused_activation(child))
+    return model
+
+
+def _with_fused_activation(ffn: PositionwiseFeedForward) -> nn.Module:
+    """`ffn` as a `PackedFeedForward` where its first layer and activation allow, else `ffn` itself."""
+    name = activation_name(ffn.activation)
+    if name is None or not isinstance(ffn.linear1, PackedLinear) or ffn.linear1.activation is not None:
+        return ffn
+    return PackedFeedForward(ffn, name)
 
 
 def activation_name(module: nn.Module) -> str | None:
     """The `POST_OPS` name of an activation module, None for one oneDNN cannot fuse."""
-    if type(module) is nn.ReLU:
+    if isinstance(module, nn.ReLU):
         return "relu"
-    if type(module) is nn.GELU:
+    if isinstance(module, nn.GELU):
         return {"none": "gelu", "tanh": "gelu_tanh"}.get(module.approximate)
     return None
 
 
 def use_onednn(model: nn.Module, *, prepack: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None,
                skip: frozenset[int] = frozenset()) -> None:
-    """Swap every plain `nn.Linear` in `model` for `prepack(weight, bias)` (inference) or a `OneDnnLinear`
-    (training, prepack None), in place.
+    """Swap every `nn.Linear` in `model` (subclasses too, but not a `OneDnnLinear` already) for
+    `prepack(weight, bias)` (inference) or a `OneDnnLinear` (training, prepack None), in place.
 
     Layers whose `id` is in `skip` stay as they are (for example projections an inference copy never calls).
     """
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and id(child) not in skip:
+            if isinstance(child, nn.Linear) and not isinstance(child, OneDnnLinear) and id(child) not in skip:
                 setattr(module, name, prepack(child.weight, child.bias) if prepack is not None
                         else OneDnnLinear.from_linear(child))
 

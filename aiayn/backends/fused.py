@@ -3,9 +3,10 @@
 W_Q, W_K and W_V are each (d_model, d_model) and read the same input, so stacking them into one
 (3 d_model, d_model) matrix gives Q, K and V side by side from one matrix product, which is faster
 than three. `FusedQKVAttention` is a `MultiHeadAttention` that keeps the same `q_proj`, `k_proj`,
-`v_proj` and `out_proj` (the same parameters and state_dict) and overrides only `project_qkv` and
-`project_kv`. For training the stack is concatenated on every call from the live weights (gradients
-flow back through `torch.cat`); for inference it is built once, when the backend prepares the model.
+`v_proj` and `out_proj` (the same parameters and state_dict) and overrides `project_qkv` and
+`project_kv` (and `attend`, for one query per row on CPU). For training the stack is concatenated on
+every call from the live weights (gradients flow back through `torch.cat`); for inference it is built
+once, when the backend prepares the model.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from aiayn.backends.calibrate import FEW_ROWS_MAX
+from aiayn.backends.hooks import hooked
+from aiayn.backends.shapes import FEW_ROWS_MAX
 from aiayn.nn.attention import AttentionCache, MultiHeadAttention, attend
-from aiayn.nn.layers import EncoderLayer, hooked
+from aiayn.nn.feedforward import PositionwiseFeedForward
+from aiayn.nn.layers import EncoderLayer
 
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x, weight, bias) -> y
 Frozen = Callable[[torch.Tensor, torch.Tensor | None], nn.Module]  # (stacked weight, bias) -> an inference layer
@@ -116,8 +119,10 @@ class StackedLinear(nn.Module):
 
 
 def fuse_qkv(model: nn.Module, *, product: Product, frozen: Frozen | None) -> nn.Module:
-    """Replace every plain `MultiHeadAttention` in `model` (or `model` itself) by its fused twin, in place.
+    """Replace every `MultiHeadAttention` in `model` (or `model` itself) by its fused twin, in place.
 
+    Only a `MultiHeadAttention` itself: the twin runs that class's `forward`, which a subclass (this module's own
+    included) may not. Its projections may be any `nn.Linear`: the stack reads their weights and biases.
     Returns the model (a new object only when `model` itself is a `MultiHeadAttention`).
     """
     if type(model) is MultiHeadAttention:
@@ -125,11 +130,22 @@ def fuse_qkv(model: nn.Module, *, product: Product, frozen: Frozen | None) -> nn
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is MultiHeadAttention and all(
-                    type(p) is nn.Linear for p in (child.q_proj, child.k_proj, child.v_proj)):
+                    isinstance(p, nn.Linear) for p in (child.q_proj, child.k_proj, child.v_proj)):
                 fused = FusedQKVAttention.from_attention(child, product=product, frozen=frozen,
                                                          role=ROLES.get(name, "any"))
                 setattr(module, name, fused)
     return model
+
+
+def stacked_away(model: nn.Module) -> frozenset[int]:
+    """Projections an inference copy never calls on their own: their weights are in a frozen Q/K/V stack."""
+    unused = set()
+    for m in model.modules():
+        if isinstance(m, FusedQKVAttention) and (m.qkv is not None or m.kv is not None):
+            unused.update((id(m.k_proj), id(m.v_proj)))
+            if m.kv is None:  # self-attention only: the query comes from the stack too
+                unused.add(id(m.q_proj))
+    return frozenset(unused)
 
 
 class TorchEncoderLayer(nn.Module):
@@ -142,7 +158,7 @@ class TorchEncoderLayer(nn.Module):
     uses it where calibration measured it faster than the layer written out on the kernels chosen there
     (`calibrate`, a base layer on 2 x 128 tokens; figures in docs/notes.md). It runs only where it computes what
     `layer` does: inference (eval mode, no gradients) on float32 CPU inputs (B, S, d_model) of more than
-    `calibrate.FEW_ROWS_MAX` rows, no padded-out sequence, no hook on the layer's modules (recorded attention,
+    `shapes.FEW_ROWS_MAX` rows, no padded-out sequence, no hook on the layer's modules (recorded attention,
     profilers), and sequences and scores within `FUSED_MAX_LENGTH` and `FUSED_SCORES_BYTES` (it writes the
     L x L attention matrices out); any other call runs `layer` itself. The weights are copied out when built:
     prepare again after changing them.
@@ -167,7 +183,7 @@ class TorchEncoderLayer(nn.Module):
                                              n.weight.new_zeros(d_model) if n.bias is None else n.bias.detach())),
                 ffn.linear1.weight.detach(), bias(ffn.linear1), ffn.linear2.weight.detach(), bias(ffn.linear2))
         self.d_model, self.n_heads = d_model, attn.n_heads
-        self.gelu = type(ffn.activation) is nn.GELU
+        self.gelu = isinstance(ffn.activation, nn.GELU)
         self.norm_first, self.eps = layer.attn_sublayer.norm_first, norms[0].eps
         self.train(layer.training)
 
@@ -180,13 +196,15 @@ class TorchEncoderLayer(nn.Module):
 
     @staticmethod
     def runs(layer: nn.Module) -> bool:
-        """Whether the fused layer computes what `layer` does: ReLU or exact GELU, the same eps in both norms."""
+        """Whether the fused layer computes what `layer` does: a `MultiHeadAttention` and a `PositionwiseFeedForward`
+        themselves (a subclass's `forward` may differ), linear FFN layers, ReLU or exact GELU, one eps in both norms."""
         ffn = layer.feed_forward
-        activation = ffn.activation
         norms = (layer.attn_sublayer.norm, layer.ffn_sublayer.norm)
         return (hasattr(torch, "_transformer_encoder_layer_fwd") and type(layer.self_attn) is MultiHeadAttention
-                and all(type(m) is nn.Linear for m in (ffn.linear1, ffn.linear2)) and norms[0].eps == norms[1].eps
-                and (type(activation) is nn.ReLU or (type(activation) is nn.GELU and activation.approximate == "none")))
+                and type(ffn) is PositionwiseFeedForward and norms[0].eps == norms[1].eps
+                and all(isinstance(m, nn.Linear) for m in (ffn.linear1, ffn.linear2))
+                and (isinstance(ffn.activation, nn.ReLU)
+                     or (isinstance(ffn.activation, nn.GELU) and ffn.activation.approximate == "none")))
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, *, is_causal: bool = False,
                 cache: AttentionCache | None = None) -> torch.Tensor:
@@ -211,7 +229,9 @@ class TorchEncoderLayer(nn.Module):
 
 
 def use_torch_encoder_layers(model: nn.Module) -> nn.Module:
-    """Wrap every encoder layer of `model` that the fused layer computes in a `TorchEncoderLayer`, in place."""
+    """Wrap every encoder layer of `model` that the fused layer computes in a `TorchEncoderLayer`, in place.
+
+    Only an `EncoderLayer` itself: the fused layer computes that class's `forward`, which a subclass's may not."""
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is EncoderLayer and TorchEncoderLayer.runs(child):

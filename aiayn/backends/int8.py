@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.backends.calibrate import row_class, shape_kind
 from aiayn.backends.fused import StackedLinear
+from aiayn.backends.shapes import row_class, shape_kind
 from aiayn.nn.model import Encoder, EncoderDecoderModel, EncoderModel
 
 log = logging.getLogger(__name__)
@@ -210,8 +210,8 @@ def _weight_and_bias(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | No
 
 
 def _linear_layers(model: nn.Module) -> dict[str, nn.Module]:
-    """Every plain `nn.Linear` and frozen Q/K/V stack of `model`, by qualified name."""
-    return {name: m for name, m in model.named_modules() if type(m) in (nn.Linear, StackedLinear)}
+    """Every `nn.Linear` (subclasses too) and frozen Q/K/V stack of `model`, by qualified name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, (nn.Linear, StackedLinear))}
 
 
 def calibration_run(model: nn.Module, seed: int = 0) -> Callable[[nn.Module], object] | None:

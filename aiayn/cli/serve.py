@@ -169,6 +169,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     import aiayn
     from aiayn.backends import usable_cores
+    from aiayn.serve.models import batched_call
     from aiayn.serve.workers import WorkerPool
 
     cores = usable_cores()
@@ -185,7 +186,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     pool = None
     try:
         if passes > 1 and on_cpu and not args.in_threads:  # a process a pass: passes in threads share Python's lock
-            pool = WorkerPool(sources, passes, threads=args.threads, device=args.device)
+            pool = WorkerPool(sources, passes, batched_call=batched_call, threads=args.threads, device=args.device)
             pool.start()
         app = create_app(objects, limits=limits, passes=passes, threads=args.threads, max_tokens=args.max_tokens,
                          max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000, pool=pool, access=access)

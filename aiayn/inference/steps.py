@@ -32,8 +32,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.backends.absorbed import AbsorbedCrossAttention
+from aiayn.backends.hooks import hooked
 from aiayn.nn.attention import attention_weights
-from aiayn.nn.layers import DecoderLayer, hooked
+from aiayn.nn.layers import DecoderLayer
 from aiayn.nn.model import DecoderOnlyModel, EncoderDecoderModel
 
 

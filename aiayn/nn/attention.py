@@ -192,7 +192,8 @@ class MultiHeadAttention(nn.Module):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
                dropout_p: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Equation 1 on split heads by `attend` (see there); `aiayn.backends` may pick another kernel."""
+        """Equation 1 on split heads by `attend` (see there): this layer's attention, also called by the decoding
+        step (`aiayn.inference.steps`), which runs the layer's parts without its `forward`."""
         return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
 
     def _heads(self, query: torch.Tensor, key_value: torch.Tensor | None, cache: AttentionCache | None,

@@ -11,16 +11,6 @@ from aiayn.nn.attention import AttentionCache, MultiHeadAttention
 from aiayn.nn.feedforward import PositionwiseFeedForward
 
 
-def hooked(module: nn.Module) -> bool:
-    """Whether a forward hook would see a module inside `module`: the module's own, or one that
-    `torch.nn.modules.module.register_module_forward_hook` sets on every module (as profilers do). Paths that
-    skip module calls for speed (decoding steps, fused layers) give way to the modules where one is set."""
-    every_module = torch.nn.modules.module  # where PyTorch keeps the hooks it calls on every module
-    if getattr(every_module, "_global_forward_hooks", None) or getattr(every_module, "_global_forward_pre_hooks", None):
-        return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())
-
-
 class SublayerConnection(nn.Module):
     """Add & Norm around one sub-layer.
 

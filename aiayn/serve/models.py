@@ -205,6 +205,11 @@ SERVED: dict[type, type[Served]] = {Translator: ServedTranslator, Generator: Ser
                                     Classifier: ServedLabeller, Tagger: ServedLabeller}
 
 
+def batched_call(obj: Any, texts: list[str], **options) -> list:
+    """`obj`'s batched call (`Served.call` of its kind in `SERVED`): what a `WorkerPool`'s processes run."""
+    return SERVED[type(obj)].call(obj, texts, **options)
+
+
 def pick(models: Sequence[Served], kind: str, name: str | None) -> Served:
     """The model of `kind` called `name`; with only one of that kind, that one whatever the name."""
     of_kind = [m for m in models if m.kind == kind]

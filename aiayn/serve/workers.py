@@ -41,14 +41,19 @@ class WorkerPool:
     Args:
         sources: model name -> what `aiayn.load` takes for it (a run directory, `minilm`, ...).
         size: worker processes (the server's passes).
+        batched_call: runs a batch on a loaded object, `batched_call(obj, texts, **options)` -> one result per
+            text (and, given `on_result`, each as soon as it is known): `aiayn.serve.models.batched_call`. A
+            function at the top of a module, which each worker process imports by its name.
         threads: torch threads in each worker.
         device: the device the workers load the models on.
     """
 
-    def __init__(self, sources: Mapping[str, str], size: int, *, threads: int = 1, device: str | None = None):
+    def __init__(self, sources: Mapping[str, str], size: int, *, batched_call: Callable[..., list], threads: int = 1,
+                 device: str | None = None):
         if size < 1 or threads < 1:
             raise ValueError(f"worker processes and threads must be at least 1, got {size} and {threads}")
         self.sources, self.size, self.threads, self.device = dict(sources), size, threads, device
+        self.batched_call = batched_call
         self._context = multiprocessing.get_context("spawn")
         self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -111,7 +116,8 @@ class WorkerPool:
 
     def _spawn(self) -> _Worker:
         parent, child = self._context.Pipe()
-        process = self._context.Process(target=_work, args=(child, self.sources, self.threads, self.device),
+        process = self._context.Process(target=_work, args=(child, self.sources, self.batched_call, self.threads,
+                                                            self.device),
                                         name="aiayn-pass", daemon=True)
         process.start()
         child.close()
@@ -167,21 +173,21 @@ class _Worker:
         return self.process.exitcode
 
 
-def _work(connection: Connection, sources: Mapping[str, str], threads: int, device: str | None) -> None:
-    """A worker's life: load the models, warm each up, then answer batches until the pipe closes."""
+def _work(connection: Connection, sources: Mapping[str, str], batched_call: Callable[..., list], threads: int,
+          device: str | None) -> None:
+    """A worker's life: load the models, warm each up, then answer batches by `batched_call` until the pipe
+    closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop (it drains first)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         import torch
 
         import aiayn
-        from aiayn.serve.models import SERVED
 
         torch.set_num_threads(threads)
         objects = {name: aiayn.load(source, device=device) for name, source in sources.items()}
-        calls = {name: SERVED[type(obj)].call for name, obj in objects.items()}
-        for name, obj in objects.items():
-            calls[name](obj, [WARM_UP_TEXT])
+        for obj in objects.values():
+            batched_call(obj, [WARM_UP_TEXT])
     except Exception as err:  # noqa: BLE001 - sent to the server, which names it
         connection.send(("failed", f"{type(err).__name__}: {err}"))
         return
@@ -194,7 +200,7 @@ def _work(connection: Connection, sources: Mapping[str, str], threads: int, devi
         if streams:  # each text's result as soon as it is known, then the batch's
             options = {**options, "on_result": lambda i, result: connection.send(("part", (i, result)))}
         try:
-            answer = ("ok", calls[name](objects[name], texts, **options))
+            answer = ("ok", batched_call(objects[name], texts, **options))
         except Exception as err:  # noqa: BLE001 - one batch's error goes back to its requests
             answer = ("error", _sendable(err))
         connection.send(answer)
