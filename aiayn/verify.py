@@ -308,7 +308,7 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
     worst = _cached_against_recomputed(prepared, src.to(device), steps, flat=False)
     yield "decoding on the modules' key/value cache = recomputing every step (logits)", worst, 1e-5
     # The steps a search runs (inference.steps' flat step over a static cache), on two short sentences, the second
-    # padded: where the backend folds cross-attention into the memory (backends.absorbed), this is the folded
+    # padded: where the backend absorbs cross-attention into the memory (backends.absorbed), this is the absorbed
     # step, mask and all.
     short = src[1:, :4].to(device)  # (2, 4): 4 real tokens, and 2 then padding
     worst = _cached_against_recomputed(prepared, short, steps, flat=True)

@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"greedy step time at output position {a}: {step[a] * 1e3:.2f} ms, at {b}: {step[b] * 1e3:.2f} ms "
           f"(ratio {step[b] / step[a]:.2f} for {b / a:.0f}x the prefix)")
     if backend.absorbed_cross:
-        print(_folding(plain, backend, device))
+        print(_absorbing(plain, backend, device))
     return 0
 
 
@@ -256,15 +256,16 @@ def _bandwidths(cfg):
     return at[threads]
 
 
-def _folding(plain, backend, device: torch.device, rounds: int = 7) -> str:
-    """A line comparing greedy steps at batch 1 with cross-attention folded into the memory and without."""
-    folded = backend.prepare(plain)
-    unfolded = dataclasses.replace(backend, absorbed_cross=False).prepare(plain)
-    pairs = [(_step_times(unfolded, (16,), device)[16], _step_times(folded, (16,), device)[16]) for _ in range(rounds)]
-    plain_ms, folded_ms = (min(p[i] for p in pairs) * 1e3 for i in (0, 1))
+def _absorbing(plain, backend, device: torch.device, rounds: int = 7) -> str:
+    """A line comparing greedy steps at batch 1 with cross-attention absorbed into the memory and without."""
+    absorbed = backend.prepare(plain)
+    separate = dataclasses.replace(backend, absorbed_cross=False).prepare(plain)
+    pairs = [(_step_times(separate, (16,), device)[16], _step_times(absorbed, (16,), device)[16])
+             for _ in range(rounds)]
+    plain_ms, absorbed_ms = (min(p[i] for p in pairs) * 1e3 for i in (0, 1))
     gain = statistics.median(a / b for a, b in pairs)
-    return (f"greedy step at batch 1 (16 source tokens), cross-attention folded into the memory: {folded_ms:.2f} ms "
-            f"against {plain_ms:.2f} ms without ({gain:.3f}x, median of {rounds} paired rounds)")
+    return (f"greedy step at batch 1 (16 source tokens), cross-attention absorbed into the memory: "
+            f"{absorbed_ms:.2f} ms against {plain_ms:.2f} ms without ({gain:.3f}x, median of {rounds} paired rounds)")
 
 
 def _ratio_values(times: dict[str, list[float]]) -> dict[str, float]:

@@ -259,7 +259,7 @@ def test_benchmark_runs(capsys):
     out = capsys.readouterr().out
     assert "greedy" in out and "beam-4" in out and "step time" in out
     assert "int8 vs fp32" in out and "fp32 vs HF" in out
-    assert "cross-attention folded into the memory" in out  # the CPU backend folds: the bench shows what it gains
+    assert "cross-attention absorbed into the memory" in out  # the CPU backend absorbs: the bench shows what it gains
     if importlib.util.find_spec("ctranslate2") is not None:  # the optional extra: the same weights, converted
         assert "CTranslate2 int8" in out and "int8 vs CT2" in out
 

@@ -1,4 +1,4 @@
-"""Cross-attention at decoding steps with W_Q folded into the memory's keys and W_O into its values.
+"""Cross-attention at decoding steps with W_Q absorbed into the memory's keys and W_O into its values.
 
 A decoding step's cross-attention reads two (d_model, d_model) weights, W_Q and W_O, to attend one
 query per row over S memory positions that stay the same for the whole search. Per head h (d_k wide,
@@ -15,7 +15,7 @@ The same sums in another order: results equal the plain step's up to float32 rou
 A and C hold B h S d_model floats each against W_Q's and W_O's d_model^2, so they are used only where
 B h S <= d_model * `MAX_FRACTION` (a base model at batch 1: sources of up to 32 tokens); beyond
 that the weights are the smaller read. Measured on both CPU kinds: docs/notes.md, "Decoding" (cross-attention
-folded into the memory).
+absorbed into the memory).
 """
 
 from __future__ import annotations
@@ -28,15 +28,15 @@ from torch import nn
 from aiayn.nn.attention import MultiHeadAttention
 from aiayn.nn.layers import DecoderLayer
 
-MAX_FRACTION = 0.5  # folded keys and values are used where they hold at most this share of W_Q's and W_O's floats
+MAX_FRACTION = 0.5  # absorbed keys and values are used where they hold at most this share of W_Q's and W_O's floats
 
 
 class AbsorbedCrossAttention(nn.Module):
-    """A decoder layer's cross-attention that decoding steps may run over the folded memory.
+    """A decoder layer's cross-attention that decoding steps may run over the absorbed memory.
 
     `forward` is the wrapped module's own (the modules' path, and every call asking for the weights). The
-    decoding step (`aiayn.inference.steps`) asks `fold` for A, c and C once per memory, where
-    `folding_reads_less`, and runs `attend_folded` at each step. The weights are read from the wrapped
+    decoding step (`aiayn.inference.steps`) asks `absorb` for A, c and C once per memory, where
+    `absorbing_reads_less`, and runs `attend_absorbed` at each step. The weights are read from the wrapped
     module's projections as they are when built (sharing their storage): build it before a backend swaps
     those projections.
     """
@@ -60,17 +60,17 @@ class AbsorbedCrossAttention(nn.Module):
         """`MultiHeadAttention.forward` of the wrapped module."""
         return self.attn(*args, **kwargs)
 
-    def fold(self, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> tuple | None:
-        """A, c, C (see `fold`) of the memory's keys and values (B, h, S, d_k), or None where folding does not
-        apply: float32 on CPU, folded tensors within `MAX_FRACTION` of the weights."""
-        if not (key.device.type == "cpu" and key.dtype == torch.float32 and folding_reads_less(*key.shape[:3],
+    def absorb(self, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None) -> tuple | None:
+        """A, c, C (see `absorb`) of the memory's keys and values (B, h, S, d_k), or None where absorbing does not
+        apply: float32 on CPU, absorbed tensors within `MAX_FRACTION` of the weights."""
+        if not (key.device.type == "cpu" and key.dtype == torch.float32 and absorbing_reads_less(*key.shape[:3],
                                                                                                self.attn.d_model)):
             return None
-        return fold(key, value, mask, self.w_q, self.b_q, self.w_o)
+        return absorb(key, value, mask, self.w_q, self.b_q, self.w_o)
 
-    def attend_folded(self, query: torch.Tensor, folded: tuple) -> torch.Tensor:
-        """Cross-attention of one new position (B, 1, d_model) over the folded memory -> (B, 1, d_model)."""
-        a, c, values_out = folded
+    def attend_absorbed(self, query: torch.Tensor, absorbed: tuple) -> torch.Tensor:
+        """Cross-attention of one new position (B, 1, d_model) over the absorbed memory -> (B, 1, d_model)."""
+        a, c, values_out = absorbed
         batch, heads = query.shape[0], self.attn.n_heads
         scores = torch.baddbmm(c, query, a)  # (B, 1, h S): every head's scores side by side
         weights = scores.view(batch, heads, -1).softmax(dim=-1).view(batch, 1, -1)  # (B, 1, h S)
@@ -78,15 +78,15 @@ class AbsorbedCrossAttention(nn.Module):
         return out if self.b_o is None else out.add_(self.b_o)
 
 
-def folding_reads_less(batch: int, heads: int, length: int, d_model: int) -> bool:
-    """Whether the folded keys and values of (batch, heads, length) memory positions hold at most `MAX_FRACTION` of
+def absorbing_reads_less(batch: int, heads: int, length: int, d_model: int) -> bool:
+    """Whether the absorbed keys and values of (batch, heads, length) memory positions hold at most `MAX_FRACTION` of
     W_Q's and W_O's floats, so that a step reads less with them than with the weights."""
     return batch * heads * length <= d_model * MAX_FRACTION
 
 
-def fold(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, w_q: torch.Tensor,
+def absorb(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, w_q: torch.Tensor,
          b_q: torch.Tensor | None, w_o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The memory's keys and values (B, h, S, d_k) with W_Q and W_O folded in (see the module).
+    """The memory's keys and values (B, h, S, d_k) with W_Q and W_O absorbed (see the module).
 
     Args:
         mask: bool (B, 1, 1, S), True = may attend, or None. A masked position's score offset c is -inf;

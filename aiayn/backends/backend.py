@@ -57,7 +57,7 @@ class Backend:
             (`shapes.shape_kind`), as (class, kind, kernel) triples (`cpu.kernel_triples`).
         fused_qkv: Q, K and V from one stacked product.
         torch_layers: encoder layers run PyTorch's fused layer (`fused.TorchEncoderLayer`) on many rows.
-        absorbed_cross: decoding steps fold cross-attention's W_Q and W_O into the memory where that reads
+        absorbed_cross: decoding steps absorb cross-attention's W_Q and W_O into the memory where that reads
             less (`absorbed.AbsorbedCrossAttention`; CPU inference in float32).
         compile: run the prepared model through `torch.compile`.
         int8_weights: (row class, shape kind) pairs where int8 weights were measured faster than the float32
@@ -93,7 +93,7 @@ class Backend:
                                         (measured if self.prepack else "oneDNN", self.onednn),
                                         ("fused QKV", self.fused_qkv),
                                         ("PyTorch's fused encoder layers", self.torch_layers),
-                                        ("cross-attention folded into short memories", self.absorbed_cross),
+                                        ("cross-attention absorbed into short memories", self.absorbed_cross),
                                         ("torch.compile", self.compile)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
 
@@ -256,7 +256,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     if mode == "train":
         return replace(backend, onednn=measured.train_onednn and cpu.onednn_usable(),
                        fused_qkv=measured.fused_qkv_train, compile=compile)
-    # Cross-attention folded into the memory reads less wherever it applies (a rule measured on both CPU kinds).
+    # Cross-attention absorbed into the memory reads less wherever it applies (a rule measured on both CPU kinds).
     return replace(with_kernels(backend, kernels, fused_qkv=measured.fused_qkv_inference,
                                 torch_layers=measured.torch_layers_inference), absorbed_cross=True, compile=compile)
 

@@ -12,7 +12,7 @@ An encoder-decoder's states (`start`), two implementations:
   whole search (`steps` positions), the memory's keys and values projected once per sentence (not per beam),
   and each step one flat function over the layers' own parts (their projections as the backend prepared
   them, `attend`, the layer norms): about fifteen tensor operations a layer, no per-step allocation of the
-  cache, no branching on data. Cross-attention is folded into the memory where the backend chose that
+  cache, no branching on data. Cross-attention is absorbed into the memory where the backend chose that
   (`backends.absorbed`).
 - `ModuleState`: the modules' own `decode`, for what the flat step does not do: recording attention weights
   (`return_attention`), and models whose modules a hook watches (profilers, `aiayn inspect`).
@@ -121,8 +121,8 @@ class StaticState:
         self.positions = None if embed.positions is None else embed.positions(steps).to(memory.dtype)  # (T, d)
         # The memory's keys and values once per sentence, then once per beam row: (N, h, S, d_k) each.
         self.memory = [self._memory_side(layer.cross_attn, memory, beams) for layer in self.layers]
-        self.folded = [layer.cross_attn.fold(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
-                       else None for layer, kv in zip(self.layers, self.memory)]  # where the backend folds
+        self.absorbed = [layer.cross_attn.absorb(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
+                       else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
 
     def _memory_side(self, attn: nn.Module, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
         b, length, _ = memory.shape
@@ -164,8 +164,8 @@ class StaticState:
 
     def _cross_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
         attn, rows = self.layers[i].cross_attn, y.shape[0]
-        if self.folded[i] is not None:
-            return attn.attend_folded(y, self.folded[i])
+        if self.absorbed[i] is not None:
+            return attn.attend_absorbed(y, self.absorbed[i])
         q = attn.q_proj(y).view(rows, 1, self.heads, self.d_k).transpose(1, 2)  # (N, h, 1, d_k)
         out = attn.attend(q, *self.memory[i], self.mask, dropout_p=0.0, need_weights=False)[0]
         return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))
@@ -181,7 +181,7 @@ class StaticState:
             return
         self.memory = [tuple(t.index_select(0, memory_rows) for t in kv) for kv in self.memory]
         self.mask = None if self.mask is None else self.mask.index_select(0, memory_rows)
-        self.folded = [None if f is None else tuple(t.index_select(0, memory_rows) for t in f) for f in self.folded]
+        self.absorbed = [None if f is None else tuple(t.index_select(0, memory_rows) for t in f) for f in self.absorbed]
 
 
 def _sublayer(connection: nn.Module, x: torch.Tensor, sublayer) -> torch.Tensor:
