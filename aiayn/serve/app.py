@@ -109,12 +109,12 @@ async def answered(request: Request, work: Awaitable):
 
 @dataclass
 class Server:
-    """What every route needs: the models served, the limits, the metrics and the forward-pass slots."""
+    """What every route needs: the models served, the limits, the metrics and the forward passes."""
 
     models: list[Served]
     limits: Limits
     metrics: Metrics
-    slots: Passes
+    passes: Passes
 
     async def run(self, request: Request, model: Served, texts: list[str]) -> list:
         """`model`'s answers to `texts`, batched with other requests; errors become the documented statuses."""
@@ -148,13 +148,13 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         served = SERVED.get(type(obj))
         if served is None:
             raise ValueError(f"cannot serve {name!r}: a {type(obj).__name__} is not a task object aiayn serves")
-        server.models.append(served(name, obj, server.slots, server.limits, server.metrics, max_tokens=max_tokens,
+        server.models.append(served(name, obj, server.passes, server.limits, server.metrics, max_tokens=max_tokens,
                                     max_batch=max_batch, max_wait=max_wait, pool=pool))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        server.slots.close()
+        server.passes.close()
         if pool is not None:
             pool.close()
 
@@ -214,8 +214,8 @@ def service_routes(server: Server) -> APIRouter:
         model = pick(server.models, "translate", string_field(fields, "model"))
         count = model.count_tokens(texts)  # 422 for a text the model cannot take
         loop = asyncio.get_running_loop()
-        async with server.slots.slot():
-            result = await loop.run_in_executor(server.slots.executor, model.inspect, texts[0])
+        async with server.passes.held():
+            result = await loop.run_in_executor(server.passes.executor, model.inspect, texts[0])
         return {**result, "tokens": count}
 
     return router

@@ -1,14 +1,14 @@
 """Batching across requests: jobs that arrive within a few milliseconds run as one batched call.
 
 Each loaded object has a `Batcher`. A request becomes a job (its texts and their token count) in the
-batcher's queue. The batcher waits for a free forward-pass slot (`Passes`, shared by every model of
+batcher's queue. The batcher waits for a free forward pass (`Passes`, shared by every model of
 the server, so torch threads x concurrent passes stay within the cores), then until the oldest queued
 job has waited the gathering window (`max_wait`) or the queued jobs fill the token budget, and hands
 the texts of the jobs it took to the object's own batched call in a worker thread; that call sorts them
 by length and cuts them into padded batches (`Translator.translations`, `Embedder.embed`, `.predict`).
-Each job gets back its own slice. While every slot is busy, jobs keep queueing, so batches grow with
-the load. While other slots are idle, a batch takes only its share of the queue (the queued texts over
-the idle slots), so that the passes run side by side: taking everything would leave the other passes
+Each job gets back its own slice. While every pass is busy, jobs keep queueing, so batches grow with
+the load. While other passes are idle, a batch takes only its share of the queue (the queued texts over
+the idle passes), so that the passes run side by side: taking everything would leave the other passes
 idle, and the clients, all answered by one batch, would come back together for the next one (a convoy,
 in which the workers take turns instead of running together: measured in docs/notes.md).
 
@@ -37,36 +37,36 @@ class QueueFull(Exception):
 
 
 class Passes:
-    """At most `slots` forward passes at once, each in a worker thread of its own using `threads` torch threads.
+    """At most `size` forward passes at once, each in a worker thread of its own using `threads` torch threads.
 
-    `slots` x `threads` is what the server asks of the cores; keep it at or under their number.
+    `size` x `threads` is what the server asks of the cores; keep it at or under their number.
     """
 
-    def __init__(self, slots: int, threads: int = 1):
-        if slots < 1 or threads < 1:
-            raise ValueError(f"concurrent passes and threads must be at least 1, got {slots} and {threads}")
-        self.slots, self.threads = slots, threads
-        self.executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="aiayn-pass",
+    def __init__(self, size: int, threads: int = 1):
+        if size < 1 or threads < 1:
+            raise ValueError(f"concurrent passes and threads must be at least 1, got {size} and {threads}")
+        self.size, self.threads = size, threads
+        self.executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="aiayn-pass",
                                            initializer=torch.set_num_threads, initargs=(threads,))
-        self.busy = 0  # slots held now
-        self.waiting = 0  # callers of `acquire` not yet given a slot
+        self.busy = 0  # passes held now
+        self.waiting = 0  # callers of `acquire` not yet given a pass
         self._free: asyncio.Semaphore | None = None  # made on the event loop that uses it
 
     @property
     def free(self) -> asyncio.Semaphore:
-        """The semaphore of free slots (created on first use, inside the running loop)."""
+        """The semaphore of free passes (created on first use, inside the running loop)."""
         if self._free is None:
-            self._free = asyncio.Semaphore(self.slots)
+            self._free = asyncio.Semaphore(self.size)
         return self._free
 
     @property
     def idle(self) -> int:
-        """Slots nobody holds now and nobody waits for (a released slot goes to a waiter, which counts it busy
+        """Passes nobody holds now and nobody waits for (a released pass goes to a waiter, which counts it busy
         only once it runs again)."""
-        return max(0, self.slots - self.busy - self.waiting)
+        return max(0, self.size - self.busy - self.waiting)
 
     async def acquire(self) -> None:
-        """Wait for a free slot and hold it."""
+        """Wait for a free pass and hold it."""
         self.waiting += 1
         try:
             await self.free.acquire()
@@ -75,13 +75,13 @@ class Passes:
         self.busy += 1
 
     def release(self) -> None:
-        """Give a held slot back."""
+        """Give a held pass back."""
         self.busy -= 1
         self.free.release()
 
     @contextlib.asynccontextmanager
-    async def slot(self):
-        """Hold a slot for the duration of the block."""
+    async def held(self):
+        """Hold a pass for the duration of the block."""
         await self.acquire()
         try:
             yield
@@ -108,12 +108,12 @@ class Batcher:
 
     Args:
         run: the object's batched call: a list of texts -> a list of results, one per text, in order.
-        passes: the server's forward-pass slots.
+        passes: the server's forward passes.
         max_tokens: token budget of one gathered batch (a single larger job still runs, alone).
         max_texts: most texts in one gathered batch (0: no cap): smaller batches let the next batch
             compute while the answers of the last one are written and their clients send again.
         max_wait: seconds the oldest queued job waits (from its arrival) for others to join its batch; a job
-            that waited that long for a free slot already runs at once.
+            that waited that long for a free pass already runs at once.
         max_queue: most texts waiting; a job beyond it raises `QueueFull`.
         observe: called as observe(texts, tokens, seconds) after each batch ran (metrics).
         streams: `run` also takes `on_result(i, result)`, called (in the pass's thread) as each text's result
@@ -190,14 +190,14 @@ class Batcher:
             self._start_batch(jobs)
 
     def _start_batch(self, jobs: list[Job]) -> asyncio.Task:
-        """Run the jobs as a task on the slot the gathering loop holds; `_batch_ended` gives the slot back."""
+        """Run the jobs as a task on the pass the gathering loop holds; `_batch_ended` gives the pass back."""
         task = asyncio.get_running_loop().create_task(self._run_batch(jobs))
         self._running.add(task)
         task.add_done_callback(lambda task: self._batch_ended(task, jobs))
         return task
 
     def _batch_ended(self, task: asyncio.Task, jobs: list[Job]) -> None:
-        """Give the batch's slot back, also when its task was cancelled (the server stopping) before it ran or
+        """Give the batch's pass back, also when its task was cancelled (the server stopping) before it ran or
         failed outside the model's call; the jobs it left unanswered get an error rather than wait forever."""
         self._running.discard(task)
         self.passes.release()
@@ -219,7 +219,7 @@ class Batcher:
         while self.queue and self.queue[0].future.done():  # clients that went away while it waited
             self.queue.popleft()
         if not self.queue:
-            return []  # the loop gives the slot back and waits for the next job
+            return []  # the loop gives the pass back and waits for the next job
         deadline = self.queue[0].queued_at + self.max_wait
         while (remaining := deadline - time.perf_counter()) > 0 and not self._full():
             self._arrived.clear()
