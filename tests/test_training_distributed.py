@@ -27,6 +27,7 @@ from aiayn.data.collate import (
 from aiayn.data.prepare import prepare_data
 from aiayn.io import load_model
 from aiayn.nn.model import build_model
+from aiayn.tasks import SEQ2SEQ, get_task
 from aiayn.training import Trainer, load_run_config
 from aiayn.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from aiayn.training.distributed import data_parallel, process_group_backend
@@ -305,11 +306,11 @@ def test_the_backend_follows_the_device_and_one_process_needs_no_wrapper():
     assert process_group_backend(torch.device("cpu")) == "gloo"
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.Adam(model.parameters())
-    plain = data_parallel(model, "seq2seq", optimizer, strategy="fsdp", rank=0, world=1, make_optimizer=None)
+    plain = data_parallel(model, get_task(SEQ2SEQ), optimizer, strategy="fsdp", rank=0, world=1, make_optimizer=None)
     assert plain.optimizer is optimizer and plain.module.model is model  # FSDP in one process: nothing to shard
     assert plain.total([1.0, 2.0]) == [1.0, 2.0] and plain.from_rank0("x") == "x"
     with pytest.raises(ValueError, match="distributed must be one of ddp, fsdp"):
-        data_parallel(model, "seq2seq", optimizer, strategy="zero", rank=0, world=1, make_optimizer=None)
+        data_parallel(model, get_task(SEQ2SEQ), optimizer, strategy="zero", rank=0, world=1, make_optimizer=None)
     with pytest.raises(ValueError, match="distributed must be one of ddp, fsdp"):
         load_run_config(None, ["task=copy", "distributed=zero"])
     with pytest.raises(ValueError, match="keep one"):

@@ -33,7 +33,7 @@ from aiayn.data.prepare import (
     save_data_artifacts,
 )
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers, save_model
-from aiayn.nn.model import build_model
+from aiayn.nn.model import EncoderModel, build_model
 from aiayn.nn.sizes import check_memory, describe, largest_part, training_bytes
 from aiayn.rundir import (
     CHECKPOINTS,
@@ -50,7 +50,6 @@ from aiayn.rundir import (
     no_model_hint,
     open_run_dir,
 )
-from aiayn.tasks import get_task
 from aiayn.training.budget import (
     BEAM_OVERRUN,
     BEAM_SAMPLE,
@@ -76,7 +75,7 @@ from aiayn.training.distributed import Replicas, data_parallel, init_distributed
 from aiayn.training.evaluate import EvalOptions, evaluate
 from aiayn.training.logbook import MetricsLog, plot_curves, require_tensorboard
 from aiayn.training.loss import label_smoothed_loss
-from aiayn.training.objectives import batch_seed, batch_tokens, loss_units, make_batch, masking_generator, to_device
+from aiayn.training.objectives import batch_seed, loss_units, make_batch, masking_generator, to_device
 from aiayn.training.optim import make_optimizer
 from aiayn.training.recipe import fit_run, uses_fit
 from aiayn.training.schedule import resolve_recipe
@@ -142,18 +141,10 @@ def read_run_config(run_dir: str | Path, overrides: list[str] | tuple[str, ...] 
 
 
 def model_config_for(run: RunConfig, data: PreparedData):
-    """The model config: the run's preset and overrides plus sizes that follow from the data."""
-    cfg = run.train
-    src, tgt = data.source_tokenizer, data.target_tokenizer
-    derived: dict[str, Any] = {"vocab_size": src.vocab_size, "pad_id": src.pad_id}
-    task = get_task(cfg.objective)
-    if task.encoder_decoder:
-        if not data.shared_tokenizer:
-            derived.update(tgt_vocab_size=tgt.vocab_size, share_embeddings=False)
-        if run.model_overrides.get("n_decoder_layers", 1) == 0:
-            raise ValueError("seq2seq needs n_decoder_layers > 0")
-        return _fits_data(run.model_config(**derived), data)
-    derived.update(n_decoder_layers=0, head=task.head, num_labels=len(data.labels) if task.labelled else 0)
+    """The model config: the run's preset and overrides plus the sizes and shape that follow from the data."""
+    src = data.source_tokenizer
+    derived = {"vocab_size": src.vocab_size, "pad_id": src.pad_id,
+               **data.task.model_settings(data, run.model_overrides)}
     return _fits_data(run.model_config(**derived), data)
 
 
@@ -176,7 +167,7 @@ def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
     directory = Path(path)
     if inspect_dir(directory).kind in (MODEL, RUN):  # aiayn's own model directory
         model = load_model(directory)
-        if model.config.is_encoder_decoder:
+        if not isinstance(model, EncoderModel):
             raise ValueError(f"{directory} holds an encoder-decoder; init_from needs an encoder-only model")
         return model, load_tokenizers(directory)[0]
     from aiayn.interop.bert import load_pretrained
@@ -270,7 +261,7 @@ class Trainer:
             self.lock = open_run_dir(self.run_dir, resume=self.resume, force=self.force)
         pretrained, tokenizer = None, None
         if cfg.init_from and not self.resume:
-            if get_task(cfg.objective).encoder_decoder:
+            if not cfg.objective_task.starts_from_encoder:
                 raise ValueError("init_from puts a new head on a pretrained encoder: use an encoder objective")
             pretrained, tokenizer = load_pretrained_encoder(cfg.init_from)
         self.data = self._setup_data(main, tokenizer)
@@ -296,7 +287,7 @@ class Trainer:
             if cfg.global_batches % self.world:
                 self.report(f"{self.world} processes share {cfg.global_batches} batches a step (global_batches): "
                             "some train an empty batch at each step")
-        self.parallel = data_parallel(self.model, cfg.objective, self.optimizer, strategy=cfg.distributed,
+        self.parallel = data_parallel(self.model, self.data.task, self.optimizer, strategy=cfg.distributed,
                                       rank=self.rank, world=self.world, device=self.device, prepared=self.prepared,
                                       make_optimizer=lambda ps: make_optimizer(ps, self.recipe))
         self.optimizer = self.parallel.optimizer
@@ -333,10 +324,8 @@ class Trainer:
         if fixed:
             raise ValueError(f"init_from keeps the pretrained sizes; only {', '.join(sorted(tunable))} may be "
                              f"overridden, not {', '.join(fixed)}")
-        task = get_task(cfg.objective)
-        model_cfg = pretrained.config.replace(head=task.head, num_labels=len(self.data.labels)
-                                              if task.labelled else 0,
-                                              **self.run.model_overrides)
+        model_cfg = pretrained.config.replace(**{**self.data.task.model_settings(self.data, self.run.model_overrides),
+                                                 **self.run.model_overrides})
         self._check_training_fits(model_cfg)
         model = build_model(model_cfg)
         own = {k for k in model.state_dict() if not k.startswith("head.")}
@@ -431,9 +420,9 @@ class Trainer:
 
     def _step_totals(self, micro_batches: list[dict[str, torch.Tensor]]) -> list[float]:
         """(loss positions, tokens) of the whole step, summed over all processes."""
-        pad_id = self.data.source_tokenizer.pad_id
+        pad_id, task = self.data.source_tokenizer.pad_id, self.data.task
         return self.parallel.total([sum(loss_units(b) for b in micro_batches),
-                                    sum(batch_tokens(b, pad_id) for b in micro_batches)])
+                                    sum(task.batch_tokens(b, pad_id) for b in micro_batches)])
 
     @contextmanager
     def _micro_step(self, batch: dict[str, torch.Tensor], seed: int, *, last: bool) -> Iterator[dict[str, Any]]:
@@ -497,7 +486,7 @@ class Trainer:
         cfg = self.cfg
         began = time.perf_counter()
         split = self._valid_split()
-        options = EvalOptions.from_train_config(cfg, decode=get_task(cfg.objective).decodes and cfg.metric != "loss",
+        options = EvalOptions.from_train_config(cfg, decode=self.data.task.generates and cfg.metric != "loss",
                                                 beam_size=1, examples=0)
         result = evaluate(self.model, self.data, split, options)
         result.pop("examples", None)
@@ -614,7 +603,7 @@ class Trainer:
     def _end_reserve(self) -> float:
         """Seconds the end of the run needs: a last validation and checkpoint, the test evaluation, the files."""
         budget, cfg = self.budget, self.cfg
-        decoded = get_task(cfg.objective).decodes
+        decoded = self.data.task.generates
         valid = budget.valid_estimate() if self.data.valid.items else 0.0
         checkpoint = budget.spent["checkpoint"] / max(self._saves, 1) if self._saves else 1.0
         test = budget.end_test_estimate(len(self.data.test.items), cfg.beam_size if decoded else 1, decoded)
@@ -703,7 +692,6 @@ class Trainer:
         cfg = self.cfg
         began = time.perf_counter()
         micro = [make_batch(self.data, self.data.train, batches[i] if i is not None else [],
-                            mlm_probability=cfg.mlm_probability,
                             generator=masking_generator(cfg.seed, self.epoch, i or 0)) for i in mine]
         stats = self._train_step(micro, [batch_seed(cfg.seed, self.epoch, i or 0, stream=1) for i in mine])
         self.batch_index = next_batch
@@ -791,7 +779,7 @@ class Trainer:
             budget.skipped_validations += 1
         else:
             self._validate_and_check_patience()
-            if (self.rank == 0 and get_task(self.cfg.objective).decodes and self.cfg.beam_size > 1
+            if (self.rank == 0 and self.data.task.generates and self.cfg.beam_size > 1
                     and self.data.valid.items):
                 self._time_beam()
             self._plan_budget()  # the validation's measured time moves the plan
@@ -824,7 +812,7 @@ class Trainer:
     def _test_beam(self) -> int | None:
         """The test's beam: the run's, or greedy decoding when only that fits what is left of a budget."""
         budget, cfg = self.budget, self.cfg
-        if budget is None or not get_task(cfg.objective).decodes or cfg.beam_size == 1:
+        if budget is None or not self.data.task.generates or cfg.beam_size == 1:
             return None
         n = len(self.data.test.items)
         if budget.fits(budget.test_estimate(n, cfg.beam_size, True), FINISH_S - BEAM_OVERRUN * budget.seconds):
