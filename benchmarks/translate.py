@@ -43,7 +43,7 @@ from aiayn.data.gettext import catalog_files, read_gettext
 from aiayn.tasks.metrics import translation_scores
 from aiayn.training.budget import PROBE_STEPS, format_duration, parse_duration
 from aiayn.training.config import example_config, load_run_config
-from aiayn.training.loop import Trainer
+from aiayn.training.loop import Trainer, get_lr
 from aiayn.training.recipe import fit_run
 from aiayn.training.schedule import resolve_recipe
 
@@ -213,7 +213,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
     if seconds and not cfg.max_steps:  # planned again after PROBE_STEPS timed steps; the clock ends the run
         total = 1000
     recipe, _ = resolve_recipe(cfg, total_steps=total, d_model=model_cfg.d_model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr(1), betas=recipe.betas, eps=recipe.eps,
+    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.peak_lr, betas=recipe.betas, eps=recipe.eps,
                                  weight_decay=recipe.weight_decay, fused=True)
     print(f"  marian: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab}, "
           f"{len(src)} pairs, {total} steps; {recipe.describe()}", flush=True)
@@ -235,7 +235,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
                 labels[row, : len(tgt[i])] = torch.tensor(tgt[i])
                 dec_in[row, 1 : len(tgt[i])] = torch.tensor(tgt[i][:-1])  # shifted right behind <pad>
             for group in optimizer.param_groups:
-                group["lr"] = recipe.lr(step + 1)
+                group["lr"] = get_lr(step + 1, recipe, model_cfg.d_model)
             optimizer.zero_grad(set_to_none=True)
             logits = model(input_ids=ids, attention_mask=ids != pad, decoder_input_ids=dec_in,
                            decoder_attention_mask=dec_in != pad).logits
@@ -255,7 +255,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
                 print(f"  marian: {train_s / step:.3g} s a step: about {total} steps; {recipe.describe()}", flush=True)
             tokens += int((ids != pad).sum()) + n
             if step % cfg.log_every == 0:
-                print(f"  marian: step {step} loss {float(loss):.3f} lr {recipe.lr(step):.2e} "
+                print(f"  marian: step {step} loss {float(loss):.3f} lr {get_lr(step, recipe, model_cfg.d_model):.2e} "
                       f"{tokens / train_s:.0f} tokens/s", flush=True)
             out_of_time = bool(seconds) and train_s >= seconds
             due = (train_s >= curve_s * (len(marks) + 1) if curve_s else cfg.eval_every and step % cfg.eval_every == 0)

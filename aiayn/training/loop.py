@@ -78,7 +78,7 @@ from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import batch_seed, loss_units, make_batch, masking_generator, to_device
 from aiayn.training.optim import make_optimizer
 from aiayn.training.recipe import fit_run, uses_fit
-from aiayn.training.schedule import resolve_recipe
+from aiayn.training.schedule import Recipe, resolve_recipe
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,24 @@ class TrainingError(RuntimeError):
 # fails a write, which the CLI's reporting survives.
 INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
                      if hasattr(signal, name))
+
+
+def get_lr(step: int, recipe: Recipe, d_model: int) -> float:
+    """The rate of optimizer step `step` (1-based): a linear warmup over `recipe.warmup` steps to `recipe.peak_lr`.
+
+    From scratch ("noam"), equation 3 of section 5.3, lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
+    with the warmup fitted to the run and scaled so that its peak is the recipe's (`schedule.resolve_recipe`).
+    Fine-tuning then decays linearly to 0 at `total_steps` ("linear") or stays at the peak ("constant").
+    """
+    step, warmup, peak = max(step, 1), recipe.warmup, recipe.peak_lr
+    if recipe.schedule == "noam":
+        scale = peak / (d_model**-0.5 * warmup**-0.5)  # equation 3 peaks at d_model^-0.5 * warmup^-0.5
+        return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    if step <= warmup:
+        return peak * step / warmup
+    if recipe.schedule == "linear":
+        return peak * max(0.0, (recipe.total_steps - step) / max(recipe.total_steps - warmup, 1))
+    return peak
 
 
 class BudgetTooShort(ValueError):
@@ -410,7 +428,7 @@ class Trainer:
             loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
         loss_sum, nll_sum = self._finite_loss(loss_sum, nll_sum)  # over all processes
         norm = self._clip_gradients()  # clip_norm (not in the paper; 0, the default, only measures the norm)
-        lr = self.recipe.lr(self.step + 1)  # equation 3 of section 5.3, or the schedule fitted to the run
+        lr = get_lr(self.step + 1, self.recipe, self.model.config.d_model)  # equation 3 (section 5.3)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()  # Adam (section 5.3)
