@@ -84,7 +84,7 @@ class TimedTrainer(Trainer):
     def __init__(self, *args, curve_s: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.side_seconds = {"setup": 0.0, "validate": 0.0, "save": 0.0, "test": 0.0}
-        self.side_cpu = 0.0
+        self.side_cpu, self.cpu_began = 0.0, time.process_time()
         self.curve_s = curve_s  # validate each time the training seconds pass a multiple of this (0: the run's)
         self.marks: list[tuple[float, int]] = []  # (training seconds, step) of each validation the curve asked for
 
@@ -92,16 +92,23 @@ class TimedTrainer(Trainer):
         """Wall seconds of the run so far less setup, validation, checkpoints and testing."""
         return time.perf_counter() - self.started - sum(self.side_seconds.values())
 
-    def _validation_due(self):
-        if not self.curve_s:
-            return super()._validation_due()
-        return self.training_seconds() >= self.curve_s * (len(self.marks) + 1)
+    def after_setup(self):
+        self.side_seconds["setup"] += time.perf_counter() - self.started  # setup restarts the clock
+        self.side_cpu += time.process_time() - self.cpu_began
 
-    def _validate_in_loop(self):
-        seconds, validated = self.training_seconds(), self.last_validated_step
-        super()._validate_in_loop()  # under a budget, skipped when the end has no room for it
-        if self.curve_s and self.last_validated_step != validated:
-            self.marks.append((seconds, self.step))
+    def validation_due(self):
+        if not self.curve_s:
+            return super().validation_due()
+        self.due_at = self.training_seconds()
+        return self.due_at >= self.curve_s * (len(self.marks) + 1)
+
+    def after_step(self):
+        if self.last_validated_step != self.step:
+            return
+        if self.budget is not None:  # the budget's beam-ratio sample after a validation is validation time too
+            self.side_seconds["validate"] += self.budget.beam_probe_s
+        if self.curve_s:  # under a budget, a validation the end has no room for is skipped
+            self.marks.append((self.due_at, self.step))
 
     def _timed(self, name, fn, *args, **kwargs):
         start, cpu = time.perf_counter(), time.process_time()
@@ -111,14 +118,8 @@ class TimedTrainer(Trainer):
             self.side_seconds[name] += time.perf_counter() - start
             self.side_cpu += time.process_time() - cpu
 
-    def _setup(self):
-        return self._timed("setup", super()._setup)
-
     def validate(self):
         return self._timed("validate", super().validate)
-
-    def _time_beam(self):  # the budget's beam-ratio sample is validation time too
-        return self._timed("validate", super()._time_beam)
 
     def save(self, **kwargs):
         return self._timed("save", super().save, **kwargs)

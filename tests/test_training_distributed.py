@@ -31,9 +31,9 @@ from aiayn.tasks import SEQ2SEQ, get_task
 from aiayn.training import Trainer, load_run_config
 from aiayn.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from aiayn.training.distributed import data_parallel, process_group_backend
-from aiayn.training.loop import read_run_config
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import forward
+from aiayn.training.setup import read_run_config
 
 # 120 examples make 7 batches an epoch: with 4 batches a step (2 processes x accum_steps 2) the second
 # step of each epoch has 3, so rank 1 trains an empty micro-batch. No biases: the key projection's bias
@@ -54,7 +54,7 @@ from aiayn.training import loop
 
 rank, env = int(os.environ["RANK"]), os.environ
 taken, reductions = [], [0]
-make_batch, train_step, setup = loop.make_batch, loop.Trainer._train_step, loop.Trainer._setup
+make_batch, train_step = loop.make_batch, loop.Trainer.train_step
 
 def recording_make_batch(data, split, indices, **kwargs):
     taken.append(list(indices))
@@ -64,8 +64,7 @@ def counting_hook(state, bucket):
     reductions[0] += 1
     return allreduce_hook(state, bucket)
 
-def hooked_setup(self):
-    setup(self)
+def after_setup(self):
     if "RECORD" in env:
         self.parallel.module.register_comm_hook(self.parallel.module.process_group, counting_hook)
 
@@ -85,7 +84,8 @@ def after_step(self):
         os.kill(os.getpid(), signal.SIGKILL)
 
 loop.make_batch = recording_make_batch
-loop.Trainer._train_step, loop.Trainer._setup, loop.Trainer.after_step = recording_train_step, hooked_setup, after_step
+loop.Trainer.train_step, loop.Trainer.after_setup = recording_train_step, after_setup
+loop.Trainer.after_step = after_step
 from aiayn.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -35,6 +35,10 @@ class EncodedSplit:
     items: list
     lengths: list[int]
 
+    def head(self, most: int) -> EncodedSplit:
+        """The first `most` examples (all of them when `most` is 0)."""
+        return EncodedSplit(self.raw[:most], self.items[:most], self.lengths[:most]) if most else self
+
 
 @dataclass
 class PreparedData:
