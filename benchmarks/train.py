@@ -58,6 +58,7 @@ from aiayn.config import ModelConfig, preset
 from aiayn.data.batching import token_batches
 from aiayn.nn.embedding import sinusoidal_table
 from aiayn.nn.model import build_model
+from aiayn.tasks import SEQ2SEQ, get_task
 from aiayn.training.distributed import ObjectiveForward, Replicas
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.optim import make_adam
@@ -245,7 +246,7 @@ def data_parallel_rank(args: argparse.Namespace, cfg: ModelConfig) -> int:
     backend = select("cpu", "train", args.precision)
     ours = build_model(cfg).train()
     opt = _optimizer(ours)
-    replicas = Replicas(ours, "seq2seq", opt, rank=rank, world=world, prepared=backend.prepare(ours))
+    replicas = Replicas(ours, get_task(SEQ2SEQ), opt, rank=rank, world=world, prepared=backend.prepare(ours))
     batches = make_batches(cfg, args.steps + args.warmup, args.max_tokens, args.mean_len)
     timed = batches[args.warmup:]
     steps = len(timed) // world
@@ -449,8 +450,9 @@ def main(argv: list[str] | None = None) -> int:
     plain.load_state_dict(ours.state_dict())
     prepared = backend.prepare(ours)  # shares `ours`' parameters (moved to the device), as in the trainer
     plain.to(device)
-    steps = {"aiayn": (aiayn_step, ObjectiveForward(prepared, "seq2seq"), _optimizer(ours), backend.autocast),
-             "aiayn, plain modules": (aiayn_step, ObjectiveForward(plain, "seq2seq"), _optimizer(plain), nullcontext),
+    task = get_task(SEQ2SEQ)
+    steps = {"aiayn": (aiayn_step, ObjectiveForward(prepared, task), _optimizer(ours), backend.autocast),
+             "aiayn, plain modules": (aiayn_step, ObjectiveForward(plain, task), _optimizer(plain), nullcontext),
              "torch.nn.Transformer": (torch_step, theirs, _optimizer(theirs), nullcontext)}
     marian = marian_peer(cfg)
     if marian is not None:

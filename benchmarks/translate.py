@@ -43,7 +43,7 @@ from aiayn.data.gettext import catalog_files, read_gettext
 from aiayn.tasks.metrics import translation_scores
 from aiayn.training.budget import PROBE_STEPS, format_duration, parse_duration
 from aiayn.training.config import example_config, load_run_config
-from aiayn.training.loop import Trainer
+from aiayn.training.loop import Trainer, get_lr
 from aiayn.training.recipe import fit_run
 from aiayn.training.schedule import resolve_recipe
 
@@ -84,7 +84,7 @@ class TimedTrainer(Trainer):
     def __init__(self, *args, curve_s: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.side_seconds = {"setup": 0.0, "validate": 0.0, "save": 0.0, "test": 0.0}
-        self.side_cpu = 0.0
+        self.side_cpu, self.cpu_began = 0.0, time.process_time()
         self.curve_s = curve_s  # validate each time the training seconds pass a multiple of this (0: the run's)
         self.marks: list[tuple[float, int]] = []  # (training seconds, step) of each validation the curve asked for
 
@@ -92,16 +92,23 @@ class TimedTrainer(Trainer):
         """Wall seconds of the run so far less setup, validation, checkpoints and testing."""
         return time.perf_counter() - self.started - sum(self.side_seconds.values())
 
-    def _validation_due(self):
-        if not self.curve_s:
-            return super()._validation_due()
-        return self.training_seconds() >= self.curve_s * (len(self.marks) + 1)
+    def after_setup(self):
+        self.side_seconds["setup"] += time.perf_counter() - self.started  # setup restarts the clock
+        self.side_cpu += time.process_time() - self.cpu_began
 
-    def _validate_in_loop(self):
-        seconds, validated = self.training_seconds(), self.last_validated_step
-        super()._validate_in_loop()  # under a budget, skipped when the end has no room for it
-        if self.curve_s and self.last_validated_step != validated:
-            self.marks.append((seconds, self.step))
+    def validation_due(self):
+        if not self.curve_s:
+            return super().validation_due()
+        self.due_at = self.training_seconds()
+        return self.due_at >= self.curve_s * (len(self.marks) + 1)
+
+    def after_step(self):
+        if self.last_validated_step != self.step:
+            return
+        if self.budget is not None:  # the budget's beam-ratio sample after a validation is validation time too
+            self.side_seconds["validate"] += self.budget.beam_probe_s
+        if self.curve_s:  # under a budget, a validation the end has no room for is skipped
+            self.marks.append((self.due_at, self.step))
 
     def _timed(self, name, fn, *args, **kwargs):
         start, cpu = time.perf_counter(), time.process_time()
@@ -111,14 +118,8 @@ class TimedTrainer(Trainer):
             self.side_seconds[name] += time.perf_counter() - start
             self.side_cpu += time.process_time() - cpu
 
-    def _setup(self):
-        return self._timed("setup", super()._setup)
-
     def validate(self):
         return self._timed("validate", super().validate)
-
-    def _time_beam(self):  # the budget's beam-ratio sample is validation time too
-        return self._timed("validate", super()._time_beam)
 
     def save(self, **kwargs):
         return self._timed("save", super().save, **kwargs)
@@ -213,7 +214,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
     if seconds and not cfg.max_steps:  # planned again after PROBE_STEPS timed steps; the clock ends the run
         total = 1000
     recipe, _ = resolve_recipe(cfg, total_steps=total, d_model=model_cfg.d_model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr(1), betas=recipe.betas, eps=recipe.eps,
+    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.peak_lr, betas=recipe.betas, eps=recipe.eps,
                                  weight_decay=recipe.weight_decay, fused=True)
     print(f"  marian: {sum(p.numel() for p in model.parameters()):,} parameters, vocabulary {vocab}, "
           f"{len(src)} pairs, {total} steps; {recipe.describe()}", flush=True)
@@ -235,7 +236,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
                 labels[row, : len(tgt[i])] = torch.tensor(tgt[i])
                 dec_in[row, 1 : len(tgt[i])] = torch.tensor(tgt[i][:-1])  # shifted right behind <pad>
             for group in optimizer.param_groups:
-                group["lr"] = recipe.lr(step + 1)
+                group["lr"] = get_lr(step + 1, recipe, model_cfg.d_model)
             optimizer.zero_grad(set_to_none=True)
             logits = model(input_ids=ids, attention_mask=ids != pad, decoder_input_ids=dec_in,
                            decoder_attention_mask=dec_in != pad).logits
@@ -255,7 +256,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
                 print(f"  marian: {train_s / step:.3g} s a step: about {total} steps; {recipe.describe()}", flush=True)
             tokens += int((ids != pad).sum()) + n
             if step % cfg.log_every == 0:
-                print(f"  marian: step {step} loss {float(loss):.3f} lr {recipe.lr(step):.2e} "
+                print(f"  marian: step {step} loss {float(loss):.3f} lr {get_lr(step, recipe, model_cfg.d_model):.2e} "
                       f"{tokens / train_s:.0f} tokens/s", flush=True)
             out_of_time = bool(seconds) and train_s >= seconds
             due = (train_s >= curve_s * (len(marks) + 1) if curve_s else cfg.eval_every and step % cfg.eval_every == 0)

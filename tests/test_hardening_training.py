@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from aiayn.cli.main import main
-from aiayn.training.loop import usable_threads
+from aiayn.training.setup import usable_threads
 
 TINY_RUN = ["task=copy", "task_train=40", "task_valid=4", "task_test=4", "task_max_len=4", "vocab_size=20",
             "max_tokens=100", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
@@ -58,7 +58,7 @@ def test_a_run_ended_by_a_short_budget_resumes_with_a_longer_one(tmp_path, capsy
 
 def test_more_threads_than_cores_are_cut_to_the_cores_with_a_warning(caplog):
     cores = len(os.sched_getaffinity(0))
-    with caplog.at_level(logging.WARNING, logger="aiayn.training.loop"):
+    with caplog.at_level(logging.WARNING, logger="aiayn.training.setup"):
         assert usable_threads(1000) == cores
     assert [r.getMessage() for r in caplog.records] == [
         f"threads=1000 is more than the {cores} cores this process may use: training with {cores} threads"]
@@ -68,7 +68,7 @@ def test_more_threads_than_cores_are_cut_to_the_cores_with_a_warning(caplog):
 
 def test_train_with_a_thousand_threads_runs_on_the_cores(tmp_path, capsys, caplog, threads):
     args = [a for a in TINY_RUN if not a.startswith("threads=")]
-    with caplog.at_level(logging.WARNING, logger="aiayn.training.loop"):
+    with caplog.at_level(logging.WARNING, logger="aiayn.training.setup"):
         code, err = run_cli(["train", *args, "threads=1000", "max_steps=1", "--run", str(tmp_path / "run"),
                              "--no-progress"], capsys)
     assert code == 0, err

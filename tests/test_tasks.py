@@ -18,8 +18,7 @@ DATA = SimpleNamespace(source_tokenizer=TOKENS, target_tokenizer=TOKENS, labels=
 def test_seq2seq_forward_is_the_full_decoder_output_at_real_target_tokens():
     model = build_model(TINY).eval()
     task = get_task(SEQ2SEQ)
-    batch = task.collate(DATA, [([5, 6, 7, 2], [8, 9]), ([10, 2], [11, 12, 13])], mlm_probability=0.15,
-                         generator=None)
+    batch = task.collate(DATA, [([5, 6, 7, 2], [8, 9]), ([10, 2], [11, 12, 13])], generator=None)
     logits, labels = task.forward(model, batch)
     keep = batch["labels"] != -100
     torch.testing.assert_close(logits, model(batch["src"], batch["tgt_in"])[keep])
@@ -28,9 +27,8 @@ def test_seq2seq_forward_is_the_full_decoder_output_at_real_target_tokens():
 
 def test_masked_lm_forward_is_the_head_at_the_masked_positions_only():
     model = build_model(TINY.replace(n_decoder_layers=0, head=MASKED_LM)).eval()
-    task = get_task(MASKED_LM)
-    batch = task.collate(DATA, [[1, 5, 6, 7, 8, 2], [1, 9, 10, 2]], mlm_probability=0.5,
-                         generator=torch.Generator().manual_seed(3))
+    task = get_task(MASKED_LM).configured(SimpleNamespace(mlm_probability=0.5))
+    batch = task.collate(DATA, [[1, 5, 6, 7, 8, 2], [1, 9, 10, 2]], generator=torch.Generator().manual_seed(3))
     logits, labels = task.forward(model, batch)
     keep = batch["labels"] != -100
     assert 0 < len(labels) == int(keep.sum()) < keep.numel()

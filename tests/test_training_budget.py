@@ -77,12 +77,12 @@ def test_a_tiny_run_ends_within_its_budget(tmp_path):
 
 def test_a_resumed_run_gets_what_its_first_process_left(tmp_path):
     from aiayn.training import Trainer
-    from aiayn.training.loop import read_run_config
+    from aiayn.training.setup import read_run_config
 
     class StopsAtTen(Trainer):
         def after_step(self):
             if self.step == 10:
-                self._stop_requested = True  # what Ctrl-C does: finish the step, save, return
+                self.interrupt_requested = True  # what Ctrl-C does: finish the step, save, return
 
     seconds = 15.0
     overrides = [item for item in TINY_RUN if not item.startswith("max_steps")]

@@ -27,12 +27,13 @@ from aiayn.data.collate import (
 from aiayn.data.prepare import prepare_data
 from aiayn.io import load_model
 from aiayn.nn.model import build_model
+from aiayn.tasks import SEQ2SEQ, get_task
 from aiayn.training import Trainer, load_run_config
 from aiayn.training.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 from aiayn.training.distributed import data_parallel, process_group_backend
-from aiayn.training.loop import read_run_config
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import forward
+from aiayn.training.setup import read_run_config
 
 # 120 examples make 7 batches an epoch: with 4 batches a step (2 processes x accum_steps 2) the second
 # step of each epoch has 3, so rank 1 trains an empty micro-batch. No biases: the key projection's bias
@@ -53,7 +54,7 @@ from aiayn.training import loop
 
 rank, env = int(os.environ["RANK"]), os.environ
 taken, reductions = [], [0]
-make_batch, train_step, setup = loop.make_batch, loop.Trainer._train_step, loop.Trainer._setup
+make_batch, train_step = loop.make_batch, loop.Trainer.train_step
 
 def recording_make_batch(data, split, indices, **kwargs):
     taken.append(list(indices))
@@ -63,8 +64,7 @@ def counting_hook(state, bucket):
     reductions[0] += 1
     return allreduce_hook(state, bucket)
 
-def hooked_setup(self):
-    setup(self)
+def after_setup(self):
     if "RECORD" in env:
         self.parallel.module.register_comm_hook(self.parallel.module.process_group, counting_hook)
 
@@ -84,7 +84,8 @@ def after_step(self):
         os.kill(os.getpid(), signal.SIGKILL)
 
 loop.make_batch = recording_make_batch
-loop.Trainer._train_step, loop.Trainer._setup, loop.Trainer.after_step = recording_train_step, hooked_setup, after_step
+loop.Trainer.train_step, loop.Trainer.after_setup = recording_train_step, after_setup
+loop.Trainer.after_step = after_step
 from aiayn.cli.main import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -305,11 +306,11 @@ def test_the_backend_follows_the_device_and_one_process_needs_no_wrapper():
     assert process_group_backend(torch.device("cpu")) == "gloo"
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.Adam(model.parameters())
-    plain = data_parallel(model, "seq2seq", optimizer, strategy="fsdp", rank=0, world=1, make_optimizer=None)
+    plain = data_parallel(model, get_task(SEQ2SEQ), optimizer, strategy="fsdp", rank=0, world=1, make_optimizer=None)
     assert plain.optimizer is optimizer and plain.module.model is model  # FSDP in one process: nothing to shard
     assert plain.total([1.0, 2.0]) == [1.0, 2.0] and plain.from_rank0("x") == "x"
     with pytest.raises(ValueError, match="distributed must be one of ddp, fsdp"):
-        data_parallel(model, "seq2seq", optimizer, strategy="zero", rank=0, world=1, make_optimizer=None)
+        data_parallel(model, get_task(SEQ2SEQ), optimizer, strategy="zero", rank=0, world=1, make_optimizer=None)
     with pytest.raises(ValueError, match="distributed must be one of ddp, fsdp"):
         load_run_config(None, ["task=copy", "distributed=zero"])
     with pytest.raises(ValueError, match="keep one"):

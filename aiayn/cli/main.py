@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Those that end a command as Ctrl-C does; the same as `aiayn.training.loop.INTERRUPT_SIGNALS`, which `aiayn train`
+# Those that end a command as Ctrl-C does; the same as `aiayn.training.signals.INTERRUPT_SIGNALS`, which `aiayn train`
 # installs for its steps (not imported from there: the CLI starts without torch, and records a signal at once).
 INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
                      if hasattr(signal, name))

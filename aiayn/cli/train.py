@@ -126,7 +126,7 @@ def _check_resume_overrides(saved, resumed, overrides: list[str]) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     """Train (or resume) a run."""
     from aiayn.training.config import load_run_config
-    from aiayn.training.loop import read_run_config
+    from aiayn.training.setup import read_run_config
 
     config, overrides = _split_items(args.items)
     if args.init_from:
@@ -152,7 +152,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from aiayn.io import load_model, load_tokenizers
     from aiayn.training.checkpoint import load_checkpoint
     from aiayn.training.evaluate import EvalOptions, evaluate
-    from aiayn.training.loop import read_run_config
+    from aiayn.training.setup import read_run_config
 
     train_cfg = read_run_config(args.run).train
     data = prepare_data(train_cfg, tokenizers=load_tokenizers(args.run), labels=load_labels(args.run))

@@ -35,12 +35,17 @@ class EncodedSplit:
     items: list
     lengths: list[int]
 
+    def head(self, most: int) -> EncodedSplit:
+        """The first `most` examples (all of them when `most` is 0)."""
+        return EncodedSplit(self.raw[:most], self.items[:most], self.lengths[:most]) if most else self
+
 
 @dataclass
 class PreparedData:
     """Everything the training loop reads from the data side."""
 
     objective: str
+    task: Any  # the objective's task object with the run's options (`aiayn.tasks`): collation, forward, scores
     source_tokenizer: Tokenizer
     target_tokenizer: Tokenizer
     labels: list[str]
@@ -105,16 +110,15 @@ def train_tokenizers(cfg: Any, train: list) -> tuple[Tokenizer, Tokenizer]:
     task = cfg.objective_task
     extra = task.special_tokens
     kind = cfg.tokenizer
-    if not task.encoder_decoder or cfg.shared_vocab:
-        texts = task.texts(train, "source")
-        if task.encoder_decoder:
-            texts += task.texts(train, "target")
+    if len(task.text_sides) == 1 or cfg.shared_vocab:
+        texts = [text for side in task.text_sides for text in task.texts(train, side)]
         shared = train_tokenizer(texts, vocab_size=cfg.vocab_size, kind=kind, extra_special=extra,
                                  lowercase=cfg.lowercase, min_frequency=cfg.vocab_min_frequency)
         return shared, shared
-    source = train_tokenizer(task.texts(train, "source"), vocab_size=cfg.vocab_size, kind=kind,
+    source_side, target_side = task.text_sides
+    source = train_tokenizer(task.texts(train, source_side), vocab_size=cfg.vocab_size, kind=kind,
                              lowercase=cfg.lowercase, min_frequency=cfg.vocab_min_frequency)
-    target = train_tokenizer(task.texts(train, "target"),
+    target = train_tokenizer(task.texts(train, target_side),
                              vocab_size=cfg.target_vocab_size or cfg.vocab_size,
                              kind=cfg.target_tokenizer or kind, lowercase=cfg.lowercase,
                              min_frequency=cfg.vocab_min_frequency)
@@ -179,11 +183,7 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
     else:
         source, target = tokenizers
     if labels is None:
-        labels = task.label_names(train)
-        if task.labelled and len(labels) < 2:
-            what = task.label_word
-            raise ValueError(f"the training data has one {what} ({', '.join(map(repr, labels))}): there is nothing "
-                             f"to tell apart (every prediction would be right); add examples of other {what}s")
+        labels = task.label_names(train)  # a task with labels refuses fewer than two
     task.check_tokenizer(source)
     train_stats = stats[0] if not cfg.task else None
     splits = {}
@@ -192,7 +192,7 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
                                     train_stats if name == "train" else None)
     if not splits["train"].items:
         raise ValueError("every training example is over the length limits (max_source_len / max_target_len)")
-    return PreparedData(cfg.objective, source, target, labels, splits["train"], splits["valid"], splits["test"],
+    return PreparedData(cfg.objective, task, source, target, labels, splits["train"], splits["valid"], splits["test"],
                         stats, notes)
 
 

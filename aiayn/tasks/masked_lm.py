@@ -28,6 +28,13 @@ class MaskedLM(Task):
         "cls.predictions.bias": "head.proj.bias",
     }
 
+    def __init__(self, probability: float = 0.15):
+        self.probability = probability  # the share of real tokens picked (BERT's 0.15)
+
+    def configured(self, cfg: Any) -> MaskedLM:
+        """The task masking the run's `mlm_probability` of the tokens."""
+        return self if cfg.mlm_probability == self.probability else MaskedLM(cfg.mlm_probability)
+
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
         """Plain text, one example a line."""
         return read_text(path)
@@ -42,14 +49,13 @@ class MaskedLM(Task):
         if tokenizer.mask_id is None:
             raise ValueError("masked-LM training needs a tokenizer with a mask token")
 
-    def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
-                generator: torch.Generator | None) -> dict[str, torch.Tensor]:
-        """ids (B, L) corrupted with `generator`'s draws (seed 0 when None), labels (B, L) = original ids where
-        picked, else -100."""
+    def collate(self, data: PreparedData, items: list, *, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+        """ids (B, L), `probability` of their real tokens corrupted with `generator`'s draws (seed 0 when None),
+        labels (B, L) = original ids where picked, else -100."""
         tok = data.source_tokenizer
         specials = [i for i in (tok.bos_id, tok.eos_id, tok.unk_id) if i is not None]
         return collate_masked_lm(items, pad_id=tok.pad_id, mask_id=tok.mask_id, vocab_size=tok.vocab_size,
-                                 special_ids=specials, probability=mlm_probability,
+                                 special_ids=specials, probability=self.probability,
                                  generator=generator if generator is not None else torch.Generator().manual_seed(0))
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,8 +22,9 @@ class Seq2Seq(Task):
 
     name = SEQ2SEQ
     metrics = ("bleu", "chrf", "exact_match", "loss")
-    encoder_decoder = True
-    decodes = True
+    text_sides = ("source", "target")
+    starts_from_encoder = False
+    generates = True
     checked = True
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
@@ -40,11 +42,22 @@ class Seq2Seq(Task):
         encoded = list(zip(src_ids, tgt_ids))
         return encoded, [(len(s), len(t) + 1) for s, t in encoded]
 
-    def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
-                generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+    def model_settings(self, data: PreparedData, given: dict[str, Any]) -> dict[str, Any]:
+        """The encoder-decoder of the preset; a target vocabulary of its own when the data has two tokenizers."""
+        if given.get("n_decoder_layers", 1) == 0:
+            raise ValueError("seq2seq needs n_decoder_layers > 0")
+        if data.shared_tokenizer:
+            return {}
+        return {"tgt_vocab_size": data.target_tokenizer.vocab_size, "share_embeddings": False}
+
+    def collate(self, data: PreparedData, items: list, *, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """src (B, S), tgt_in (B, T) = `<s>` + target, labels (B, T) = target + `</s>`."""
         tgt = data.target_tokenizer
         return collate_seq2seq(items, pad_id=data.source_tokenizer.pad_id, bos_id=tgt.bos_id, eos_id=tgt.eos_id)
+
+    def batch_tokens(self, batch: dict[str, torch.Tensor], pad_id: int) -> int:
+        """Real source tokens and target tokens."""
+        return int((batch["src"] != pad_id).sum() + (batch["labels"] != -100).sum())
 
     def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Teacher forcing on the shifted target; only the N real target tokens reach the vocabulary
@@ -55,6 +68,13 @@ class Seq2Seq(Task):
         hidden = model.decode(batch["tgt_in"], memory, memory_mask=src_mask)  # (B, T, d_model)
         keep = labels != -100
         return model.head(hidden[keep]), labels[keep]  # (N, V), (N,)
+
+    def decode(self, model: nn.Module, data: PreparedData, batch: dict[str, torch.Tensor], indices: list[int],
+               search: Callable[..., list[list[int]]]) -> dict[int, Any]:
+        """The translations `search` generates from the batch's sources."""
+        tgt = data.target_tokenizer
+        tokens = search(model, batch["src"], bos_id=tgt.bos_id, eos_id=tgt.eos_id)
+        return {i: tgt.decode(row) for i, row in zip(indices, tokens)}
 
     def score(self, data: PreparedData, split: EncodedSplit, predictions: dict[int, Any], *,
               bleu_tokenize: str = "auto") -> tuple[dict[str, Any], Shown]:

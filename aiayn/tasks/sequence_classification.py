@@ -21,7 +21,6 @@ class SequenceClassification(Task):
     name = SEQUENCE_CLASSIFICATION
     metrics = ("accuracy", "macro_f1", "loss")
     head = SEQUENCE_CLASSIFICATION
-    labelled = True
     checked = True
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
@@ -34,7 +33,7 @@ class SequenceClassification(Task):
 
     def label_names(self, train: list) -> list[str]:
         """Sorted labels of the training split."""
-        return sorted({e.label for e in train})
+        return self.at_least_two(sorted({e.label for e in train}))
 
     def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
         """(`<s>` ids `</s>`, label index) items; a split none of whose labels the run knows is refused."""
@@ -47,8 +46,7 @@ class SequenceClassification(Task):
         ids = source.encode_batch([e.text for e in raw], add_bos=True, add_eos=True)
         return [(i, label_id(e.label)) for i, e in zip(ids, raw)], [(len(i), 0) for i in ids]
 
-    def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
-                generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+    def collate(self, data: PreparedData, items: list, *, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """ids (B, L), labels (B,)."""
         return collate_sequence_classification(items, pad_id=data.source_tokenizer.pad_id)
 

@@ -21,7 +21,6 @@ class TokenClassification(Task):
     name = TOKEN_CLASSIFICATION
     metrics = ("entity_f1", "loss")
     head = TOKEN_CLASSIFICATION
-    labelled = True
     label_word = "tag"
     bert_keys = {"classifier": "head.classifier"}  # BertForTokenClassification's Linear on every position
 
@@ -35,7 +34,7 @@ class TokenClassification(Task):
 
     def label_names(self, train: list) -> list[str]:
         """Sorted tags of the training split."""
-        return sorted({tag for e in train for tag in e.tags})
+        return self.at_least_two(sorted({tag for e in train for tag in e.tags}))
 
     def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
         """(`<s>` ids `</s>`, tag indices) items: a word's tag on its first subword, -100 on the others."""
@@ -51,8 +50,7 @@ class TokenClassification(Task):
             encoded.append(([source.bos_id, *enc.ids, source.eos_id], [*tags, IGNORE]))
         return encoded, [(len(ids), 0) for ids, _ in encoded]
 
-    def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
-                generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+    def collate(self, data: PreparedData, items: list, *, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """ids (B, L), labels (B, L) with -100 where no word starts."""
         return collate_token_classification(items, pad_id=data.source_tokenizer.pad_id)
 

@@ -238,8 +238,9 @@ class TrainConfig:
 
     @property
     def objective_task(self) -> Task:
-        """The task object of `objective` (`aiayn.tasks`): what reading, encoding and training do differently."""
-        return get_task(self.objective)
+        """The task object of `objective` (`aiayn.tasks`) with this config's options for it (`mlm_probability`): what
+        reading, encoding and training do differently."""
+        return get_task(self.objective).configured(self)
 
     @property
     def metric(self) -> str:

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
-from aiayn.training.objectives import forward
+from aiayn.tasks import Task
 
 STRATEGIES = ("ddp", "fsdp")
 T = TypeVar("T")
@@ -56,16 +56,17 @@ class PeerLost(ConnectionError):
 
 
 class ObjectiveForward(nn.Module):
-    """The objective's forward as a module, for DDP and FSDP to wrap: batch -> (logits, labels)."""
+    """The task's forward as a module, for DDP and FSDP to wrap (their hooks run around a module's call):
+    batch -> (logits, labels)."""
 
-    def __init__(self, model: nn.Module, objective: str):
+    def __init__(self, model: nn.Module, task: Task):
         super().__init__()
         self.model = model
-        self.objective = objective
+        self.task = task
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """See `aiayn.training.objectives.forward`."""
-        return forward(self.model, batch, self.objective)
+        """`Task.forward` of the model on one batch."""
+        return self.task.forward(self.model, batch)
 
 
 class Replicas:
@@ -73,7 +74,7 @@ class Replicas:
 
     Args:
         model: the model; its parameters are the ones trained.
-        objective: the training objective (see `aiayn.training.objectives.forward`).
+        task: the objective's task object, whose `forward` gives the loss its inputs.
         optimizer: the optimizer over `model.parameters()`.
         rank, world: this process and the number of processes.
         device: where the model lives (CUDA: DDP on that device, collectives through NCCL).
@@ -81,12 +82,12 @@ class Replicas:
             shares `model`'s parameters (see `aiayn.backends`).
     """
 
-    def __init__(self, model: nn.Module, objective: str, optimizer: torch.optim.Optimizer, *, rank: int = 0,
+    def __init__(self, model: nn.Module, task: Task, optimizer: torch.optim.Optimizer, *, rank: int = 0,
                  world: int = 1, device: torch.device | None = None, prepared: nn.Module | None = None):
         self.model, self.optimizer = model, optimizer
         self.rank, self.world = rank, world
         self.device = device or torch.device("cpu")
-        self.module = self._wrap(ObjectiveForward(model if prepared is None else prepared, objective))
+        self.module = self._wrap(ObjectiveForward(model if prepared is None else prepared, task))
 
     def _wrap(self, module: nn.Module) -> nn.Module:
         if self.world == 1:
@@ -163,12 +164,12 @@ class Sharded(Replicas):
         Others: as `Replicas`.
     """
 
-    def __init__(self, model: nn.Module, objective: str, optimizer: torch.optim.Optimizer, *,
+    def __init__(self, model: nn.Module, task: Task, optimizer: torch.optim.Optimizer, *,
                  make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer], rank: int, world: int,
                  device: torch.device | None = None):
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        super().__init__(model, objective, optimizer, rank=rank, world=world, device=device)
+        super().__init__(model, task, optimizer, rank=rank, world=world, device=device)
         # The checkpoint numbers parameters as the plain optimizer does; FSDP's state dicts name them.
         names = {id(p): f"model.{name}" for name, p in model.named_parameters()}
         self.layout = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
@@ -241,7 +242,7 @@ class Sharded(Replicas):
         return self._gathered
 
 
-def data_parallel(model: nn.Module, objective: str, optimizer: torch.optim.Optimizer, *, strategy: str, rank: int,
+def data_parallel(model: nn.Module, task: Task, optimizer: torch.optim.Optimizer, *, strategy: str, rank: int,
                   world: int, make_optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
                   device: torch.device | None = None, prepared: nn.Module | None = None) -> Replicas:
     """`Sharded` for `strategy="fsdp"` with more than one process, else `Replicas` (one process, or DDP) running
@@ -249,6 +250,6 @@ def data_parallel(model: nn.Module, objective: str, optimizer: torch.optim.Optim
     if strategy not in STRATEGIES:
         raise ValueError(f"distributed must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     if strategy == "fsdp" and world > 1:
-        return Sharded(model, objective, optimizer, make_optimizer=make_optimizer, rank=rank, world=world,
+        return Sharded(model, task, optimizer, make_optimizer=make_optimizer, rank=rank, world=world,
                        device=device)
-    return Replicas(model, objective, optimizer, rank=rank, world=world, device=device, prepared=prepared)
+    return Replicas(model, task, optimizer, rank=rank, world=world, device=device, prepared=prepared)

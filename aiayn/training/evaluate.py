@@ -11,7 +11,6 @@ from torch import nn
 from aiayn.backends import Backend, model_device, select
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import EncodedSplit, PreparedData
-from aiayn.tasks import get_task
 from aiayn.tasks.metrics import perplexity
 from aiayn.training.loss import correct_count, label_smoothed_loss
 from aiayn.training.objectives import make_batch, masking_generator, to_device
@@ -22,9 +21,10 @@ class EvalOptions:
     """How `evaluate` runs: batching, decoding and what it reports.
 
     Attributes:
-        max_tokens: tokens per batch. decode: also decode seq2seq outputs (BLEU, chrF, exact match).
+        max_tokens: tokens per batch. decode: also generate the predictions of a task that generates them
+            (`Task.generates`: translations, for BLEU, chrF, exact match).
         beam_size, length_penalty: decoding settings. max_batches: stop after this many batches (0 = all).
-        seed, mlm_probability: the masked-LM corruption. precision: "fp32", "bf16" or None (the device's choice).
+        seed: what a batch corrupts at random (masked LM). precision: "fp32", "bf16" or None (the device's choice).
         examples: (input, prediction, reference) triples to return. bleu_tokenize: sacrebleu's tokenizer.
     """
 
@@ -34,7 +34,6 @@ class EvalOptions:
     length_penalty: float = 0.6
     max_batches: int = 0
     seed: int = 0
-    mlm_probability: float = 0.15
     precision: str | None = None
     examples: int = 0
     bleu_tokenize: str = "auto"
@@ -44,7 +43,7 @@ class EvalOptions:
         """The options a run's `TrainConfig` implies, with `changes` (one place: the trainer and `aiayn eval` agree)."""
         t = train_config
         options = cls(max_tokens=t.max_tokens, beam_size=t.beam_size, length_penalty=t.length_penalty, seed=t.seed,
-                      mlm_probability=t.mlm_probability, precision=t.precision, examples=t.show_examples,
+                      precision=t.precision, examples=t.show_examples,
                       bleu_tokenize=t.bleu_tokenize)
         return replace(options, **changes)
 
@@ -75,12 +74,13 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     batches = token_batches(split.lengths, options.max_tokens, shuffle=False)
     if options.max_batches:
         batches = batches[:options.max_batches]
-    task = get_task(data.objective)
+    task = data.task
+    search = _search(options)
     nll_sum, units, correct, counted = 0.0, 0, 0, 0
     predictions: dict[int, object] = {}
     for number, indices in enumerate(batches):
-        batch = to_device(make_batch(data, split, indices, mlm_probability=options.mlm_probability,
-                                     generator=masking_generator(options.seed, -1, number)), backend.device)
+        batch = to_device(make_batch(data, split, indices, generator=masking_generator(options.seed, -1, number)),
+                          backend.device)
         logits, labels = task.forward(prepared, batch)
         logits = logits.float()
         _, nll = label_smoothed_loss(logits, labels, smoothing=0.0)
@@ -88,8 +88,8 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
         nll_sum, correct, counted = nll_sum + float(nll), correct + c, counted + n
         units += n
         predictions.update(task.predictions(logits, labels, indices))
-        if task.decodes and options.decode:
-            predictions.update(_decode(prepared, data, batch["src"], indices, options))
+        if options.decode:
+            predictions.update(task.decode(prepared, data, batch, indices, search))
         if progress is not None:
             progress(len(indices))
     mean_nll = nll_sum / max(units, 1)
@@ -107,11 +107,13 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     return result
 
 
-def _decode(model: nn.Module, data: PreparedData, src: torch.Tensor, indices: list[int],
-            options: EvalOptions) -> dict[int, str]:
-    from aiayn.inference.generation import GenerationConfig, generate
+def _search(options: EvalOptions) -> Callable[..., list[list[int]]]:
+    """Generation with the options' beam: (model, inputs, bos_id=, eos_id=) -> token ids of each row."""
 
-    tgt = data.target_tokenizer
-    config = GenerationConfig(beam_size=options.beam_size, length_penalty=options.length_penalty)
-    out = generate(model, src, bos_id=tgt.bos_id, eos_id=tgt.eos_id, config=config)
-    return {i: tgt.decode(tokens) for i, tokens in zip(indices, out.tokens)}
+    def search(model: nn.Module, inputs: torch.Tensor, *, bos_id: int, eos_id: int) -> list[list[int]]:
+        from aiayn.inference.generation import GenerationConfig, generate
+
+        config = GenerationConfig(beam_size=options.beam_size, length_penalty=options.length_penalty)
+        return generate(model, inputs, bos_id=bos_id, eos_id=eos_id, config=config).tokens
+
+    return search

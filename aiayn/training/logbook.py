@@ -10,10 +10,11 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
 
-from aiayn.rundir import atomic_open, atomic_output, atomic_write_text
+from aiayn.rundir import METRICS_LOG, TENSORBOARD, atomic_open, atomic_output, atomic_write_text
 
 
 def require_tensorboard() -> None:
@@ -111,6 +112,51 @@ class MetricsLog:
             writer = csv.DictWriter(handle, fieldnames=keys)
             writer.writeheader()
             writer.writerows(rows)
+
+
+def open_log(cfg: Any, run_dir: Path) -> MetricsLog:
+    """The run's metrics log (with TensorBoard for `log_to=tensorboard`, checked installed before the run starts)."""
+    if cfg.log_to == "tensorboard":
+        require_tensorboard()
+    return MetricsLog(run_dir / METRICS_LOG, tensorboard=run_dir / TENSORBOARD if cfg.log_to == "tensorboard" else None)
+
+
+class TrainRows:
+    """The progress bar and `train` rows of the trainer `t`'s loop: every `log_every` steps and the first, rank 0
+    logs the mean loss of the steps since the last row (a context: the bar closes at its end)."""
+
+    def __init__(self, t: Any):
+        from tqdm.auto import tqdm
+
+        self.t = t
+        self.bar = tqdm(total=t.recipe.total_steps, initial=t.step, disable=not t.progress or t.rank != 0,
+                        unit="step", dynamic_ncols=True, desc="train")
+        self.window()
+
+    def window(self) -> None:
+        """Start counting the steps of the next row: their tokens and losses, and when the first began."""
+        self.tokens, self.losses, self.began = 0, [], time.perf_counter()
+
+    def add(self, stats: dict[str, float]) -> None:
+        """Count a step (`stats`: the train step's) on the bar, and log its row when one is due."""
+        t = self.t
+        self.tokens += stats["tokens"]
+        self.losses.append(stats["loss"])
+        self.bar.update(1)
+        if t.rank == 0 and (t.step % t.cfg.log_every == 0 or t.step == 1):
+            elapsed = max(time.perf_counter() - self.began, 1e-9)
+            row = {"split": "train", "step": t.step, "epoch": t.epoch, "loss": sum(self.losses) / len(self.losses),
+                   "nll": stats["nll"], "lr": stats["lr"], "grad_norm": stats["grad_norm"],
+                   "tokens_per_s": self.tokens / elapsed, "time_s": t.elapsed()}
+            t.log.append(row)
+            self.bar.set_postfix(loss=f"{row['loss']:.3f}", lr=f"{row['lr']:.2e}", tok_s=f"{row['tokens_per_s']:.0f}")
+            self.window()
+
+    def __enter__(self) -> TrainRows:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.close()
 
 
 def plot_curves(rows: list[dict[str, Any]], path: str | Path) -> Path:

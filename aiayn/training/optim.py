@@ -12,8 +12,8 @@ from aiayn.training.schedule import Recipe
 def make_optimizer(params: Iterable[torch.nn.Parameter], recipe: Recipe) -> torch.optim.Optimizer:
     """Adam or AdamW with PyTorch's fused kernel where this build has one (the same update, one kernel per tensor).
 
-    With weight decay, biases and LayerNorm weights (every parameter with fewer than two
-    dimensions) are not decayed, as in BERT's fine-tuning recipe.
+    Each step sets its own rate (`aiayn.training.loop.get_lr`). With weight decay, biases and LayerNorm weights
+    (every parameter with fewer than two dimensions) are not decayed, as in BERT's fine-tuning recipe.
 
     The fused CPU kernel writes the parameters without bumping their version counters, which
     `aiayn.backends.weights_version` reads to tell when a prepared inference copy (the Embedder's)
@@ -26,7 +26,7 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], recipe: Recipe) -> torc
     else:
         groups = [{"params": params, "weight_decay": 0.0}]
     kind = torch.optim.AdamW if recipe.optimizer == "adamw" else torch.optim.Adam
-    settings = {"lr": recipe.lr(1), "betas": recipe.betas, "eps": recipe.eps}
+    settings = {"lr": recipe.peak_lr, "betas": recipe.betas, "eps": recipe.eps}
     try:
         optimizer = kind(groups, fused=True, **settings)
     except (RuntimeError, TypeError):

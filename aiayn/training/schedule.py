@@ -9,7 +9,7 @@ Two recipes:
 (fewer than 40,000 planned steps) warms up over `warmup_fraction` (10%) of its planned steps,
 while the peak stays where the paper's schedule puts it (d_model^-0.5 x 4000^-0.5 x `lr_scale`):
 a 300-step run would otherwise train at a tiny rate throughout. An explicit `warmup` is taken
-as given, and noam is then exactly equation 3.
+as given, and noam is then exactly equation 3 (`aiayn.training.loop.get_lr`).
 """
 
 from __future__ import annotations
@@ -25,15 +25,10 @@ FINETUNE_LR = 3e-5
 CONSTANT_LR = 1e-3
 
 
-def noam_lr(step: int, *, d_model: int, warmup: int, scale: float = 1.0) -> float:
-    """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) for step >= 1 (equation 3)."""
-    step = max(step, 1)
-    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
-
-
 @dataclass(frozen=True)
 class Recipe:
-    """The optimizer and learning-rate schedule a run uses, every "auto" resolved.
+    """The optimizer and learning-rate schedule a run uses, every "auto" resolved (the rate of each step:
+    `aiayn.training.loop.get_lr`).
 
     Attributes:
         optimizer: "adam" (L2 weight decay, the paper's) or "adamw" (decoupled weight decay).
@@ -53,18 +48,6 @@ class Recipe:
     betas: tuple[float, float]
     eps: float
     weight_decay: float
-
-    def lr(self, step: int) -> float:
-        """The rate of optimizer step `step` (1-based)."""
-        step = max(step, 1)
-        if step <= self.warmup:
-            return self.peak_lr * step / self.warmup
-        if self.schedule == "noam":
-            return self.peak_lr * math.sqrt(self.warmup / step)
-        if self.schedule == "linear":
-            span = max(self.total_steps - self.warmup, 1)
-            return self.peak_lr * max(0.0, (self.total_steps - step) / span)
-        return self.peak_lr
 
     def describe(self) -> str:
         """One line for the run's report."""

@@ -1,0 +1,92 @@
+"""The end of a run: the processes come together, the final model is chosen and saved, the test split is
+evaluated, and the metrics CSV and the plot are written."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from aiayn.data.prepare import save_data_artifacts
+from aiayn.io import atomic_write_bytes, save_model
+from aiayn.rundir import CURVES, EVAL, METRICS_CSV
+from aiayn.training import pacing, saves
+from aiayn.training.checkpoint import latest_checkpoint
+from aiayn.training.evaluate import EvalOptions, evaluate
+from aiayn.training.logbook import plot_curves
+
+
+@dataclass
+class TrainResult:
+    """How a run ended."""
+
+    run_dir: Path
+    step: int
+    interrupted: bool = False
+    checkpoint: Path | None = None
+    test: dict[str, Any] = field(default_factory=dict)
+    budget: dict[str, Any] = field(default_factory=dict)  # how a `time_budget` was spent (Budget.summary)
+
+
+def finish(t: Any, finished: bool) -> TrainResult:
+    """After the loop of the trainer `t` (`finished`: it was not interrupted): rank 0 alone saves an interrupted
+    run's checkpoint, or validates, saves and evaluates the full model."""
+    t.parallel.gather()  # rank 0 finishes alone: validates, saves and evaluates the full model
+    t.parallel.close()
+    if finished:
+        pacing.check_trained(t)  # a budget that ended before the first step
+    if t.rank != 0:
+        return TrainResult(t.run_dir, t.step)
+    if not finished:
+        checkpoint = t.save()
+        t.report(f"interrupted at step {t.step}: saved {checkpoint}; continue with --resume")
+        return TrainResult(t.run_dir, t.step, interrupted=True, checkpoint=checkpoint)
+    if t.last_saved_step != t.step:
+        if t.last_validated_step != t.step:
+            t.validate()
+        t.save()
+    checkpoint = latest_checkpoint(t.ckpt_dir)
+    began = time.perf_counter()
+    saves.choose_final_model(t)
+    save_model(t.model, t.run_dir)
+    save_data_artifacts(t.run_dir, t.data)
+    if t.budget is not None:
+        t.budget.record("finish", time.perf_counter() - began)
+    test = t.evaluate_test(beam_size=pacing.test_beam(t))
+    began = time.perf_counter()
+    if t.budget is not None:
+        t.log.append({"split": "budget", "step": t.step, "epoch": t.epoch, **t.budget.summary()})
+    t.log.write_csv(t.run_dir / METRICS_CSV)
+    plot_curves(t.log.rows(), t.run_dir / CURVES)
+    summary = {}
+    if t.budget is not None:
+        t.budget.record("finish", time.perf_counter() - began)
+        summary = t.budget.summary()
+        t.report(t.budget.describe())
+    return TrainResult(t.run_dir, t.step, checkpoint=checkpoint, test=test, budget=summary)
+
+
+def evaluate_test(t: Any, beam_size: int | None = None) -> dict[str, Any]:
+    """Evaluate the final model on the test split (a progress bar with `progress`); writes `eval.json` and a
+    `test` log row. `beam_size` replaces the run's (a budget short of time decodes greedily)."""
+    from tqdm.auto import tqdm
+
+    began = time.perf_counter()
+    with tqdm(total=len(t.data.test.items), disable=not t.progress, unit="example", desc="test",
+              dynamic_ncols=True) as bar:
+        options = EvalOptions.from_train_config(t.cfg)
+        if beam_size is not None:
+            options = replace(options, beam_size=beam_size)
+        result = evaluate(t.model, t.data, t.data.test, options, progress=bar.update)
+    if t.budget is not None:
+        t.budget.record("test", time.perf_counter() - began)
+    if result:
+        if beam_size is not None:
+            result["beam_size"] = beam_size
+        row = {k: v for k, v in result.items() if k != "examples"}
+        t.log.append({"split": "test", "step": t.step, "epoch": t.epoch, **row, "time_s": t.elapsed()})
+        atomic_write_bytes(t.run_dir / EVAL, (json.dumps({"split": "test", "step": t.step, **result},
+                                                         indent=2) + "\n").encode())
+    return result

@@ -1,0 +1,115 @@
+"""A `time_budget` as training runs: before each step whether it fits, the plan after the probe steps and after
+each validation, the beam's cost, and the test's beam at the end (the accounts and the rules: `budget.py`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aiayn.training.budget import BEAM_OVERRUN, BEAM_SAMPLE, END_MARGIN, FINISH_S, PROBE_STEPS
+from aiayn.training.evaluate import EvalOptions, evaluate
+from aiayn.training.schedule import resolve_recipe
+
+
+class BudgetTooShort(ValueError):
+    """A `time_budget` that left no time for one optimizer step: there is no trained model to save."""
+
+
+def end_reserve(t: Any) -> float:
+    """Seconds the end of the run needs: a last validation and checkpoint, the test evaluation, the files."""
+    budget, cfg = t.budget, t.cfg
+    generated = t.data.task.generates
+    valid = budget.valid_estimate() if t.data.valid.items else 0.0
+    checkpoint = budget.spent["checkpoint"] / max(t.saves, 1) if t.saves else 1.0
+    test = budget.end_test_estimate(len(t.data.test.items), cfg.beam_size if generated else 1, generated)
+    return END_MARGIN * (valid + test) + checkpoint + FINISH_S
+
+
+def allows(t: Any, seconds: float) -> bool:
+    """Whether `seconds` more of training (or validation) leave the end of the run its time; rank 0 decides."""
+    budget = t.budget
+    if t.rank == 0:
+        budget.end_reserve_s = end_reserve(t)
+        allowed = budget.fits(seconds, budget.end_reserve_s)
+        if budget.planned_steps and t.recipe.schedule == "linear" and t.step >= budget.planned_steps:
+            allowed = False  # the rate has decayed to 0
+    else:
+        allowed = False
+    return t.parallel.from_rank0(allowed)
+
+
+def step_fits(t: Any) -> bool:
+    """Before each step (every process at once): False when, under a budget, one more step would leave the end of
+    the run too little time."""
+    return t.budget is None or allows(t, t.budget.step_s or 0.0)
+
+
+def step_taken(t: Any, seconds: float) -> None:
+    """A step took `seconds`; after the `PROBE_STEPS` first, the run is planned."""
+    if t.budget is not None:
+        t.budget.record_step(seconds)
+        if t.budget.timed_steps == PROBE_STEPS and not t.budget.planned_steps:
+            plan(t)
+
+
+def plan(t: Any) -> None:
+    """Plan the steps and the validation cadence that fit what is left; the recipe follows the plan."""
+    budget, cfg = t.budget, t.cfg
+    first = not budget.planned_steps
+    valid_examples = len(t.data.valid.head(cfg.valid_max_examples).items)
+    total, upcoming = budget.plan(t.step, end_reserve(t), valid_examples, cfg.max_steps)
+    budget.planned_steps, budget.next_valid = t.parallel.from_rank0((total, upcoming))
+    t.recipe, notes = resolve_recipe(cfg, total_steps=total, d_model=t.model.config.d_model)
+    if first and t.rank == 0:
+        for note in notes:
+            t.report(note)
+        when = (f"every {cfg.eval_every} steps" if cfg.eval_every else
+                f"first at step {upcoming}" if upcoming else "only at the end")
+        t.report(f"time budget {budget.seconds:g} s: {budget.step_s:.3g} s a step measured over "
+                 f"{budget.timed_steps} steps, about {total} steps planned, validation {when}, "
+                 f"{end_reserve(t):.3g} s kept for the end; recipe: {t.recipe.describe()}")
+
+
+def after_validation(t: Any) -> None:
+    """After a validation in the loop: time the test's beam on a sample (rank 0), then plan again (the
+    validation's measured time moves the plan)."""
+    if t.rank == 0 and t.data.task.generates and t.cfg.beam_size > 1 and t.data.valid.items:
+        time_beam(t)
+    plan(t)
+
+
+def time_beam(t: Any) -> None:
+    """Decode a sample of the valid split greedily and with the test's beam: the ratio sizes the test's
+    reserve (the sample, an eighth of what validation decodes, 8 to `BEAM_SAMPLE` examples)."""
+    split = t.data.valid.head(t.cfg.valid_max_examples)
+    sample = split.head(min(BEAM_SAMPLE, max(8, len(split.items) // 8)))
+    seconds = []
+    for beam in (1, t.cfg.beam_size):
+        began = time.perf_counter()
+        evaluate(t.model, t.data, sample, EvalOptions.from_train_config(t.cfg, beam_size=beam, examples=0))
+        seconds.append(time.perf_counter() - began)
+    t.budget.record_beam(*seconds)
+
+
+def test_beam(t: Any) -> int | None:
+    """The test's beam: the run's, or greedy decoding when only that fits what is left of a budget."""
+    budget, cfg = t.budget, t.cfg
+    if budget is None or not t.data.task.generates or cfg.beam_size == 1:
+        return None
+    n = len(t.data.test.items)
+    if budget.fits(budget.test_estimate(n, cfg.beam_size, True), FINISH_S - BEAM_OVERRUN * budget.seconds):
+        return None  # it fits, or ends at most BEAM_OVERRUN of the budget late
+    t.report(f"time budget: the test is decoded greedily, beam {cfg.beam_size} would take about "
+             f"{budget.test_estimate(n, cfg.beam_size, True):.0f} s of the {budget.left():.0f} s left")
+    return 1
+
+
+def check_trained(t: Any) -> None:
+    """Refuse a run whose budget ended before its first step (`BudgetTooShort`): there is no model to save."""
+    budget = t.budget
+    if t.step == 0 and budget is not None:
+        raise BudgetTooShort(
+            f"time_budget={t.cfg.time_budget} is too short to train one step: {max(budget.left(), 0.0):.1f} s "
+            f"were left after setting up, and the end of the run (validation, test, saving) needs about "
+            f"{budget.end_reserve_s:.1f} s; nothing was trained or saved as a model: give a longer time_budget "
+            f"(aiayn train --run {t.run_dir} --resume time_budget=...)")
