@@ -19,10 +19,9 @@ from typing import Any
 
 from aiayn.data.check import check_splits
 from aiayn.data.readers import ReadStats
-from aiayn.data.tasks import builtin_task
+from aiayn.data.tasks import OBJECTIVE_OF, builtin_task
 from aiayn.rundir import LABELS as LABELS_NAME
-from aiayn.rundir import atomic_write_text, load_json
-from aiayn.tasks.names import SEQ2SEQ, SEQUENCE_CLASSIFICATION
+from aiayn.rundir import SOURCE_TOKENIZER, TARGET_TOKENIZER, atomic_write_text, load_json
 from aiayn.tokenization import Tokenizer, train_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -71,7 +70,7 @@ def raw_splits(cfg: Any) -> tuple[list, list, list, list[ReadStats]]:
     if cfg.task:
         splits = builtin_task(cfg.task, seed=cfg.seed, n_train=cfg.task_train, n_valid=cfg.task_valid,
                               n_test=cfg.task_test, max_number=cfg.task_max_number, max_len=cfg.task_max_len)
-        expected = SEQUENCE_CLASSIFICATION if cfg.task == "compare" else SEQ2SEQ
+        expected = OBJECTIVE_OF[cfg.task]
         if cfg.objective != expected:
             raise ValueError(f"built-in task {cfg.task!r} is for objective {expected!r}, not {cfg.objective!r}")
         stats = [ReadStats(path=f"task {cfg.task} {name}", kept=len(items))
@@ -202,8 +201,8 @@ def save_data_artifacts(directory: str | Path, data: PreparedData) -> None:
     if data.shared_tokenizer:
         data.source_tokenizer.save(directory)
     else:
-        data.source_tokenizer.save(directory / "source")
-        data.target_tokenizer.save(directory / "target")
+        data.source_tokenizer.save(directory / SOURCE_TOKENIZER)
+        data.target_tokenizer.save(directory / TARGET_TOKENIZER)
     if data.labels:
         atomic_write_text(directory / LABELS_NAME, json.dumps(data.labels, indent=2) + "\n")
 

@@ -25,6 +25,11 @@ class CausalLM(Task):
     """ids (B, L) = `<s>` + a line's tokens; labels (B, L) = the line's tokens + `</s>`, one position ahead."""
 
     name = CAUSAL_LM
+    starts_from_encoder = False
+
+    def model_settings(self, data: PreparedData, given: dict[str, Any]) -> dict[str, Any]:
+        """The decoder-only shape: the preset's layers as one causal stack, the vocabulary projection its head."""
+        return {"n_decoder_layers": 0, "causal": True, "head": "none", "num_labels": 0}
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
         """Plain text, one example a line."""
@@ -35,8 +40,7 @@ class CausalLM(Task):
         ids = source.encode_batch(list(raw), add_bos=True, add_eos=True)
         return ids, [(len(i) - 1, 0) for i in ids]
 
-    def collate(self, data: PreparedData, items: list, *, mlm_probability: float,
-                generator: torch.Generator | None) -> dict[str, torch.Tensor]:
+    def collate(self, data: PreparedData, items: list, *, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """ids (B, L): each line but its last id, right-padded; labels (B, L): each line but its first, -100 on
         padding (which the look-ahead mask keeps every real position from seeing)."""
         return {"ids": pad([row[:-1] for row in items], data.source_tokenizer.pad_id),
