@@ -106,6 +106,11 @@ class ModelConfig:
         return self.vocab_size if self.tgt_vocab_size is None else self.tgt_vocab_size
 
     @property
+    def architecture(self) -> str:
+        """"encoder-decoder", "encoder-only" or "decoder-only" (`causal`): the shape `build_model` gives."""
+        return "decoder-only" if self.causal else "encoder-decoder" if self.n_decoder_layers else "encoder-only"
+
+    @property
     def is_encoder_decoder(self) -> bool:
         """True when the config describes a model with a decoder."""
         return self.n_decoder_layers > 0

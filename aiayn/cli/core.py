@@ -39,8 +39,7 @@ def cmd_params(args: argparse.Namespace) -> int:
     from aiayn.inspect import format_table, parameter_table
 
     cfg = _config(args)
-    kind = "encoder-decoder" if cfg.is_encoder_decoder else "encoder-only"
-    print(f"{kind}: d_model={cfg.d_model} h={cfg.n_heads} d_k={cfg.d_k} d_ff={cfg.d_ff} "
+    print(f"{cfg.architecture}: d_model={cfg.d_model} h={cfg.n_heads} d_k={cfg.d_k} d_ff={cfg.d_ff} "
           f"N={cfg.n_encoder_layers}/{cfg.n_decoder_layers} vocab={cfg.vocab_size:,}")
     print(format_table(parameter_table(cfg)))
     return 0

@@ -108,8 +108,8 @@ def training_bytes(cfg: ModelConfig, max_tokens: int, longest: int) -> int:
     length = max(1, min(longest, max_tokens))
     batch = max(1, max_tokens // length)
     layers = cfg.n_encoder_layers + 2 * cfg.n_decoder_layers
-    labelled = cfg.head in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION)
-    logits = 3 * batch * length * (cfg.num_labels if labelled else cfg.target_vocab_size)
+    per_label = cfg.head in (SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION)
+    logits = 3 * batch * length * (cfg.num_labels if per_label else cfg.target_vocab_size)
     return (model_bytes(cfg) + 3 * parameter_count(cfg) * FLOAT_BYTES + layers * forward_bytes(cfg, batch, length)
             + logits * FLOAT_BYTES)
 
