@@ -29,7 +29,8 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
     allocated), the stacks and the total by arithmetic (`aiayn.nn.sizes`), so a million layers take no longer."""
     with torch.device("meta"):
         model = build_model(cfg.replace(n_encoder_layers=1, n_decoder_layers=min(cfg.n_decoder_layers, 1)))
-    layer_counts = {"encoder": cfg.n_encoder_layers, "decoder": cfg.n_decoder_layers}
+    layer_counts = {"encoder": cfg.n_encoder_layers, "decoder": cfg.n_decoder_layers,
+                    "decoder-only": cfg.n_encoder_layers}
     rows: list[tuple[str, int]] = []
 
     def layer_rows(kind: str, layers: nn.ModuleList) -> None:
@@ -37,6 +38,8 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
         norms = sum(count(m) for m in layer.modules() if isinstance(m, nn.LayerNorm))
         if kind == "encoder":
             rows.append(("encoder layer: multi-head attention", count(layer.self_attn)))
+        elif kind == "decoder-only":
+            rows.append(("decoder-only layer: masked multi-head self-attention", count(layer.self_attn)))
         else:
             rows.append(("decoder layer: masked multi-head self-attention", count(layer.self_attn)))
             rows.append(("decoder layer: multi-head cross-attention", count(layer.cross_attn)))
@@ -55,6 +58,12 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
             count(model.src_embed) + (0 if shared else count(model.tgt_embed)),
         ))
         tied = model.head.proj.weight is model.tgt_embed.tokens.weight
+        rows.append(("output projection" + (" (tied to the embeddings)" if tied else ""),
+                     0 if tied else count(model.head)))
+    elif cfg.causal:
+        layer_rows("decoder-only", model.decoder.layers)
+        rows.append((f"embeddings ({cfg.vocab_size:,} x {cfg.d_model})", count(model.embed)))
+        tied = model.head.proj.weight is model.embed.tokens.weight
         rows.append(("output projection" + (" (tied to the embeddings)" if tied else ""),
                      0 if tied else count(model.head)))
     else:

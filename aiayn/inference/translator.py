@@ -101,8 +101,9 @@ class Translator(ModelRunner):
 
         model = load_model(directory)
         if not model.config.is_encoder_decoder:
-            raise ValueError(f"{directory} holds an encoder-only model; translate needs an encoder-decoder "
-                             "(aiayn.load picks the right object for any directory)")
+            hint = " (continue text with aiayn generate)" if model.config.causal else ""
+            raise ValueError(f"{directory} holds a model without a decoder ({model.config.architecture}); translate "
+                             f"needs an encoder-decoder{hint} (aiayn.load picks the right object for any directory)")
         return cls(model, *load_tokenizers(directory), device=device, precision=precision)
 
     def save_pretrained(self, directory: str | Path, *, force: bool = False) -> Path:

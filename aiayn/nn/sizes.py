@@ -65,6 +65,8 @@ def _head(cfg: ModelConfig) -> int:
     if cfg.head == MASKED_LM:
         proj = cfg.vocab_size if cfg.tie_embeddings else _linear(d, cfg.vocab_size, True)  # a tied one keeps its bias
         return _linear(d, d, True) + _norm(d) + proj
+    if cfg.causal:  # the vocabulary projection, without a bias
+        return 0 if cfg.tie_embeddings else d * cfg.vocab_size
     return 0
 
 
