@@ -47,3 +47,16 @@ def test_a_causal_config_has_no_decoder_layers_or_encoder_head():
         tiny(n_decoder_layers=2)
     with pytest.raises(ValueError, match="n_decoder_layers=0 and head=none"):
         tiny(head="masked_lm")
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_parameter_arithmetic_counts_the_built_model(tied):
+    from aiayn.inspect import parameter_table
+    from aiayn.nn.sizes import parameter_count
+
+    cfg = tiny(tie_embeddings=tied, norm_first=True, positional="learned")
+    model = build_model(cfg)
+    built = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert parameter_count(cfg) == built
+    rows = dict(parameter_table(cfg))
+    assert rows["total"] == built and "two decoder-only layers" in rows
