@@ -45,3 +45,15 @@ def test_the_core_guide_examples_run(capsys):
     src, tgt = scope["src"], scope["tgt"]
     with torch.no_grad():
         torch.testing.assert_close(scope["prepared"](src, tgt), scope["model"](src, tgt), atol=1e-5, rtol=0)
+
+
+def test_the_language_model_guide_examples_run(tmp_path, monkeypatch):
+    """docs/language-models.md's Python, on a counting run trained here for a moment (its text need not count)."""
+    from aiayn.cli.main import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "objective=causal_lm", "task=counting", "task_max_number=1000", "task_train=200",
+                 "task_valid=20", "task_test=20", "epochs=1", "--run", "runs/counting"]) == 0
+    scope = run_python_blocks("docs/language-models.md")
+    assert isinstance(scope["generator"], scope["aiayn"].Generator)
+    assert isinstance(scope["completion"].text, str) and len(scope["completion"].tokens) <= 20

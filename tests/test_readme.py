@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -49,5 +50,11 @@ def test_readme_commands_run_in_order(tmp_path, monkeypatch, capsys):
     # The 3-epoch example learns (measured 84% exact match); a model that learned nothing scores 0%.
     exact = float(re.search(r"exact_match (\d+\.\d+)", outputs["eval"]).group(1))
     assert exact >= 40.0, outputs["eval"]
+    # The language model learns in 3 epochs: its validation perplexity falls, and it continues the prompt.
+    valid = [json.loads(line) for line in (tmp_path / "runs" / "counting" / "metrics.jsonl").read_text().splitlines()
+             if '"valid"' in line]
+    assert len(valid) >= 2 and valid[-1]["perplexity"] < valid[0]["perplexity"], valid
+    assert outputs["generate"].startswith("three hundred and five, three hundred and six,")
+    assert len(outputs["generate"].strip()) > len("three hundred and five, three hundred and six,")
     assert (tmp_path / "vectors.npy").is_file()
     assert any((tmp_path / "minilm-onnx").iterdir())
