@@ -3,6 +3,6 @@
 The one implementation lives in the library, where the backend's calibration times its kernels the same way.
 """
 
-from aiayn.backends.calibrate import interleaved
+from aiayn.backends.timing import interleaved
 
 __all__ = ["interleaved"]

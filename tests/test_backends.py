@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from aiayn.backends import available_devices, calibrate, resolve_device, select
+from aiayn.backends import available_devices, calibrate, resolve_device, select, timing
 from aiayn.backends.cpu import OneDnnLinear, PackedFeedForward, PackedLinear, onednn_linear, onednn_usable
 from aiayn.backends.fused import FusedQKVAttention
 from aiayn.backends.shapes import row_class, shape_kind
@@ -339,26 +339,26 @@ def test_each_layer_runs_the_kernels_measured_for_its_shape_kind(monkeypatch):
 
 def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibrate, "REPEATS", 1)
-    monkeypatch.setattr(calibrate, "_load", lambda: 64.0)  # far more runnable work than cores
+    monkeypatch.setattr(timing, "REPEATS", 1)
+    monkeypatch.setattr(timing, "load_average", lambda: 64.0)  # far more runnable work than cores
     busy = calibrate._load_or_measure(refresh=False)
     assert busy.load == 64.0
     assert calibrate._load_or_measure(refresh=False) == busy  # as busy now: kept
-    monkeypatch.setattr(calibrate, "_load", lambda: 0.5)
+    monkeypatch.setattr(timing, "load_average", lambda: 0.5)
     quiet = calibrate._load_or_measure(refresh=False)  # quieter now: measured again, and cached as quiet
     assert quiet.load == 0.5
     monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("measured again"))
-    monkeypatch.setattr(calibrate, "_load", lambda: 0.0)
+    monkeypatch.setattr(timing, "load_average", lambda: 0.0)
     assert calibrate._load_or_measure(refresh=False) == quiet
-    monkeypatch.setattr(calibrate, "usable_cores", lambda: 2)
-    assert not calibrate._measured_busy(1.0, 0.0, threads=1)  # a core was free for it: stays until --recalibrate
-    assert calibrate._measured_busy(1.99, 1.3, threads=2)  # two threads beside another job: measured again
-    assert not calibrate._measured_busy(0.3, 0.0, threads=2)
+    monkeypatch.setattr(timing, "usable_cores", lambda: 2)
+    assert not timing.measured_busy(1.0, 0.0, threads=1)  # a core was free for it: stays until --recalibrate
+    assert timing.measured_busy(1.99, 1.3, threads=2)  # two threads beside another job: measured again
+    assert not timing.measured_busy(0.3, 0.0, threads=2)
 
 
 def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibrate, "REPEATS", 2)
+    monkeypatch.setattr(timing, "REPEATS", 2)
     first = calibrate._load_or_measure(refresh=False)
     files = list(tmp_path.glob("cpu-products-*.json"))
     assert len(files) == 1 and set(first.inference) == {"one", "few", "many"}
@@ -380,7 +380,7 @@ def test_int8_weights_are_measured_when_int8_first_asks_and_then_cached(tmp_path
     from aiayn.backends import int8
 
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibrate, "REPEATS", 2)
+    monkeypatch.setattr(timing, "REPEATS", 2)
     monkeypatch.setattr(calibrate, "_chosen", {})
     assert calibrate.choices().int8_weights is None
     measured = calibrate.int8_weight_choices()
@@ -393,24 +393,24 @@ def test_int8_weights_are_measured_when_int8_first_asks_and_then_cached(tmp_path
 
 
 def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
-    assert calibrate._pick({"dense": [1.0] * 3, "packed": [0.97] * 3}, "dense") == "dense"  # within MARGIN
-    assert calibrate._pick({"dense": [1.0] * 3, "packed": [0.5] * 3, "columns": [0.7] * 3}, "dense") == "packed"
+    assert timing.pick({"dense": [1.0] * 3, "packed": [0.97] * 3}, "dense") == "dense"  # within MARGIN
+    assert timing.pick({"dense": [1.0] * 3, "packed": [0.5] * 3, "columns": [0.7] * 3}, "dense") == "packed"
     # one repeat that a candidate had the machine to itself does not decide
-    assert calibrate._pick({"dense": [1.0, 1.0, 1.0], "packed": [0.3, 1.0, 1.02]}, "dense") == "dense"
+    assert timing.pick({"dense": [1.0, 1.0, 1.0], "packed": [0.3, 1.0, 1.02]}, "dense") == "dense"
     # ratios within a repeat: load that drifts between repeats hits both alike
-    assert calibrate._pick({"dense": [1.0, 3.0, 2.0], "packed": [0.8, 2.4, 1.6]}, "dense") == "packed"
+    assert timing.pick({"dense": [1.0, 3.0, 2.0], "packed": [0.8, 2.4, 1.6]}, "dense") == "packed"
     assert row_class(1) == "one" and row_class(4) == "few" and row_class(17) == "many"
     # a median win smaller than its spread is no win: faster by the margin in only half of the repeats
     noisy = {"dense": [1.0] * 8, "packed": [0.6, 0.6, 0.6, 0.6, 1.0, 1.0, 1.1, 1.1]}
-    assert calibrate._pick(noisy, "dense") == "dense"
+    assert timing.pick(noisy, "dense") == "dense"
     noisy["packed"][4:6] = [0.7, 0.7]  # now in six of eight
-    assert calibrate._pick(noisy, "dense") == "packed"
-    assert calibrate._speedups(noisy, "packed", "dense")[1] > 1 / (1 - calibrate.MARGIN)
+    assert timing.pick(noisy, "dense") == "packed"
+    assert timing.speedups(noisy, "packed", "dense")[1] > 1 / (1 - timing.MARGIN)
 
 
 def test_choices_cached_before_the_backend_code_changed_are_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(calibrate, "REPEATS", 2)
+    monkeypatch.setattr(timing, "REPEATS", 2)
     first = calibrate._load_or_measure(refresh=False)
     assert "in 3 of 4 repeats" in first.describe() or all(
         kernel == "dense" for by_kind in first.inference.values() for kernel in by_kind.values())
@@ -427,7 +427,7 @@ def test_an_unwritable_cache_only_costs_a_measurement(tmp_path, monkeypatch):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(blocker / "aiayn"))
-    monkeypatch.setattr(calibrate, "REPEATS", 1)
+    monkeypatch.setattr(timing, "REPEATS", 1)
     inference = calibrate._load_or_measure(refresh=False).inference
     assert set(inference) == {"one", "few", "many"}
     assert all(set(by_kind) == {"wide", "square", "narrow", "vocabulary"} for by_kind in inference.values())

@@ -8,7 +8,7 @@ stacked Q/K/V, the vocabulary projection) than for one that narrows it (FFN down
 MKL's product over the transposed weight streams a widening one-row product about twice as fast as
 `F.linear`, and a narrowing one slower. So nothing is assumed: `choices()` times each candidate on
 each shape kind of a base model's layers (`shapes.SHAPE_KINDS`: d_model 512, d_ff 2048) and keeps the plain
-kernel unless another is at least `MARGIN` faster (median of per-repeat ratios).
+kernel unless another is at least `timing.MARGIN` faster (median of per-repeat ratios).
 
     kernel      computes x W^T + b with
     "dense"     F.linear over W as stored (out, in): PyTorch's default, the plain path
@@ -20,7 +20,7 @@ kind (`shapes.shape_kind`: wide, square, narrow, vocabulary); training
 products (forward and backward) are oneDNN or F.linear; fused Q/K/V (one stacked product instead of
 three) is kept only where measured faster, in each mode.
 
-A kernel replaces the plain one only where it is faster by more than `MARGIN` in at least three
+A kernel replaces the plain one only where it is faster by more than `timing.MARGIN` in at least three
 repeats of four (interleaved, so a busy moment hits every candidate alike): a win smaller than its
 own spread is no win. The result is cached in `cache_dir()` under a key of what changes it: the CPU
 model and features, the PyTorch version, the thread count and the ISA-limiting environment
@@ -40,7 +40,6 @@ import logging
 import os
 import platform
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -49,8 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.backends import cpu, int8
-from aiayn.backends.devices import usable_cores
+from aiayn.backends import cpu, int8, timing
 from aiayn.backends.fused import TorchEncoderLayer, fuse_qkv, stacked_away
 from aiayn.backends.shapes import FEW_ROWS_MAX, ROW_CLASSES, SHAPE_KINDS
 from aiayn.config import preset
@@ -59,13 +57,11 @@ from aiayn.rundir import atomic_write_text
 
 log = logging.getLogger(__name__)
 
-MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
 TRAIN_ROWS = 256
 # A decoding step at batch 1 streams every weight from memory once: one- and few-row products are timed
 # over enough copies of a shape to hold this many bytes (more than a CPU's last-level cache), not over
 # weights a repeat leaves in the cache.
 COLD_BYTES = 64 << 20
-REPEATS = 7
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
 FORMAT = 7  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
 #            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats;
@@ -101,7 +97,7 @@ class Choices:
             layers whose activations int8 cannot hold); None until int8 inference first asks
             (`int8_weight_choices`), so that float32 users do not wait for it.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
-            of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `MARGIN`).
+            of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
 
     inference: dict[str, dict[str, str]]
@@ -207,12 +203,12 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
         try:
             found = Choices(**json.loads(path.read_text(encoding="utf-8")))
             if (found.machine == description and path.stat().st_mtime >= _library_time()
-                    and not _measured_busy(found.load, _load(), int(description["threads"]))):
+                    and not timing.measured_busy(found.load, timing.load_average(), int(description["threads"]))):
                 return found
         except (OSError, ValueError, TypeError):
             pass
     with torch.inference_mode(False):
-        found = replace(measure(description), load=_load())
+        found = replace(measure(description), load=timing.load_average())
     _store(found)
     log.info("CPU products measured (%s): %s", path, found.describe())
     return found
@@ -233,78 +229,6 @@ def _library_time() -> float:
     return max(p.stat().st_mtime for p in Path(__file__).parent.glob("*.py"))
 
 
-def _load() -> float:
-    """The 1-minute load average (0 where the system does not say)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (AttributeError, OSError):
-        return 0.0
-
-
-def _busy(load: float, threads: int) -> bool:
-    """Whether a 1-minute load of `load` left fewer than `threads` cores free (half a core to spare)."""
-    return load > usable_cores() - threads + 0.5
-
-
-def _measured_busy(then: float, now: float, threads: int) -> bool:
-    """Whether choices measured with `threads` threads at load `then` should be measured again at load `now`:
-    other work held some of the cores the measurement needed (a busy measurement chose the wrong kernel for
-    training once: docs/notes.md, "Encoder and CPU kernels"), and the
-    machine is quieter now by half a core or more. Choices measured on a quiet machine stay until
-    `--recalibrate`."""
-    return _busy(then, threads) and now < then - 0.5
-
-
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
-    """Seconds of each call per repeat, the order rotating each repeat so that a busy moment on a
-    shared machine hits every contender alike; ratios are then taken within a repeat. (The benchmark
-    scripts time their contenders with it too.)"""
-    names = list(fns)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(repeats):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            start = time.perf_counter()
-            fns[name]()
-            times[name].append(time.perf_counter() - start)
-    return times
-
-
-def _timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, list[float]]:
-    """Each candidate called once untimed (first-call costs), then `interleaved`."""
-    for fn in candidates.values():
-        fn()
-    return interleaved(candidates, repeats)
-
-
-def _speedups(times: dict[str, list[float]], name: str, plain: str) -> list[float]:
-    """How many times faster than `plain` the candidate `name` ran, repeat by repeat: [median, lower quartile]."""
-    ratios = [p / t for t, p in zip(times[name], times[plain])]
-    lower = statistics.quantiles(ratios, n=4, method="inclusive")[0] if len(ratios) > 1 else ratios[0]
-    return [statistics.median(ratios), lower]
-
-
-def _pick(times: dict[str, list[float]], plain: str) -> str:
-    """The candidate with the highest median speed-up over `plain` among those faster by more than `MARGIN` in at
-    least three repeats out of four (their lower quartile); else `plain`.
-
-    Ratios taken within a repeat cancel the load that drifts between repeats; requiring the lower quartile to win,
-    not the median, keeps a choice only where it wins by more than its own spread, so that a busy moment on a
-    shared machine cannot make a slower kernel look faster.
-    """
-    winners = [name for name in times if name != plain and _speedups(times, name, plain)[1] > 1 / (1 - MARGIN)]
-    return max(winners, key=lambda name: _speedups(times, name, plain)[0]) if winners else plain
-
-
-def _record(seconds: dict[str, float], what: str, times: dict[str, list[float]], *, plain: str | None = None,
-            ratios: dict[str, list[float]] | None = None) -> None:
-    """The best time of each candidate, for the report, as "what: candidate"; with `plain` and `ratios`, also each
-    other candidate's speed-ups over `plain` (`_speedups`)."""
-    seconds.update({f"{what}: {name}": min(t) for name, t in times.items()})
-    if plain is not None and ratios is not None:
-        ratios.update({f"{what}: {name}": [round(r, 3) for r in _speedups(times, name, plain)]
-                       for name in times if name != plain})
-
-
 def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, str]], seconds: dict[str, float],
                          gen: torch.Generator) -> bool:
     """Whether Q, K and V run faster as one stacked (3 d, d) product than as three (d, d) ones at inference.
@@ -323,11 +247,11 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
             separate.append([cpu.PackedLinear(w, None, kernels=kernels["square"]) for w in qkv])
             fused.append(cpu.PackedLinear(torch.cat(qkv), None, kernels=kernels["wide"]))
         x = torch.randn(rows, square.shape[1], generator=gen)
-        timed = _timed({"separate": lambda layers=separate, x=x: [p(x) for three in layers for p in three],
+        timed = timing.timed({"separate": lambda layers=separate, x=x: [p(x) for three in layers for p in three],
                         "fused": lambda layers=fused, x=x: [p(x) for p in layers]})
-        _record(seconds, "qkv" if name == ROW_CLASSES[-1][0] else f"qkv {name}", timed)
-        faster.append(_pick(timed, "separate") == "fused")
-        slower.append(_pick(timed, "fused") == "separate")
+        timing.record(seconds, "qkv" if name == ROW_CLASSES[-1][0] else f"qkv {name}", timed)
+        faster.append(timing.pick(timed, "separate") == "fused")
+        slower.append(timing.pick(timed, "fused") == "separate")
         del separate, fused
     return any(faster) and not any(slower)
 
@@ -347,11 +271,11 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
             x = torch.randn(rows, w.shape[1], generator=gen)
             fp32 = [cpu.PackedLinear(v, b, kernels=dict.fromkeys(("one", "few", "many"), inference[name][kind]))
                     for v in copies]
-            timed = _timed({"float32": lambda layers=fp32, x=x: [f(x) for f in layers],
+            timed = timing.timed({"float32": lambda layers=fp32, x=x: [f(x) for f in layers],
                             "int8 weights": lambda qs=quantized, x=x, b=b: [int8.int8_weights_product(x, q, s, b)
                                                                              for q, s in qs]})
-            _record(seconds, f"int8 weights {name} {kind}", timed, plain="float32", ratios=ratios)
-            faster[name][kind] = _pick(timed, "float32") == "int8 weights"
+            timing.record(seconds, f"int8 weights {name} {kind}", timed, plain="float32", ratios=ratios)
+            faster[name][kind] = timing.pick(timed, "float32") == "int8 weights"
             del fp32
         del copies, quantized
     return faster
@@ -366,8 +290,8 @@ def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: boo
         return False
     written_out, fused = _written_out(layer, cpu.kernel_triples(inference), fused_qkv), TorchEncoderLayer(layer)
     x = torch.randn(2, 128, layer.self_attn.d_model, generator=torch.Generator().manual_seed(1))
-    timed = _timed({"aiayn": lambda: written_out(x), "torch": lambda: fused(x)}, LAYER_REPEATS)
-    _record(seconds, "encoder layer", timed)
+    timed = timing.timed({"aiayn": lambda: written_out(x), "torch": lambda: fused(x)}, LAYER_REPEATS)
+    timing.record(seconds, "encoder layer", timed)
     ratio = statistics.median(t / p for t, p in zip(timed["torch"], timed["aiayn"]))
     return ratio < 1 - LAYER_MARGIN
 
@@ -429,9 +353,10 @@ def measure(description: dict[str, str] | None = None) -> Choices:
                 if name == "one":
                     columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
                     layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
-                timed = _timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)]) for k, fs in layers.items()})
-                _record(seconds, f"{name} {kind}", timed, plain="dense", ratios=ratios)
-                inference[name][kind] = _pick(timed, "dense")
+                timed = timing.timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)])
+                                      for k, fs in layers.items()})
+                timing.record(seconds, f"{name} {kind}", timed, plain="dense", ratios=ratios)
+                inference[name][kind] = timing.pick(timed, "dense")
                 del layers, shaped
         fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
         torch_layers = _torch_layers_inference(inference, fused_inference, seconds)
@@ -448,19 +373,19 @@ def measure(description: dict[str, str] | None = None) -> Choices:
         candidates = {"dense": train_step(F.linear)}
         if usable:
             candidates["onednn"] = train_step(cpu.onednn_linear)
-        timed = _timed(candidates)
-        _record(seconds, "train", timed, plain="dense", ratios=ratios)
+        timed = timing.timed(candidates)
+        timing.record(seconds, "train", timed, plain="dense", ratios=ratios)
         seconds.setdefault("train: onednn", float("inf"))
-        train_onednn = _pick(timed, "dense") == "onednn"
+        train_onednn = timing.pick(timed, "dense") == "onednn"
         square = weights["square"][0]
         wq, wk, wv = (square.clone().requires_grad_() for _ in range(3))
         xq = torch.randn(TRAIN_ROWS, square.shape[1], generator=gen, requires_grad=True)
-        timed = _timed({
+        timed = timing.timed({
             "separate": lambda: torch.autograd.backward([sum(F.linear(xq, w).sum() for w in (wq, wk, wv))]),
             "fused": lambda: torch.autograd.backward([F.linear(xq, torch.cat([wq, wk, wv])).sum()]),
         })
-        _record(seconds, "qkv train", timed, plain="separate", ratios=ratios)
-        fused_train = _pick(timed, "separate") == "fused"
+        timing.record(seconds, "qkv train", timed, plain="separate", ratios=ratios)
+        fused_train = timing.pick(timed, "separate") == "fused"
     return Choices(inference=inference, train_onednn=train_onednn, fused_qkv_inference=fused_inference,
                    fused_qkv_train=fused_train, seconds=seconds, machine=description or machine(),
                    torch_layers_inference=torch_layers, ratios=ratios)

@@ -1,0 +1,91 @@
+"""How the backend times its candidates: interleaved repeats, ratios within a repeat, a win only beyond its spread.
+
+A shared machine's speed drifts between repeats (up to 2x on the VMs this runs on), so candidates run in turn,
+the order rotating each repeat, and each is compared with the plain one within the same repeat; a candidate
+replaces the plain one only where it is faster by more than `MARGIN` in at least three repeats of four (its lower
+quartile of per-repeat speed-ups), so that a busy moment cannot make a slower kernel look faster.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+from aiayn.backends.devices import usable_cores
+
+MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
+REPEATS = 7
+
+
+def load_average() -> float:
+    """The 1-minute load average (0 where the system does not say)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def busy(load: float, threads: int) -> bool:
+    """Whether a 1-minute load of `load` left fewer than `threads` cores free (half a core to spare)."""
+    return load > usable_cores() - threads + 0.5
+
+
+def measured_busy(then: float, now: float, threads: int) -> bool:
+    """Whether choices measured with `threads` threads at load `then` should be measured again at load `now`:
+    other work held some of the cores the measurement needed (a busy measurement chose the wrong kernel for
+    training once: docs/notes.md, "Encoder and CPU kernels"), and the
+    machine is quieter now by half a core or more. Choices measured on a quiet machine stay until
+    `--recalibrate`."""
+    return busy(then, threads) and now < then - 0.5
+
+
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each call per repeat, the order rotating each repeat so that a busy moment on a
+    shared machine hits every contender alike; ratios are then taken within a repeat. (The benchmark
+    scripts time their contenders with it too.)"""
+    names = list(fns)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, list[float]]:
+    """Each candidate called once untimed (first-call costs), then `interleaved`."""
+    for fn in candidates.values():
+        fn()
+    return interleaved(candidates, repeats)
+
+
+def speedups(times: dict[str, list[float]], name: str, plain: str) -> list[float]:
+    """How many times faster than `plain` the candidate `name` ran, repeat by repeat: [median, lower quartile]."""
+    ratios = [p / t for t, p in zip(times[name], times[plain])]
+    lower = statistics.quantiles(ratios, n=4, method="inclusive")[0] if len(ratios) > 1 else ratios[0]
+    return [statistics.median(ratios), lower]
+
+
+def pick(times: dict[str, list[float]], plain: str) -> str:
+    """The candidate with the highest median speed-up over `plain` among those faster by more than `MARGIN` in at
+    least three repeats out of four (their lower quartile); else `plain`.
+
+    Ratios taken within a repeat cancel the load that drifts between repeats; requiring the lower quartile to win,
+    not the median, keeps a choice only where it wins by more than its own spread, so that a busy moment on a
+    shared machine cannot make a slower kernel look faster.
+    """
+    winners = [name for name in times if name != plain and speedups(times, name, plain)[1] > 1 / (1 - MARGIN)]
+    return max(winners, key=lambda name: speedups(times, name, plain)[0]) if winners else plain
+
+
+def record(seconds: dict[str, float], what: str, times: dict[str, list[float]], *, plain: str | None = None,
+            ratios: dict[str, list[float]] | None = None) -> None:
+    """The best time of each candidate, for the report, as "what: candidate"; with `plain` and `ratios`, also each
+    other candidate's speed-ups over `plain` (`speedups`)."""
+    seconds.update({f"{what}: {name}": min(t) for name, t in times.items()})
+    if plain is not None and ratios is not None:
+        ratios.update({f"{what}: {name}": [round(r, 3) for r in speedups(times, name, plain)]
+                       for name in times if name != plain})
