@@ -5,7 +5,10 @@ a traceback; what is answered follows the prompt exactly, and a request's answer
 batched with it. Tiny models only.
 """
 
+import io
 import os
+import re
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -108,6 +111,11 @@ def test_ended_says_whether_the_model_ended_the_text(generator):
     assert completion.ended == (len(expected) < MAX_LEN - length)
 
 
+def test_extra_len_0_still_gives_a_token(generator):
+    completion = generator.generate("one", GenerationConfig(extra_len=0))[0]
+    assert len(completion.tokens) == 1 or completion.ended
+
+
 @pytest.mark.parametrize("precision", ["int8", "bf16"])
 def test_other_precisions_generate_on_this_cpu(dirs, precision):
     generator = aiayn.Generator.from_pretrained(dirs / "lm", precision=precision)
@@ -137,17 +145,12 @@ def test_cli_refusals_are_one_line_with_exit_code_2(dirs, capsys, argv, message)
     (dirs / "empty").mkdir(exist_ok=True)
     before = {p: p.read_bytes() for p in dirs.rglob("*") if p.is_file()}
     code, out, err = run_cli(capsys, *[a.format(lm=dirs / "lm", tr=dirs / "tr", empty=dirs / "empty") for a in argv])
-    import re
-
     assert code == 2 and re.search(message, err), err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert {p: p.read_bytes() for p in dirs.rglob("*") if p.is_file()} == before
 
 
 def test_stdin_with_blank_lines_gives_one_line_per_prompt(dirs, generator, capsys, monkeypatch):
-    import io
-    import sys
-
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"one\n\n\ntwo\r\n")))
     code, out, err = run_cli(capsys, "generate", "--run", str(dirs / "lm"), "--max-new-tokens", "3", "--only-new")
     expected = generator.generate(["one", "", "", "two"], max_new_tokens=3)

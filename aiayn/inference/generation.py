@@ -142,9 +142,9 @@ def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: 
 
 
 def new_token_limit(config: GenerationConfig, max_len: int, prompt_length: int) -> int:
-    """Most new tokens `continue_prompts` gives a prompt of `prompt_length` ids: `max_new_tokens` (None: `extra_len`),
-    never past the model's `max_len` positions."""
-    return min(config.max_new_tokens or config.extra_len, max_len - prompt_length)
+    """Most new tokens `continue_prompts` gives a prompt of `prompt_length` ids: `max_new_tokens` (None: `extra_len`,
+    at least 1), never past the model's `max_len` positions."""
+    return min(max(config.max_new_tokens or config.extra_len, 1), max_len - prompt_length)
 
 
 def _report_rest(on_finished: Finished | None, batch: int, reported: set[int], tokens: list[list[int]],
