@@ -23,6 +23,7 @@ from aiayn.inference.generation import GenerationConfig, continue_prompts
 from aiayn.io import save_model
 from aiayn.nn import build_model
 from aiayn.serve import create_app
+from aiayn.serve.models import batched_call
 from aiayn.serve.workers import WorkerPool
 from aiayn.tokenization import train_tokenizer
 from tests.serving import serving
@@ -127,7 +128,7 @@ def test_other_precisions_generate_on_this_cpu(dirs, precision):
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--run", "{tr}", "hello"], r"tr holds a translation model \(encoder-decoder\): use aiayn translate"),
-    (["translate", "--run", "{lm}", "hello"], r"lm holds a decoder-only language model: use aiayn generate"),
+    (["translate", "--run", "{lm}", "hello"], r"lm holds a model without a decoder.*continue text with aiayn generate"),
     (["embed", "--model", "{lm}", "hello"], r"lm holds a decoder-only language model .*embedding needs an encoder"),
     (["similarity", "--model", "{lm}", "a", "b"], r"lm holds a decoder-only language model"),
     (["trace", "--run", "{lm}", "hello"], r"this is a decoder-only language model: continue text with it"),
@@ -247,7 +248,7 @@ def test_concurrent_requests_each_get_what_the_generator_gives_alone(url, genera
 
 
 def test_a_worker_pool_serves_a_generator(dirs, generator):
-    pool = WorkerPool({"lm": str(dirs / "lm")}, 2)
+    pool = WorkerPool({"lm": str(dirs / "lm")}, 2, batched_call=batched_call)
     pool.start()
     with serving(create_app({"lm": generator}, passes=2, pool=pool)) as base:
         bodies = [{"prompt": ["one two", "seven"], "max_tokens": 4, "temperature": 0},
