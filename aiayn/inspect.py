@@ -174,6 +174,9 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
         # (its stacked or fused products never call the projections and activations whose outputs a trace shows)
         raise ValueError("trace shows the model as written, and this is a backend's prepared copy: pass the model "
                          "itself (the one given to Backend.prepare)")
+    if getattr(model.config, "causal", False):
+        raise ValueError("trace shows encoder-decoder and encoder-only models, and this is a decoder-only language "
+                         "model: continue text with it (aiayn generate) instead")
     model.eval()
     tokens = tokenizer.pieces(text)
     ids = torch.tensor([tokenizer.encode(text)], dtype=torch.long)

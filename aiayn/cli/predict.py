@@ -61,7 +61,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
     cls = task_class(args.run)
     if cls not in (Classifier, Tagger):
-        hint = "aiayn translate" if cls.__name__ == "Translator" else "aiayn embed --model"
+        hint = {"Translator": "aiayn translate --run", "Generator": "aiayn generate --run"}.get(
+            cls.__name__, "aiayn embed --model")
         raise ValueError(f"{args.run} holds a model for a {cls.__name__}, not a classification or tagging run; "
                          f"use {hint} {args.run}")
     model = cls.from_pretrained(args.run, device=args.device)

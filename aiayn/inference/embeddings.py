@@ -224,8 +224,10 @@ class Embedder(ModelRunner):
             from aiayn.io import load_model
 
             model, tokenizer = load_model(directory), Tokenizer.load(directory)
-            if model.config.is_encoder_decoder:
-                raise ValueError(f"{directory} holds an encoder-decoder model; embedding needs an encoder-only one")
+            if model.config.is_encoder_decoder or model.config.causal:
+                what = "a decoder-only language model (aiayn generate continues text with it)" \
+                    if model.config.causal else "an encoder-decoder model"
+                raise ValueError(f"{directory} holds {what}; embedding needs an encoder-only one")
         settings = SentenceSettings.read(directory, model_max_len=model.config.max_len)
         return cls(model, tokenizer, pooling=pooling or settings.pooling,
                    normalize=settings.normalize if normalize is None else normalize,

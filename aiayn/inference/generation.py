@@ -20,7 +20,7 @@ from aiayn.inference.steps import start as start_decoding
 from aiayn.nn.model import DecoderOnlyModel, EncoderDecoderModel
 from aiayn.nn.sizes import check_memory, forward_bytes
 
-__all__ = ["GenerationConfig", "GenerationOutput", "continue_prompts", "generate"]
+__all__ = ["GenerationConfig", "GenerationOutput", "continue_prompts", "generate", "new_token_limit"]
 
 
 @dataclass
@@ -124,11 +124,14 @@ def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: 
     cfg = model.config
     if not 0 <= eos_id < cfg.vocab_size:
         raise ValueError(f"eos_id {eos_id} is outside the vocabulary (size {cfg.vocab_size})")
-    room = cfg.max_len - prompts.shape[1]
-    if room < 1:
+    if prompts.shape[1] >= cfg.max_len:
         raise ValueError(f"a prompt of {prompts.shape[1]} tokens leaves no room in the model's max_len "
                          f"({cfg.max_len}) positions; shorten it to at most {cfg.max_len - 1} tokens")
-    limit = min(config.max_new_tokens or config.extra_len, room)
+    if (prompts < 0).any() or (prompts >= cfg.vocab_size).any():
+        raise ValueError(f"prompt ids must be in the vocabulary (0 to {cfg.vocab_size - 1}), got "
+                         f"{int(prompts.min())} to {int(prompts.max())}")
+    limit = new_token_limit(config, cfg.max_len, prompts.shape[1])
+    _check_search_size(model, prompts.shape[0], prompts.shape[1], limit, config)
     limits = torch.full((prompts.shape[0],), limit, dtype=torch.long)
 
     def begin(steps: int, beams: int, record: bool) -> DecodingState:
@@ -136,6 +139,12 @@ def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: 
 
     tokens, scores, _ = search(model, begin, prompts, limits, eos_id, config)
     return GenerationOutput(tokens, scores, None)
+
+
+def new_token_limit(config: GenerationConfig, max_len: int, prompt_length: int) -> int:
+    """Most new tokens `continue_prompts` gives a prompt of `prompt_length` ids: `max_new_tokens` (None: `extra_len`,
+    at least 1), never past the model's `max_len` positions."""
+    return min(max(config.max_new_tokens or config.extra_len, 1), max_len - prompt_length)
 
 
 def _report_rest(on_finished: Finished | None, batch: int, reported: set[int], tokens: list[list[int]],
@@ -147,9 +156,10 @@ def _report_rest(on_finished: Finished | None, batch: int, reported: set[int], t
                 on_finished(i, tokens[i], float(scores[i]))
 
 
-def _check_search_size(model: EncoderDecoderModel, batch: int, src_len: int, steps: int,
+def _check_search_size(model: EncoderDecoderModel | DecoderOnlyModel, batch: int, src_len: int, steps: int,
                        config: GenerationConfig) -> None:
-    """Refuse a beam wider than the vocabulary, and a search whose cache would not fit in memory (CPU)."""
+    """Refuse a beam wider than the vocabulary, and a search whose cache would not fit in memory (CPU). For a
+    decoder-only model `src_len` is the prompt's length."""
     cfg = model.config
     vocab = cfg.target_vocab_size
     if config.beam_size > vocab:
@@ -157,13 +167,17 @@ def _check_search_size(model: EncoderDecoderModel, batch: int, src_len: int, ste
                          f"beams could not differ: choose a beam of at most {vocab} (the paper's is 4)")
     param = next(iter(model.parameters()), None)
     if param is not None and param.device.type == "cpu":
-        # each hypothesis: self-attention keys and values over the steps, cross-attention ones over the source,
-        # and a few rows of vocabulary scores
-        per = 4 * (2 * cfg.n_decoder_layers * (steps + src_len) * cfg.d_model + 4 * vocab)
-        what = f"decoding {batch} sentence{'s' if batch != 1 else ''} with beam {config.beam_size}"
-        # and first the encoder's pass over the batch: activations and (S x S) attention scores
-        check_memory(batch * config.beam_size * per + forward_bytes(cfg, batch, src_len), what,
-                     "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --max-sentences)")
+        # each hypothesis: self-attention keys and values over the steps, cross-attention ones over the source
+        # (a decoder-only model: its own keys and values over the prompt), and a few rows of vocabulary scores
+        layers = cfg.n_encoder_layers if cfg.causal else cfg.n_decoder_layers
+        per = 4 * (2 * layers * (steps + src_len) * cfg.d_model + 4 * vocab)
+        what = f"decoding {batch} {'prompt' if cfg.causal else 'sentence'}{'s' if batch != 1 else ''} with beam " \
+               f"{config.beam_size}"
+        # and first the pass over the sources (the prompts, for each beam): activations and (S x S) attention scores
+        first = forward_bytes(cfg, batch * (config.beam_size if cfg.causal else 1), src_len)
+        fix = ("choose a smaller --beam, or fewer prompts at once" if cfg.causal else
+               "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --max-sentences)")
+        check_memory(batch * config.beam_size * per + first, what, fix)
 
 
 def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, eos_id: int) -> None:

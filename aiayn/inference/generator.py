@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aiayn.inference.generation import GenerationConfig, continue_prompts
+from aiayn.inference.generation import GenerationConfig, continue_prompts, new_token_limit
 from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list
 from aiayn.inference.translator import search_settings
 from aiayn.tokenization import Tokenizer
@@ -27,11 +27,13 @@ DEFAULT_SEARCH = GenerationConfig()
 
 @dataclass
 class Completion:
-    """One continuation: its text (what follows the prompt), its ids (no `</s>`) and its score (sum of log p)."""
+    """One continuation: its text (what follows the prompt), its ids (no `</s>`), its score (sum of log p), and
+    whether the model ended it with `</s>` (False: it reached max_new_tokens or the model's max_len positions)."""
 
     text: str
     tokens: list[int]
     score: float
+    ended: bool = False
 
 
 class Generator(ModelRunner):
@@ -58,7 +60,13 @@ class Generator(ModelRunner):
         """The generator of a run or model directory (config.json, model.safetensors, tokenizer)."""
         from aiayn.io import load_model, load_tokenizers
 
-        return cls(load_model(directory), load_tokenizers(directory)[0], device=device, precision=precision)
+        model = load_model(directory)
+        if not model.config.causal:
+            what = "a translation model (encoder-decoder): use aiayn translate" if model.config.is_encoder_decoder \
+                else "an encoder-only model: use aiayn embed or aiayn predict"
+            raise ValueError(f"{directory} holds {what}; generate needs a decoder-only language model "
+                             "(objective=causal_lm)")
+        return cls(model, load_tokenizers(directory)[0], device=device, precision=precision)
 
     def generate(self, prompts: str | Sequence[str], config: GenerationConfig | None = None, *,
                  max_new_tokens: int | None = None, do_sample: bool | None = None, temperature: float | None = None,
@@ -74,16 +82,21 @@ class Generator(ModelRunner):
                                  repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                                  seed=seed)
         rows = self.tokenizer.encode_batch(texts, add_bos=True)
+        max_len = self.model.config.max_len
         by_length: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
+            if len(row) >= max_len:  # before any work, naming the prompt
+                raise ValueError(f"prompt {i + 1} has {len(row)} tokens with <s>, and the model reads at most "
+                                 f"{max_len} positions with its continuation: shorten it")
             by_length.setdefault(len(row), []).append(i)
         model = self.prepared_model()
         out: list[Completion | None] = [None] * len(texts)
         for indices in by_length.values():
             ids = torch.tensor([rows[i] for i in indices], device=self.device)  # (B, P): one length, no padding
             result = continue_prompts(model, ids, eos_id=self.tokenizer.eos_id, config=config)
+            limit = new_token_limit(config, max_len, ids.shape[1])
             for i, tokens, score in zip(indices, result.tokens, result.scores.tolist()):
-                out[i] = Completion(self._continuation(rows[i], tokens), tokens, score)
+                out[i] = Completion(self._continuation(rows[i], tokens), tokens, score, len(tokens) < limit)
         return out  # type: ignore[return-value]
 
     def _continuation(self, prompt: list[int], new: list[int]) -> str:

@@ -182,7 +182,10 @@ def _constrain(scores: torch.Tensor, history: torch.Tensor | None, step: int, eo
 
 def _warp(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
     """Temperature, then top-k, then top-p (nucleus) filtering, as Hugging Face orders them; (N, V) -> (N, V)."""
-    logits = logits / config.temperature
+    # The best logit moved to 0 and the temperature kept above 0 in the logits' float type, so that a tiny one
+    # (1e-300 is 0 in float32) sends the others to -inf and never makes a probability NaN; softmax ignores the shift.
+    temperature = max(config.temperature, torch.finfo(logits.dtype).tiny)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     if config.top_k and config.top_k < logits.shape[-1]:
         kth = logits.topk(config.top_k, dim=-1).values[:, -1:]  # (N, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))

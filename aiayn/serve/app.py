@@ -264,7 +264,7 @@ def openai_routes(server: Server) -> APIRouter:
         choices = []
         for i, (prompt, result) in enumerate(zip(prompts, results)):
             text, stopped = cut_at_stop(result.text, stops)
-            finish = "stop" if stopped or len(result.tokens) < dict(settings)["max_new_tokens"] else "length"
+            finish = "stop" if stopped or result.ended else "length"
             choices.append({"text": prompt + text if echo else text, "index": i, "logprobs": None,
                             "finish_reason": finish})
         new_tokens = sum(len(r.tokens) for r in results)
@@ -295,6 +295,12 @@ def openai_routes(server: Server) -> APIRouter:
     return router
 
 
+# OpenAI completion fields this server does not implement, with the values that mean "off"
+UNSUPPORTED_COMPLETION_FIELDS = {"stream": (None, False), "logprobs": (None,), "best_of": (None, 1), "suffix": (None,),
+                                 "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0),
+                                 "frequency_penalty": (None, 0, 0.0)}
+
+
 def completion_settings(fields: dict) -> tuple[tuple, list[str], bool]:
     """(the `Generator.generate` settings as sorted pairs, the stop strings, echo) of an OpenAI completions request:
     `max_tokens` (16), `temperature` (1; 0 takes the most likely token), `top_p` (1), `seed`, `stop`, `echo`."""
@@ -311,13 +317,17 @@ def completion_settings(fields: dict) -> tuple[tuple, list[str], bool]:
         max_tokens = 16
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise ApiError(422, f"the field 'max_tokens' must be a positive integer, got {max_tokens!r}")
-    if fields.get("n", 1) not in (1, None):
+    n = fields.get("n", 1)
+    if n is not None and (type(n) is not int or n != 1):
         raise ApiError(422, "the field 'n' must be 1: this server returns one completion a prompt")
+    for name, off in UNSUPPORTED_COMPLETION_FIELDS.items():
+        if fields.get(name) not in off:
+            raise ApiError(422, f"the field {name!r} is not supported by this server: leave it out")
     seed = fields.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ApiError(422, f"the field 'seed' must be a non-negative integer, got {seed!r}")
-    stop = fields.get("stop") or []
-    stops = [stop] if isinstance(stop, str) else stop
+    stop = fields.get("stop")
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
         raise ApiError(422, "the field 'stop' must be a string or a list of at most 4 non-empty strings")
     echo = fields.get("echo", False)

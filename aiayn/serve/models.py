@@ -54,6 +54,11 @@ class Served(abc.ABC):
         """`obj`'s batched call on `texts`: one result per text, in order (here or in a worker process); where
         `streams`, also `on_result(i, result)` for each text as soon as its result is known."""
 
+    @staticmethod
+    def queued(text: str) -> Any:
+        """What `call` takes for `text` with the default settings (a worker warms up on one)."""
+        return text
+
     @property
     def options(self) -> dict:
         """The keyword arguments `call` gets from this server."""
@@ -189,13 +194,21 @@ class ServedGenerator(Served):
         return total
 
     @staticmethod
+    def queued(text: str) -> tuple[str, tuple]:
+        """`text` as a prompt to continue greedily by 16 tokens (`max_tokens`' default)."""
+        return text, (("max_new_tokens", 16),)
+
+    @staticmethod
     def call(obj: Generator, items: list[tuple[str, tuple]]) -> list[Completion]:
-        """`obj.generate` on each group of prompts that share their settings; the results in the items' order."""
+        """`obj.generate` on each group of prompts that share their settings; the results in the items' order.
+        Seeded sampling runs each prompt alone: its draws would otherwise depend on the prompts batched with it."""
         groups: dict[tuple, list[int]] = {}
         for i, (_, settings) in enumerate(items):
-            groups.setdefault(settings, []).append(i)
+            options = dict(settings)
+            alone = (i,) if options.get("do_sample") and options.get("seed") is not None else ()
+            groups.setdefault((settings, *alone), []).append(i)
         out: list[Completion | None] = [None] * len(items)
-        for settings, indices in groups.items():
+        for (settings, *_), indices in groups.items():
             for i, completion in zip(indices, obj.generate([items[i][0] for i in indices], **dict(settings))):
                 out[i] = completion
         return out  # type: ignore[return-value]
@@ -205,9 +218,11 @@ SERVED: dict[type, type[Served]] = {Translator: ServedTranslator, Generator: Ser
                                     Classifier: ServedLabeller, Tagger: ServedLabeller}
 
 
-def batched_call(obj: Any, texts: list[str], **options) -> list:
-    """`obj`'s batched call (`Served.call` of its kind in `SERVED`): what a `WorkerPool`'s processes run."""
-    return SERVED[type(obj)].call(obj, texts, **options)
+def batched_call(obj: Any, texts: list, **options) -> list:
+    """`obj`'s batched call (`Served.call` of its kind in `SERVED`): what a `WorkerPool`'s processes run. A plain
+    text where the call takes (text, settings) gets the default settings (`Served.queued`; a worker's warm-up)."""
+    served = SERVED[type(obj)]
+    return served.call(obj, [served.queued(t) if isinstance(t, str) else t for t in texts], **options)
 
 
 def pick(models: Sequence[Served], kind: str, name: str | None) -> Served:
@@ -218,6 +233,10 @@ def pick(models: Sequence[Served], kind: str, name: str | None) -> Served:
     named = [m for m in of_kind if m.name == name]
     if named:
         return named[0]
+    other = [m for m in models if m.name == name]
+    if other:  # the client meant that model, which does not do this
+        raise ApiError(404, f"the model {name!r} is a {other[0].kind} model, not a {kind} one; this server's {kind} "
+                            f"model{'s are' if len(of_kind) > 1 else ' is'} {', '.join(m.name for m in of_kind)}")
     if len(of_kind) == 1:
         return of_kind[0]
     raise ApiError(404, f"no {kind} model called {name!r}; this server has {', '.join(m.name for m in of_kind)}")
