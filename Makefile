@@ -37,9 +37,9 @@ lint: $(VENV)/.dev
 # AVX2, int8 on its reduced range), so that an AVX-512 machine checks that path too; on an AVX2-only
 # CPU this is the native run once more. `make test-avx2` runs only this part.
 AVX2_ENV   := ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 AIAYN_INT8_RANGE=reduced
-AVX2_TESTS := tests/test_backends.py tests/test_backends_int8.py tests/test_inference_embeddings.py tests/test_verify.py \
-              tests/test_inference_host_reads.py tests/test_backends_torch_layers.py tests/test_backends_absorbed.py \
-              tests/test_inference_steps.py
+AVX2_TESTS := tests/backends/test_backend.py tests/backends/test_int8.py tests/inference/test_embeddings.py tests/test_verify.py \
+              tests/inference/test_host_reads.py tests/backends/test_fused.py tests/backends/test_absorbed.py \
+              tests/inference/test_steps.py
 
 test: $(VENV)/.dev lint
 	$(VENV)/bin/pytest

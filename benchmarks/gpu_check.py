@@ -17,7 +17,7 @@ import time
 
 STEPS = (
     ("CUDA tests", ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py",
-                    "tests/test_inference_host_reads.py"]),
+                    "tests/inference/test_host_reads.py"]),
     ("verify --device cuda", ["-m", "aiayn", "verify", "--device", "cuda"]),
     ("bench train (cuda, small, bf16 default)", ["-m", "aiayn", "bench", "train", "--device", "cuda", "--steps", "20"]),
     ("bench generate (cuda, base, quick)", ["-m", "aiayn", "bench", "generate", "--device", "cuda", "--quick",

@@ -4,7 +4,7 @@ One table a benchmark, one row a record (benchmarks/record.py writes them), each
 (CPU model, family/model, the ISA flags that matter), threads and load, the figures, versions and commit.
 The README and the guides hold rendered tables between `<!-- bench-table: NAME -->` and
 `<!-- /bench-table -->`; `--update FILE` rewrites those blocks from the records, and
-`tests/test_bench_records.py` checks that each committed block equals its rendering.
+`tests/benchmarks/test_record.py` checks that each committed block equals its rendering.
 """
 
 from __future__ import annotations

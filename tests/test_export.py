@@ -9,7 +9,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch
-from conftest import SAMPLE_LINES
 
 import aiayn
 from aiayn.cli.main import main
@@ -18,6 +17,7 @@ from aiayn.export import CHECK_TEXTS, check_hf_translator, export
 from aiayn.io import save_model
 from aiayn.nn.model import build_model
 from aiayn.tokenization import train_tokenizer
+from tests.conftest import SAMPLE_LINES
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -66,7 +66,7 @@ def test_ctranslate2_export_from_the_command_line(translation_run, tmp_path, cap
                           str(tmp_path / "ct2"))
     assert code == 0 and f"ctranslate2.Translator, greedy, tokens: {len(CHECK_TEXTS)}/{len(CHECK_TEXTS)}" in stdout
     with pytest.raises(ValueError, match="an aiayn export for another runtime \\(ctranslate2\\)"):
-        aiayn.load(tmp_path / "ct2")  # int8 and separate vocabularies: tests/test_interop_ctranslate2.py
+        aiayn.load(tmp_path / "ct2")  # int8 and separate vocabularies: tests/interop/test_ctranslate2.py
 
 
 def test_sentence_transformer_export_equals_aiayn_embed(tmp_path, capsys):
@@ -115,7 +115,7 @@ def test_exports_that_do_not_fit_are_refused_before_writing(translation_run, tmp
 @pytest.fixture(scope="module")
 def pre_ln_run(tmp_path_factory):
     """A tiny pre-LN translation run (`norm_first`, as the real-text recipe trains)."""
-    from conftest import TINY_RUN
+    from tests.conftest import TINY_RUN
 
     run_dir = tmp_path_factory.mktemp("pre_ln") / "run"
     assert main(["train", *TINY_RUN, "model.norm_first=true", "--run", str(run_dir), "--no-progress"]) == 0

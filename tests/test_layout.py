@@ -178,17 +178,22 @@ def measure():
     assert imported_modules(ast.parse(source), modules) == modules - {"aiayn.nn"}
 
 
-# Test files of no single part: the whole product as a user meets it, or the project's own checks.
-CROSS_CUTTING = {"hardening", "docs", "readme", "layout", "cuda", "bench", "seed004"}
+# Test folders and files of no single part: the whole product as a user meets it, or the project's own checks.
+CROSS_CUTTING = {"hardening", "docs", "benchmarks", "layout", "cuda", "seed004"}
 
 
-def test_each_test_file_is_named_after_the_part_it_tests():
-    """tests/test_<part>[_<what>].py, <part> a part of the package (`nn`, `training`, `cli`, ...), so the test of
-    what a change touches is found by its name."""
-    parts = {path.stem for path in PACKAGE.glob("*.py")} | {path.name for path in PACKAGE.iterdir() if path.is_dir()}
-    stray = [path.name for path in (PACKAGE.parent / "tests").glob("test_*.py")
-             if path.stem.split("_")[1] not in parts | CROSS_CUTTING]
-    assert not stray, f"name these after the part they test (tests/test_<part>_...py): {stray}"
+def test_the_tests_mirror_the_package():
+    """tests/<package>/test_<file>.py for a part that is a package (`nn`, `training`, `cli`, ...),
+    tests/test_<module>.py for a top-level module (`config`, `export`, ...), so the test of what a change touches is
+    found by its path."""
+    tests = PACKAGE.parent / "tests"
+    packages = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").is_file()}
+    modules = {path.stem for path in PACKAGE.glob("*.py")}
+    stray = [str(path.relative_to(tests)) for path in tests.glob("test_*.py")
+             if path.stem.removeprefix("test_") not in modules | CROSS_CUTTING]
+    stray += [folder.name for folder in tests.iterdir()
+              if folder.is_dir() and folder.name != "__pycache__" and folder.name not in packages | CROSS_CUTTING]
+    assert not stray, f"move these to tests/<package>/test_<file>.py or tests/test_<module>.py: {stray}"
 
 
 def test_every_command_module_is_registered():

@@ -6,7 +6,7 @@ the first generated one (`<s>` for a translation, the prompt for a language mode
 count as what was generated so far for the repetition guards. Beam search follows Hugging Face `generate()` (score =
 sum of log-probabilities / length ** length_penalty, the length counting `</s>`; the 2 x beam best candidates each
 step; finished hypotheses only from the top `beam` candidates), so the same weights give the same sequences there
-(tests/test_interop_marian.py).
+(tests/interop/test_marian.py).
 
 Guards against runaway output: a length limit per row (`limits`), and Hugging Face's `repetition_penalty` and
 `no_repeat_ngram_size`, applied as `generate()` applies them (to the logits for greedy decoding and sampling, to the

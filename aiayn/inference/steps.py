@@ -16,7 +16,7 @@ An encoder-decoder's states (`start`), two implementations:
   (`backends.absorbed`).
 - `ModuleState`: the modules' own `decode`, for what the flat step does not do: recording attention weights
   (`return_attention`), and models whose modules a hook watches (profilers, `aiayn inspect`).
-Both compute the same arithmetic; `tests/test_inference_steps.py` holds them equal to each other and to
+Both compute the same arithmetic; `tests/inference/test_steps.py` holds them equal to each other and to
 recomputing the whole prefix at every step. A decoder-only model's state (`start_causal`) runs the prompt once and
 then its layers on their key/value caches, one token a step.
 """

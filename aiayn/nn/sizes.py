@@ -3,7 +3,7 @@
 `build_model` and the loaders ask here before they allocate anything, so a config that asks for a million layers,
 a position table of 10^9 rows or a vocabulary of 10^12 types is refused at once, naming the sizes, instead of
 after minutes of building on the meta device. `parameter_count` matches `sum(p.numel())` of the built model
-exactly (tests/test_hardening_sizes.py holds it for the presets); the byte figures are estimates that round up.
+exactly (tests/hardening/test_sizes.py holds it for the presets); the byte figures are estimates that round up.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from aiayn.tasks.names import MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFI
 
 FLOAT_BYTES = 4  # parameters, buffers and activations are fp32 when built
 # Python's own memory for a layer's modules (about 15 nn.Modules, their dicts and tensor objects), whatever the
-# widths, rounded up from what a layer of each kind takes (tests/test_hardening_sizes.py measures it).
+# widths, rounded up from what a layer of each kind takes (tests/hardening/test_sizes.py measures it).
 ENCODER_LAYER_OVERHEAD = 64 * 1024
 DECODER_LAYER_OVERHEAD = 96 * 1024
 # Building a sinusoidal table works on one block of rows at a time beside the finished fp32 table
 # (`sinusoidal_table`): float64 angles, sines, cosines and their interleaved stack, 2.5 float64 a value of the block,
-# and the allocator's copies of them; 16 float64 a value bounds what was measured (tests/test_hardening_sizes.py).
+# and the allocator's copies of them; 16 float64 a value bounds what was measured (tests/hardening/test_sizes.py).
 TABLE_BUILD_BYTES = 16 * 8 * TABLE_BLOCK_VALUES
 
 

@@ -1,0 +1,1 @@
+"""aiayn's tests, mirroring the package."""

@@ -1,0 +1,86 @@
+"""Benchmark records (`aiayn bench NAME --record`) and the tables the README and docs render from them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from aiayn.cli.bench import load_benchmark, split_record
+from aiayn.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+KEYS = {"bench", "command", "date", "commit", "cpu", "cores", "threads", "load_before", "load_after", "versions",
+        "figures", "output", "note"}
+
+
+def test_every_rendered_table_equals_its_rendering_from_the_committed_records():
+    report = load_benchmark("report")
+    records = report.load()
+    blocks = 0
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        blocks += len(report.BLOCK.findall(text))
+        assert report.update(text, records) == text, (
+            f"{path.name}: a bench-table differs from the records; run `aiayn bench report --update {path.name}`")
+    assert blocks >= 2  # the README's Speed table and the encoder guide's
+
+
+def test_the_committed_records_carry_their_date_machine_threads_and_versions():
+    paths = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    assert paths
+    for path in paths:
+        record = json.loads(path.read_text())
+        assert KEYS <= set(record), path.name
+        assert record["cpu"]["model"] and set(record["cpu"]["isa"]) >= {"avx2", "avx512f", "amx_bf16"}, path.name
+        assert record["threads"] >= 1 and "torch" in record["versions"] and record["figures"], path.name
+        for fig in record["figures"]:  # every figure also in the printed text the record keeps
+            assert fig["name"].split(" / ")[0].split(",")[0] in record["output"], (path.name, fig["name"])
+
+
+def test_record_writes_what_the_run_printed_and_the_report_shows_it(tmp_path, capsys):
+    code = main(["bench", "encoder", "--preset", "tiny", "--batch", "2", "--length", "8", "--repeats", "1",
+                 "--warmup", "0", "--matmul-size", "64", "--threads", "1", "--record", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    (path,) = tmp_path.glob("*-encoder.json")
+    record = json.loads(path.read_text())
+    assert record["command"] == ("aiayn bench encoder --preset tiny --batch 2 --length 8 --repeats 1 --warmup 0 "
+                                 "--matmul-size 64 --threads 1")
+    assert record["threads"] == 1 and record["output"] in out and f"record: {path}" in out
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", record["date"])
+    ratio = next(f for f in record["figures"] if f["name"] == "aiayn Encoder / fast path")
+    assert ratio["unit"] == "x" and f"{ratio['value']:.3f}x the torch fast path" in record["output"]
+    assert main(["bench", "report", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert f"{ratio['value']:.3f}x" in table and "`--preset tiny --batch 2" in table and record["cpu"]["model"] in table
+
+
+def test_record_may_come_before_or_after_the_name_and_takes_an_optional_directory():
+    assert split_record(["--threads", "1"]) == (["--threads", "1"], None)
+    assert split_record(["--record", "--threads", "1"]) == (["--threads", "1"], "")
+    assert split_record(["--threads", "1", "--record", "out"]) == (["--threads", "1"], "out")
+
+
+def test_the_decoding_plot_draws_every_decoding_record_and_the_guide_shows_it(tmp_path):
+    report = load_benchmark("report")
+    records = report.load()
+    decoding = [r for r in records if r["bench"] == "generate" and any(f["name"].endswith("vs CT2")
+                                                                         for f in r["figures"])]
+    assert decoding, "no decoding record with ratios against CTranslate2"
+    path = report.plot_decoding(records, tmp_path / "decode.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    guide = (ROOT / "docs" / "generation.md").read_text(encoding="utf-8")
+    assert "](images/decode-speed.png)" in guide and (ROOT / "docs" / "images" / "decode-speed.png").is_file()
+
+
+def test_the_learning_curve_plot_draws_the_translation_records_and_the_training_guide_shows_it(tmp_path):
+    report = load_benchmark("report")
+    records = report.load()
+    curves = [r for r in records if r["bench"] == "translate" and any("minutes" in f for f in r["figures"])]
+    assert curves, "no translation record with a learning curve"
+    path = report.plot_learning(records, tmp_path / "curve.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    guide = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
+    assert "](images/learning-curve.png)" in guide and (ROOT / "docs" / "images" / "learning-curve.png").is_file()

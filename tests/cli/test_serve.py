@@ -1,0 +1,90 @@
+"""`aiayn serve` as a command: its help, its one-line errors, and SIGTERM draining the requests in flight."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aiayn.backends import usable_cores
+from aiayn.cli.main import main
+from tests.serving import metric, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_help_names_every_route(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--help"])
+    assert stop.value.code == 0
+    text = capsys.readouterr().out
+    for word in ("/translate", "/languages", "/v1/embeddings", "/embed", "/predict", "/metrics", "--run", "--model",
+                 "--host", "--port", "SIGTERM", "cores"):
+        assert word in text
+
+
+def test_nothing_to_serve_and_clashing_names_are_one_line_errors(capsys, translation_run):
+    assert main(["serve"]) == 2
+    assert capsys.readouterr().err.strip() == ("aiayn serve: error: nothing to serve: give --run DIR and/or "
+                                               "--model minilm")
+    assert main(["serve", "--run", f"x={translation_run}", "--run", f"x={translation_run}"]) == 2
+    assert "two models share a name" in capsys.readouterr().err
+
+
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` (Linux's /proc)."""
+    listed = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in listed.read_text().split()] if listed.exists() else []
+
+
+def test_sigterm_answers_the_requests_in_flight_then_exits(translation_run):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # a long gathering window holds the request in the queue while the signal arrives
+    server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", "--run", f"en-de={translation_run}",
+                               "--port", "0", "--max-wait-ms", "3000"], env=env, cwd=ROOT, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        first = server.stderr.readline()
+        found = re.search(r"http://127\.0\.0\.1:(\d+)", first)
+        assert found, first
+        url = f"http://127.0.0.1:{found.group(1)}"
+        answers = []
+        sender = threading.Thread(target=lambda: answers.append(
+            httpx.post(f"{url}/translate", json={"q": ["c a", "a b c"], "target": "de"}, timeout=60)))
+        sender.start()
+        wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 2)
+        workers = children(server.pid)
+        if usable_cores() > 1:  # on a CPU, a worker process a pass
+            spawned = [pid for pid in workers if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+            assert "worker processes" in first and len(spawned) == usable_cores(), (first, workers)
+        server.send_signal(signal.SIGTERM)
+        sender.join(timeout=60)
+        assert server.wait(timeout=60) == 0
+        wait_until(lambda: not [pid for pid in workers if Path(f"/proc/{pid}").exists()])  # they left with it
+        import aiayn
+
+        assert answers[0].status_code == 200
+        assert answers[0].json()["translatedText"] == aiayn.load(translation_run).translate(["c a", "a b c"])
+        assert "stopped after the requests in flight were answered" in server.stderr.read()
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+def test_bench_serve_reports_each_configuration_and_the_ratios(translation_run, capsys):
+    from aiayn.cli.bench import load_benchmark
+
+    bench = load_benchmark("serve")
+    assert bench.main(["--run", str(translation_run), "--seconds", "1", "--clients", "2", "--skip", "embed"]) == 0
+    out = capsys.readouterr().out
+    for line in ("aiayn serve (batching)", "one request at a time", "in-process Translator.translate",
+                 "batching / one-at-a-time", "batching / in-process", "p99 ms"):
+        assert line in out

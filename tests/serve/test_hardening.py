@@ -1,0 +1,448 @@
+"""`aiayn serve` against hostile input: options out of range and a port it cannot bind fail at once with one line
+and nothing left running; connections that send slowly, send too much or go away are bounded and answered as
+documented (aiayn/serve/connections.py, limits.py); every error has the server's JSON shape; metrics stay
+parseable whatever a model is called."""
+
+import logging
+import os
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+import aiayn
+from aiayn.cli.main import main
+from aiayn.serve import Limits, create_app
+from tests.serving import metric, serving, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- start-up: every option checked first, the port bound before the workers start, nothing left behind ----------
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--port", "99999", "--port must be at most 65535, got 99999"),
+    ("--port", "-1", "--port must be at least 0, got -1"),
+    ("--max-tokens", "0", "--max-tokens must be at least 1, got 0"),
+    ("--max-wait-ms", "nan", "--max-wait-ms must be a finite number, got nan"),
+    ("--max-wait-ms", "-5", "--max-wait-ms must be at least 0, got -5"),
+    ("--max-wait-ms", "1e12", "--max-wait-ms must be at most 10000, got 1e+12"),
+    ("--max-batch", "-1", "--max-batch must be at least 0, got -1"),
+    ("--drain-seconds", "-5", "--drain-seconds must be at least 0, got -5"),
+    ("--drain-seconds", "nan", "--drain-seconds must be a finite number, got nan"),
+    ("--threads", "0", "--threads must be at least 1, got 0"),
+    ("--passes", "100000", "--passes must be at most 1024, got 100000"),
+    ("--max-connections", "0", "--max-connections must be at least 1, got 0"),
+    ("--read-timeout", "0", "--read-timeout must be at least 0.1, got 0"),
+    ("--max-body-bytes", "0", "--max-body-bytes must be at least 1, got 0"),
+    ("--cors-origin", "evil.example", "CORS origin 'evil.example' is not an origin"),
+    ("--allowed-host", "a b", "allowed host 'a b' is not a host name"),
+    ("--port", "x", "argument --port: invalid int value: 'x'"),
+])
+def test_each_bad_option_is_one_line_and_exit_code_2_before_any_model_loads(capsys, tmp_path, option, value,
+                                                                              message):
+    missing = tmp_path / "no-such-run"  # never loaded: the options are checked first
+    try:
+        code = main(["serve", "--run", str(missing), option, value])
+    except SystemExit as exited:  # (argparse's own refusals exit from the parser)
+        code = exited.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    assert "no-such-run" not in err
+
+
+def test_more_connections_than_the_process_may_open_is_a_bad_option(capsys, tmp_path):
+    import resource
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # (finite on Linux: nr_open bounds it)
+    assert main(["serve", "--run", str(tmp_path), "--max-connections", str(hard)]) == 2
+    assert f"--max-connections {hard} needs {hard + 64} open files, more than this process may open" in \
+        capsys.readouterr().err
+
+
+def test_an_address_not_of_this_machine_is_a_bad_host(capsys, translation_run):
+    assert main(["serve", "--run", str(translation_run), "--host", "192.0.2.1", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("aiayn serve: error: cannot listen on 192.0.2.1:0: 192.0.2.1 is not an address of this machine; "
+                   "give one of its addresses, or 0.0.0.0 for all")
+
+
+def group_members(group: int) -> list[int]:
+    """The processes of process group `group` (Linux's /proc)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == group:
+            members.append(int(stat.parent.name))
+    return members
+
+
+def test_a_port_in_use_exits_with_one_line_code_4_and_no_worker_left(translation_run):
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # --passes 2: the worker-process mode, whose workers used to start first and keep the process from exiting
+    server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", "--run", f"en-de={translation_run}",
+                               "--port", str(port), "--passes", "2"], env=env, cwd=ROOT, stderr=subprocess.PIPE,
+                              text=True, start_new_session=True)
+    try:
+        assert server.wait(timeout=60) == 4
+        err = server.stderr.read().strip()
+        assert err == (f"aiayn serve: error: cannot listen on 127.0.0.1:{port}: another program listens there; "
+                       "close it, or choose another --port (0 picks a free one)")
+        assert group_members(server.pid) == []  # no worker process survives it
+    finally:
+        taken.close()
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def test_a_failure_after_the_workers_started_closes_them(monkeypatch, capsys, translation_run):
+    import uvicorn
+
+    from aiayn.serve import workers
+
+    pools = []
+
+    class Pool:  # stands in for the worker processes: records that they were started, then closed
+        def __init__(self, sources, size, **_):
+            self.size, self.events = size, []
+            pools.append(self)
+
+        def start(self):
+            self.events.append("start")
+
+        def close(self):
+            self.events.append("close")
+
+    def refuse(self, sockets):
+        assert sockets[0].getsockname()[1] > 0  # bound before this point
+        raise RuntimeError("the event loop could not start")
+
+    monkeypatch.setattr(workers, "WorkerPool", Pool)
+    monkeypatch.setattr(uvicorn.Server, "run", refuse)
+    assert main(["serve", "--run", str(translation_run), "--port", "0", "--passes", "2"]) == 1
+    assert "the event loop could not start" in capsys.readouterr().err
+    assert pools and pools[0].events[0] == "start" and pools[0].events[-1] == "close"
+
+
+def test_listening_beyond_this_machine_without_a_key_warns(capsys):
+    from types import SimpleNamespace
+
+    from aiayn.cli.serve import _announce
+    from aiayn.serve import Access
+
+    class Bound:
+        def __init__(self, host):
+            self.host = host
+
+        def getsockname(self):
+            return (self.host, 8000)
+
+    app = SimpleNamespace(state=SimpleNamespace(models=[]))
+    _announce(app, Bound("0.0.0.0"), 1, 1, 1, False, Access())
+    _announce(app, Bound("0.0.0.0"), 1, 1, 1, False, Access(api_key="k"))
+    _announce(app, Bound("127.0.0.1"), 1, 1, 1, False, Access())
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == ["aiayn serve: warning: listening on 0.0.0.0, beyond this machine, with no API key: anyone "
+                        "who reaches it can use it; set --api-key or $AIAYN_API_KEY"]
+
+
+# -- connections -----------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def translator(translation_run):
+    return aiayn.load(translation_run)
+
+
+@pytest.fixture(scope="module")
+def tight(translator):
+    """A server whose clients have 1 s to send a request and which keeps at most 3 connections."""
+    app = create_app({"en-de": translator}, limits=Limits(read_seconds=1.0, max_connections=3, max_header_bytes=4096))
+    with serving(app) as url:
+        yield url
+
+
+def connect(url: str) -> socket.socket:
+    host, port = re.match(r"http://([\d.]+):(\d+)", url).groups()
+    return socket.create_connection((host, int(port)), timeout=10)
+
+
+def answer_of(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def test_headers_sent_too_slowly_are_answered_408_and_the_connection_closed(tight):
+    with connect(tight) as sock:
+        start = time.monotonic()
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")  # and never the rest
+        answer = answer_of(sock)
+        took = time.monotonic() - start
+    assert answer.startswith(b"HTTP/1.1 408 ") and b'"error": "the request\'s headers did not all arrive within 1 s' \
+        in answer
+    assert 0.8 < took < 5
+
+
+def test_a_connection_that_sends_nothing_is_closed(tight):
+    with connect(tight) as sock:
+        start = time.monotonic()
+        assert answer_of(sock) == b""
+        assert time.monotonic() - start < 5
+
+
+def test_a_body_sent_too_slowly_is_answered_408(tight):
+    with connect(tight) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"q\": ")
+        sock.settimeout(5)
+        head = sock.recv(65536)
+    assert head.startswith(b"HTTP/1.1 408 ") and b"the body did not all arrive within 1 s" in head
+    assert metric(tight, "aiayn_requests_total", 'route="/translate",status="408"') >= 1
+
+
+def test_a_body_no_route_reads_gets_no_longer_to_arrive(tight):
+    with connect(tight) as sock:  # /health answers at once; the 90 bytes it did not wait for never come
+        start = time.monotonic()
+        sock.sendall(b"POST /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n0123456789")
+        answer = answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 405 ") and time.monotonic() - start < 5
+
+
+def test_headers_past_the_limit_are_answered_431_without_reading_the_rest(tight):
+    with connect(tight) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
+        sent, answer = 0, b""
+        while sent < 30 << 20:  # up to 30 MB of one header, 8 KiB at a time, until the server answers
+            if select.select([sock], [], [], 0.02)[0]:
+                answer = sock.recv(65536)
+                break
+            try:
+                sock.sendall(b"a" * 8192)
+            except OSError:  # closed under us: its answer is already in our buffer
+                answer = sock.recv(65536)
+                break
+            sent += 8192
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"pass the limit of 4096 bytes" in answer
+    assert sent < 64 * 1024
+
+
+def test_connections_past_the_limit_are_answered_503(tight):
+    held = [connect(tight) for _ in range(3)]
+    try:
+        for sock in held:  # each has begun a request, so each is open on the server's side
+            sock.sendall(b"GET /health HTTP/1.1\r\n")
+        wait_until(lambda: httpx.get(f"{tight}/health").status_code == 503, tries=20)
+        refused = httpx.get(f"{tight}/health")
+        assert refused.json() == {"error": "the server has 3 connections open, its limit (--max-connections); "
+                                           "retry later"}
+    finally:
+        for sock in held:
+            sock.close()
+    wait_until(lambda: httpx.get(f"{tight}/health").status_code == 200)
+
+
+class Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def test_a_client_that_leaves_mid_body_is_one_log_line_and_not_a_500(translator):
+    lines = Lines()
+    loggers = [logging.getLogger("aiayn"), logging.getLogger("uvicorn.error")]
+    for logger in loggers:
+        logger.addHandler(lines)
+    try:
+        with serving(create_app({"en-de": translator})) as url:
+            with connect(url) as sock:
+                sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                             b"Content-Length: 100\r\n\r\n{\"q\": ")
+                time.sleep(0.2)
+            wait_until(lambda: metric(url, "aiayn_requests_total", 'route="/translate",status="499"') == 1)
+            assert metric(url, "aiayn_requests_total", 'route="/translate",status="500"') == 0
+    finally:
+        for logger in loggers:
+            logger.removeHandler(lines)
+    said = [r for r in lines.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in said] == ["POST /translate: the client closed the connection before sending "
+                                              "its whole body (6 bytes came)"]
+    assert said[0].exc_info is None
+
+
+def test_deeply_nested_json_is_400(tight):
+    out = httpx.post(f"{tight}/translate", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
+    assert out.status_code == 400 and "nests too deeply" in out.json()["error"]
+
+
+@pytest.mark.parametrize(("method", "path", "headers", "body", "status", "message"), [
+    ("GET", "/nope", {}, b"", 404, "no route /nope; the routes are /, /health"),
+    ("DELETE", "/translate", {}, b"", 405, "DELETE is not a method of /translate; it takes POST"),
+    ("OPTIONS", "/translate", {}, b"", 405, "OPTIONS is not a method of /translate"),
+    ("POST", "/translate", {"Content-Type": "multipart/form-data"}, b"q=a", 400, "Missing boundary in multipart"),
+])
+def test_the_frameworks_refusals_have_the_servers_error_shape(tight, method, path, headers, body, status, message):
+    out = httpx.request(method, f"{tight}{path}", headers=headers, content=body)
+    assert out.status_code == status and list(out.json()) == ["error"] and message in out.json()["error"]
+
+
+def test_a_request_the_parser_refuses_is_answered_in_the_same_shape(tight):
+    with connect(tight) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        answer = answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b'{"error": "not a valid HTTP/1.1 request' in answer
+
+
+def test_model_names_are_escaped_in_the_metrics(translator):
+    name = 'en-de "x" \\ y\nz'
+    with serving(create_app({name: translator})) as url:
+        assert httpx.post(f"{url}/translate", json={"q": "a b", "target": "de"}).status_code == 200
+        text = httpx.get(f"{url}/metrics").text
+    sample = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*(\{([a-zA-Z_]+="([^"\\\n]|\\[\\"n])*",?)*\})? \S+$')
+    for line in text.splitlines():
+        assert line.startswith("# ") or sample.match(line), line
+    assert 'aiayn_tokens_total{model="en-de \\"x\\" \\\\ y\\nz"} ' in text
+
+
+# -- who may call: the API key, the Host, the calling page's origin --------------------------------------------
+
+KEY = "k3y-for-tests"
+
+
+@pytest.fixture(scope="module")
+def keyed(translator):
+    """A server of a translator and MiniLM that asks for an API key and lets one other page call it."""
+    from aiayn.serve import Access
+
+    objects = {"en-de": translator, "minilm": aiayn.load("minilm")}
+    access = Access(api_key=KEY, allowed_hosts=("api.example",), cors_origins=("http://app.example:3000",))
+    with serving(create_app(objects, access=access)) as url:
+        yield url, objects
+
+
+def test_openai_client_with_the_key_is_answered_and_without_it_refused(keyed):
+    import numpy as np
+    import openai
+
+    url, objects = keyed
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    out = client.embeddings.create(input=["A man eats."], model="minilm")
+    np.testing.assert_allclose(out.data[0].embedding, objects["minilm"].embed("A man eats."), atol=1e-5)
+    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="not-the-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        wrong.embeddings.create(input=["A man eats."], model="minilm")
+    assert refused.value.status_code == 401 and "carries a wrong key" in refused.value.response.json()["error"]
+
+
+def test_libretranslate_client_sends_the_key_in_its_body(keyed):
+    from urllib.error import HTTPError
+
+    from libretranslatepy import LibreTranslateAPI
+
+    url, objects = keyed
+    client = LibreTranslateAPI(url + "/", api_key=KEY)
+    assert client.languages() == [{"code": "en", "name": "en", "targets": ["de"]}]  # a GET with a form body
+    assert client.translate("a b c", "en", "de") == objects["en-de"].translate("a b c")
+    with pytest.raises(HTTPError) as refused:
+        LibreTranslateAPI(url + "/").translate("a b c", "en", "de")
+    assert refused.value.code == 401
+
+
+def test_every_route_but_health_and_the_page_asks_for_the_key(keyed):
+    url, objects = keyed
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/").status_code == 200
+    for method, path, body in [("GET", "/metrics", None), ("GET", "/languages", None), ("GET", "/v1/models", None),
+                               ("POST", "/embed", {"inputs": "a"}), ("POST", "/v1/inspect", {"q": "a b"}),
+                               ("POST", "/translate", {"q": "a b", "target": "de"}), ("GET", "/nope", None)]:
+        refused = httpx.request(method, f"{url}{path}", json=body)
+        assert refused.status_code == 401 and "needs an API key and the request carries no key" in \
+            refused.json()["error"], (path, refused.text)
+        assert httpx.request(method, f"{url}{path}", json=body, headers=bearer).status_code == (
+            404 if path == "/nope" else 200), path
+    vectors = httpx.post(f"{url}/embed", json={"inputs": ["a b"]}, headers=bearer).json()  # TEI's header
+    assert len(vectors) == 1 and len(vectors[0]) == objects["minilm"].dim
+    assert httpx.post(f"{url}/translate", json={"q": "a b", "target": "de", "api_key": KEY}).status_code == 200
+
+
+def test_hosts_other_than_this_machines_names_are_refused(keyed):
+    url, _ = keyed
+    port = url.rsplit(":", 1)[1]
+    for host, status in [("evil.example", 400), (f"evil.example:{port}", 400), (f"localhost:{port}", 200),
+                         (f"127.0.0.1:{port}", 200), (f"[::1]:{port}", 200), ("api.example", 200)]:
+        out = httpx.get(f"{url}/health", headers={"Host": host})
+        assert out.status_code == status, host
+    refused = httpx.get(f"{url}/health", headers={"Host": "evil.example"}).json()["error"]
+    assert refused == ("this server does not answer to the name 'evil.example' in the Host header; start it with "
+                       "--allowed-host evil.example to allow it")
+
+
+def test_pages_of_other_origins_may_not_post_but_the_servers_own_page_and_allowed_origins_may(keyed):
+    url, objects = keyed
+    form = {"q": "a b", "target": "de", "api_key": KEY}  # what a browser's form post would carry
+    for headers in ({"Origin": "http://evil.example"}, {"Origin": "null"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Origin": "http://127.0.0.1:1"}):  # another port of this machine is another origin
+        out = httpx.post(f"{url}/translate", data=form, headers=headers)
+        assert out.status_code == 403 and "--cors-origin" in out.json()["error"], headers
+    own = {"Origin": url, "Sec-Fetch-Site": "same-origin", "Authorization": f"Bearer {KEY}"}  # the page at /
+    out = httpx.post(f"{url}/v1/inspect", json={"q": "a b"}, headers=own)
+    assert out.status_code == 200 and out.json()["translation"] == objects["en-de"].translate("a b")
+    app = "http://app.example:3000"
+    preflight = httpx.options(f"{url}/translate", headers={"Origin": app, "Access-Control-Request-Method": "POST",
+                                                            "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status_code == 204 and preflight.headers["access-control-allow-origin"] == app
+    assert "authorization" in preflight.headers["access-control-allow-headers"]
+    allowed = httpx.post(f"{url}/translate", data=form, headers={"Origin": app, "Sec-Fetch-Site": "cross-site"})
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == app
+    other = httpx.options(f"{url}/translate", headers={"Origin": "http://evil.example",
+                                                        "Access-Control-Request-Method": "POST"})
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+
+
+def test_the_page_in_a_browser_sends_the_key_it_is_given(keyed):
+    from urllib.parse import quote
+
+    from tests.serve.test_page import browse, rendered
+
+    url, objects = keyed  # (/v1/inspect, which the page calls, answers 401 without the key: see above)
+    with_key = rendered(browse(f"{url}/?q={quote('a b c')}#key={KEY}", "--dump-dom"))
+    assert with_key.by_id["translation"].get("data-done") == "1"
+    assert "".join(with_key.texts.get("translation", [])) == objects["en-de"].translate("a b c")
+
+
+def test_a_pool_interrupted_while_its_workers_load_ends_them(monkeypatch, translation_run):
+    import multiprocessing
+
+    from aiayn.serve.models import batched_call
+    from aiayn.serve.workers import WorkerPool, _Worker
+
+    others = set(multiprocessing.active_children())
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_Worker, "ready", interrupted)
+    pool = WorkerPool({"en-de": str(translation_run)}, 2, batched_call=batched_call)
+    with pytest.raises(KeyboardInterrupt):
+        pool.start()
+    assert not set(multiprocessing.active_children()) - others

@@ -1,0 +1,103 @@
+"""`time_budget`: durations, the plan, and a tiny run that ends within its budget."""
+
+import json
+import time
+
+import pytest
+
+from aiayn.training.budget import FINISH_S, FIRST_VALID, Budget, parse_duration
+from aiayn.training.config import TrainConfig, load_run_config
+from tests.conftest import TINY_RUN
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("20m", 1200), ("1h", 3600), ("1h30m", 5400),
+                                                ("1.5h", 5400), (" 2m 30s ", 150), (".5m", 30)])
+def test_parse_duration(text, seconds):
+    assert parse_duration(text) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "20", "5x", "0s", "-1m", "m", "1m30"])
+def test_parse_duration_refuses_what_is_not_a_duration(text):
+    with pytest.raises(ValueError, match="time_budget"):
+        parse_duration(text)
+
+
+def test_config_checks_the_budget_and_needs_no_epochs_with_one():
+    with pytest.raises(ValueError, match="time_budget must be a duration"):
+        TrainConfig(task="copy", time_budget="ten minutes")
+    assert TrainConfig(task="copy", epochs=0, time_budget="10m").time_budget == "10m"
+    with pytest.raises(ValueError, match="set epochs, max_steps or time_budget"):
+        TrainConfig(task="copy", epochs=0)
+
+
+def test_plan_spends_what_is_left_on_steps_and_a_tenth_on_validation():
+    budget = Budget(100.0, started=time.perf_counter())
+    budget.step_s, budget.valid_s = 0.5, 2.0
+    total, upcoming = budget.plan(steps_done=10, reserve=10.0, valid_examples=50)
+    left = 100.0 - 10.0  # less the reserve (and the instant since `started`)
+    validations = 5  # 10% of 100 s at 2 s each, from 40% of the steps on
+    assert total == pytest.approx(10 + (left - validations * 2.0) / 0.5, abs=2)
+    assert upcoming == round(FIRST_VALID * total)
+    assert budget.plan(steps_done=round(0.95 * total), reserve=10.0, valid_examples=50, max_steps=total) == (total, 0)
+    # past the last spread validation, the next is the one at the end
+    assert budget.plan(steps_done=10, reserve=10.0, valid_examples=50, max_steps=40)[0] == 40
+
+
+def test_test_estimate_uses_the_measured_beam_ratio():
+    budget = Budget(60.0, started=time.perf_counter())
+    budget.record_validation(2.0, 100, decoded=True)  # 0.02 s an example, greedy
+    assert budget.test_estimate(500, 4, decoded=True) == pytest.approx(0.02 * 500 * 4)  # unmeasured: x beam
+    budget.record_beam(0.5, 1.0)
+    assert budget.test_estimate(500, 4, decoded=True) == pytest.approx(0.02 * 500 * 2.0)
+    assert budget.test_estimate(500, 1, decoded=True) == pytest.approx(0.02 * 500)
+
+
+def test_a_tiny_run_ends_within_its_budget(tmp_path):
+    from aiayn.training import Trainer
+
+    seconds = 20.0
+    overrides = [item for item in TINY_RUN if not item.startswith("max_steps")]
+    run = load_run_config(None, [*overrides, "task_train=400", "task_valid=40", "task_test=40", "beam_size=2",
+                                 f"time_budget={seconds:g}s"])
+    began = time.perf_counter()
+    result = Trainer(run, tmp_path / "run").fit()
+    used = time.perf_counter() - began
+    # Over: 5% at most. Under: the stop leaves room for one more step and for the end's estimate, whose two
+    # guesses before anything is measured are FINISH_S and the first checkpoint's 1 s; 5% besides.
+    assert seconds - (FINISH_S + 1.0 + 0.05 * seconds) <= used <= 1.05 * seconds, result.budget
+    assert result.step > 5 and result.budget["planned_steps"] > 5
+    assert result.budget["budget_s"] == seconds and result.budget["used_s"] <= used
+    spent = sum(result.budget[f"{phase}_s"] for phase in ("setup", "train", "valid", "checkpoint", "test", "finish"))
+    assert spent == pytest.approx(result.budget["used_s"], rel=0.05)  # every second is accounted for
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["split"] for row in rows][-2:] == ["test", "budget"]
+    valid_times = [row["time_s"] for row in rows if row["split"] == "valid"]
+    assert len(valid_times) >= 2 and valid_times == sorted(valid_times)
+
+
+def test_a_resumed_run_gets_what_its_first_process_left(tmp_path):
+    from aiayn.training import Trainer
+    from aiayn.training.setup import read_run_config
+
+    class StopsAtTen(Trainer):
+        def after_step(self):
+            if self.step == 10:
+                self.interrupt_requested = True  # what Ctrl-C does: finish the step, save, return
+
+    seconds = 15.0
+    overrides = [item for item in TINY_RUN if not item.startswith("max_steps")]
+    first = StopsAtTen(load_run_config(None, [*overrides, f"time_budget={seconds:g}s"]), tmp_path / "run").fit()
+    assert first.interrupted and first.step == 10
+    began = time.perf_counter()
+    resumed = Trainer(read_run_config(tmp_path / "run"), tmp_path / "run", resume=True).fit()
+    second = time.perf_counter() - began
+    used = resumed.budget["used_s"]  # both processes
+    assert resumed.step > 10 and second < used <= 1.05 * seconds, resumed.budget
+    assert used >= seconds - (FINISH_S + 1.0 + 0.05 * seconds)
+
+
+def test_an_undecoded_validation_sizes_an_undecoded_test_only():
+    budget = Budget(100.0, started=time.perf_counter())
+    budget.record_validation(1.0, 50, decoded=False)  # a classifier's validation: 0.02 s an example
+    assert budget.test_estimate(200, 1, decoded=False) == pytest.approx(4.0)
+    assert budget.test_estimate(200, 4, decoded=True) <= 0.15 * 100  # a decoded test is still a guess
