@@ -17,13 +17,13 @@ from torch import nn
 from aiayn.config import ModelConfig
 from aiayn.nn.model import build_model
 from aiayn.nn.sizes import check_model_fits
+from aiayn.paths import check_input_file
 from aiayn.rundir import MODEL_CONFIG as CONFIG_NAME
 from aiayn.rundir import (
     SOURCE_TOKENIZER,
     TARGET_TOKENIZER,
     atomic_output,
     atomic_write_bytes,
-    check_input_file,
     checkpoint_run,
     load_json,
     no_model_hint,

@@ -16,10 +16,7 @@ A model directory holds config.json + model.safetensors (+ tokenizer); an export
 A command writes only into a new or empty directory or one of its own kind; anything else is refused
 with one line naming what is there (`DirectoryRefused`), unless the user forces it.
 
-An explicit output file (`--output`, `--show-attention`, `--index`) may be replaced; never an input of
-the same command, never a file inside a run, model, export or checkpoint directory, never a directory
-(`check_output_file`, `OutputRefused`). What a path to read is (a file, a pipe, a device, a link loop)
-is told by `check_input_file`.
+An explicit output file may be replaced, never one inside a directory aiayn owns (`aiayn.paths`).
 
 Every file is written atomically: to a temporary file beside it, flushed to disk, then renamed, so a
 crash or a full disk leaves the previous version whole. An `OSError` raised while writing names the file.
@@ -34,7 +31,7 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -188,7 +185,7 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
     info = inspect_dir(check_path_given(run_dir, "--run"))
     if info.kind != RUN and (resume or info.kind not in (MISSING, EMPTY)):
         _refuse_for_training(info, resume=resume, force=force)
-    owner = _owning_directory(info.path) if info.kind in (MISSING, EMPTY) else None
+    owner = owning_directory(info.path) if info.kind in (MISSING, EMPTY) else None
     if owner is not None and not force:  # a run inside another run (or a model) would mix their files
         raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}: choose a "
                                "--run directory outside it")
@@ -214,7 +211,7 @@ def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--o
     if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
         raise DirectoryRefused(f"{info.path} holds {info.description}; {writer} would replace files there: "
                                f"choose a new {option} directory, or {force_hint} to write there anyway")
-    owner = _owning_directory(info.path)
+    owner = owning_directory(info.path)
     if owner is not None and not force:  # RUN/export, RUN/checkpoints/x: files the run's owner never wrote
         raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}; {writer} "
                                f"never writes there: choose an {option} directory outside it")
@@ -229,50 +226,7 @@ def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf", o
     return path
 
 
-# -- what a path is: inputs to read, outputs to write ----------------------------------------------
-
-def path_kind(path: str | Path) -> str:
-    """What `path` names, in words: "missing", "a file", "a directory", "a FIFO (a pipe)", "a character
-    device", "a block device", "a socket", "a symbolic link loop" or "a link to a missing file"."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "a link to a missing file" if os.path.islink(path) else MISSING
-    except OSError as err:
-        if err.errno == errno.ELOOP:
-            return "a symbolic link loop"
-        if err.errno == errno.ENOTDIR:
-            return MISSING
-        raise
-    for test, words in ((stat.S_ISREG, "a file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (a pipe)"),
-                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                        (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return words
-    return "not a regular file"
-
-
-def check_input_file(path: str | Path, what: str, *, stream: bool = False) -> Path:
-    """`path` when it names a file to read (with `stream`, a pipe too: `<(cmd)`, a FIFO); else one line that
-    says what it is: FileNotFoundError (nothing there), IsADirectoryError, or ValueError (a device, a link loop)."""
-    kind = path_kind(path)
-    if kind == "a file" or (stream and kind == "a FIFO (a pipe)"):
-        return Path(path)
-    if kind == MISSING:
-        raise FileNotFoundError(f"{what} {path} does not exist")
-    if kind == "a directory":
-        raise IsADirectoryError(f"{what} {path} is a directory; give a file")
-    raise ValueError(f"{what} {path} is {kind}, not a regular file; give a regular file")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
-def _owning_directory(path: Path) -> DirInfo | None:
+def owning_directory(path: Path) -> DirInfo | None:
     """The nearest directory above `path` that a run, model, export or checkpoint owns, if any."""
     given = list(path.parents)  # as the user wrote them (the message names those), then the rest of the way up
     seen = {p.resolve() for p in given}
@@ -281,44 +235,6 @@ def _owning_directory(path: Path) -> DirInfo | None:
         if info.kind in OWNED_KINDS:
             return info
     return None
-
-
-def check_output_file(path: str | Path, option: str, *, inputs: Iterable[tuple[str, str | Path | None]] = (),
-                      suffixes: Iterable[str] = ()) -> Path:
-    """Check before any work that `path` may be written (replaced, when it exists) by a command's output option.
-
-    The rule: an explicit output file may be replaced; never an input of the same command (`inputs`: (option,
-    path) pairs; a directory input counts with everything in it), never a file inside a run, model, export or
-    checkpoint directory, never a directory or a special file. `suffixes`, when given, are the endings allowed.
-    """
-    if not str(path).strip():
-        raise OutputRefused(f"{option} is empty; name a file")
-    path = Path(path)
-    kind = path_kind(path)
-    if kind == "a directory":
-        raise IsADirectoryError(f"{option} {path} is a directory; give a file name")
-    if kind not in (MISSING, "a file", "a link to a missing file"):
-        raise OutputRefused(f"{option} {path} is {kind}, not a regular file; give a file name (or leave out "
-                            f"{option} and redirect stdout)")
-    allowed = tuple(suffixes)
-    if allowed and path.suffix.lower() not in allowed:
-        endings = " or ".join([", ".join(allowed[:-1]), allowed[-1]] if len(allowed) > 1 else allowed)
-        raise OutputRefused(f"{option} must end in {endings}, got {path.name!r}")
-    for name, source in inputs:
-        if source is None or str(source) in ("", "-"):
-            continue
-        source = Path(source)
-        if _same_file(path, source):
-            raise OutputRefused(f"{option} {path} is the input {name} {source}: the output would replace it; "
-                                f"choose another {option} file")
-        if source.is_dir() and source.resolve() in path.resolve().parents:
-            raise OutputRefused(f"{option} {path} is inside the input {name} {source}: choose an {option} file "
-                                "outside it")
-    owner = _owning_directory(path)
-    if owner is not None:
-        raise OutputRefused(f"{option} {path} is inside {owner.path}, which holds {owner.description}; a command "
-                            f"never replaces files there: choose an {option} file outside it")
-    return path
 
 
 # -- atomic writes -----------------------------------------------------------------------------

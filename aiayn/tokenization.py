@@ -19,9 +19,10 @@ from pathlib import Path
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
+from aiayn.paths import check_input_file
 from aiayn.rundir import TOKENIZER as TOKENIZER_NAME
 from aiayn.rundir import TOKENIZER_META as META_NAME
-from aiayn.rundir import atomic_output, atomic_write_text, check_input_file, load_json
+from aiayn.rundir import atomic_output, atomic_write_text, load_json
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 from torch import nn
 
-from aiayn.rundir import check_input_file
+from aiayn.paths import check_input_file
 
 MAX_LISTED = 4  # problems named in one message; the rest are counted
 

@@ -90,7 +90,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
         raise ValueError("no texts: pass them as arguments, with --input FILE, or on stdin")
     if not texts:
         raise ValueError("no texts to embed (the input is empty)")
-    from aiayn.rundir import atomic_open, check_output_file
+    from aiayn.paths import check_output_file
+    from aiayn.rundir import atomic_open
 
     output = None
     if args.output:
@@ -137,7 +138,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     if index_path.is_dir():
         raise IsADirectoryError(f"--index {index_path} is a directory; give a file name")
     if args.index:
-        from aiayn.rundir import check_output_file
+        from aiayn.paths import check_output_file
 
         check_output_file(index_path, "--index", inputs=[("--corpus", args.corpus), ("--model", args.model)])
     embedder = _embedder(args)

@@ -100,7 +100,8 @@ def _one_line(text: str) -> str:
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate; print (or write) one line per input line."""
     from aiayn.inference.translator import Translator
-    from aiayn.rundir import atomic_open, check_output_file
+    from aiayn.paths import check_output_file
+    from aiayn.rundir import atomic_open
 
     config = _generation_config(args)
     inputs = [("--input", args.input), ("--run", args.run)]

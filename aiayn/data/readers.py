@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiayn.rundir import check_input_file, load_json
+from aiayn.paths import check_input_file
+from aiayn.rundir import load_json
 
 FORMATS = ("auto", "tsv", "csv", "jsonl", "text", "conll")
 
@@ -88,7 +89,7 @@ def detect_format(path: str, fmt: str = "auto") -> str:
 
 def read_text_file(path: str | Path, what: str = "data file") -> str:
     """The UTF-8 text of a file or a pipe (`<(cmd)`, a FIFO) without a leading byte-order mark; one clear error
-    for a missing file, a directory, a device or a link loop (`aiayn.rundir.check_input_file`)."""
+    for a missing file, a directory, a device or a link loop (`aiayn.paths.check_input_file`)."""
     path = check_input_file(path, what, stream=True)
     with open(path, "rb") as handle:  # read once: a pipe gives its bytes only once
         return decode_text(handle.read(), str(path))

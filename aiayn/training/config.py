@@ -14,7 +14,8 @@ from typing import Any
 
 from aiayn.config import ModelConfig, check_field_types, fold_old_spelling, parse_overrides, preset
 from aiayn.data.readers import decode_text
-from aiayn.rundir import check_input_file, load_json
+from aiayn.paths import check_input_file
+from aiayn.rundir import load_json
 from aiayn.tasks import OBJECTIVES, SEQ2SEQ, Task, get_task
 from aiayn.tokenization import KINDS
 from aiayn.training.budget import parse_duration

@@ -24,6 +24,7 @@ from aiayn.inference.translator import Translator
 from aiayn.io import load_model, save_model
 from aiayn.nn.masks import check_mask
 from aiayn.nn.model import build_model
+from aiayn.paths import check_output_file
 from aiayn.rundir import (
     EMPTY,
     EXPORT,
@@ -38,7 +39,6 @@ from aiayn.rundir import (
     RunBusy,
     RunLock,
     atomic_write_bytes,
-    check_output_file,
     inspect_dir,
     open_run_dir,
 )

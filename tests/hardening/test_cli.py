@@ -315,7 +315,7 @@ def one_label(scene):
 
 
 # output paths: an explicit output file may be replaced; never an input, never a file inside a run or model
-# directory, never a directory (the README's rule, `aiayn.rundir.check_output_file`)
+# directory, never a directory (the README's rule, `aiayn.paths.check_output_file`)
 OUTPUTS = [
     Case("translate --output naming its own --input", ["translate", "--run", "run", "--input", "notes.txt",
                                                        "--output", "notes.txt"], 2,
@@ -351,7 +351,7 @@ OUTPUTS = [
          r"--quantization must be one of int8, .*got 'int3'"),
 ]
 
-# pipes, devices, links and the standard streams (`aiayn.rundir.check_input_file`, `aiayn.data.readers`)
+# pipes, devices, links and the standard streams (`aiayn.paths.check_input_file`, `aiayn.data.readers`)
 STREAMS = [
     Case("--input a character device", ["translate", "--run", "run", "--input", "/dev/zero"], 2,
          r"input file /dev/zero is a character device, not a regular file; give a regular file"),
