@@ -34,7 +34,7 @@ from aiayn.backends.absorbed import absorb_cross_attention
 from aiayn.backends.devices import bf16_supported, resolve_device
 from aiayn.backends.fused import StackedLinear, fuse_qkv, stacked_away, use_torch_encoder_layers
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 MODES = ("train", "inference")
 PRECISIONS = ("fp32", "bf16", "int8")
@@ -158,7 +158,7 @@ class Backend:
             choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
                                     reduce_range=int8.int8_range() == "reduced", int8_weights_rows=rows)
         kinds = Counter(choice.kind for choice in choices)
-        log.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
+        logger.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
         return prepared
 
     def _packed(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
@@ -240,14 +240,14 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     if precision == "int8" and int8.int8_usable() is None:
         raise ValueError("this PyTorch build has no int8 products (quantized::linear_dynamic); use fp32 or bf16")
     if precision == "bf16" and not bf16_supported(device):
-        log.warning("%s has no native bfloat16 support; bf16 will be slower than fp32 here", device.type)
+        logger.warning("%s has no native bfloat16 support; bf16 will be slower than fp32 here", device.type)
     backend = Backend(device, mode, precision)
     if plain:
         return backend
     if device.type != "cpu" or precision == "bf16":
         return replace(backend, fused_qkv=True, compile=compile)
     measured = calibrate.choices()
-    log.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
+    logger.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
     kernels = cpu.kernel_triples(measured.inference)
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
         pays = tuple((rows, kind) for rows, by_kind in calibrate.int8_weight_choices().items()

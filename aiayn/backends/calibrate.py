@@ -55,7 +55,7 @@ from aiayn.config import preset
 from aiayn.nn.model import build_encoder
 from aiayn.rundir import atomic_write_text
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 TRAIN_ROWS = 256
 # A decoding step at batch 1 streams every weight from memory once: one- and few-row products are timed
@@ -210,7 +210,7 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
     with torch.inference_mode(False):
         found = replace(measure(description), load=timing.load_average())
     _store(found)
-    log.info("CPU products measured (%s): %s", path, found.describe())
+    logger.info("CPU products measured (%s): %s", path, found.describe())
     return found
 
 
@@ -220,7 +220,7 @@ def _store(found: Choices) -> None:
     try:
         atomic_write_text(path, json.dumps(asdict(found), indent=1))
     except OSError as err:
-        log.info("could not cache the CPU product measurements in %s (%s)", path, err)
+        logger.info("could not cache the CPU product measurements in %s (%s)", path, err)
 
 
 def _library_time() -> float:

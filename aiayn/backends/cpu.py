@@ -26,7 +26,7 @@ from torch.autograd.function import once_differentiable
 from aiayn.backends.shapes import ROW_CLASSES, row_class, shape_kind
 from aiayn.nn.feedforward import PositionwiseFeedForward
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 KERNELS = ("packed", "columns", "dense")  # see aiayn.backends.calibrate
@@ -281,8 +281,8 @@ def onednn_usable() -> bool:
         pairs = [(actual, expected), (packed, expected), *zip(fast_grads, grads)]
         ok = all(torch.allclose(a, b, rtol=1e-4, atol=1e-4) for a, b in pairs)
     except (RuntimeError, NotImplementedError) as err:
-        log.info("oneDNN linear products unavailable (%s); using F.linear", err)
+        logger.info("oneDNN linear products unavailable (%s); using F.linear", err)
         return False
     if not ok:
-        log.warning("oneDNN linear products disagree with F.linear on this machine; using F.linear")
+        logger.warning("oneDNN linear products disagree with F.linear on this machine; using F.linear")
     return ok

@@ -36,7 +36,7 @@ from aiayn.backends.fused import StackedLinear
 from aiayn.backends.shapes import row_class, shape_kind
 from aiayn.nn.model import Encoder, EncoderDecoderModel, EncoderModel
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 TOLERANCE = 0.02  # relative output error above which a layer is not run in int8, full range (docs/notes.md)
 # Activation levels of each range. A layer's int8 error is dominated by the activation step (range / levels),
@@ -60,7 +60,7 @@ def int8_usable() -> str | None:
             layer = Int8Linear(torch.ones(4, k), None, reduce_range=False)
             exact = bool(torch.allclose(layer(x), torch.full((1, 4), float(k - 1)), rtol=1e-4))
     except (RuntimeError, NotImplementedError, AttributeError) as err:
-        log.info("int8 products unavailable (%s)", err)
+        logger.info("int8 products unavailable (%s)", err)
         return None
     return "full" if exact else "reduced"
 
@@ -163,7 +163,7 @@ def int8_weights_usable() -> bool:
         q, scales = int8_weights(weight)
         out = int8_weights_product(x, q, scales, None)
     except (RuntimeError, NotImplementedError) as err:
-        log.info("int8-weight products unavailable (%s)", err)
+        logger.info("int8-weight products unavailable (%s)", err)
         return False
     return bool(torch.allclose(out, x @ weight.t(), rtol=0.05, atol=0.05))
 

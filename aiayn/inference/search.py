@@ -13,7 +13,7 @@ import numpy as np
 
 from aiayn.inference.embeddings import Embedder
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def corpus_digest(texts: Iterable[str]) -> str:
@@ -108,7 +108,7 @@ class SearchIndex:
                 index = cls.load(path)
                 if index.digest == key:
                     return index, False
-                log.info("%s is stale (corpus or settings changed); rebuilding", path)
+                logger.info("%s is stale (corpus or settings changed); rebuilding", path)
             except ValueError as err:  # a file aiayn did not write: never replaced
                 raise ValueError(f"{err}; it is left as it is: delete it or choose another index path") from None
         index = cls.build(texts, embedder, batch_size=batch_size, progress=progress)

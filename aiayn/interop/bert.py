@@ -29,7 +29,7 @@ from aiayn.tasks import ENCODER_OBJECTIVES, get_task
 from aiayn.tokenization import Tokenizer, read_hf
 from aiayn.weights import WeightsError, check_finite, read_safetensors, read_torch_file
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # BERT's `hidden_act` names -> aiayn's `activation`.
 _ACTIVATIONS = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -239,10 +239,10 @@ def load_bert_weights(model: EncoderModel, state: dict[str, torch.Tensor]) -> No
     if problems:
         raise ValueError("checkpoint does not fit a BERT encoder of its config: " + "; ".join(problems))
     if skipped:
-        log.info("skipped %d checkpoint tensors aiayn's encoder does not use: %s", len(skipped),
+        logger.info("skipped %d checkpoint tensors aiayn's encoder does not use: %s", len(skipped),
                  ", ".join(sorted(skipped)))
     if missing:
-        log.info("new %s head initialised: %s", head, ", ".join(sorted(missing)))
+        logger.info("new %s head initialised: %s", head, ", ".join(sorted(missing)))
     with torch.no_grad():
         for name, value in mapped.items():
             own[name].copy_(value)
@@ -380,7 +380,7 @@ def export_hf(model: EncoderModel, tokenizer: Tokenizer | None, directory: str |
     directory = Path(directory)
     bert_config = config_to_bert(model.config)
     if model.head is not None:
-        log.warning("the %s head is not exported; the export is the encoder (BertModel)", model.config.head)
+        logger.warning("the %s head is not exported; the export is the encoder (BertModel)", model.config.head)
     directory.mkdir(parents=True, exist_ok=True)
     state = bert_state_dict(model)
     atomic_write_bytes(directory / "model.safetensors",

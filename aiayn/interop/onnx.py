@@ -25,7 +25,7 @@ from torch import nn
 from aiayn.nn.model import EncoderModel
 from aiayn.rundir import atomic_output
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 OPSET = 17
 
 
@@ -76,5 +76,5 @@ def export_onnx(model: EncoderModel, path: str | Path, *, opset: int = OPSET) ->
                               dynamo=False, do_constant_folding=True)
     finally:
         model.train(was_training)
-    log.info("wrote %s (inputs %s)", path, ", ".join(names))
+    logger.info("wrote %s (inputs %s)", path, ", ".join(names))
     return path
