@@ -114,16 +114,23 @@ def marian_config(cfg: ModelConfig, *, decoder_start_token_id: int | None = None
     from transformers import MarianConfig
 
     check_mappable(cfg)
-    start = cfg.pad_id if decoder_start_token_id is None else decoder_start_token_id
-    return MarianConfig(
-        vocab_size=cfg.vocab_size, decoder_vocab_size=cfg.target_vocab_size, d_model=cfg.d_model,
-        encoder_layers=cfg.n_encoder_layers, decoder_layers=cfg.n_decoder_layers,
-        encoder_attention_heads=cfg.n_heads, decoder_attention_heads=cfg.n_heads,
-        encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff, activation_function=ACTIVATIONS[cfg.activation],
-        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+    return MarianConfig(decoder_vocab_size=cfg.target_vocab_size, share_encoder_decoder_embeddings=cfg.share_embeddings,
+                        **translator_fields(cfg, decoder_start_token_id=decoder_start_token_id,
+                                            eos_token_id=eos_token_id))
+
+
+def translator_fields(cfg: ModelConfig, *, decoder_start_token_id: int | None, eos_token_id: int) -> dict:
+    """The config fields Marian and Pegasus share: sizes, dropouts, positions, embedding scale and tying, the
+    special ids (the decoder starts from `<pad>` unless told otherwise; no forced EOS, no BOS)."""
+    return dict(
+        vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
+        decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
+        activation_function=ACTIVATIONS[cfg.activation], dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
         max_position_embeddings=cfg.max_len, scale_embedding=cfg.scale_embeddings,
-        share_encoder_decoder_embeddings=cfg.share_embeddings, tie_word_embeddings=cfg.tie_embeddings,
-        pad_token_id=cfg.pad_id, eos_token_id=eos_token_id, decoder_start_token_id=start,
+        tie_word_embeddings=cfg.tie_embeddings, pad_token_id=cfg.pad_id, eos_token_id=eos_token_id,
+        decoder_start_token_id=cfg.pad_id if decoder_start_token_id is None else decoder_start_token_id,
         forced_eos_token_id=None, bos_token_id=None,
     )
 
@@ -179,14 +186,19 @@ def to_marian(model: EncoderDecoderModel, *, decoder_start_token_id: int | None 
     """
     from transformers import MarianMTModel
 
-    cfg: ModelConfig = model.config
-    check_mappable(cfg)
-    if cfg.pe_layout != "split":
+    config = marian_config(model.config, decoder_start_token_id=decoder_start_token_id, eos_token_id=eos_token_id)
+    return hf_translator(model, MarianMTModel, config, eos_token_id=eos_token_id)
+
+
+@torch.no_grad()
+def hf_translator(model: EncoderDecoderModel, hf_class: type, config, *, eos_token_id: int):
+    """`hf_class(config)` (Marian or Pegasus, eval mode) holding `model`'s weights, moved to the split sinusoid
+    layout first where needed, with plain generation settings."""
+    if model.config.pe_layout != "split":
         model = to_split_layout(model)
-    hf = MarianMTModel(marian_config(cfg, decoder_start_token_id=decoder_start_token_id,
-                                     eos_token_id=eos_token_id)).eval()
+    hf = hf_class(config).eval()
     copy_weights(model, hf)
-    plain_generation(hf, cfg, eos_token_id=eos_token_id)
+    plain_generation(hf, model.config, eos_token_id=eos_token_id)
     return hf
 
 

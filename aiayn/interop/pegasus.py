@@ -4,8 +4,9 @@ Pegasus is Marian's layers in pre-LN order (`x + Sublayer(LayerNorm(x))`, sectio
 the norm moved first) with a final LayerNorm after each stack, as aiayn builds `norm_first=True`; the
 same names (`self_attn`, `fc1`, `final_layer_norm`, ...), LayerNorm eps 1e-5, embeddings x sqrt(d_model)
 (`scale_embedding=True`), no embedding LayerNorm, and the paper's sinusoidal positions in the split
-layout (sines, then cosines) from position 0. So `aiayn.interop.marian` does the mapping (`to_split_layout`,
-`copy_weights`) and this file only names the config. Pegasus has one vocabulary for both sides.
+layout (sines, then cosines) from position 0. So `aiayn.interop.marian` does the mapping (`hf_translator`,
+`translator_fields`) and this file only names the model and what it cannot hold. Pegasus has one vocabulary
+for both sides.
 
 Why not M2M100 (the other pre-LN translator in transformers): its positions are fairseq's table,
 sin(p * 10000^(-i / (d_model/2 - 1))) rather than the paper's 10000^(-i / (d_model/2)), and start at
@@ -21,14 +22,7 @@ from pathlib import Path
 import torch
 
 from aiayn.config import ModelConfig
-from aiayn.interop.marian import (
-    ACTIVATIONS,
-    copy_weights,
-    layer_problems,
-    plain_generation,
-    save_translator,
-    to_split_layout,
-)
+from aiayn.interop.marian import hf_translator, layer_problems, save_translator, translator_fields
 from aiayn.nn.model import EncoderDecoderModel
 from aiayn.tokenization import Tokenizer
 
@@ -49,17 +43,8 @@ def pegasus_config(cfg: ModelConfig, *, decoder_start_token_id: int | None = Non
     from transformers import PegasusConfig
 
     check_mappable(cfg)
-    start = cfg.pad_id if decoder_start_token_id is None else decoder_start_token_id
-    return PegasusConfig(
-        vocab_size=cfg.vocab_size, d_model=cfg.d_model, encoder_layers=cfg.n_encoder_layers,
-        decoder_layers=cfg.n_decoder_layers, encoder_attention_heads=cfg.n_heads,
-        decoder_attention_heads=cfg.n_heads, encoder_ffn_dim=cfg.d_ff, decoder_ffn_dim=cfg.d_ff,
-        activation_function=ACTIVATIONS[cfg.activation], dropout=cfg.dropout,
-        attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
-        max_position_embeddings=cfg.max_len, scale_embedding=cfg.scale_embeddings,
-        tie_word_embeddings=cfg.tie_embeddings, pad_token_id=cfg.pad_id, eos_token_id=eos_token_id,
-        decoder_start_token_id=start, forced_eos_token_id=None, bos_token_id=None,
-    )
+    return PegasusConfig(**translator_fields(cfg, decoder_start_token_id=decoder_start_token_id,
+                                             eos_token_id=eos_token_id))
 
 
 @torch.no_grad()
@@ -75,15 +60,8 @@ def to_pegasus(model: EncoderDecoderModel, *, decoder_start_token_id: int | None
     """
     from transformers import PegasusForConditionalGeneration
 
-    cfg: ModelConfig = model.config
-    check_mappable(cfg)
-    if cfg.pe_layout != "split":
-        model = to_split_layout(model)
-    hf = PegasusForConditionalGeneration(pegasus_config(cfg, decoder_start_token_id=decoder_start_token_id,
-                                                        eos_token_id=eos_token_id)).eval()
-    copy_weights(model, hf)
-    plain_generation(hf, cfg, eos_token_id=eos_token_id)
-    return hf
+    config = pegasus_config(model.config, decoder_start_token_id=decoder_start_token_id, eos_token_id=eos_token_id)
+    return hf_translator(model, PegasusForConditionalGeneration, config, eos_token_id=eos_token_id)
 
 
 def export_pegasus(model: EncoderDecoderModel, tokenizer: Tokenizer, directory: str | Path, *,
