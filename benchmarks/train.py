@@ -384,16 +384,22 @@ def gpt2_peer(cfg: ModelConfig) -> nn.Module | None:
     return GPT2LMHeadModel(gpt2_config(cfg))
 
 
+def aiayn_models(cfg: ModelConfig, backend) -> tuple[nn.Module, nn.Module, nn.Module]:
+    """(the model, a copy of it run as plain modules, the model as `backend` prepares it for training), on the device;
+    the prepared one shares the model's parameters, as in the trainer."""
+    ours, plain = build_model(cfg).train(), build_model(cfg).train()
+    plain.load_state_dict(ours.state_dict())
+    prepared = backend.prepare(ours)  # moves `ours` to the device too
+    return ours, plain.to(backend.device), prepared
+
+
 def decoder_only_main(args: argparse.Namespace, cfg: ModelConfig) -> int:
     """aiayn's decoder-only model (prepared by the trainer's backend, and as plain modules) beside
     `GPT2LMHeadModel` of the same sizes, on the same batches, interleaved; prints tokens/s and the ratios."""
     cfg = decoder_only_config(cfg, args.seq_len)
     backend = select(args.device, "train", args.precision)
     device = backend.device
-    ours, plain = build_model(cfg).train(), build_model(cfg).train()
-    plain.load_state_dict(ours.state_dict())
-    prepared = backend.prepare(ours)  # shares `ours`' parameters (moved to the device), as in the trainer
-    plain.to(device)
+    ours, plain, prepared = aiayn_models(cfg, backend)
     steps = {"aiayn": (decoder_only_step, prepared, _optimizer(ours), backend.autocast),
              "aiayn, plain modules": (decoder_only_step, plain, _optimizer(plain), nullcontext)}
     gpt2 = gpt2_peer(cfg)
@@ -445,11 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         return data_parallel_rank(args, cfg)
     backend = select(args.device, "train", args.precision)
     device = backend.device
-    ours, theirs = build_model(cfg).train(), TorchTransformerMT(cfg).to(device).train()
-    plain = build_model(cfg).train()
-    plain.load_state_dict(ours.state_dict())
-    prepared = backend.prepare(ours)  # shares `ours`' parameters (moved to the device), as in the trainer
-    plain.to(device)
+    ours, plain, prepared = aiayn_models(cfg, backend)
+    theirs = TorchTransformerMT(cfg).to(device).train()
     task = get_task(SEQ2SEQ)
     steps = {"aiayn": (aiayn_step, ObjectiveForward(prepared, task), _optimizer(ours), backend.autocast),
              "aiayn, plain modules": (aiayn_step, ObjectiveForward(plain, task), _optimizer(plain), nullcontext),
