@@ -81,13 +81,10 @@ class Generator(ModelRunner):
                                  beam_size=beam_size, length_penalty=length_penalty,
                                  repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                                  seed=seed)
-        rows = self.tokenizer.encode_batch(texts, add_bos=True)
+        rows = self.encode(texts)
         max_len = self.model.config.max_len
         by_length: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
-            if len(row) >= max_len:  # before any work, naming the prompt
-                raise ValueError(f"prompt {i + 1} has {len(row)} tokens with <s>, and the model reads at most "
-                                 f"{max_len} positions with its continuation: shorten it")
             by_length.setdefault(len(row), []).append(i)
         model = self.prepared_model()
         out: list[Completion | None] = [None] * len(texts)
@@ -98,6 +95,17 @@ class Generator(ModelRunner):
             for i, tokens, score in zip(indices, result.tokens, result.scores.tolist()):
                 out[i] = Completion(self._continuation(rows[i], tokens), tokens, score, len(tokens) < limit)
         return out  # type: ignore[return-value]
+
+    def encode(self, prompts: str | Sequence[str]) -> list[list[int]]:
+        """Each prompt's ids, `<s>` first, as generation reads them; ValueError names a prompt (counted from 1)
+        that leaves the model no position to continue it, before any work."""
+        rows = self.tokenizer.encode_batch(text_list(prompts), add_bos=True)
+        max_len = self.model.config.max_len
+        for number, row in enumerate(rows, start=1):
+            if len(row) >= max_len:
+                raise ValueError(f"prompt {number} has {len(row)} tokens with <s>, and the model reads at most "
+                                 f"{max_len} positions with its continuation: shorten it")
+        return rows
 
     def _continuation(self, prompt: list[int], new: list[int]) -> str:
         """The text the new ids add to the prompt's (decoded together, so a word split across them reads whole)."""

@@ -183,15 +183,10 @@ class ServedGenerator(Served):
     kind = "complete"
 
     def count_tokens(self, items: Sequence[tuple[str, tuple]]) -> int:
-        tokenizer, limit = self.obj.tokenizer, self.obj.model.config.max_len
-        total = 0
-        for number, (prompt, _) in enumerate(items):
-            length = len(tokenizer.encode(prompt, add_bos=True))
-            if length >= limit:
-                raise ApiError(422, f"prompt {number} has {length} tokens, and the model reads at most {limit} "
-                                    "positions with its continuation: shorten it")
-            total += length
-        return total
+        try:
+            return sum(len(ids) for ids in self.obj.encode([prompt for prompt, _ in items]))
+        except ValueError as err:
+            raise ApiError(422, str(err)) from None
 
     @staticmethod
     def queued(text: str) -> tuple[str, tuple]:
