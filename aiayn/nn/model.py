@@ -79,10 +79,7 @@ class Encoder(nn.Module):
                 caches: list[AttentionCache] | None = None) -> torch.Tensor:
         """(B, S, d_model) -> (B, S, d_model); `is_causal` and one cache per layer for a decoder-only stack."""
         for i, layer in enumerate(self.layers):
-            if is_causal or caches is not None:
-                x = layer(x, mask, is_causal=is_causal, cache=None if caches is None else caches[i])
-            else:
-                x = layer(x, mask)
+            x = layer(x, mask, is_causal=is_causal, cache=None if caches is None else caches[i])
         return x if self.final_norm is None else self.final_norm(x)
 
     def hidden_states(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> list[torch.Tensor]:
