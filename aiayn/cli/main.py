@@ -8,6 +8,7 @@ code documented in `aiayn.cli.errors` (2 bad input, 3 non-finite numbers, 4 disk
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -82,6 +83,29 @@ def main(argv: list[str] | None = None) -> int:
     SIGTERM, SIGHUP and SIGQUIT are handled like Ctrl-C for the whole command (files being written are left as they
     were; `aiayn train` saves a checkpoint), and so is a Ctrl-C that comes while the command is still starting.
     """
+    code = _run(argv)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and "torch" in sys.modules:
+        _exit_rank(code)
+    return code
+
+
+def _exit_rank(code: int) -> None:
+    """End a torchrun process now, with `code`, skipping the interpreter's teardown.
+
+    Everything the command writes is written and closed by now (files atomically, the run's lock released, the
+    process group left). What teardown would still do is destroy the distributed library's C++ objects, and a
+    rank that exits while its peer is still leaving can find one of their threads still running: C++ then calls
+    `std::terminate`, and the rank dies of SIGABRT ("terminate called without an active exception") instead of
+    exiting with its code. So the streams are flushed and the process ends here.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _run(argv: list[str] | None) -> int:
     _openmp_waits_passively()
     previous = {}
     _signalled.clear()
