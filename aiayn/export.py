@@ -9,10 +9,11 @@
 | any encoder, `onnx` | `model.onnx` + tokenizer | `interop.onnx.export_onnx` |
 | a decoder-only language model | Hugging Face GPT-2 model + tokenizer | `interop.gpt2.export_gpt2` |
 
-Every export then runs a fixed set of texts through the exported model (loaded back from disk with
-its own library) and through aiayn with the same settings, and reports the agreement: tokens for
-translators (greedy and beam search), cosine similarity for encoders. Converted models that decode
-differently without a word are what users of converters meet most; here they are told.
+The model's objective names its exporter (`Task.exporter`: `export_translator`, `export_generator` or
+`export_encoder` here). Every export then runs a fixed set of texts through the exported model (loaded
+back from disk with its own library) and through aiayn with the same settings, and reports the
+agreement: tokens for translators (greedy and beam search), cosine similarity for encoders. Converted
+models that decode differently without a word are what users of converters meet most; here they are told.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ import torch
 from aiayn.inference.embeddings import Embedder
 from aiayn.inference.generation import GenerationConfig
 from aiayn.inference.generator import Generator
-from aiayn.inference.loading import task_class
+from aiayn.inference.loading import objective_of, task_class
 from aiayn.inference.translator import Translator
 from aiayn.rundir import TARGET_TOKENIZER, check_export_dir, claim_for_export
+from aiayn.tasks import resolved
 
 logger = logging.getLogger(__name__)
 
@@ -119,20 +121,14 @@ def export(source: str | Path | None, out: str | Path, *, fmt: str = "hf", quant
         raise ValueError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     check_export_dir(out, force=force)  # before the model loads: refuse at once
     source = "minilm" if source is None else source
-    kind = task_class(source)
+    exporter = resolved(objective_of(source).exporter)  # the one the model's objective names
     with _transformers_quiet():
-        if kind is Generator:
-            return _export_generator(Generator.from_pretrained(source, device="cpu"), out, fmt=fmt, force=force,
-                                     check=check)
-        if kind is Translator:
-            return _export_translator(Translator.from_pretrained(source, device="cpu"), out, fmt=fmt,
-                                      quantization=quantization, force=force, check=check)
-        return _export_encoder(_encoder_of(source, kind), out, fmt=fmt, force=force, check=check)
+        return exporter(source, out, fmt=fmt, quantization=quantization, force=force, check=check)
 
 
-def _encoder_of(source: str | Path, kind: type) -> Embedder:
+def _encoder_of(source: str | Path) -> Embedder:
     """An Embedder over the encoder of any encoder-only source (a task head is not exported)."""
-    if kind is Embedder:
+    if task_class(source) is Embedder:
         return Embedder.from_pretrained(source, device="cpu")
     from aiayn.io import load_model, load_tokenizers
 
@@ -144,10 +140,12 @@ def _encoder_of(source: str | Path, kind: type) -> Embedder:
 
 # -- translators -----------------------------------------------------------------------------------
 
-def _export_translator(translator: Translator, out: str | Path, *, fmt: str, quantization: str | None, force: bool,
-                       check: bool) -> ExportResult:
+def export_translator(source: str | Path, out: str | Path, *, fmt: str, quantization: str | None, force: bool,
+                      check: bool) -> ExportResult:
+    """A translator's export: Hugging Face Marian (post-LN) or Pegasus (pre-LN), or CTranslate2."""
     from aiayn.interop.translators import check_mappable, hf_family
 
+    translator = Translator.from_pretrained(source, device="cpu")
     if fmt == "onnx":
         raise ValueError("the ONNX export takes encoders; a translator exports to Hugging Face Marian or Pegasus "
                          "(the default) or to CTranslate2 (--ctranslate2)")
@@ -246,11 +244,14 @@ def _until(row: list[int], eos: int) -> list[int]:
 
 # -- decoder-only language models ---------------------------------------------------------------------
 
-def _export_generator(generator: Generator, out: str | Path, *, fmt: str, force: bool, check: bool) -> ExportResult:
+def export_generator(source: str | Path, out: str | Path, *, fmt: str, quantization: str | None, force: bool,
+                     check: bool) -> ExportResult:
+    """A decoder-only language model's export: Hugging Face GPT-2 (`quantization` is CTranslate2's: always None)."""
     from aiayn.interop.gpt2 import check_mappable, export_gpt2
 
     if fmt != "hf":
         raise ValueError(f"a decoder-only language model exports to Hugging Face GPT-2 (the default), not {fmt}")
+    generator = Generator.from_pretrained(source, device="cpu")
     check_mappable(generator.model.config)  # refused before anything is written
     out = claim_for_export(out, force=force, fmt="gpt2")
     export_gpt2(generator.model, generator.tokenizer, out)
@@ -296,13 +297,17 @@ def _encoder_check_texts(embedder: Embedder) -> list[str]:
     return [*CHECK_TEXTS, long]
 
 
-def _export_encoder(embedder: Embedder, out: str | Path, *, fmt: str, force: bool, check: bool) -> ExportResult:
+def export_encoder(source: str | Path, out: str | Path, *, fmt: str, quantization: str | None, force: bool,
+                   check: bool) -> ExportResult:
+    """An encoder's export (a task head is left out): sentence-transformers / BERT, or ONNX (`quantization` is
+    CTranslate2's: always None)."""
     from aiayn.interop.bert import bert_problems
 
-    cfg = embedder.model.config
     if fmt == "ctranslate2":
         raise ValueError("the CTranslate2 export takes translators (encoder-decoders); export an encoder to "
                          "Hugging Face format (the default) or --onnx")
+    embedder = _encoder_of(source)
+    cfg = embedder.model.config
     if fmt == "hf" and bert_problems(cfg):  # refused before anything is written
         raise ValueError(f"cannot export to BERT format: {'; '.join(bert_problems(cfg))} (--onnx exports any encoder)")
     out = claim_for_export(out, force=force, fmt=fmt)

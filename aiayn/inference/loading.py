@@ -33,9 +33,9 @@ from aiayn.rundir import (
     load_json,
     no_model_hint,
 )
+from aiayn.tasks import Task, resolved, task_of
 
 Loaded = Translator | Generator | Classifier | Tagger | Embedder
-_BY_HEAD = {cls.head_kind: cls for cls in (Classifier, Tagger)}  # each names the task head it serves
 _READS = ("aiayn.load reads aiayn runs and model directories, BERT-family checkpoints (sentence-transformers "
           "models included) and the name 'minilm'")
 
@@ -55,20 +55,21 @@ def _model_type(directory: Path) -> str | None:
     return config.get("model_type") if isinstance(config, dict) else None
 
 
-def task_class(path: str | Path) -> type:
-    """The class `load` returns for `path` (a directory or a MiniLM name); ValueError names what is there instead."""
-    from aiayn.interop.bert import resolve_checkpoint
+def objective_of(path: str | Path) -> Task:
+    """The task object of the objective whose model `path` holds (a directory or a MiniLM name); ValueError names
+    what is there instead. A BERT-family checkpoint is read as the plain encoder it is (`aiayn.tasks.task_of`)."""
+    from aiayn.interop.bert import config_from_bert, resolve_checkpoint
 
     if not str(path).strip():
         raise ValueError(f"the path is empty (it would mean the current directory); {_READS}")
     directory = Path(path)
     info = inspect_dir(directory)
     if info.kind == MISSING:  # a MiniLM name, or a hub id where a network exists (a path is never sent there)
-        return task_class(resolve_checkpoint(path))
+        return objective_of(resolve_checkpoint(path))
     model_type = _model_type(directory)
     if info.kind in (HF_CHECKPOINT, EXPORT) and model_type is not None:
         if model_type == "bert":
-            return Embedder
+            return task_of(config_from_bert(load_json((directory / MODEL_CONFIG).read_text(encoding="utf-8"))))
         raise ValueError(f"{directory} holds a Hugging Face {model_type!r} checkpoint, which aiayn cannot use; "
                          f"{_READS}")
     if info.kind == EXPORT and model_type is None and not (directory / WEIGHTS).is_file():
@@ -77,14 +78,14 @@ def task_class(path: str | Path) -> type:
     if info.kind in (RUN, MODEL, EXPORT):
         from aiayn.io import load_config
 
-        cfg = load_config(directory)
-        if cfg.causal:
-            return Generator
-        if cfg.is_encoder_decoder:
-            return Translator
-        return _BY_HEAD.get(cfg.head, Embedder)
+        return task_of(load_config(directory))
     hint = no_model_hint(directory)
     raise ValueError(hint or f"{directory} holds {info.description}; {_READS}")
+
+
+def task_class(path: str | Path) -> type:
+    """The class `load` returns for `path`: the one its objective names (`Task.loaded`)."""
+    return resolved(objective_of(path).loaded)
 
 
 def load(path_or_name: str | Path, *, device: str | torch.device | None = None) -> Loaded:

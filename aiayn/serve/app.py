@@ -38,7 +38,7 @@ from aiayn.serve.batching import Passes, QueueFull
 from aiayn.serve.guard import Access, Guard
 from aiayn.serve.limits import ApiError, Limits, read_fields, string_field, texts_field
 from aiayn.serve.metrics import Metrics
-from aiayn.serve.models import SERVED, Served, ServedLabeller, ServedTranslator, pick, pick_translator
+from aiayn.serve.models import Served, ServedLabeller, ServedTranslator, pick, pick_translator, served_class
 from aiayn.serve.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -145,9 +145,10 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
         raise ValueError(f"a pool of {pool.size} worker processes serves {pool.size} passes, not {passes}")
     server = Server([], limits or Limits(), Metrics(), Passes(passes, threads))
     for name, obj in objects.items():
-        served = SERVED.get(type(obj))
-        if served is None:
-            raise ValueError(f"cannot serve {name!r}: a {type(obj).__name__} is not a task object aiayn serves")
+        try:
+            served = served_class(obj)
+        except ValueError as err:
+            raise ValueError(f"cannot serve {name!r}: {err}") from None
         server.models.append(served(name, obj, server.passes, server.limits, server.metrics, max_tokens=max_tokens,
                                     max_batch=max_batch, max_wait=max_wait, pool=pool))
 

@@ -1,11 +1,11 @@
 """The objects a server answers with: each loaded task object, its batcher, and what its routes need.
 
-One class per kind of object (`SERVED` maps the task object's class to it): a translator answers
-`/translate`, a generator `/v1/completions`, an embedder `/v1/embeddings` and `/embed`, a classifier or tagger
-`/predict`. Each one
-counts a request's tokens before it is queued (so a text the model cannot take is refused alone,
-with 422) and runs a gathered batch through the object's own batched call (`call`): in the server's
-pass thread, or, given a `WorkerPool`, in a worker process that holds its own copy of the object.
+One class per kind of object, named by the objective that trains its model (`Task.served`, found by
+`served_class`): a translator answers `/translate`, a generator `/v1/completions`, an embedder
+`/v1/embeddings` and `/embed`, a classifier or tagger `/predict`. Each one counts a request's tokens
+before it is queued (so a text the model cannot take is refused alone, with 422) and runs a gathered
+batch through the object's own batched call (`call`): in the server's pass thread, or, given a
+`WorkerPool`, in a worker process that holds its own copy of the object.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from aiayn.config import ModelConfig
 from aiayn.inference.classifiers import Classifier, Prediction, Tagger
 from aiayn.inference.embeddings import Embedder, encode_texts
 from aiayn.inference.generator import Completion, Generator
@@ -25,6 +26,7 @@ from aiayn.serve.batching import Batcher, Passes
 from aiayn.serve.limits import ApiError, Limits
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.workers import WorkerPool
+from aiayn.tasks import resolved, task_of
 
 ANY_LANGUAGE = "auto"
 
@@ -209,14 +211,20 @@ class ServedGenerator(Served):
         return out  # type: ignore[return-value]
 
 
-SERVED: dict[type, type[Served]] = {Translator: ServedTranslator, Generator: ServedGenerator, Embedder: ServedEmbedder,
-                                    Classifier: ServedLabeller, Tagger: ServedLabeller}
+def served_class(obj: Any) -> type[Served]:
+    """How `obj` is served: the `Served` class its model's objective names (`Task.served`); ValueError for an
+    object that is not what `aiayn.load` gives."""
+    config = getattr(getattr(obj, "model", None), "config", None)
+    task = task_of(config) if isinstance(config, ModelConfig) else None
+    if task is None or not isinstance(obj, resolved(task.loaded)):
+        raise ValueError(f"a {type(obj).__name__} is not a task object aiayn serves (aiayn.load gives those)")
+    return resolved(task.served)
 
 
 def batched_call(obj: Any, texts: list, **options) -> list:
-    """`obj`'s batched call (`Served.call` of its kind in `SERVED`): what a `WorkerPool`'s processes run. A plain
+    """`obj`'s batched call (`Served.call` of its kind, `served_class`): what a `WorkerPool`'s processes run. A plain
     text where the call takes (text, settings) gets the default settings (`Served.queued`; a worker's warm-up)."""
-    served = SERVED[type(obj)]
+    served = served_class(obj)
     return served.call(obj, [served.queued(t) if isinstance(t, str) else t for t in texts], **options)
 
 

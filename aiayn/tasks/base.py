@@ -46,6 +46,17 @@ class Task(abc.ABC):
     # Hugging Face BERT names of its head's weights -> aiayn's (`aiayn.interop.bert`): whole keys, or stems
     # whose `.weight` / `.bias` follow. A head without them is newly initialised when a checkpoint loads.
     bert_keys: dict[str, str] = {}
+    # What its trained models become, each named "module:attribute" and imported when asked (`resolved`): they
+    # live in the layers above the task objects, which import the task files, so a task names them, never imports.
+    loaded: str = "aiayn.inference.embeddings:Embedder"  # the object `aiayn.load` gives for its models
+    served: str = "aiayn.serve.models:ServedEmbedder"  # how `aiayn serve` answers with that object
+    # `aiayn export`: a function (source, out, *, fmt, quantization, force, check) -> `aiayn.export.ExportResult`
+    exporter: str = "aiayn.export:export_encoder"
+
+    def trains(self, cfg: Any) -> bool:
+        """Whether a model of `ModelConfig` `cfg` is one this objective trains (what loading, serving and exports
+        ask of a model directory); default: an encoder with this task's `head`."""
+        return not cfg.n_decoder_layers and not cfg.causal and cfg.head == self.head
 
     def configured(self, cfg: Any) -> Task:
         """This task with the options of the run config `cfg` it reads (none, by default: itself)."""

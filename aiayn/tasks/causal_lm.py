@@ -26,6 +26,12 @@ class CausalLM(Task):
 
     name = CAUSAL_LM
     starts_from_encoder = False
+    loaded = "aiayn.inference.generator:Generator"
+    served = "aiayn.serve.models:ServedGenerator"
+    exporter = "aiayn.export:export_generator"
+
+    def trains(self, cfg: Any) -> bool:
+        return bool(cfg.causal)
 
     def model_settings(self, data: PreparedData, given: dict[str, Any]) -> dict[str, Any]:
         """The decoder-only shape: the preset's layers as one causal stack, the vocabulary projection its head."""

@@ -31,6 +31,10 @@ class MaskedLM(Task):
     def __init__(self, probability: float = 0.15):
         self.probability = probability  # the share of real tokens picked (BERT's 0.15)
 
+    def trains(self, cfg: Any) -> bool:
+        """An encoder with the masked-LM head, or with none (the plain encoder pre-training leaves)."""
+        return not cfg.n_decoder_layers and not cfg.causal and cfg.head in (MASKED_LM, "none")
+
     def configured(self, cfg: Any) -> MaskedLM:
         """The task masking the run's `mlm_probability` of the tokens."""
         return self if cfg.mlm_probability == self.probability else MaskedLM(cfg.mlm_probability)

@@ -26,6 +26,12 @@ class Seq2Seq(Task):
     starts_from_encoder = False
     generates = True
     checked = True
+    loaded = "aiayn.inference.translator:Translator"
+    served = "aiayn.serve.models:ServedTranslator"
+    exporter = "aiayn.export:export_translator"
+
+    def trains(self, cfg: Any) -> bool:
+        return bool(cfg.is_encoder_decoder)
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
         """Sentence pairs: two aligned files "SRC,TGT", or one file with source and target fields."""

@@ -7,7 +7,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.nn.model import build_model
-from aiayn.tasks import MASKED_LM, SEQ2SEQ, SEQUENCE_CLASSIFICATION, get_task
+from aiayn.tasks import MASKED_LM, OBJECTIVES, SEQ2SEQ, SEQUENCE_CLASSIFICATION, get_task, resolved, task_of
 
 TINY = ModelConfig(vocab_size=24, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
                    max_len=16, dropout=0.0)
@@ -50,3 +50,21 @@ def test_sequence_classification_scores_predictions_in_split_order():
 def test_an_unknown_objective_names_the_choices():
     with pytest.raises(ValueError, match="seq2seq, sequence_classification, token_classification, masked_lm"):
         get_task("translation")
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_each_objective_owns_the_models_it_trains_and_what_they_become(objective):
+    """`task_of` finds the objective from the shape its `model_settings` give; what it names resolves."""
+    task = get_task(objective)
+    settings = task.model_settings(SimpleNamespace(**vars(DATA), shared_tokenizer=True), {})
+    assert task_of(TINY.replace(**settings)) is task
+    loaded, served, exporter = (resolved(r) for r in (task.loaded, task.served, task.exporter))
+    assert isinstance(loaded, type) and isinstance(served, type) and callable(exporter)
+    assert served.call is not None and loaded.from_pretrained is not None
+
+
+def test_a_plain_encoder_is_masked_lm_and_an_unowned_shape_is_named():
+    assert task_of(TINY.replace(n_decoder_layers=0)) is get_task(MASKED_LM)  # BERT checkpoints load as embedders
+    with pytest.raises(ValueError, match=r"no objective trains this model \(encoder-only, head 'ner'\)"):
+        task_of(SimpleNamespace(n_decoder_layers=0, causal=False, is_encoder_decoder=False, head="ner",
+                                architecture="encoder-only"))
