@@ -32,6 +32,8 @@ class Task(abc.ABC):
             rather than read from the logits (`predictions`); the time budget sizes the test by it.
         checked: whether its data files pass the data check (`aiayn.data.check`: pairs and labelled texts).
         label_word: what one of its labels is called in messages ("label", "tag").
+        fits_recipe: whether `recipe="auto"` fits its run's sizes to the data (`aiayn.training.recipe`) when it
+            trains from scratch on files: only where the fitted recipe was measured to learn.
     """
 
     name: str = ""
@@ -42,6 +44,7 @@ class Task(abc.ABC):
     generates: bool = False
     checked: bool = False
     label_word: str = "label"
+    fits_recipe: bool = False
     special_tokens: tuple[str, ...] = ()  # tokens its tokenizer must hold besides the usual ones
     # Hugging Face BERT names of its head's weights -> aiayn's (`aiayn.interop.bert`): whole keys, or stems
     # whose `.weight` / `.bias` follow. A head without them is newly initialised when a checkpoint loads.

@@ -26,6 +26,7 @@ class Seq2Seq(Task):
     starts_from_encoder = False
     generates = True
     checked = True
+    fits_recipe = True
     loaded = "aiayn.inference.translator:Translator"
     served = "aiayn.serve.models:ServedTranslator"
     exporter = "aiayn.export:export_translator"

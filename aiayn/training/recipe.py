@@ -1,8 +1,9 @@
 """The recipe that fits the data: the sizes and rates a translation run takes from its corpus.
 
-`recipe="auto"` (the default) is `"fit"` for seq2seq trained from scratch on files, and `"paper"`
-otherwise (built-in tasks, classification, fine-tuning). Under `"fit"`, every key below that the
-config does not set is chosen from the number of training pairs; a key the config sets is kept.
+`recipe="auto"` (the default) is `"fit"` for an objective measured with it (`Task.fits_recipe`:
+seq2seq) trained from scratch on files, and `"paper"` otherwise (built-in tasks, other objectives,
+fine-tuning). Under `"fit"`, every key below that the config does not set is chosen from the number
+of training pairs; a key the config sets is kept.
 `"paper"` keeps the dataclass defaults: the paper's post-LN model and its schedule (`schedule.py`).
 
 The rule, and what backs each lever (docs/training.md, "A recipe that fits the data"):
@@ -32,7 +33,6 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
-from aiayn.tasks import SEQ2SEQ
 from aiayn.training.budget import parse_duration
 from aiayn.training.config import RunConfig, TrainConfig
 
@@ -46,10 +46,10 @@ SHORT = {"d_model": 128, "d_ff": 512, "dropout": 0.0}, 4000, 1024
 
 
 def uses_fit(cfg: TrainConfig) -> bool:
-    """Whether the run's recipe is "fit" ("auto": seq2seq from scratch on files)."""
+    """Whether the run's recipe is "fit" ("auto": an objective that `fits_recipe`, from scratch on files)."""
     if cfg.recipe != "auto":
         return cfg.recipe == "fit"
-    return cfg.objective == SEQ2SEQ and not cfg.task and not cfg.init_from
+    return cfg.objective_task.fits_recipe and not cfg.task and not cfg.init_from
 
 
 def fitted_keys(pairs: int, budget_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
