@@ -30,6 +30,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="no n-gram of this size twice in the text (default 0: off)")
     p.add_argument("--seed", type=integer(0), default=None, help="seed for --sample")
     p.add_argument("--only-new", action="store_true", help="print the continuation without its prompt")
+    p.add_argument("--max-tokens", type=integer(1), default=4096,
+                   help="prompt tokens per batch; a batch holds prompts of one length (default 4096)")
+    p.add_argument("--max-sentences", type=integer(0), default=0,
+                   help="most prompts in a batch of --max-tokens (default 0: no cap beside the token count)")
+    # translate's old spelling of --max-sentences, so that one batch option reads the same in both commands
+    p.add_argument("--batch-size", type=integer(0), dest="max_sentences", default=argparse.SUPPRESS,
+                   help=argparse.SUPPRESS)
     add_device_argument(p)
     add_precision_argument(p)
     p.set_defaults(func=cmd_generate)
@@ -46,7 +53,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     completions = generator.generate(prompts, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
                                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                      num_beams=args.beam, repetition_penalty=args.repetition_penalty,
-                                     no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed)
+                                     no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed,
+                                     max_tokens=args.max_tokens, max_sentences=args.max_sentences)
     for prompt, completion in zip(prompts, completions):
         text = completion.text if args.only_new else prompt + completion.text
         print(text.replace("\r", " ").replace("\n", " "), flush=True)

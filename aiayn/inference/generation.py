@@ -175,8 +175,8 @@ def _check_search_size(model: EncoderDecoderModel | DecoderOnlyModel, batch: int
                f"{config.beam_size}"
         # and first the pass over the sources (the prompts, for each beam): activations and (S x S) attention scores
         first = forward_bytes(cfg, batch * (config.beam_size if cfg.causal else 1), src_len)
-        fix = ("choose a smaller --beam, or fewer prompts at once" if cfg.causal else
-               "choose a smaller --beam, or fewer sentences a batch (--max-tokens, --max-sentences)")
+        fix = (f"choose a smaller --beam, or fewer {'prompts' if cfg.causal else 'sentences'} a batch (--max-tokens, "
+               "--max-sentences)")
         check_memory(batch * config.beam_size * per + first, what, fix)
 
 

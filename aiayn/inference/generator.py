@@ -1,10 +1,11 @@
 """`Generator`: a prompt in, its continuation out, with a trained decoder-only language model (`aiayn generate`).
 
-Each prompt is `<s>` + its tokens, as the training lines began; prompts of one length are continued together
-(`aiayn.inference.generation.continue_prompts`: greedy, sampling or beam search on the key/value cache), and the
-new tokens come back as text that continues the prompt exactly (the tokenizer is lossless). Keywords follow
-Hugging Face `generate()`: `max_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`, `num_beams`,
-`repetition_penalty`, `no_repeat_ngram_size`.
+Each prompt is `<s>` + its tokens, as the training lines began; the prompts are sorted by length and continued
+in batches of one length (the search takes no padding) of at most `max_tokens` prompt tokens, as `Translator` cuts
+its sources (`aiayn.inference.generation.continue_prompts`: greedy, sampling or beam search on the key/value cache),
+and the new tokens come back, in the order given, as text that continues the prompt exactly (the tokenizer is
+lossless). Keywords follow Hugging Face `generate()`: `max_new_tokens`, `do_sample`, `temperature`, `top_k`,
+`top_p`, `num_beams`, `repetition_penalty`, `no_repeat_ngram_size`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from aiayn.data.batching import token_batches
 from aiayn.inference.generation import GenerationConfig, continue_prompts, new_token_limit
 from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list
 from aiayn.inference.translator import search_settings
@@ -73,8 +75,17 @@ class Generator(ModelRunner):
                  top_k: int | None = None, top_p: float | None = None, num_beams: int | None = None,
                  beam_size: int | None = None, length_penalty: float | None = None,
                  repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
-                 seed: int | None = None) -> list[Completion]:
-        """Continue each prompt (one string or a list); the completions come back in the prompts' order."""
+                 seed: int | None = None, max_tokens: int = 4096, max_sentences: int = 0) -> list[Completion]:
+        """Continue each prompt (one string or a list); the completions come back in the prompts' order.
+
+        `max_tokens`: prompt tokens per batch (the prompts are sorted by length, and a batch holds prompts of one
+        length: the search takes no padding); `max_sentences` caps the prompts per batch (0: no cap). The other
+        keywords change one setting of `config` (see `GenerationConfig`).
+        """
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if max_sentences < 0:
+            raise ValueError(f"max_sentences must not be negative, got {max_sentences}")
         texts = text_list(prompts)
         config = search_settings(config or DEFAULT_SEARCH, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p, num_beams=num_beams,
@@ -88,12 +99,15 @@ class Generator(ModelRunner):
             by_length.setdefault(len(row), []).append(i)
         model = self.prepared_model()
         out: list[Completion | None] = [None] * len(texts)
-        for indices in by_length.values():
-            ids = torch.tensor([rows[i] for i in indices], device=self.device)  # (B, P): one length, no padding
-            result = continue_prompts(model, ids, eos_id=self.tokenizer.eos_id, config=config)
-            limit = new_token_limit(config, max_len, ids.shape[1])
-            for i, tokens, score in zip(indices, result.tokens, result.scores.tolist()):
-                out[i] = Completion(self._continuation(rows[i], tokens), tokens, score, len(tokens) < limit)
+        for length in sorted(by_length):
+            same = by_length[length]
+            for batch in token_batches([length] * len(same), max_tokens, shuffle=False, max_sentences=max_sentences):
+                indices = [same[j] for j in batch]
+                ids = torch.tensor([rows[i] for i in indices], device=self.device)  # (B, P): one length, no padding
+                result = continue_prompts(model, ids, eos_id=self.tokenizer.eos_id, config=config)
+                limit = new_token_limit(config, max_len, length)
+                for i, tokens, score in zip(indices, result.tokens, result.scores.tolist()):
+                    out[i] = Completion(self._continuation(rows[i], tokens), tokens, score, len(tokens) < limit)
         return out  # type: ignore[return-value]
 
     def encode(self, prompts: str | Sequence[str]) -> list[list[int]]:

@@ -1,8 +1,12 @@
 """The scene every hostile CLI case runs in: a trained run (`run/`, two checkpoints), a Hugging Face BERT checkpoint
-(`bert/`), an aiayn encoder (`enc/`), an earlier export (`export/`), a plain file and files aiayn did not write."""
+(`bert/`), an aiayn encoder (`enc/`), an earlier export (`export/`), a plain file and files aiayn did not write;
+and the table's `Case`, run in the scene by `refused` (the cases: tests/hardening/test_cli_*.py, by area)."""
 
+import json
 import os
+import re
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -59,3 +63,59 @@ def truncate(path, keep=0.5):
         data = Path(scene, path).read_bytes()
         Path(scene, path).write_bytes(data[: int(len(data) * keep)])
     return prepare
+
+
+def write(path, text):
+    return lambda scene: Path(scene, path).write_text(text, encoding="utf-8")
+
+
+def edit_json(path, change):
+    def prepare(scene):
+        data = json.loads(Path(scene, path).read_text())
+        change(data)
+        Path(scene, path).write_text(json.dumps(data))
+    return prepare
+
+
+HELD: list = []  # locks a case holds, released after it
+
+
+@dataclass
+class Case:
+    id: str
+    argv: list
+    code: int
+    message: str
+    prepare: object = None
+    patch: object = None
+    new_files: bool = False
+    ignore: tuple = field(default_factory=tuple)
+
+
+@pytest.fixture
+def refused(scene, frozen, monkeypatch, capsys):
+    """`refused(case)` runs a `Case` in the scene: one line `aiayn CMD: error: ...` matching its message, its exit
+    code, every file that existed before byte-for-byte as it was, and no code from a pickle run."""
+
+    def run(case):
+        if case.prepare:
+            case.prepare(scene)
+        if case.patch:
+            case.patch(monkeypatch)
+        check = frozen(scene)
+        try:
+            code = main(case.argv)
+        except SystemExit as stop:  # argparse's own errors
+            code = stop.code
+        err = capsys.readouterr().err
+        command = case.argv[0]
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == case.code, err
+        assert len(lines) == 1 and lines[0].startswith(f"aiayn {command}: error: "), err
+        assert re.search(case.message, lines[0]), lines[0]
+        check(new_files=case.new_files, ignore=(".aiayn.lock", "run/.aiayn.lock"))
+        assert not Path(scene, "pwned.txt").exists()
+        while HELD:
+            HELD.pop().release()
+
+    return run

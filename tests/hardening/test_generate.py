@@ -83,7 +83,8 @@ def test_a_beam_wider_than_the_vocabulary_is_refused(generator):
 
 def test_a_search_that_would_not_fit_in_memory_is_refused_first(generator, monkeypatch):
     monkeypatch.setattr(aiayn.nn.sizes, "available_memory", lambda: 10_000)
-    with pytest.raises(MemoryError, match=r"decoding 1 prompt with beam 8 needs about .* fewer prompts at once"):
+    with pytest.raises(MemoryError, match=r"decoding 1 prompt with beam 8 needs about .* fewer prompts a batch "
+                                          r"\(--max-tokens, --max-sentences\)"):
         generator.generate("one", num_beams=8, max_new_tokens=5)
 
 
@@ -141,6 +142,8 @@ def test_other_precisions_generate_on_this_cpu(dirs, precision):
     (["generate", "--run", "{lm}", "one", "one " * MAX_LEN], r"prompt 2 has \d+ tokens with <s>"),
     (["generate", "--run", "{empty}", "one"], r"empty is not an aiayn model directory: config.json is missing"),
     (["generate", "--run", "{lm}", "--input", "{empty}"], r"input file .*empty is a directory; give a file"),
+    (["generate", "--run", "{lm}", "one", "--max-tokens", "0"], r"--max-tokens must be at least 1"),
+    (["generate", "--run", "{lm}", "one", "--max-sentences", "-1"], r"--max-sentences must be at least 0"),
 ])
 def test_cli_refusals_are_one_line_with_exit_code_2(dirs, capsys, argv, message):
     (dirs / "empty").mkdir(exist_ok=True)
@@ -157,6 +160,15 @@ def test_stdin_with_blank_lines_gives_one_line_per_prompt(dirs, generator, capsy
     expected = generator.generate(["one", "", "", "two"], max_new_tokens=3)
     assert code == 0
     assert out.splitlines() == [c.text.replace("\r", " ").replace("\n", " ") for c in expected]
+
+
+@pytest.mark.parametrize("batching", [["--max-sentences", "1"], ["--max-tokens", "3"], ["--batch-size", "2"]])
+def test_batch_options_change_no_output_line(dirs, capsys, batching):
+    prompts = ["one two three", "seven", "one two", "eight nine ten", "seven", "two"]
+    argv = ["generate", "--run", str(dirs / "lm"), "--max-new-tokens", "5", *prompts]
+    code, together, _ = run_cli(capsys, *argv)
+    assert code == 0 and len(together.splitlines()) == len(prompts)
+    assert run_cli(capsys, *argv, *batching)[:2] == (0, together)
 
 
 def test_large_max_new_tokens_stops_at_the_positions(dirs, capsys):

@@ -1,8 +1,10 @@
 """`aiayn.load` of a decoder-only model gives a Generator whose continuations follow the prompt exactly."""
 
+import pytest
 import torch
 
 import aiayn
+import aiayn.inference.generator
 from aiayn.config import ModelConfig
 from aiayn.inference.generation import GenerationConfig, continue_prompts
 from aiayn.io import save_model
@@ -43,3 +45,39 @@ def test_sampling_settings_pass_through(tmp_path):
     first = generator.generate("one", max_new_tokens=8, do_sample=True, top_p=0.9, temperature=0.8, seed=3)
     again = generator.generate("one", max_new_tokens=8, do_sample=True, top_p=0.9, temperature=0.8, seed=3)
     assert first[0].tokens == again[0].tokens
+
+
+def test_batches_of_any_size_give_what_all_prompts_at_once_give(tmp_path, monkeypatch):
+    """Prompts sorted by length, cut into batches of one length within max_tokens / max_sentences: the same
+    tokens as every prompt at once, back in the order given, greedy and beam alike."""
+    _, tokenizer, directory = saved_lm(tmp_path)
+    generator = aiayn.load(directory)
+    prompts = ["one two three four", "seven", "one two", "eight nine ten", "seven", "one two", "café, naïve", "two"]
+    lengths = [len(tokenizer.encode(p, add_bos=True)) for p in prompts]
+    batches = []
+    run = aiayn.inference.generator.continue_prompts
+    monkeypatch.setattr(aiayn.inference.generator, "continue_prompts",
+                        lambda model, ids, **kw: batches.append(tuple(ids.shape)) or run(model, ids, **kw))
+    for beams in (1, 3):
+        batches.clear()
+        together = generator.generate(prompts, max_new_tokens=6, num_beams=beams)
+        assert sorted(batches) == sorted((lengths.count(n), n) for n in set(lengths))  # one batch a length
+        for batching, fits in (({"max_sentences": 1}, lambda b, p: b == 1),
+                               ({"max_tokens": 5}, lambda b, p: b * p <= 5 or b == 1),
+                               ({"max_tokens": 1}, lambda b, p: b == 1),
+                               ({"max_tokens": 100, "max_sentences": 2}, lambda b, p: b <= 2)):
+            batches.clear()
+            apart = generator.generate(prompts, max_new_tokens=6, num_beams=beams, **batching)
+            assert all(fits(b, p) for b, p in batches), (batching, batches)
+            assert sum(b for b, _ in batches) == len(prompts)
+            assert [c.tokens for c in apart] == [c.tokens for c in together], (beams, batching)
+            torch.testing.assert_close(torch.tensor([c.score for c in apart]),
+                                       torch.tensor([c.score for c in together]))
+
+
+@pytest.mark.parametrize("batching, message", [({"max_tokens": 0}, r"max_tokens must be at least 1, got 0"),
+                                               ({"max_sentences": -1}, r"max_sentences must not be negative")])
+def test_batch_sizes_out_of_range_are_refused(tmp_path, batching, message):
+    _, _, directory = saved_lm(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        aiayn.load(directory).generate("one", **batching)
