@@ -62,6 +62,7 @@ from aiayn.tasks import SEQ2SEQ, get_task
 from aiayn.training.distributed import ObjectiveForward, Replicas
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.optim import make_adam
+from aiayn.training.recipe import fitted_keys
 
 
 def step_flops(cfg: ModelConfig, batch: int, src_len: int, tgt_len: int) -> float:
@@ -177,7 +178,7 @@ def marian_peer(cfg: ModelConfig) -> nn.Module | None:
         return None
     from aiayn.interop.marian import marian_config
 
-    return MarianMTModel(marian_config(cfg.replace(pe_layout="split")))
+    return MarianMTModel(marian_config(cfg.replace(pe_layout="split", norm_first=False)))  # Marian is post-LN
 
 
 def torch_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
@@ -243,7 +244,7 @@ def data_parallel_rank(args: argparse.Namespace, cfg: ModelConfig) -> int:
     rank, world = args.rank, int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
-    backend = select("cpu", "train", args.precision)
+    backend = select("cpu", "train", args.precision, train_shape=(args.max_tokens, cfg.d_model, cfg.d_ff))
     ours = build_model(cfg).train()
     opt = _optimizer(ours)
     replicas = Replicas(ours, get_task(SEQ2SEQ), opt, rank=rank, world=world, prepared=backend.prepare(ours))
@@ -384,6 +385,12 @@ def gpt2_peer(cfg: ModelConfig) -> nn.Module | None:
     return GPT2LMHeadModel(gpt2_config(cfg))
 
 
+def recipe_shapes(pairs: int = 10_000, budget_s: float = 1200.0) -> tuple[str, int, int, dict]:
+    """(preset, vocabulary, batch tokens, model keys) the fitted recipe picks for `pairs` pairs and a budget."""
+    train, model = fitted_keys(pairs, budget_s)
+    return model.pop("preset"), train["vocab_size"], train["max_tokens"], model
+
+
 def aiayn_models(cfg: ModelConfig, backend) -> tuple[nn.Module, nn.Module, nn.Module]:
     """(the model, a copy of it run as plain modules, the model as `backend` prepares it for training), on the device;
     the prepared one shares the model's parameters, as in the trainer."""
@@ -397,7 +404,7 @@ def decoder_only_main(args: argparse.Namespace, cfg: ModelConfig) -> int:
     """aiayn's decoder-only model (prepared by the trainer's backend, and as plain modules) beside
     `GPT2LMHeadModel` of the same sizes, on the same batches, interleaved; prints tokens/s and the ratios."""
     cfg = decoder_only_config(cfg, args.seq_len)
-    backend = select(args.device, "train", args.precision)
+    backend = select(args.device, "train", args.precision, train_shape=(args.max_tokens, cfg.d_model, cfg.d_ff))
     device = backend.device
     ours, plain, prepared = aiayn_models(cfg, backend)
     steps = {"aiayn": (decoder_only_step, prepared, _optimizer(ours), backend.autocast),
@@ -437,19 +444,27 @@ def main(argv: list[str] | None = None) -> int:
                         help="encoder-decoder (beside Marian and torch.nn.Transformer, the default) or decoder-only "
                              "(the preset's decoder as GPT-2's layout, beside Hugging Face GPT-2)")
     parser.add_argument("--seq-len", type=int, default=128, help="decoder-only: tokens per training sequence")
+    parser.add_argument("--recipe", action="store_true",
+                        help="the shapes `aiayn train` fits to a corpus of 10,000+ pairs under a short time budget "
+                             "(d_model 128, d_ff 512, pre-LN, no dropout, 4,000 pieces, 1,024-token batches); "
+                             "Marian and torch.nn.Transformer at the same sizes, post-LN")
     parser.add_argument("--rank", type=int, default=-1, help=argparse.SUPPRESS)  # a data-parallel process
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    cfg = preset(args.preset)
+    if args.recipe:
+        args.preset, args.vocab, args.max_tokens, overrides = recipe_shapes()
+        cfg = preset(args.preset).replace(**overrides)
+    else:
+        cfg = preset(args.preset)
     if args.vocab:
         cfg = cfg.replace(vocab_size=args.vocab)
     if args.model == "decoder-only":
         return decoder_only_main(args, cfg)
     if args.rank >= 0:
         return data_parallel_rank(args, cfg)
-    backend = select(args.device, "train", args.precision)
+    backend = select(args.device, "train", args.precision, train_shape=(args.max_tokens, cfg.d_model, cfg.d_ff))
     device = backend.device
     ours, plain, prepared = aiayn_models(cfg, backend)
     theirs = TorchTransformerMT(cfg).to(device).train()
@@ -487,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _rank_argv(args: argparse.Namespace) -> list[str]:
     """The arguments a data-parallel process needs to build the same model and batches."""
-    argv = ["--preset", args.preset, "--vocab", str(args.vocab), "--max-tokens", str(args.max_tokens),
+    argv = ["--recipe"] if args.recipe else []
+    argv += ["--preset", args.preset, "--vocab", str(args.vocab), "--max-tokens", str(args.max_tokens),
             "--mean-len", str(args.mean_len), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     return argv + (["--precision", args.precision] if args.precision else [])
 

@@ -58,6 +58,7 @@ def force_choices(monkeypatch, *, one: str = "columns", few: str = "packed", man
                                  train_onednn=train_onednn, fused_qkv_inference=fused_qkv, fused_qkv_train=fused_qkv,
                                  torch_layers_inference=torch_layers)
     monkeypatch.setattr(calibrate, "choices", lambda refresh=False: forced)
+    monkeypatch.setattr(calibrate, "training_choices", lambda *shape: (train_onednn, fused_qkv))
     return forced
 
 

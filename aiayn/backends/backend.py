@@ -215,7 +215,7 @@ def weights_version(model: nn.Module) -> tuple | None:
 
 
 def select(device: str | torch.device | None = None, mode: str = "inference", precision: str | None = None, *,
-           plain: bool = False, compile: bool = False) -> Backend:
+           plain: bool = False, compile: bool = False, train_shape: tuple[int, int, int] | None = None) -> Backend:
     """Decide how to run on `device` (default: the best available) in `mode`, from what this machine can use.
 
     Args:
@@ -224,6 +224,8 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         precision: "fp32", "bf16" or "int8"; None picks per device: bf16 on a CUDA GPU that has it, else fp32.
         plain: run the modules as written (only the device and precision apply).
         compile: also `torch.compile` the prepared model (CUDA and CPU; off by default).
+        train_shape: (batch tokens, d_model, d_ff) of the model to train: its products and Q/K/V are chosen by
+            what was measured at those widths (`calibrate.training_choices`); None: at a base model's.
 
     Raises:
         ValueError: an unknown mode or precision, a device this machine lacks, int8 outside CPU inference.
@@ -254,8 +256,9 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
                      for kind, yes in by_kind.items() if yes)
         return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays)
     if mode == "train":
-        return replace(backend, onednn=measured.train_onednn and cpu.onednn_usable(),
-                       fused_qkv=measured.fused_qkv_train, compile=compile)
+        onednn, fused_qkv = (calibrate.training_choices(*train_shape) if train_shape is not None
+                             else (measured.train_onednn, measured.fused_qkv_train))
+        return replace(backend, onednn=onednn and cpu.onednn_usable(), fused_qkv=fused_qkv, compile=compile)
     # Cross-attention absorbed into the memory reads less wherever it applies (a rule measured on both CPU kinds).
     return replace(with_kernels(backend, kernels, fused_qkv=measured.fused_qkv_inference,
                                 torch_layers=measured.torch_layers_inference), absorbed_cross=True, compile=compile)

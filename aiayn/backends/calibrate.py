@@ -65,7 +65,7 @@ COLD_BYTES = 64 << 20
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
 FORMAT = 7  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
 #            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats;
-#            7: int8 weights against the float32 kernels)
+#            7: int8 weights against the float32 kernels; the training choices of a shape are added when asked)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -96,6 +96,8 @@ class Choices:
             (`int8.Int8WeightsLinear`) ran faster than the float32 kernel chosen there (int8 inference uses it for
             layers whose activations int8 cannot hold); None until int8 inference first asks
             (`int8_weight_choices`), so that float32 users do not wait for it.
+        training: by "rows x d_model x d_ff", [products on oneDNN, Q/K/V stacked] for training a model of those
+            widths (`training_choices`); measured the first time a run of that shape asks.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
@@ -110,6 +112,7 @@ class Choices:
     torch_layers_inference: bool = False
     ratios: dict[str, list[float]] = field(default_factory=dict)
     int8_weights: dict[str, dict[str, bool]] | None = None
+    training: dict[str, list[bool]] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -135,7 +138,11 @@ class Choices:
                 f"many {ratio('qkv', 'fused', 'separate')}), training "
                 f"{'yes' if self.fused_qkv_train else 'no'} ({ratio('qkv train', 'fused', 'separate')}); "
                 f"PyTorch's fused encoder layer: {'yes' if self.torch_layers_inference else 'no'} "
-                f"({ratio('encoder layer', 'torch', 'aiayn')})")
+                f"({ratio('encoder layer', 'torch', 'aiayn')})"
+                + "".join(f"; training {key} (rows x d_model x d_ff): {'oneDNN' if onednn else 'F.linear'} "
+                          f"({ratio(f'train {key}', 'onednn', 'dense')} F.linear's speed), fused QKV "
+                          f"{'yes' if fused else 'no'} ({ratio(f'qkv train {key}', 'fused', 'separate')})"
+                          for key, (onednn, fused) in (self.training or {}).items()))
 
 
 @functools.cache
@@ -310,6 +317,58 @@ def _written_out(layer: nn.Module, kernels: tuple[tuple[str, str, str], ...], fu
     return cpu.fuse_activations(written_out)
 
 
+def _training(rows: int, d_model: int, d_ff: int, seconds: dict[str, float], ratios: dict[str, list[float]],
+              gen: torch.Generator, what: str = "") -> tuple[bool, bool]:
+    """(products on oneDNN, Q/K/V stacked) for training layers of these widths on `rows` rows: each measured
+    forward and backward against F.linear and three separate products, recorded as "train{what}" and
+    "qkv train{what}"."""
+    with torch.enable_grad():
+        # a layer's products (the vocabulary projection is one product among a step's many)
+        shapes = ((d_model, d_ff), (d_model, d_model), (d_ff, d_model))
+        params = [((torch.randn(n_out, n_in, generator=gen) / n_in**0.5).requires_grad_(),
+                   torch.randn(n_out, generator=gen).requires_grad_()) for n_in, n_out in shapes]
+        xs = [torch.randn(rows, n_in, generator=gen, requires_grad=True) for n_in, _ in shapes]
+
+        def train_step(product: Callable) -> Callable[[], None]:
+            return lambda: torch.autograd.backward([product(x, w, b).sum() for x, (w, b) in zip(xs, params)])
+
+        candidates = {"dense": train_step(F.linear)}
+        if cpu.onednn_usable():
+            candidates["onednn"] = train_step(cpu.onednn_linear)
+        timed = timing.timed(candidates)
+        timing.record(seconds, f"train{what}", timed, plain="dense", ratios=ratios)
+        seconds.setdefault(f"train{what}: onednn", float("inf"))
+        onednn = timing.pick(timed, "dense") == "onednn"
+        wq, wk, wv = (params[1][0].detach().clone().requires_grad_() for _ in range(3))
+        xq = xs[1]
+        timed = timing.timed({
+            "separate": lambda: torch.autograd.backward([sum(F.linear(xq, w).sum() for w in (wq, wk, wv))]),
+            "fused": lambda: torch.autograd.backward([F.linear(xq, torch.cat([wq, wk, wv])).sum()]),
+        })
+        timing.record(seconds, f"qkv train{what}", timed, plain="separate", ratios=ratios)
+        return onednn, timing.pick(timed, "separate") == "fused"
+
+
+def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
+    """(products on oneDNN, Q/K/V stacked) for training a model of these widths on batches of about `rows`
+    tokens: measured the first time a run of that shape asks (under a second at a short recipe's widths), then
+    kept with the other choices in the cache (`Choices.training`). A base model's widths (`train_onednn`,
+    `fused_qkv_train`) do not decide for a narrow one: oneDNN's products that win at d_model 512 can lose at
+    d_model 128 (docs/notes.md, "Training on the recipe's shapes")."""
+    found = choices()
+    key = f"{rows}x{d_model}x{d_ff}"
+    if key not in (found.training or {}):
+        seconds, ratios = dict(found.seconds), dict(found.ratios)
+        with torch.inference_mode(False):
+            measured = _training(rows, d_model, d_ff, seconds, ratios, torch.Generator().manual_seed(2), f" {key}")
+        found = replace(found, training={**(found.training or {}), key: list(measured)}, seconds=seconds,
+                        ratios=ratios)
+        _chosen[_key(found.machine)] = found
+        _store(found)
+    onednn, fused = found.training[key]
+    return onednn, fused
+
+
 def _shape_weights(gen: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """A weight (out, in) and bias (out,) of each shape kind, as `measure` times them."""
     return {kind: (torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
@@ -360,32 +419,8 @@ def measure(description: dict[str, str] | None = None) -> Choices:
                 del layers, shaped
         fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
         torch_layers = _torch_layers_inference(inference, fused_inference, seconds)
-    with torch.enable_grad():
-        # a layer's products: a training step's output layer is one product among the model's many
-        layer_kinds = [(kind, shape) for kind, shape in SHAPE_KINDS if kind != "vocabulary"]
-        params = [(weights[kind][0].clone().requires_grad_(), weights[kind][1].clone().requires_grad_())
-                  for kind, _ in layer_kinds]
-        xs = [torch.randn(TRAIN_ROWS, n_in, generator=gen, requires_grad=True) for _, (n_in, _) in layer_kinds]
-
-        def train_step(product: Callable) -> Callable[[], None]:
-            return lambda: torch.autograd.backward([product(x, w, b).sum() for x, (w, b) in zip(xs, params)])
-
-        candidates = {"dense": train_step(F.linear)}
-        if usable:
-            candidates["onednn"] = train_step(cpu.onednn_linear)
-        timed = timing.timed(candidates)
-        timing.record(seconds, "train", timed, plain="dense", ratios=ratios)
-        seconds.setdefault("train: onednn", float("inf"))
-        train_onednn = timing.pick(timed, "dense") == "onednn"
-        square = weights["square"][0]
-        wq, wk, wv = (square.clone().requires_grad_() for _ in range(3))
-        xq = torch.randn(TRAIN_ROWS, square.shape[1], generator=gen, requires_grad=True)
-        timed = timing.timed({
-            "separate": lambda: torch.autograd.backward([sum(F.linear(xq, w).sum() for w in (wq, wk, wv))]),
-            "fused": lambda: torch.autograd.backward([F.linear(xq, torch.cat([wq, wk, wv])).sum()]),
-        })
-        timing.record(seconds, "qkv train", timed, plain="separate", ratios=ratios)
-        fused_train = timing.pick(timed, "separate") == "fused"
+    d_model, d_ff = dict(SHAPE_KINDS)["wide"]
+    train_onednn, fused_train = _training(TRAIN_ROWS, d_model, d_ff, seconds, ratios, gen)
     return Choices(inference=inference, train_onednn=train_onednn, fused_qkv_inference=fused_inference,
                    fused_qkv_train=fused_train, seconds=seconds, machine=description or machine(),
                    torch_layers_inference=torch_layers, ratios=ratios)

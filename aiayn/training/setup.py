@@ -30,6 +30,9 @@ from aiayn.training.optim import make_optimizer
 from aiayn.training.recipe import fit_run, uses_fit
 from aiayn.training.schedule import resolve_recipe
 
+# The training products are timed on batches of at most this many rows (larger ones behave alike and time slowly).
+TRAIN_SHAPE_ROWS = 4096
+
 logger = logging.getLogger(__name__)
 
 
@@ -130,7 +133,10 @@ def setup(t: Any) -> None:
     torch.manual_seed(cfg.seed)
     t.model = build_run_model(t, pretrained)
     # The train step runs a prepared copy sharing the model's parameters (see aiayn.backends).
-    t.backend = select(t.device, "train", cfg.precision)
+    # Its products are chosen by what was measured at this model's widths and batch size.
+    mcfg = t.model.config
+    t.backend = select(t.device, "train", cfg.precision, train_shape=(min(cfg.max_tokens, TRAIN_SHAPE_ROWS),
+                                                                       mcfg.d_model, mcfg.d_ff))
     t.prepared = t.backend.prepare(t.model)
     t.recipe, notes = resolve_recipe(cfg, total_steps=planned_steps(t), d_model=t.model.config.d_model)
     if main and t.budget is None:  # under a budget, the plan after the first steps reports the recipe

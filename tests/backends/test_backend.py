@@ -392,6 +392,22 @@ def test_int8_weights_are_measured_when_int8_first_asks_and_then_cached(tmp_path
     assert calibrate.int8_weight_choices() == measured
 
 
+def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_path, monkeypatch):
+    """Each shape a run asks for is measured once, cached, and what `select` gives that run."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    narrow = calibrate.training_choices(64, 32, 128)
+    assert calibrate.choices().training == {"64x32x128": list(narrow)}
+    assert "train 64x32x128: dense" in calibrate.choices().seconds
+    assert "training 64x32x128 (rows x d_model x d_ff)" in calibrate.choices().describe()
+    backend = select("cpu", "train", train_shape=(64, 32, 128))
+    assert (backend.onednn, backend.fused_qkv) == (narrow[0] and onednn_usable(), narrow[1])
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_training", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert calibrate.training_choices(64, 32, 128) == narrow
+
+
 def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
     assert timing.pick({"dense": [1.0] * 3, "packed": [0.97] * 3}, "dense") == "dense"  # within MARGIN
     assert timing.pick({"dense": [1.0] * 3, "packed": [0.5] * 3, "columns": [0.7] * 3}, "dense") == "packed"
