@@ -389,8 +389,8 @@ VALUES = [
          r"--alpha must be a finite number, got inf"),
     Case("translate --top-p 0", ["translate", "--run", "run", "--sample", "--top-p", "0", "a"], 2,
          r"--top-p must be above 0, got 0"),
-    Case("translate --beam 1000000", ["translate", "--run", "run", "--beam", "1000000", "a"], 2,
-         r"beam_size 1000000 is more than the target vocabulary \(\d+ tokens\), so the beams could not differ"),
+    Case("translate --num-beams 1000000", ["translate", "--run", "run", "--num-beams", "1000000", "a"], 2,
+         r"num_beams 1000000 is more than the target vocabulary \(\d+ tokens\), so the beams could not differ"),
     Case("translate --attention-layer 99, before translating", ["translate", "--run", "run", "a", "--show-attention",
                                                                  "map.png", "--attention-layer", "99"], 2,
          r"--attention-layer 99 is outside 1..1 \(the model has 1 decoder layer\)"),
@@ -500,7 +500,7 @@ AREA_TEXT = {
                 "`--input /dev/zero`, a symlink loop, `model.safetensors` a directory or a link to `/dev/zero`, stdin "
                 "closed (`<&-`) or Latin-1"),
     "values": ("values (finite, in range, the right type), checked before any work",
-               "`--alpha nan`, `--beam 1000000`, `lr=inf`, `max_steps=10**23`, `model.d_model=1048576` (4), "
+               "`--alpha nan`, `--num-beams 1000000`, `lr=inf`, `max_steps=10**23`, `model.d_model=1048576` (4), "
                "`model.max_len=1` against the data, a classifier on one label"),
     "places": ("places aiayn wrote, but not the one the command takes",
                "`--run RUN/checkpoints`, a run that did not finish, `--resume max_steps=8` on a run at step 40"),
