@@ -276,20 +276,23 @@ def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
 
 
-def parse_overrides(overrides: list[str] | tuple[str, ...], cls: type = ModelConfig) -> dict[str, Any]:
+def parse_overrides(overrides: list[str] | tuple[str, ...], cls: type = ModelConfig,
+                    old_keys: dict[str, str] | None = None) -> dict[str, Any]:
     """Turn `["d_model=256", "norm_first=true"]` into typed values for the dataclass `cls`.
 
+    `old_keys` maps old spellings to fields: such a key is parsed as its field and kept under the name given.
     Unknown keys and values that do not parse as the field's type raise ValueError.
     """
     types = {f.name: f.type for f in fields(cls)}
+    known = {**types, **{old: types[new] for old, new in (old_keys or {}).items()}}
     result: dict[str, Any] = {}
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} must look like key=value")
         key, raw = (part.strip() for part in item.split("=", 1))
-        if key not in types:
+        if key not in known:
             raise ValueError(f"unknown config key {key!r}; known keys: {', '.join(sorted(types))}")
-        result[key] = _parse_value(key, raw, str(types[key]))
+        result[key] = _parse_value(key, raw, str(known[key]))
     return result
 
 

@@ -170,8 +170,8 @@ def _check_limit(translator: Translator) -> int:
     return min(CHECK_MAX_NEW_TOKENS, translator.model.config.max_len - 1)
 
 
-def _aiayn_tokens(translator: Translator, texts: list[str], beam_size: int) -> list[list[int]]:
-    config = GenerationConfig(beam_size=beam_size, max_new_tokens=_check_limit(translator), length_penalty=0.6)
+def _aiayn_tokens(translator: Translator, texts: list[str], num_beams: int) -> list[list[int]]:
+    config = GenerationConfig(num_beams=num_beams, max_new_tokens=_check_limit(translator), length_penalty=0.6)
     return [t.tokens for t in translator.translations(texts, config)]
 
 
@@ -231,7 +231,7 @@ def check_ctranslate2(translator: Translator, directory: str | Path, *, quantize
     texts = list(CHECK_TEXTS)
     model = ctranslate2.Translator(str(directory), device="cpu")
     theirs = translate_tokens(model, translator.source_tokenizer, texts, target_tokenizer=translator.target_tokenizer,
-                              beam_size=1, max_new_tokens=_check_limit(translator))
+                              num_beams=1, max_new_tokens=_check_limit(translator))
     ours = _aiayn_tokens(translator, texts, 1)
     note = "quantized weights: some difference is expected" if quantized else ""
     return [Agreement("ctranslate2.Translator, greedy, tokens", sum(a == b for a, b in zip(ours, theirs)),

@@ -316,7 +316,7 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
     if hf is None:
         return  # token-by-token equality is for exact paths; approximate ones may pick another near-tie
     for beam in (1, 4):
-        config = GenerationConfig(max_new_tokens=steps, min_len=steps, beam_size=beam, length_penalty=0.6)
+        config = GenerationConfig(max_new_tokens=steps, min_len=steps, num_beams=beam, length_penalty=0.6)
         ours = generate(prepared, src.to(device), bos_id=1, eos_id=2, config=config).tokens
         with torch.no_grad():
             out = hf.generate(input_ids=src, attention_mask=(src != 0).long(), num_beams=beam, do_sample=False,

@@ -124,8 +124,8 @@ class TimedTrainer(Trainer):
     def save(self, **kwargs):
         return self._timed("save", super().save, **kwargs)
 
-    def evaluate_test(self, beam_size=None):
-        return self._timed("test", super().evaluate_test, beam_size)
+    def evaluate_test(self, num_beams=None):
+        return self._timed("test", super().evaluate_test, num_beams)
 
 
 def train_aiayn(run, run_dir: Path, curve_s: float = 0.0) -> dict:
@@ -280,7 +280,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
     if best_state is not None:
         model.load_state_dict(best_state)
     start = time.perf_counter()
-    hyps = marian_decode(model, tokenizer, [s for s, _ in test], beams=cfg.beam_size,
+    hyps = marian_decode(model, tokenizer, [s for s, _ in test], beams=cfg.num_beams,
                          length_penalty=cfg.length_penalty, pad=pad, eos=eos, max_tokens=cfg.max_tokens)
     side_s += time.perf_counter() - start
     scores = translation_scores(hyps, [t for _, t in test], bleu_tokenize=cfg.bleu_tokenize)
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         results["marian"] = train_marian(peer, corpus, seconds=seconds, curve_s=curve_s)
     (work / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     pair = f"English -> {language_name(corpus, args.lang)}"
-    print(f"\n{pair}, gettext catalogs ({corpus}); {torch.get_num_threads()} threads; beam {run.train.beam_size}")
+    print(f"\n{pair}, gettext catalogs ({corpus}); {torch.get_num_threads()} threads; beam {run.train.num_beams}")
     print(f"{'':8} {'steps':>6} {'BLEU':>6} {'chrF':>6} {'train s':>8} {'train CPU s':>12} {'valid+test s':>13}")
     for name in ("aiayn", "marian"):
         if name in results:

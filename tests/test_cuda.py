@@ -53,7 +53,7 @@ def test_bf16_is_the_default_where_the_gpu_has_it_and_stays_close():
 def test_generation_on_the_gpu_equals_the_cpu():
     model = tiny_model()
     src = torch.randint(4, 50, (3, 6))
-    config = GenerationConfig(max_new_tokens=8, beam_size=3)
+    config = GenerationConfig(max_new_tokens=8, num_beams=3)
     cpu = generate(model, src, bos_id=1, eos_id=2, config=config)
     gpu = generate(select("cuda", "inference", "fp32").prepare(model), src.cuda(), bos_id=1, eos_id=2, config=config)
     assert gpu.tokens == cpu.tokens

@@ -23,7 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=number(above=0), default=1.0)
     p.add_argument("--top-k", type=integer(0), default=0)
     p.add_argument("--top-p", type=number(maximum=1, above=0), default=1.0)
-    p.add_argument("--beam", type=integer(1), default=1, help="beam size (default 1: greedy or sampling)")
+    p.add_argument("--num-beams", type=integer(1), default=1, help="beam width (default 1: greedy or sampling)")
+    # The old spelling (fairseq's too), kept so that scripts written before still run.
+    p.add_argument("--beam", type=integer(1), dest="num_beams", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--repetition-penalty", type=number(above=0), default=1.0,
                    help="divide the score of tokens already in the text by this, as Hugging Face generate() (1: off)")
     p.add_argument("--no-repeat-ngram-size", type=integer(0), default=0,
@@ -46,13 +48,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Continue each prompt; print one line per prompt."""
     from aiayn.inference.generator import Generator
 
-    if args.sample and args.beam > 1:
-        raise ValueError("--sample draws one continuation a prompt: leave --beam at 1")
+    if args.sample and args.num_beams > 1:
+        raise ValueError("--sample draws one continuation a prompt: leave --num-beams at 1")
     generator = Generator.from_pretrained(args.run, device=args.device, precision=args.precision)
     prompts = input_lines(args, "prompts")
     completions = generator.generate(prompts, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
                                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                     num_beams=args.beam, repetition_penalty=args.repetition_penalty,
+                                     num_beams=args.num_beams, repetition_penalty=args.repetition_penalty,
                                      no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed,
                                      max_tokens=args.max_tokens, max_sentences=args.max_sentences)
     for prompt, completion in zip(prompts, completions):

@@ -33,8 +33,8 @@ def progress_bar(total: int, *, quiet: bool, unit: str, desc: str) -> Iterator[C
 @dataclass(frozen=True)
 class Bounded:
     """An argparse `type=` for a number option that also carries its range: argparse converts the text (and
-    refuses `--beam x`), then `check_numbers` checks every such option of the command, before any work starts:
-    finite, in range (`--beam 0`, `--alpha nan`, `--valid -1` are refused with the option's name)."""
+    refuses `--num-beams x`), then `check_numbers` checks every such option of the command, before any work starts:
+    finite, in range (`--num-beams 0`, `--alpha nan`, `--valid -1` are refused with the option's name)."""
 
     kind: type
     minimum: float | None = None

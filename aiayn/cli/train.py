@@ -39,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     e.add_argument("--data", help="evaluate on this file instead (same format as the training data)")
     e.add_argument("--checkpoint", help="a checkpoint directory (or name under RUN/checkpoints) instead of "
                                         "the final model")
-    e.add_argument("--beam", type=integer(1), help="beam size for decoding (default: the run's)")
+    e.add_argument("--num-beams", type=integer(1), help="beam width for decoding (default: the run's)")
+    # The old spelling (fairseq's too), kept so that scripts written before still run.
+    e.add_argument("--beam", type=integer(1), dest="num_beams", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     e.add_argument("--examples", type=integer(0), default=5, help="example predictions to print")
     e.add_argument("--json", action="store_true", help="print the metrics as JSON")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -171,7 +173,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             raise FileNotFoundError(f"checkpoint {args.checkpoint} not found")
         load_checkpoint(path, model)
     split = data.valid if args.split == "valid" and not args.data else data.test
-    options = EvalOptions.from_train_config(train_cfg, beam_size=args.beam or train_cfg.beam_size,
+    options = EvalOptions.from_train_config(train_cfg, num_beams=args.num_beams or train_cfg.num_beams,
                                             examples=args.examples)
     backend = select(args.device, "inference", args.precision or options.precision)
     with progress_bar(len(split.items), quiet=args.quiet, unit="example",

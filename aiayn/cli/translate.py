@@ -34,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--run", required=True, help="model directory (config.json, model.safetensors, tokenizer.json)")
     p.add_argument("--input", "-i", help="file of sentences, one per line ('-' for stdin)")
     p.add_argument("--output", "-o", help="write the translations here, one line per input line (default: stdout)")
-    p.add_argument("--beam", type=integer(1), default=4, help="beam size; 1 is greedy (default 4)")
+    p.add_argument("--num-beams", type=integer(1), default=4, help="beam width; 1 is greedy (default 4)")
+    # The old spelling (fairseq's too), kept so that scripts written before still run.
+    p.add_argument("--beam", type=integer(1), dest="num_beams", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--alpha", type=number(), default=0.6, help="length penalty alpha (default 0.6)")
     p.add_argument("--max-new-tokens", type=integer(1), default=None,
                    help="most output tokens (default: --length-ratio x source length + --extra-len)")
@@ -48,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="no n-gram of this size twice in an output, as Hugging Face generate() (default 0: off)")
     p.add_argument("--repetition-penalty", type=number(above=0), default=1.0,
                    help="divide the score of tokens already output by this, as Hugging Face generate() (1: off)")
-    p.add_argument("--sample", action="store_true", help="sample instead of searching (uses --beam 1)")
+    p.add_argument("--sample", action="store_true", help="sample instead of searching (uses --num-beams 1)")
     p.add_argument("--temperature", type=number(above=0), default=1.0)
     p.add_argument("--top-k", type=integer(0), default=0)
     p.add_argument("--top-p", type=number(maximum=1, above=0), default=1.0)
@@ -77,7 +79,7 @@ def _generation_config(args: argparse.Namespace):
     """The `GenerationConfig` the decoding options ask for (an option out of range is a ValueError)."""
     from aiayn.inference.generation import GenerationConfig
 
-    for option, value in (("--beam", args.beam), ("--max-tokens", args.max_tokens)):
+    for option, value in (("--num-beams", args.num_beams), ("--max-tokens", args.max_tokens)):
         if value < 1:
             raise ValueError(f"{option} must be at least 1, got {value}")
     if args.max_sentences < 0:
@@ -85,7 +87,7 @@ def _generation_config(args: argparse.Namespace):
     return GenerationConfig(
         max_new_tokens=args.max_new_tokens, max_len=args.max_len, length_ratio=args.length_ratio,
         extra_len=args.extra_len, min_len=args.min_len,
-        beam_size=1 if args.sample else args.beam, length_penalty=args.alpha, do_sample=args.sample,
+        num_beams=1 if args.sample else args.num_beams, length_penalty=args.alpha, do_sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
         return_attention=bool(args.show_attention),

@@ -162,8 +162,8 @@ def _check_search_size(model: EncoderDecoderModel | DecoderOnlyModel, batch: int
     decoder-only model `src_len` is the prompt's length."""
     cfg = model.config
     vocab = cfg.target_vocab_size
-    if config.beam_size > vocab:
-        raise ValueError(f"beam_size {config.beam_size} is more than the target vocabulary ({vocab} tokens), so the "
+    if config.num_beams > vocab:
+        raise ValueError(f"num_beams {config.num_beams} is more than the target vocabulary ({vocab} tokens), so the "
                          f"beams could not differ: choose a beam of at most {vocab} (the paper's is 4)")
     param = next(iter(model.parameters()), None)
     if param is not None and param.device.type == "cpu":
@@ -172,12 +172,12 @@ def _check_search_size(model: EncoderDecoderModel | DecoderOnlyModel, batch: int
         layers = cfg.n_encoder_layers if cfg.causal else cfg.n_decoder_layers
         per = 4 * (2 * layers * (steps + src_len) * cfg.d_model + 4 * vocab)
         what = f"decoding {batch} {'prompt' if cfg.causal else 'sentence'}{'s' if batch != 1 else ''} with beam " \
-               f"{config.beam_size}"
+               f"{config.num_beams}"
         # and first the pass over the sources (the prompts, for each beam): activations and (S x S) attention scores
-        first = forward_bytes(cfg, batch * (config.beam_size if cfg.causal else 1), src_len)
-        fix = (f"choose a smaller --beam, or fewer {'prompts' if cfg.causal else 'sentences'} a batch (--max-tokens, "
-               "--max-sentences)")
-        check_memory(batch * config.beam_size * per + first, what, fix)
+        first = forward_bytes(cfg, batch * (config.num_beams if cfg.causal else 1), src_len)
+        fix = (f"choose a smaller --num-beams, or fewer {'prompts' if cfg.causal else 'sentences'} a batch "
+               "(--max-tokens, --max-sentences)")
+        check_memory(batch * config.num_beams * per + first, what, fix)
 
 
 def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, eos_id: int) -> None:

@@ -5,7 +5,8 @@ in batches of one length (the search takes no padding) of at most `max_tokens` p
 its sources (`aiayn.inference.generation.continue_prompts`: greedy, sampling or beam search on the key/value cache),
 and the new tokens come back, in the order given, as text that continues the prompt exactly (the tokenizer is
 lossless). Keywords follow Hugging Face `generate()`: `max_new_tokens`, `do_sample`, `temperature`, `top_k`,
-`top_p`, `num_beams`, `repetition_penalty`, `no_repeat_ngram_size`.
+`top_p`, `num_beams`, `repetition_penalty`, `no_repeat_ngram_size` (`beam_size`, the old spelling of `num_beams`,
+is still accepted).
 """
 
 from __future__ import annotations

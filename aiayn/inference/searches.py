@@ -43,12 +43,12 @@ class GenerationConfig:
             fairseq's max_len_a); lower it to stop runaway repetitions sooner.
         extra_len: b, added to the scaled source length when `max_new_tokens` is None (50 in the paper).
         min_len: fewest tokens before `</s>` may be chosen (its log-probability is set to -inf before).
-        beam_size: 1 is greedy (or sampling); more runs beam search.
+        num_beams: 1 is greedy (or sampling); more runs beam search.
         length_penalty: alpha in score = sum(log p) / length ** alpha (beam search only).
-        early_stopping: True stops a sentence once `beam_size` hypotheses are finished; False
+        early_stopping: True stops a sentence once `num_beams` hypotheses are finished; False
             keeps searching while a running beam could still beat the worst finished one
             (Hugging Face's heuristic).
-        do_sample: sample instead of taking the best token (beam_size must be 1).
+        do_sample: sample instead of taking the best token (num_beams must be 1).
         temperature, top_k, top_p: sampling warpers, applied in that order (0 / 1.0 disable top-k / top-p).
         repetition_penalty: a token already generated gets its score divided by this (multiplied when
             negative), as Hugging Face's `repetition_penalty` (CTRL, Keskar et al. 2019); 1.0 is off.
@@ -58,13 +58,15 @@ class GenerationConfig:
         max_len: the old spelling of `max_new_tokens` (the model's `max_len` is its position table), so
             that code written before still runs; `max_len=n` becomes `max_new_tokens=n` (and `max_len`
             None), and errors name the setting as the caller spelled it.
+        beam_size: the old spelling of `num_beams`, so that code written before still runs; `beam_size=n`
+            becomes `num_beams=n` (and `beam_size` None), refused when `num_beams` is given as another number.
     """
 
     max_new_tokens: int | None = None
     length_ratio: float = 1.0
     extra_len: int = 50
     min_len: int = 0
-    beam_size: int = 1
+    num_beams: int = 1
     length_penalty: float = 0.6
     early_stopping: bool = True
     do_sample: bool = False
@@ -76,6 +78,7 @@ class GenerationConfig:
     seed: int | None = None
     return_attention: bool = False
     max_len: int | None = field(default=None, repr=False)
+    beam_size: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         check_field_types(self, "decoding")  # kinds first: True is not a beam size, NaN not a length penalty
@@ -85,6 +88,12 @@ class GenerationConfig:
             object.__setattr__(self, "max_new_tokens",
                                fold_old_spelling("max_new_tokens", self.max_new_tokens, "max_len", self.max_len))
             object.__setattr__(self, "max_len", None)
+        beams = "num_beams"
+        if self.beam_size is not None:  # the old spelling: one name, `num_beams`, from here on
+            beams = "beam_size"
+            given = None if self.num_beams == 1 else self.num_beams  # at its default, num_beams was not given
+            object.__setattr__(self, "num_beams", fold_old_spelling("num_beams", given, "beam_size", self.beam_size))
+            object.__setattr__(self, "beam_size", None)
         limit = self.max_new_tokens
         if limit is not None and (not isinstance(limit, int) or limit < 1):
             raise ValueError(f"{spelled} must be a positive integer or None, got {limit!r}")
@@ -92,8 +101,8 @@ class GenerationConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-        if not isinstance(self.beam_size, int) or self.beam_size < 1:
-            raise ValueError(f"beam_size must be a positive integer, got {self.beam_size!r}")
+        if not isinstance(self.num_beams, int) or self.num_beams < 1:
+            raise ValueError(f"{beams} must be a positive integer, got {self.num_beams!r}")
         for name in ("length_ratio", "repetition_penalty"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -104,8 +113,8 @@ class GenerationConfig:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if limit is not None and self.min_len > limit:
             raise ValueError(f"min_len {self.min_len} is above {spelled} {limit}: no output could end")
-        if self.do_sample and self.beam_size > 1:
-            raise ValueError("sampling decodes one hypothesis per sentence: use beam_size=1 with do_sample")
+        if self.do_sample and self.num_beams > 1:
+            raise ValueError(f"sampling decodes one hypothesis per sentence: use {beams}=1 with do_sample")
 
 
 Finished = Callable[[int, list[int], float], None]  # (sentence, its tokens, its score) once its search ended
@@ -119,7 +128,7 @@ def search(model: nn.Module, begin: Begin, start: torch.Tensor, limits: torch.Te
 
     Returns (tokens per row, scores (B,), attention per row or None); `on_finished` as `generate`'s.
     """
-    run = _beam_search if config.beam_size > 1 else _greedy_or_sample
+    run = _beam_search if config.num_beams > 1 else _greedy_or_sample
     was_training = model.training
     model.eval()
     try:
@@ -281,7 +290,7 @@ def _beam_search(begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id
     """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone. With
     `config.return_attention`, the chosen hypotheses' cross-attention too; `on_finished` hears of each sentence
     that leaves the batch. `start` (B, P) as `_greedy_or_sample`'s."""
-    batch, device, k = start.shape[0], start.device, config.beam_size
+    batch, device, k = start.shape[0], start.device, config.num_beams
     limits = limits.to(device)
     beams = _Beams(batch, k, int(limits.max()), eos_id, config, device)
     record = config.return_attention

@@ -29,9 +29,10 @@ from aiayn.tokenization import Tokenizer
 logger = logging.getLogger(__name__)
 
 # The paper's search (section 6.1): beam 4, length penalty 0.6, at most source length + 50 tokens.
-DEFAULT_SEARCH = GenerationConfig(beam_size=4, length_penalty=0.6)
-# Other names for `GenerationConfig` fields: Hugging Face's, and `max_len`, the old spelling of `max_new_tokens`.
-_FIELD_NAMES = {"num_beams": "beam_size", "min_new_tokens": "min_len", "max_len": "max_new_tokens"}
+DEFAULT_SEARCH = GenerationConfig(num_beams=4, length_penalty=0.6)
+# Other names for `GenerationConfig` fields: Hugging Face's `min_new_tokens`, and the old spellings `beam_size` (of
+# `num_beams`) and `max_len` (of `max_new_tokens`).
+_FIELD_NAMES = {"min_new_tokens": "min_len", "beam_size": "num_beams", "max_len": "max_new_tokens"}
 
 
 @dataclass
@@ -50,7 +51,7 @@ def search_settings(config: GenerationConfig | None = None, **changes: object) -
     unchanged)."""
     config = config or DEFAULT_SEARCH
     fields = {f.name for f in dataclasses.fields(GenerationConfig)}
-    updates = {}
+    updates, spelled = {}, {}
     for name, value in changes.items():
         if value is None:
             continue
@@ -59,15 +60,13 @@ def search_settings(config: GenerationConfig | None = None, **changes: object) -
             raise TypeError(f"unknown decoding setting {name!r}")
         if field in updates and updates[field] != value:
             raise ValueError(f"{name}={value!r} contradicts another setting of {field} ({updates[field]!r})")
-        updates[field] = value
+        updates[field], spelled[field] = value, name
     try:
         return dataclasses.replace(config, **updates)
-    except ValueError as err:  # name the setting as the caller spelled it (num_beams, not beam_size)
+    except ValueError as err:  # name the setting as the caller spelled it (min_new_tokens, not min_len)
         message = str(err)
-        for name in changes:
-            field = _FIELD_NAMES.get(name, name)
-            if field != name and re.search(rf"\b{field}\b", message):
-                message = re.sub(rf"\b{field}\b", name, message)
+        for field, name in spelled.items():
+            message = re.sub(rf"\b{field}\b", name, message)
         raise ValueError(message) from None
 
 
@@ -135,8 +134,9 @@ class Translator(ModelRunner):
         Args:
             texts: the sentences, or one sentence.
             config: the search; default beam 4, length penalty 0.6, at most source length + 50 tokens.
-            num_beams (or beam_size), max_new_tokens, ...: change one setting of `config` (see
-                `GenerationConfig`; `length_ratio` and `extra_len` bound the output by the source's length).
+            num_beams, max_new_tokens, ...: change one setting of `config` (see `GenerationConfig`;
+                `length_ratio` and `extra_len` bound the output by the source's length).
+            beam_size: the old spelling of `num_beams`, still accepted.
             max_tokens: padded source tokens per batch (sentences are sorted by length first);
                 max_sentences caps the sentences per batch (0: no cap).
             truncate: cut sources longer than the model's `max_len` instead of raising ValueError.

@@ -105,7 +105,7 @@ def source_tokens(tokenizer: Tokenizer, text: str) -> list[str]:
 
 
 def translate_tokens(translator, tokenizer: Tokenizer, texts: Sequence[str], *,
-                     target_tokenizer: Tokenizer | None = None, beam_size: int = 1, max_new_tokens: int | None = None,
+                     target_tokenizer: Tokenizer | None = None, num_beams: int = 1, max_new_tokens: int | None = None,
                      length_penalty: float = 1.0, max_len: int | None = None) -> list[list[int]]:
     """Output ids (no `</s>`) of a `ctranslate2.Translator` for `texts`; an empty text gives an empty output.
 
@@ -119,7 +119,7 @@ def translate_tokens(translator, tokenizer: Tokenizer, texts: Sequence[str], *,
     out: list[list[int]] = [[] for _ in texts]
     if not rows:
         return out
-    results = translator.translate_batch([source_tokens(tokenizer, texts[i]) for i in rows], beam_size=beam_size,
+    results = translator.translate_batch([source_tokens(tokenizer, texts[i]) for i in rows], beam_size=num_beams,
                                          max_decoding_length=limit, length_penalty=length_penalty)
     for i, result in zip(rows, results):
         out[i] = [target.hf.token_to_id(piece) for piece in result.hypotheses[0]]

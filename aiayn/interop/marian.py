@@ -228,7 +228,7 @@ def plain_generation(hf, cfg: ModelConfig, *, eos_token_id: int) -> None:
 
 
 def export_marian(model: EncoderDecoderModel, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer,
-                  directory: str | Path, *, beam_size: int = 4, length_penalty: float = 0.6) -> Path:
+                  directory: str | Path, *, num_beams: int = 4, length_penalty: float = 0.6) -> Path:
     """Write a trained translator as a Hugging Face Marian model and tokenizer into `directory`.
 
     `MarianMTModel.from_pretrained(directory)` and `AutoTokenizer.from_pretrained(directory)` load it;
@@ -238,15 +238,15 @@ def export_marian(model: EncoderDecoderModel, source_tokenizer: Tokenizer, targe
     """
     hf = to_marian(model, decoder_start_token_id=target_tokenizer.bos_id, eos_token_id=target_tokenizer.eos_id)
     return save_translator(hf, source_tokenizer, target_tokenizer, directory, max_len=model.config.max_len,
-                           beam_size=beam_size, length_penalty=length_penalty)
+                           num_beams=num_beams, length_penalty=length_penalty)
 
 
 def save_translator(hf, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer, directory: str | Path, *,
-                    max_len: int, beam_size: int, length_penalty: float) -> Path:
+                    max_len: int, num_beams: int, length_penalty: float) -> Path:
     """Write a Hugging Face translator and its tokenizers into `directory`, `generate()` set to aiayn's beam search."""
     directory = Path(directory)
     gen = hf.generation_config
-    gen.num_beams, gen.length_penalty, gen.early_stopping = beam_size, length_penalty, True
+    gen.num_beams, gen.length_penalty, gen.early_stopping = num_beams, length_penalty, True
     with atomic_files(directory) as staging:
         hf.save_pretrained(staging)
         save_hf_tokenizer(source_tokenizer, staging, template="marian", max_len=max_len)

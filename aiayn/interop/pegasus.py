@@ -65,7 +65,7 @@ def to_pegasus(model: EncoderDecoderModel, *, decoder_start_token_id: int | None
 
 
 def export_pegasus(model: EncoderDecoderModel, tokenizer: Tokenizer, directory: str | Path, *,
-                   beam_size: int = 4, length_penalty: float = 0.6) -> Path:
+                   num_beams: int = 4, length_penalty: float = 0.6) -> Path:
     """Write a trained pre-LN translator as a Hugging Face Pegasus model and tokenizer into `directory`.
 
     `PegasusForConditionalGeneration.from_pretrained(directory)` (or `AutoModelForSeq2SeqLM`) and
@@ -74,4 +74,4 @@ def export_pegasus(model: EncoderDecoderModel, tokenizer: Tokenizer, directory: 
     """
     hf = to_pegasus(model, decoder_start_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
     return save_translator(hf, tokenizer, tokenizer, directory, max_len=model.config.max_len,
-                           beam_size=beam_size, length_penalty=length_penalty)
+                           num_beams=num_beams, length_penalty=length_penalty)

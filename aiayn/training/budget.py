@@ -141,20 +141,20 @@ class Budget:
             return self.valid_s
         return min(10 * (self.step_s or 0.0), GUESS_VALID_SHARE * self.seconds)
 
-    def test_estimate(self, examples: int, beam_size: int, decoded: bool) -> float:
+    def test_estimate(self, examples: int, num_beams: int, decoded: bool) -> float:
         """Seconds of the final test evaluation: `examples` at the newest validation's speed (x beam over greedy)."""
         if not examples:
             return 0.0
         per_example = self.example_s if self.example_decoded or not decoded else None
         if per_example is None:  # nothing measured (or decoded) yet: a guess
-            return min(self.valid_estimate() * max(beam_size, 1), GUESS_TEST_SHARE * self.seconds)
-        ratio = 1.0 if beam_size <= 1 else self.beam_ratio or float(beam_size)
+            return min(self.valid_estimate() * max(num_beams, 1), GUESS_TEST_SHARE * self.seconds)
+        ratio = 1.0 if num_beams <= 1 else self.beam_ratio or float(num_beams)
         return per_example * examples * ratio
 
-    def end_test_estimate(self, examples: int, beam_size: int, decoded: bool) -> float:
+    def end_test_estimate(self, examples: int, num_beams: int, decoded: bool) -> float:
         """The test's seconds as the end will spend them: with the beam, or greedy when the beam's estimate
         is above `BEAM_TEST_SHARE` of the budget (the run then keeps training instead)."""
-        beam = self.test_estimate(examples, beam_size, decoded)
+        beam = self.test_estimate(examples, num_beams, decoded)
         return beam if beam <= BEAM_TEST_SHARE * self.seconds else self.test_estimate(examples, 1, decoded)
 
     def fits(self, seconds: float, reserve: float) -> bool:

@@ -27,6 +27,9 @@ RECIPES = ("auto", "fit", "paper")  # see aiayn.training.recipe
 # trained on its data, its objective, and the encoder it started from.
 FIXED_AT_START = ("objective", "tokenizer", "target_tokenizer", "vocab_size", "target_vocab_size", "shared_vocab",
                   "vocab_min_frequency", "lowercase", "init_from")
+# Training keys renamed since runs began to save their config, old spelling -> name: a config file, an override
+# or an old run's train_config.json may still use the old one, which is read as the new.
+OLD_KEYS = {"beam_size": "num_beams"}
 # Validation metrics per objective (its task object's); the first is `valid_metric=auto`'s choice.
 # Higher is better but for loss.
 VALID_METRICS = {name: get_task(name).metrics for name in OBJECTIVES}
@@ -93,7 +96,8 @@ class TrainConfig:
             and checkpoints (0 = at the end of each epoch).
         keep_last: checkpoints kept besides the best; average_last: average the last N checkpoints
             into the final model (0 = off; the paper averaged the last 5 or 20).
-        beam_size, length_penalty: decoding for BLEU/exact match at evaluation.
+        num_beams, length_penalty: decoding for BLEU/exact match at evaluation (`beam_size`, the old
+            spelling of `num_beams`, is read as it from config files and overrides: `OLD_KEYS`).
         bleu_tokenize: sacrebleu's tokenizer for BLEU: "auto" ("char" when most references are one word,
             else "13a"), "13a", "intl", "char", "none" or "zh".
         valid_metric: what validation scores, picks the best checkpoint by and stops early on: "auto"
@@ -168,7 +172,7 @@ class TrainConfig:
     save_every: int = 0
     keep_last: int = 3
     average_last: int = 0
-    beam_size: int = 1
+    num_beams: int = 1
     length_penalty: float = 0.6
     bleu_tokenize: str = "auto"
     valid_metric: str = "auto"
@@ -347,6 +351,15 @@ def _problem(data: dict[str, Any]) -> str:
     return ""
 
 
+def _new_keys(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` with each old key (`OLD_KEYS`) read as its new name; both given and different: ValueError."""
+    values = dict(values)
+    for old, new in OLD_KEYS.items():
+        if old in values:
+            values[new] = fold_old_spelling(new, values.get(new), old, values.pop(old))
+    return values
+
+
 def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ...]) -> RunConfig:
     model = data.pop("model", None) or {}
     if not isinstance(model, dict):
@@ -358,7 +371,7 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
         raise ValueError(f"model key preset must be a string, got {model_preset!r}")
     preset(model_preset)  # validates the name
     model = _typed(model, ModelConfig, "model")
-    train = _typed(data, TrainConfig, "training")
+    train = _typed(_new_keys(data), TrainConfig, "training")  # the file's keys, then the overrides
     train_items = [item for item in overrides if not item.strip().startswith("model.")]
     model_items = [item.strip()[len("model."):] for item in overrides if item.strip().startswith("model.")]
     preset_items = [item for item in model_items if item.split("=", 1)[0].strip() == "preset"]
@@ -366,7 +379,7 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
         model_preset = preset_items[-1].split("=", 1)[1].strip()
         preset(model_preset)
         model_items = [item for item in model_items if item not in preset_items]
-    train.update(parse_overrides(train_items, TrainConfig))
+    train.update(_new_keys(parse_overrides(train_items, TrainConfig, OLD_KEYS)))
     model.update(parse_overrides(model_items, ModelConfig))
     given = {*train, *(f"model.{key}" for key in model)} | ({"model.preset"} if preset_items or preset_given else set())
     run = RunConfig(TrainConfig(**train), model_preset, model, frozenset(given))

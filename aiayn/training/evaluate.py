@@ -23,14 +23,14 @@ class EvalOptions:
     Attributes:
         max_tokens: tokens per batch. decode: also generate the predictions of a task that generates them
             (`Task.generates`: translations, for BLEU, chrF, exact match).
-        beam_size, length_penalty: decoding settings. max_batches: stop after this many batches (0 = all).
+        num_beams, length_penalty: decoding settings. max_batches: stop after this many batches (0 = all).
         seed: what a batch corrupts at random (masked LM). precision: "fp32", "bf16" or None (the device's choice).
         examples: (input, prediction, reference) triples to return. bleu_tokenize: sacrebleu's tokenizer.
     """
 
     max_tokens: int = 4096
     decode: bool = True
-    beam_size: int = 1
+    num_beams: int = 1
     length_penalty: float = 0.6
     max_batches: int = 0
     seed: int = 0
@@ -42,7 +42,7 @@ class EvalOptions:
     def from_train_config(cls, train_config, **changes) -> EvalOptions:
         """The options a run's `TrainConfig` implies, with `changes` (one place: the trainer and `aiayn eval` agree)."""
         t = train_config
-        options = cls(max_tokens=t.max_tokens, beam_size=t.beam_size, length_penalty=t.length_penalty, seed=t.seed,
+        options = cls(max_tokens=t.max_tokens, num_beams=t.num_beams, length_penalty=t.length_penalty, seed=t.seed,
                       precision=t.precision, examples=t.show_examples,
                       bleu_tokenize=t.bleu_tokenize)
         return replace(options, **changes)
@@ -113,7 +113,7 @@ def _search(options: EvalOptions) -> Callable[..., list[list[int]]]:
     def search(model: nn.Module, inputs: torch.Tensor, *, bos_id: int, eos_id: int) -> list[list[int]]:
         from aiayn.inference.generation import GenerationConfig, generate
 
-        config = GenerationConfig(beam_size=options.beam_size, length_penalty=options.length_penalty)
+        config = GenerationConfig(num_beams=options.num_beams, length_penalty=options.length_penalty)
         return generate(model, inputs, bos_id=bos_id, eos_id=eos_id, config=config).tokens
 
     return search

@@ -54,7 +54,7 @@ def finish(t: Any, finished: bool) -> TrainResult:
     save_data_artifacts(t.run_dir, t.data)
     if t.budget is not None:
         t.budget.record("finish", time.perf_counter() - began)
-    test = t.evaluate_test(beam_size=pacing.test_beam(t))
+    test = t.evaluate_test(num_beams=pacing.test_beam(t))
     began = time.perf_counter()
     if t.budget is not None:
         t.log.append({"split": "budget", "step": t.step, "epoch": t.epoch, **t.budget.summary()})
@@ -68,23 +68,23 @@ def finish(t: Any, finished: bool) -> TrainResult:
     return TrainResult(t.run_dir, t.step, checkpoint=checkpoint, test=test, budget=summary)
 
 
-def evaluate_test(t: Any, beam_size: int | None = None) -> dict[str, Any]:
+def evaluate_test(t: Any, num_beams: int | None = None) -> dict[str, Any]:
     """Evaluate the final model on the test split (a progress bar with `progress`); writes `eval.json` and a
-    `test` log row. `beam_size` replaces the run's (a budget short of time decodes greedily)."""
+    `test` log row. `num_beams` replaces the run's (a budget short of time decodes greedily)."""
     from tqdm.auto import tqdm
 
     began = time.perf_counter()
     with tqdm(total=len(t.data.test.items), disable=not t.progress, unit="example", desc="test",
               dynamic_ncols=True) as bar:
         options = EvalOptions.from_train_config(t.cfg)
-        if beam_size is not None:
-            options = replace(options, beam_size=beam_size)
+        if num_beams is not None:
+            options = replace(options, num_beams=num_beams)
         result = evaluate(t.model, t.data, t.data.test, options, progress=bar.update)
     if t.budget is not None:
         t.budget.record("test", time.perf_counter() - began)
     if result:
-        if beam_size is not None:
-            result["beam_size"] = beam_size
+        if num_beams is not None:
+            result["num_beams"] = num_beams
         row = {k: v for k, v in result.items() if k != "examples"}
         t.log.append({"split": "test", "step": t.step, "epoch": t.epoch, **row, "time_s": t.elapsed()})
         atomic_write_bytes(t.run_dir / EVAL, (json.dumps({"split": "test", "step": t.step, **result},

@@ -21,7 +21,7 @@ def end_reserve(t: Any) -> float:
     generated = t.data.task.generates
     valid = budget.valid_estimate() if t.data.valid.items else 0.0
     checkpoint = budget.spent["checkpoint"] / max(t.saves, 1) if t.saves else 1.0
-    test = budget.end_test_estimate(len(t.data.test.items), cfg.beam_size if generated else 1, generated)
+    test = budget.end_test_estimate(len(t.data.test.items), cfg.num_beams if generated else 1, generated)
     return END_MARGIN * (valid + test) + checkpoint + FINISH_S
 
 
@@ -73,7 +73,7 @@ def plan(t: Any) -> None:
 def after_validation(t: Any) -> None:
     """After a validation in the loop: time the test's beam on a sample (rank 0), then plan again (the
     validation's measured time moves the plan)."""
-    if t.rank == 0 and t.data.task.generates and t.cfg.beam_size > 1 and t.data.valid.items:
+    if t.rank == 0 and t.data.task.generates and t.cfg.num_beams > 1 and t.data.valid.items:
         time_beam(t)
     plan(t)
 
@@ -84,9 +84,9 @@ def time_beam(t: Any) -> None:
     split = t.data.valid.head(t.cfg.valid_max_examples)
     sample = split.head(min(BEAM_SAMPLE, max(8, len(split.items) // 8)))
     seconds = []
-    for beam in (1, t.cfg.beam_size):
+    for beam in (1, t.cfg.num_beams):
         began = time.perf_counter()
-        evaluate(t.model, t.data, sample, EvalOptions.from_train_config(t.cfg, beam_size=beam, examples=0))
+        evaluate(t.model, t.data, sample, EvalOptions.from_train_config(t.cfg, num_beams=beam, examples=0))
         seconds.append(time.perf_counter() - began)
     t.budget.record_beam(*seconds)
 
@@ -94,13 +94,13 @@ def time_beam(t: Any) -> None:
 def test_beam(t: Any) -> int | None:
     """The test's beam: the run's, or greedy decoding when only that fits what is left of a budget."""
     budget, cfg = t.budget, t.cfg
-    if budget is None or not t.data.task.generates or cfg.beam_size == 1:
+    if budget is None or not t.data.task.generates or cfg.num_beams == 1:
         return None
     n = len(t.data.test.items)
-    if budget.fits(budget.test_estimate(n, cfg.beam_size, True), FINISH_S - BEAM_OVERRUN * budget.seconds):
+    if budget.fits(budget.test_estimate(n, cfg.num_beams, True), FINISH_S - BEAM_OVERRUN * budget.seconds):
         return None  # it fits, or ends at most BEAM_OVERRUN of the budget late
-    t.report(f"time budget: the test is decoded greedily, beam {cfg.beam_size} would take about "
-             f"{budget.test_estimate(n, cfg.beam_size, True):.0f} s of the {budget.left():.0f} s left")
+    t.report(f"time budget: the test is decoded greedily, beam {cfg.num_beams} would take about "
+             f"{budget.test_estimate(n, cfg.num_beams, True):.0f} s of the {budget.left():.0f} s left")
     return 1
 
 

@@ -66,9 +66,9 @@ class RunState:
         """Write a checkpoint of the current step (once per step); `best` marks it the best validated one."""
         return saves.save(self, best=best)
 
-    def evaluate_test(self, beam_size: int | None = None) -> dict[str, Any]:
+    def evaluate_test(self, num_beams: int | None = None) -> dict[str, Any]:
         """Evaluate the final model on the test split; writes `eval.json` and a `test` log row."""
-        return finish.evaluate_test(self, beam_size)
+        return finish.evaluate_test(self, num_beams)
 
     def elapsed(self) -> float:
         """Seconds of wall clock since this process began the run (data, model and all)."""

@@ -16,7 +16,7 @@ def validate(t: Any) -> dict[str, Any]:
     began = time.perf_counter()
     split = t.data.valid.head(cfg.valid_max_examples)  # what validation scores
     options = EvalOptions.from_train_config(cfg, decode=t.data.task.generates and cfg.metric != "loss",
-                                            beam_size=1, examples=0)
+                                            num_beams=1, examples=0)
     result = evaluate(t.model, t.data, split, options)
     result.pop("examples", None)
     if t.budget is not None:

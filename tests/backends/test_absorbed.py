@@ -80,7 +80,7 @@ def test_a_prepared_model_decodes_as_without_absorbing(beam, batch, length, monk
     monkeypatch.setattr(absorbed, "absorb", lambda *args: calls.append(1) or absorb(*args))  # once per layer and search
     src = torch.randint(4, 40, (batch, length))
     src[-1, length - 2:] = 0  # padded
-    config = GenerationConfig(max_new_tokens=12, beam_size=beam)
+    config = GenerationConfig(max_new_tokens=12, num_beams=beam)
     with torch.inference_mode():
         ours, theirs = (generate(m, src, bos_id=1, eos_id=2, config=config) for m in (absorbed_model, separate))
     assert calls  # every row x head x position fits: the absorbed step ran

@@ -269,7 +269,7 @@ def test_generate_runs_the_model_as_given_the_plain_path_when_asked(measured):
     torch.manual_seed(0)
     model = build_model(ModelConfig(**TINY, dropout=0.0)).eval()
     src = torch.randint(4, 50, (3, 6))
-    config = GenerationConfig(max_new_tokens=6, beam_size=2)
+    config = GenerationConfig(max_new_tokens=6, num_beams=2)
     outputs = {}
 
     def run(module, name):

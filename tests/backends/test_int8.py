@@ -150,7 +150,7 @@ def test_a_trained_model_decodes_the_same_in_int8():
     src = torch.randint(4, 24, (40, 6), generator=gen)
     int8 = select("cpu", "inference", "int8").prepare(model)
     for beam in (1, 4):
-        config = GenerationConfig(max_new_tokens=8, beam_size=beam)
+        config = GenerationConfig(max_new_tokens=8, num_beams=beam)
         expected = generate(model, src, bos_id=BOS, eos_id=EOS, config=config).tokens
         actual = generate(int8, src, bos_id=BOS, eos_id=EOS, config=config).tokens
         assert sum(e == src_row.tolist() for e, src_row in zip(expected, src)) >= 30  # it learned the task

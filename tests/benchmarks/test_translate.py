@@ -43,7 +43,7 @@ def test_bench_translate_curves_in_training_time_name_the_pair(tmp_path, capsys)
     code = main(["bench", "translate", "--corpus", str(corpus), "--work", str(tmp_path / "work"), "--steps", "40",
                  "--curve", "0.02s", "--threads", "1", "vocab_size=60", "max_tokens=64", "model.d_model=16",
                  "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
-                 "beam_size=1"])
+                 "num_beams=1"])
     assert code == 0
     out = capsys.readouterr().out
     assert "English -> Spanish, gettext catalogs" in out and "French" not in out

@@ -42,6 +42,22 @@ def test_seq2seq_from_tsv_then_eval(tmp_path, capsys):
     assert main(["eval", "--run", str(tmp_path / "run"), "--checkpoint", "step-9"]) == 2
 
 
+def test_beam_size_sets_num_beams_and_an_old_run_resumes(tmp_path, capsys):
+    data = _write(tmp_path / "train.tsv", [f"{WORDS[i % 10]}\t{GERMAN[i % 10]}" for i in range(40)])
+    run = tmp_path / "run"
+    assert _train(run, f"train={data}", "beam_size=2") == 0  # `aiayn train beam_size=2`, the old spelling
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["num_beams"] == 2 and "beam_size" not in saved
+    saved["beam_size"] = saved.pop("num_beams")  # as runs saved before `num_beams` hold it
+    (run / "train_config.json").write_text(json.dumps(saved), encoding="utf-8")
+    assert main(["train", "--run", str(run), "--resume", "max_steps=4", "--no-progress"]) == 0
+    assert "trained 4 steps" in capsys.readouterr().out
+    assert main(["eval", "--run", str(run), "--json", "--num-beams", "2"]) == 0
+    new = json.loads(capsys.readouterr().out)
+    assert main(["eval", "--run", str(run), "--json", "--beam", "2"]) == 0  # the old option spelling
+    assert json.loads(capsys.readouterr().out) == new
+
+
 def test_bf16_accumulation_and_clipping_run(tmp_path):
     assert _train(tmp_path / "run", "task=copy", "task_train=60", "task_valid=5", "task_test=5", "bf16=true",
                   "accum_steps=2", "clip_norm=0.5", "log_every=1") == 0

@@ -36,19 +36,19 @@ def _run(capsys, *argv: str) -> tuple[int, list[str], str]:
 
 def test_translate_arguments_equal_the_python_api(run_dir, capsys):
     code, lines, _ = _run(capsys, "--run", str(run_dir), "The cat sat on the mat.", "", "Attention is all you need.",
-                          "--beam", "2", "--alpha", "0.6", "--max-new-tokens", "6")
+                          "--num-beams", "2", "--alpha", "0.6", "--max-new-tokens", "6")
     assert code == 0 and len(lines) == 3 and lines[1] == ""
     model = load_model(run_dir)
     tok, _ = load_tokenizers(run_dir)
     for text, line in (("The cat sat on the mat.", lines[0]), ("Attention is all you need.", lines[2])):
         src = torch.tensor([tok.encode(text, add_eos=True)])
         out = generate(model, src, bos_id=tok.bos_id, eos_id=tok.eos_id,
-                       config=GenerationConfig(beam_size=2, length_penalty=0.6, max_new_tokens=6))
+                       config=GenerationConfig(num_beams=2, length_penalty=0.6, max_new_tokens=6))
         assert line == tok.decode(out.tokens[0])
 
 
 def test_translate_precision_int8_runs_the_int8_copy(run_dir, capsys):
-    code, lines, _ = _run(capsys, "--run", str(run_dir), "The cat sat on the mat.", "--beam", "2",
+    code, lines, _ = _run(capsys, "--run", str(run_dir), "The cat sat on the mat.", "--num-beams", "2",
                           "--max-new-tokens", "6", "--precision", "int8")
     assert code == 0 and len(lines) == 1
     with pytest.raises(SystemExit) as exit_info:
@@ -61,29 +61,31 @@ def test_translate_reads_a_file_or_stdin(run_dir, capsys, monkeypatch, tmp_path)
     source = tmp_path / "in.txt"
     source.write_text(text, encoding="utf-8")
     code, from_file, _ = _run(capsys, "--run", str(run_dir), "--input", str(source), "--max-new-tokens", "5",
-                              "--beam", "1")
+                              "--num-beams", "1")
     assert code == 0 and len(from_file) == 2
     monkeypatch.setattr("sys.stdin", io.StringIO(text))
-    code, from_stdin, _ = _run(capsys, "--run", str(run_dir), "--max-new-tokens", "5", "--beam", "1",
+    code, from_stdin, _ = _run(capsys, "--run", str(run_dir), "--max-new-tokens", "5", "--num-beams", "1",
                                "--max-sentences", "1")
     assert code == 0 and from_stdin == from_file
     code, scored, _ = _run(capsys, "--run", str(run_dir), "--input", str(source), "--max-new-tokens", "5",
-                           "--beam", "1", "--scores")
+                           "--num-beams", "1", "--scores")
     assert [line.split("\t", 1)[1] for line in scored] == from_file
 
 
 def test_old_option_spellings_still_work(run_dir, capsys):
     # Scripts written before the rename keep running; the help shows only the one name.
-    argv = ("--run", str(run_dir), "The cat sat on the mat.", "How are you today?", "--beam", "1")
+    argv = ("--run", str(run_dir), "The cat sat on the mat.", "How are you today?", "--num-beams", "1")
     new = _run(capsys, *argv, "--max-new-tokens", "5", "--max-sentences", "1")
     assert new[0] == 0 and _run(capsys, *argv, "--max-len", "5", "--batch-size", "1") == new
+    old_beam = (*argv[:-2], "--beam", "1")
+    assert _run(capsys, *old_beam, "--max-new-tokens", "5", "--max-sentences", "1") == new
     code, _, err = _run(capsys, *argv, "--max-new-tokens", "5", "--max-len", "4")
     assert code == 2 and "max_len=4 and max_new_tokens=5 disagree" in err
     with pytest.raises(SystemExit):
         main(["translate", "--help"])
     shown = capsys.readouterr().out
-    assert "--max-new-tokens" in shown and "--max-sentences" in shown
-    assert "--max-len" not in shown and "--batch-size" not in shown
+    assert "--max-new-tokens" in shown and "--max-sentences" in shown and "--num-beams" in shown
+    assert "--max-len" not in shown and "--batch-size" not in shown and "--beam " not in shown
 
 
 def test_translate_samples_with_a_seed(run_dir, capsys):
@@ -110,8 +112,8 @@ def test_clear_errors(run_dir, capsys, tmp_path):
     assert code == 2 and "more than the model's max_len (40)" in err and "--truncate" in err
     code, lines, _ = _run(capsys, "--run", str(run_dir), long_line, "--truncate", "--max-new-tokens", "3")
     assert code == 0 and len(lines) == 1
-    code, _, err = _run(capsys, "--run", str(run_dir), "hello", "--beam", "0")
-    assert code == 2 and "--beam must be at least 1" in err
+    code, _, err = _run(capsys, "--run", str(run_dir), "hello", "--num-beams", "0")
+    assert code == 2 and "--num-beams must be at least 1" in err
     code, _, err = _run(capsys, "--run", str(run_dir), "hello", "--input", str(tmp_path / "nope.txt"))
     assert code == 2 and "not both" in err
     code, _, err = _run(capsys, "--run", str(run_dir), "--input", str(tmp_path / "nope.txt"))
@@ -143,7 +145,7 @@ def test_runaway_guards_from_the_command_line(translation_run, capsys):
     import aiayn
 
     translator = aiayn.load(translation_run)
-    argv = ("--run", str(translation_run), "d d d d d", "a b c", "--beam", "1")
+    argv = ("--run", str(translation_run), "d d d d d", "a b c", "--num-beams", "1")
     plain = _run(capsys, *argv)[1]
     guarded = _run(capsys, *argv, "--length-ratio", "1.2", "--extra-len", "1", "--no-repeat-ngram-size", "2",
                    "--repetition-penalty", "1.3")[1]

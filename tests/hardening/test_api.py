@@ -181,7 +181,7 @@ API_CASES = [
      r"texts must be a string or a list of strings, got bytes: decode it first"),
     ("translate(num_beams=1000000)", nothing, lambda p: Translator.from_pretrained(p).translate("a b",
                                                                                                num_beams=10**6),
-     ValueError, r"beam_size 1000000 is more than the target vocabulary \(\d+ tokens\)"),
+     ValueError, r"num_beams 1000000 is more than the target vocabulary \(\d+ tokens\)"),
     ("Embedder(max_length=0)", nothing, lambda p: Embedder.from_pretrained(p, max_length=0), ValueError,
      r"max_length must be at least 3 \(\[CLS\] token \[SEP\]\), got 0"),
     ("sentence-transformers pooling_mode_cls_token: 'yes'", pooling_config('{"pooling_mode_cls_token": "yes"}'),
@@ -347,7 +347,7 @@ def test_a_search_too_large_for_the_memory_is_refused_before_it_starts(saved, mo
     translator = Translator.from_pretrained(saved)
     monkeypatch.setattr(aiayn.nn.sizes, "available_memory", lambda: 2**16)  # a machine with 64 KiB free
     with pytest.raises(MemoryError, match=r"decoding 2 sentences with beam 40 needs about [\d.]+ GiB of memory, "
-                                          r"more than the 0.0 GiB available: choose a smaller --beam"):
+                                          r"more than the 0.0 GiB available: choose a smaller --num-beams"):
         translator.translate(["a b", "c"], num_beams=40)
     assert describe(MemoryError("x"))[0] == 4
     assert translator.translate(["a b"], num_beams=1, max_new_tokens=2)  # one hypothesis fits

@@ -47,7 +47,7 @@ AREA_TEXT = {
                 "`--input /dev/zero`, a symlink loop, `model.safetensors` a directory or a link to `/dev/zero`, stdin "
                 "closed (`<&-`) or Latin-1"),
     "values": ("values (finite, in range, the right type), checked before any work",
-               "`--alpha nan`, `--beam 1000000`, `lr=inf`, `max_steps=10**23`, `model.d_model=1048576` (4), "
+               "`--alpha nan`, `--num-beams 1000000`, `lr=inf`, `max_steps=10**23`, `model.d_model=1048576` (4), "
                "`model.max_len=1` against the data, a classifier on one label"),
     "places": ("places aiayn wrote, but not the one the command takes",
                "`--run RUN/checkpoints`, a run that did not finish, `--resume max_steps=8` on a run at step 40"),

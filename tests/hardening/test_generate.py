@@ -77,7 +77,7 @@ def test_a_prompt_too_long_is_named_before_any_work(generator):
 
 def test_a_beam_wider_than_the_vocabulary_is_refused(generator):
     vocab = generator.model.config.vocab_size
-    with pytest.raises(ValueError, match=rf"beam_size {vocab + 1} is more than the target vocabulary \({vocab}"):
+    with pytest.raises(ValueError, match=rf"num_beams {vocab + 1} is more than the target vocabulary \({vocab}"):
         generator.generate("one", num_beams=vocab + 1)
 
 
@@ -134,8 +134,8 @@ def test_other_precisions_generate_on_this_cpu(dirs, precision):
     (["similarity", "--model", "{lm}", "a", "b"], r"lm holds a decoder-only language model"),
     (["trace", "--run", "{lm}", "hello"], r"this is a decoder-only language model: continue text with it"),
     (["predict", "--run", "{lm}", "hello"], r"use aiayn generate --run"),
-    (["generate", "--run", "{lm}", "one", "--beam", "400"], r"beam_size 400 is more than the target vocabulary"),
-    (["generate", "--run", "{lm}", "one", "--beam", "2", "--sample"], r"--sample draws one continuation"),
+    (["generate", "--run", "{lm}", "one", "--num-beams", "400"], r"num_beams 400 is more than the target vocabulary"),
+    (["generate", "--run", "{lm}", "one", "--num-beams", "2", "--sample"], r"--sample draws one continuation"),
     (["generate", "--run", "{lm}", "one", "--sample", "--seed", "-1"], r"--seed must be at least 0"),
     (["generate", "--run", "{lm}", "one", "--sample", "--temperature", "0"], r"--temperature must be above 0"),
     (["generate", "--run", "{lm}", "one", "--max-new-tokens", "0"], r"--max-new-tokens must be at least 1"),

@@ -46,7 +46,7 @@ def test_a_one_token_prompt_and_a_beam_of_one():
     greedy = continue_prompts(model, prompts, eos_id=EOS, config=GenerationConfig(max_new_tokens=6))
     assert greedy.tokens == greedy_by_hand(model, prompts, 6)
     beam = continue_prompts(model, prompts, eos_id=EOS,
-                            config=GenerationConfig(max_new_tokens=6, beam_size=1, length_penalty=0.0))
+                            config=GenerationConfig(max_new_tokens=6, num_beams=1, length_penalty=0.0))
     assert beam.tokens == greedy.tokens
 
 
@@ -55,7 +55,7 @@ def test_beam_search_scores_at_least_greedy():
     prompts = torch.randint(3, 40, (2, 4))
     greedy = continue_prompts(model, prompts, eos_id=EOS, config=GenerationConfig(max_new_tokens=5))
     beam = continue_prompts(model, prompts, eos_id=EOS,
-                            config=GenerationConfig(max_new_tokens=5, beam_size=4, length_penalty=0.0))
+                            config=GenerationConfig(max_new_tokens=5, num_beams=4, length_penalty=0.0))
     assert (beam.scores >= greedy.scores - 1e-5).all()
 
 

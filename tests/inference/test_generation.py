@@ -65,11 +65,11 @@ def test_cached_decoding_equals_full_recomputation(run_on):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @torch.no_grad()
-def test_beam_size_one_equals_greedy(seed, run_on):
+def test_num_beams_one_equals_greedy(seed, run_on):
     model = run_on(make_model(seed))
     src = padded_sources()
     greedy = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=12))
-    # generate() sends beam_size=1 to the greedy loop; the beam search code with one beam must agree.
+    # generate() sends num_beams=1 to the greedy loop; the beam search code with one beam must agree.
     limits = torch.full((4,), 12)
     config = GenerationConfig(max_new_tokens=12, length_penalty=0.6)
     def begin(steps, beams, record):
@@ -87,7 +87,7 @@ def test_beam_size_one_equals_greedy(seed, run_on):
 def test_batch_equals_one_by_one(beam, run_on):
     model = run_on(make_model(3))
     src = padded_sources()
-    config = GenerationConfig(beam_size=beam, max_new_tokens=12)
+    config = GenerationConfig(num_beams=beam, max_new_tokens=12)
     batch = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
     for i in range(src.shape[0]):
         alone = generate(model, src[i : i + 1], bos_id=BOS, eos_id=EOS, config=config)
@@ -104,7 +104,7 @@ def test_finished_sentences_leave_the_batch_and_the_others_decode_as_alone(beam,
     for i, length in enumerate([9, 2, 5, 3, 9, 1, 7, 4, 6]):
         src[i, length:] = PAD
     # Each sentence runs to its own limit (real length + 3) or ends at </s> before: they finish at different steps.
-    config = GenerationConfig(beam_size=beam, extra_len=3)
+    config = GenerationConfig(num_beams=beam, extra_len=3)
     rows = []  # the batch of every step
     count_steps(monkeypatch, lambda tokens: rows.append(tokens.shape[0]))
     batch = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
@@ -125,7 +125,7 @@ def test_on_finished_hears_each_sentence_once_as_it_leaves_the_batch(beam, monke
         src[i, length:] = PAD  # sentence 2 is empty
     steps, heard = [], []
     count_steps(monkeypatch, lambda tokens: steps.append(1))
-    config = GenerationConfig(beam_size=beam, extra_len=3, min_len=64)  # each runs to its own limit
+    config = GenerationConfig(num_beams=beam, extra_len=3, min_len=64)  # each runs to its own limit
     out = generate(model, src, bos_id=BOS, eos_id=EOS, config=config,
                    on_finished=lambda i, tokens, score: heard.append((i, tokens, score, len(steps))))
     assert sorted(i for i, *_ in heard) == list(range(6))
@@ -144,10 +144,10 @@ def test_sampling_and_recorded_attention_keep_every_row(monkeypatch):
     count_steps(monkeypatch, lambda tokens: rows.append(tokens.shape[0]))
     for config in (GenerationConfig(do_sample=True, seed=0, extra_len=3),
                    GenerationConfig(return_attention=True, extra_len=3),
-                   GenerationConfig(return_attention=True, beam_size=3, extra_len=3)):
+                   GenerationConfig(return_attention=True, num_beams=3, extra_len=3)):
         rows.clear()
         generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
-        assert set(rows) == {4 * config.beam_size}
+        assert set(rows) == {4 * config.num_beams}
 
 
 def test_eos_ends_a_sentence_and_is_not_returned():
@@ -169,7 +169,7 @@ def test_max_new_tokens_caps_the_output_and_defaults_to_source_length_plus_extra
     eos_out_of_reach = model.config.vocab_size - 1
     for beam in (1, 3):
         out = generate(model, src, bos_id=BOS, eos_id=eos_out_of_reach,
-                       config=GenerationConfig(max_new_tokens=5, beam_size=beam, min_len=5))
+                       config=GenerationConfig(max_new_tokens=5, num_beams=beam, min_len=5))
         assert [len(t) for t in out.tokens] == [5, 5, 5, 5]
     out = generate(model, src, bos_id=BOS, eos_id=eos_out_of_reach,
                    config=GenerationConfig(extra_len=2, min_len=64))
@@ -178,7 +178,7 @@ def test_max_new_tokens_caps_the_output_and_defaults_to_source_length_plus_extra
 
 def test_max_len_is_the_old_spelling_of_max_new_tokens():
     # Code written before the rename keeps running: max_len=n is max_new_tokens=n, named as it was spelled.
-    assert GenerationConfig(max_len=5, beam_size=2) == GenerationConfig(max_new_tokens=5, beam_size=2)
+    assert GenerationConfig(max_len=5, num_beams=2) == GenerationConfig(max_new_tokens=5, num_beams=2)
     assert GenerationConfig(max_len=5, max_new_tokens=5).max_new_tokens == 5
     assert "max_len" not in repr(GenerationConfig(max_len=5))
     with pytest.raises(ValueError, match=r"^max_len=5 and max_new_tokens=6 disagree"):
@@ -189,13 +189,26 @@ def test_max_len_is_the_old_spelling_of_max_new_tokens():
         GenerationConfig(min_len=9, max_new_tokens=4)
 
 
+def test_beam_size_is_the_old_spelling_of_num_beams():
+    # Code written before the rename keeps running: beam_size=n is num_beams=n, named as it was spelled.
+    assert GenerationConfig(beam_size=3) == GenerationConfig(num_beams=3)
+    assert GenerationConfig(beam_size=3, num_beams=3).num_beams == 3
+    assert "beam_size" not in repr(GenerationConfig(beam_size=3))
+    with pytest.raises(ValueError, match=r"^beam_size=3 and num_beams=2 disagree"):
+        GenerationConfig(beam_size=3, num_beams=2)
+    with pytest.raises(ValueError, match=r"^beam_size must be a positive integer, got 0$"):
+        GenerationConfig(beam_size=0)
+    with pytest.raises(ValueError, match="use beam_size=1"):
+        GenerationConfig(beam_size=4, do_sample=True)
+
+
 def test_empty_input_gives_empty_output():
     model = make_model()
     out = generate(model, torch.zeros(2, 0, dtype=torch.long), bos_id=BOS, eos_id=EOS)
     assert out.tokens == [[], []] and out.scores.tolist() == [0.0, 0.0]
     src = padded_sources()
     src[2] = PAD  # a sentence of padding only, inside a batch
-    out = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=6, beam_size=2))
+    out = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=6, num_beams=2))
     assert out.tokens[2] == [] and out.tokens[0]
 
 
@@ -205,10 +218,10 @@ def test_too_long_source_and_bad_settings_raise_clear_errors():
         generate(model, torch.ones(1, 65, dtype=torch.long), bos_id=BOS, eos_id=EOS)
     with pytest.raises(ValueError, match="outside the target vocabulary"):
         generate(model, padded_sources(), bos_id=BOS, eos_id=24)
-    with pytest.raises(ValueError, match="beam_size"):
-        GenerationConfig(beam_size=0)
-    with pytest.raises(ValueError, match="use beam_size=1"):
-        GenerationConfig(beam_size=4, do_sample=True)
+    with pytest.raises(ValueError, match="num_beams"):
+        GenerationConfig(num_beams=0)
+    with pytest.raises(ValueError, match="use num_beams=1"):
+        GenerationConfig(num_beams=4, do_sample=True)
     with pytest.raises(ValueError, match="top_p"):
         GenerationConfig(top_p=0.0)
 
@@ -233,10 +246,10 @@ def test_sampling_is_seeded_and_top_k_one_is_greedy():
 def test_attention_weights_on_request(beam):
     model = make_model(1)
     src = padded_sources()
-    config = GenerationConfig(max_new_tokens=8, beam_size=beam)
+    config = GenerationConfig(max_new_tokens=8, num_beams=beam)
     plain = generate(model, src, bos_id=BOS, eos_id=EOS, config=config)
     out = generate(model, src, bos_id=BOS, eos_id=EOS,
-                   config=GenerationConfig(max_new_tokens=8, beam_size=beam, return_attention=True))
+                   config=GenerationConfig(max_new_tokens=8, num_beams=beam, return_attention=True))
     assert out.tokens == plain.tokens and plain.attention is None
     for i, weights in enumerate(out.attention):
         assert weights.shape == (2, 4, len(out.tokens[i]), int((src[i] != PAD).sum()))
@@ -286,7 +299,7 @@ def test_tiny_vocabulary_beam():
     # More candidates (2 x beam) than the vocabulary offers on the first step: still a full-length answer.
     small = make_model(0, vocab=5)
     out = generate(small, torch.tensor([[4, 3, 4]]), bos_id=BOS, eos_id=4,
-                   config=GenerationConfig(max_new_tokens=4, min_len=4, beam_size=4))
+                   config=GenerationConfig(max_new_tokens=4, min_len=4, num_beams=4))
     assert len(out.tokens[0]) == 4 and torch.isfinite(out.scores).all()
 
 

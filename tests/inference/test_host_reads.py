@@ -61,7 +61,7 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(monkeypatch, prepared, b
 
     around_steps(monkeypatch, step)
     with torch.no_grad():
-        result = generate(module, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=8, beam_size=beam))
+        result = generate(module, src, bos_id=1, eos_id=2, config=GenerationConfig(max_new_tokens=8, num_beams=beam))
     assert len(calls) >= 4 and len(result.tokens) == 3
     assert in_steps == [], f"host reads inside a decoding step: {sorted(set(in_steps))}"
 
@@ -69,7 +69,7 @@ def test_a_decoding_step_reads_nothing_back_to_the_host(monkeypatch, prepared, b
 def test_the_generation_loop_reads_at_most_once_a_step(monkeypatch):
     model = tiny_model()
     src = torch.randint(4, 40, (3, 7))
-    config = GenerationConfig(max_new_tokens=8, min_len=8, beam_size=1)
+    config = GenerationConfig(max_new_tokens=8, min_len=8, num_beams=1)
     with torch.no_grad():
         generate(model, src, bos_id=1, eos_id=2, config=config)  # warm
         with counting_reads() as seen:

@@ -71,7 +71,7 @@ def test_translate_equals_generate_in_any_batching(translation_run):
     for line in SAMPLE_LINES:
         ids = source.encode(line, add_eos=True) if line.strip() else []
         out = generate(model, torch.tensor([ids]), bos_id=target.bos_id, eos_id=target.eos_id,
-                       config=GenerationConfig(beam_size=2, max_new_tokens=8)) if ids else None
+                       config=GenerationConfig(num_beams=2, max_new_tokens=8)) if ids else None
         expected.append(target.decode(out.tokens[0]) if out else "")
     assert translator.translate(SAMPLE_LINES, num_beams=2, max_new_tokens=8) == expected
     assert translator.translate(SAMPLE_LINES, beam_size=2, max_new_tokens=8, max_tokens=12) == expected
@@ -84,8 +84,8 @@ def test_translate_equals_generate_in_any_batching(translation_run):
 
 def test_translations_tell_each_result_once_as_it_is_known(translation_run):
     translator = aiayn.load(translation_run)
-    for config in (GenerationConfig(beam_size=2, max_new_tokens=8),
-                   GenerationConfig(beam_size=2, max_new_tokens=8, return_attention=True)):
+    for config in (GenerationConfig(num_beams=2, max_new_tokens=8),
+                   GenerationConfig(num_beams=2, max_new_tokens=8, return_attention=True)):
         heard = []
         out = translator.translations(SAMPLE_LINES, config, max_tokens=12,
                                       on_result=lambda i, translation, heard=heard: heard.append((i, translation)))
@@ -96,11 +96,13 @@ def test_translations_tell_each_result_once_as_it_is_known(translation_run):
 
 def test_translate_settings_follow_generate(translation_run):
     translator = aiayn.load(translation_run)
-    config = GenerationConfig(beam_size=1, max_new_tokens=6, no_repeat_ngram_size=2)
+    config = GenerationConfig(num_beams=1, max_new_tokens=6, no_repeat_ngram_size=2)
     assert translator.translate(SAMPLE_LINES, config) == translator.translate(
         SAMPLE_LINES, num_beams=1, max_new_tokens=6, no_repeat_ngram_size=2)
     with pytest.raises(ValueError, match="contradicts"):
         translator.translate("a", num_beams=2, beam_size=3)
+    with pytest.raises(ValueError, match=r"^beam_size must be a positive integer, got 0$"):  # as the caller spelled it
+        translator.translate("a", beam_size=0)
     assert search_settings(config, max_len=4) == search_settings(config, max_new_tokens=4)  # the old spelling
     with pytest.raises(TypeError):
         translator.translate("a", num_beam=2)

@@ -61,7 +61,7 @@ def test_the_flat_step_equals_the_modules_with_beams_reordered_and_rows_dropped(
 @pytest.mark.parametrize("how", ["plain", "fp32"])
 def test_generate_on_the_flat_step_equals_the_modules_path(monkeypatch, how, beam):
     model = prepared(tiny(False), how)
-    config = GenerationConfig(max_new_tokens=10, min_len=10, beam_size=beam, no_repeat_ngram_size=2 if beam > 1 else 0)
+    config = GenerationConfig(max_new_tokens=10, min_len=10, num_beams=beam, no_repeat_ngram_size=2 if beam > 1 else 0)
     states = []
     begin = steps.start
     monkeypatch.setattr("aiayn.inference.generation.start_decoding",

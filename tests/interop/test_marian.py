@@ -91,7 +91,7 @@ def test_interleaved_model_generates_the_same_with_hf():
     model.load_state_dict(marian_like(1).state_dict())
     hf = to_marian(model, decoder_start_token_id=BOS)
     src = padded()
-    ours = generate(model, src, bos_id=BOS, eos_id=2, config=GenerationConfig(max_new_tokens=10, beam_size=3))
+    ours = generate(model, src, bos_id=BOS, eos_id=2, config=GenerationConfig(max_new_tokens=10, num_beams=3))
     with torch.no_grad():
         out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=3, max_length=11,
                           length_penalty=0.6, early_stopping=True)
@@ -140,7 +140,7 @@ def test_hf_generate_returns_the_same_sequences(seed, run_on):
     module = run_on(model)
     for beam, early, min_len in settings:
         ours = generate(module, src, bos_id=BOS, eos_id=eos,
-                        config=GenerationConfig(max_new_tokens=12, min_len=min_len, beam_size=beam,
+                        config=GenerationConfig(max_new_tokens=12, min_len=min_len, num_beams=beam,
                                                 length_penalty=0.6, early_stopping=early))
         with torch.no_grad():
             out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=beam, do_sample=False,
@@ -167,7 +167,7 @@ def test_runaway_guards_equal_hf_generate(seed):
     plain = generate(model, src, bos_id=BOS, eos_id=eos, config=GenerationConfig(max_new_tokens=12))
     changed = 0
     for beam, penalty, ngram in [(1, 1.5, 0), (1, 1.0, 2), (4, 1.3, 0), (3, 1.0, 3), (4, 1.2, 2)]:
-        config = GenerationConfig(max_new_tokens=12, beam_size=beam, repetition_penalty=penalty,
+        config = GenerationConfig(max_new_tokens=12, num_beams=beam, repetition_penalty=penalty,
                                   no_repeat_ngram_size=ngram)
         ours = generate(model, src, bos_id=BOS, eos_id=eos, config=config)
         with torch.no_grad():

@@ -49,7 +49,7 @@ def test_generate_returns_the_same_sequences(seed):
     seen = set()
     for beam in (1, 4):
         ours = generate(model, src, bos_id=BOS, eos_id=EOS,
-                        config=GenerationConfig(max_new_tokens=12, beam_size=beam, length_penalty=0.6))
+                        config=GenerationConfig(max_new_tokens=12, num_beams=beam, length_penalty=0.6))
         with torch.no_grad():
             out = hf.generate(input_ids=src, attention_mask=(src != PAD).long(), num_beams=beam, max_length=13,
                               length_penalty=0.6, early_stopping=True, do_sample=False)

@@ -57,7 +57,7 @@ def test_a_tiny_run_ends_within_its_budget(tmp_path):
 
     seconds = 20.0
     overrides = [item for item in TINY_RUN if not item.startswith("max_steps")]
-    run = load_run_config(None, [*overrides, "task_train=400", "task_valid=40", "task_test=40", "beam_size=2",
+    run = load_run_config(None, [*overrides, "task_train=400", "task_valid=40", "task_test=40", "num_beams=2",
                                  f"time_budget={seconds:g}s"])
     began = time.perf_counter()
     result = Trainer(run, tmp_path / "run").fit()

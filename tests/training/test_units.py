@@ -141,6 +141,24 @@ def test_bf16_is_the_old_spelling_of_precision(tmp_path):
         TrainConfig(task="copy", precision="int8")
 
 
+def test_beam_size_is_the_old_spelling_of_num_beams(tmp_path):
+    old_run = tmp_path / "train_config.json"  # as runs saved before `num_beams` hold it
+    old_run.write_text(json.dumps({"task": "copy", "beam_size": 2}), encoding="utf-8")
+    run = load_run_config(old_run)
+    assert run.train == TrainConfig(task="copy", num_beams=2) and "num_beams" in run.given
+    assert "beam_size" not in run.to_dict() and run.to_dict()["num_beams"] == 2
+    assert load_run_config(old_run, ["num_beams=3"]).train.num_beams == 3  # an override replaces the file's
+    assert load_run_config(None, ["task=copy", "beam_size=2"]).train.num_beams == 2
+    assert load_run_config(None, ["task=copy", "beam_size=2", "num_beams=2"]).train.num_beams == 2
+    with pytest.raises(ValueError, match=r"^beam_size=2 and num_beams=3 disagree: keep num_beams"):
+        load_run_config(None, ["task=copy", "beam_size=2", "num_beams=3"])
+    old_run.write_text(json.dumps({"task": "copy", "beam_size": 2, "num_beams": 3}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train_config.json: beam_size=2 and num_beams=3 disagree"):
+        load_run_config(old_run)
+    with pytest.raises(ValueError, match="beam_size expects an integer, got 'four'"):
+        load_run_config(None, ["task=copy", "beam_size=four"])
+
+
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     model = build_model(preset("tiny").replace(vocab_size=50, d_model=16, n_heads=2, d_ff=32))
     first = ckpt.save_checkpoint(tmp_path, model, {"step": 1}, step=1)
