@@ -354,7 +354,7 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
     tokens: measured the first time a run of that shape asks (under a second at a short recipe's widths), then
     kept with the other choices in the cache (`Choices.training`). A base model's widths (`train_onednn`,
     `fused_qkv_train`) do not decide for a narrow one: oneDNN's products that win at d_model 512 can lose at
-    d_model 128 (docs/notes.md, "Training on the recipe's shapes")."""
+    d_model 128 (docs/notes.md, "training on the recipe's shapes")."""
     found = choices()
     key = f"{rows}x{d_model}x{d_ff}"
     if key not in (found.training or {}):
