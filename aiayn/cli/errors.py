@@ -16,9 +16,14 @@ from __future__ import annotations
 
 import errno
 import re
+import signal
 import sys
 
 OK, INTERNAL, BAD_INPUT, NON_FINITE, SYSTEM, BUSY, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
+# Those that end a command as Ctrl-C does; the same as `aiayn.training.signals.INTERRUPT_SIGNALS`, which `aiayn train`
+# installs for its steps (not imported from there: the CLI starts without torch, and records a signal at once).
+INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
+                     if hasattr(signal, name))
 
 # What a user can do about an operating-system error, by errno.
 _OS_HINTS = {

@@ -18,7 +18,7 @@ import threading
 import traceback
 
 from aiayn import __version__
-from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, describe, one_line
+from aiayn.cli.errors import BAD_INPUT, INTERRUPT_SIGNALS, INTERRUPTED, NON_FINITE, UserError, describe, one_line
 from aiayn.cli.options import check_numbers
 from aiayn.cli.streams import Stdout, silence_stdout
 
@@ -54,10 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Those that end a command as Ctrl-C does; the same as `aiayn.training.signals.INTERRUPT_SIGNALS`, which `aiayn train`
-# installs for its steps (not imported from there: the CLI starts without torch, and records a signal at once).
-INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-                     if hasattr(signal, name))
 _signalled: list[int] = []  # signals received while the command runs
 _started: list[bool] = []  # set once the parser is built: from then on a signal raises KeyboardInterrupt
 

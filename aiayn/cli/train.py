@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -143,8 +144,23 @@ def cmd_train(args: argparse.Namespace) -> int:
         _check_resume_overrides(read_run_config(args.run).train, run.train, overrides)
     else:
         run = load_run_config(config, overrides)
+    if run.train.processes > 1 and "WORLD_SIZE" not in os.environ:  # not already one of them (or under torchrun)
+        from aiayn.cli.processes import train_processes
+
+        return train_processes(_rank_argv(args), run.train.processes, run.train.threads)
     return _train(run, args.run, resume=args.resume, progress=not args.no_progress, force=args.force,
                   device=args.device)
+
+
+def _rank_argv(args: argparse.Namespace) -> list[str]:
+    """The `aiayn train` arguments each process of a `processes=N` run is started with: this command's own."""
+    def on(*pairs: tuple[str, bool]) -> list[str]:
+        return [flag for flag, given in pairs if given]
+
+    return [*on(("--debug", args.debug), ("--verbose", args.verbose)), "train", *args.items, "--run", args.run,
+            *on(("--resume", args.resume), ("--no-progress", args.no_progress), ("--force", args.force)),
+            *(["--init-from", args.init_from] if args.init_from else []),
+            *(["--device", args.device] if args.device else [])]
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -103,7 +103,7 @@ class Trainer(RunState):
                     if self.stopping is None:
                         saves.after_step(self)  # a `save_every` checkpoint
                         self.after_step()
-                        self.stopping = "interrupted" if self.interrupt_requested else self.stopping
+                        self.stopping = "interrupted" if self.interrupted() else self.stopping
                         self.check_limits()
                     if self.stopping is not None:
                         break

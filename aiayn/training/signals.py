@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -19,9 +18,9 @@ INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM"
 
 @contextmanager
 def interrupts_caught(t: Any) -> Iterator[None]:
-    """While training one process in the main thread: an interrupt sets `t.interrupt_requested` (the loop ends after its
-    step); a second one, or one before the first step, raises KeyboardInterrupt at once. The handlers are put back
-    after."""
+    """While training, in the main thread: an interrupt sets `t.interrupt_requested` (the loop ends after its step; with
+    several processes, after the step in which rank 0 got it); a second one, or one before the first step, raises
+    KeyboardInterrupt at once. The handlers are put back after."""
     def on_signal(signum: int, frame: Any) -> None:
         if t.interrupt_requested or not t.looping:  # a second signal, or one before any step: abort now
             t.interrupt_requested = True
@@ -31,7 +30,7 @@ def interrupts_caught(t: Any) -> Iterator[None]:
         t.report(f"{name}: finishing this step, saving a checkpoint and exiting (Ctrl-C again to abort)")
 
     previous = {}
-    if threading.current_thread() is threading.main_thread() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if threading.current_thread() is threading.main_thread():
         previous = {sig: signal.signal(sig, on_signal) for sig in INTERRUPT_SIGNALS}
     try:
         yield

@@ -74,6 +74,11 @@ class RunState:
         """Seconds of wall clock since this process began the run (data, model and all)."""
         return round(time.perf_counter() - self.started, 3)
 
+    def interrupted(self) -> bool:
+        """Whether a signal ends the run after this step: rank 0's decides for every process (a signal reaches each
+        process at its own moment, and all must stop after the same step)."""
+        return self.parallel.from_rank0(self.interrupt_requested)
+
     def check_limits(self) -> None:
         """End the run for "max_steps" once that many steps are done, or for "epochs" once that many epochs are, when
         neither `max_steps` nor a time budget sets the length (under a budget the clock decides)."""

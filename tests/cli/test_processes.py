@@ -1,0 +1,90 @@
+"""`aiayn train processes=N`: the CLI launches the run's data-parallel processes itself."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from aiayn.training import Trainer, load_run_config
+from aiayn.training.checkpoint import latest_checkpoint
+from tests.training.test_distributed import ARGS, _assert_weights_close
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _aiayn(*args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "aiayn", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV, **kwargs)
+
+
+def _ranks(launcher: subprocess.Popen) -> dict[int, int]:
+    """{rank: pid} of the processes `launcher` started (read from their environments)."""
+    found = {}
+    for child in Path(f"/proc/{launcher.pid}/task/{launcher.pid}/children").read_text().split():
+        environ = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+        rank = next(int(item[5:]) for item in environ if item.startswith(b"RANK="))
+        found[rank] = int(child)
+    return found
+
+
+def _train_rows(run_dir: Path) -> int:
+    try:
+        return sum('"train"' in line for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+def test_two_processes_train_what_torchrun_trains(tmp_path):
+    """The launched processes are torchrun's: the weights of one process on the same global batch, rank 0 speaking."""
+    proc = _aiayn("train", *ARGS, "processes=2", "--run", str(tmp_path / "run"), "--no-progress")
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    assert "2 processes" in out + err and (out + err).count("trained ") == 1  # rank 0 speaks for both
+    one = tmp_path / "one"
+    Trainer(load_run_config(None, [*ARGS, "global_batches=2"]), one).fit()
+    _assert_weights_close(load_file(tmp_path / "run" / "model.safetensors"), load_file(one / "model.safetensors"))
+    assert json.loads((tmp_path / "run" / "train_config.json").read_text())["processes"] == 2  # a resume relaunches
+
+
+def test_ctrl_c_saves_a_checkpoint_of_every_process_at_one_step_and_the_run_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    long = [a for a in ARGS if not a.startswith("epochs=")] + ["epochs=1000", "save_every=1000"]
+    launcher = _aiayn("train", *long, "processes=2", "--run", str(run_dir), "--no-progress")
+    deadline = time.monotonic() + 120
+    while _train_rows(run_dir) < 5 and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.2)
+    launcher.send_signal(signal.SIGINT)  # the terminal's Ctrl-C reaches the launcher alone (its own session)
+    out, err = launcher.communicate(timeout=120)
+    assert launcher.returncode == 130, out[-2000:] + err[-2000:]
+    saved = latest_checkpoint(run_dir / "checkpoints")
+    assert (out + err).count(f"interrupted at step {int(saved.name[5:])}; resume with") == 1
+    resumed = _aiayn("train", "--run", str(run_dir), "--resume", f"max_steps={int(saved.name[5:]) + 2}",
+                     "--no-progress")
+    out, err = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, out[-2000:] + err[-2000:]
+    assert "resumed from" in out + err and (run_dir / "model.safetensors").exists()
+
+
+def test_a_process_that_dies_stops_the_run_with_rank_0s_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    long = [a for a in ARGS if not a.startswith("epochs=")] + ["epochs=1000"]
+    launcher = _aiayn("train", *long, "processes=2", "--run", str(run_dir), "--no-progress")
+    deadline = time.monotonic() + 120
+    while _train_rows(run_dir) < 3 and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.2)
+    os.kill(_ranks(launcher)[1], signal.SIGKILL)
+    out, err = launcher.communicate(timeout=180)
+    assert launcher.returncode == 4, out[-2000:] + err[-2000:]  # rank 0's code: a system failure
+    assert "another process of the run has stopped" in err
+
+
+@pytest.mark.parametrize("value", ["0", "-1"])
+def test_processes_must_be_at_least_one(value):
+    with pytest.raises(ValueError, match=f"processes must be at least 1, got {value}"):
+        load_run_config(None, ["task=copy", f"processes={value}"])
