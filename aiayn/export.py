@@ -29,7 +29,7 @@ import torch
 from aiayn.inference.embeddings import Embedder
 from aiayn.inference.generation import GenerationConfig
 from aiayn.inference.generator import Generator
-from aiayn.inference.loading import objective_of, task_class
+from aiayn.inference.loading import loaded_class, objective_of
 from aiayn.inference.translator import Translator
 from aiayn.rundir import TARGET_TOKENIZER, check_export_dir, claim_for_export
 from aiayn.tasks import resolved
@@ -128,7 +128,7 @@ def export(source: str | Path | None, out: str | Path, *, fmt: str = "hf", quant
 
 def _encoder_of(source: str | Path) -> Embedder:
     """An Embedder over the encoder of any encoder-only source (a task head is not exported)."""
-    if task_class(source) is Embedder:
+    if loaded_class(source) is Embedder:
         return Embedder.from_pretrained(source, device="cpu")
     from aiayn.io import load_model, load_tokenizers
 

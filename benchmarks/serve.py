@@ -60,9 +60,9 @@ def sentences(kind: str, n: int = 2000, path: str | None = None) -> list[str]:
         sources = [line.split("\t")[0] for line in Path(path).read_text(encoding="utf-8").splitlines()]
         return [source for source in sources if source.strip()][:n]
     if kind == "translate":
-        from aiayn.data.tasks import numbers_task
+        from aiayn.data.datasets import numbers_dataset
 
-        return [example.source for example in numbers_task(n_train=10, n_valid=10, n_test=n).test]
+        return [example.source for example in numbers_dataset(n_train=10, n_valid=10, n_test=n).test]
     from embed import make_corpus  # benchmarks/embed.py
 
     return make_corpus(n)

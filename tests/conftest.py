@@ -86,13 +86,13 @@ def run_on(request, monkeypatch):
 
 
 # A tiny translation run as `aiayn train` leaves it (the paper's interleaved positions, a shared BPE
-# vocabulary): 60 steps of the copy task, enough that some outputs end with </s> and others run to the
-# length limit. Shared by the tests of the task objects, `aiayn translate` and the exports.
-TINY_RUN = ["task=copy", "task_train=200", "task_valid=10", "task_test=10", "model.d_model=32", "model.d_ff=64",
-            "model.n_heads=4", "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.dropout=0",
-            "model.max_len=64", "threads=1", "max_steps=60", "max_tokens=400", "vocab_size=60", "lr=3e-3",
-            "warmup=10", "show_examples=0"]
-# Inputs for translation runs: copy-task strings, other text, non-ASCII, a literal special token, an empty line.
+# vocabulary): 60 steps of the built-in copy data set, enough that some outputs end with </s> and others run to the
+# length limit. Shared by the tests of the loaded objects, `aiayn translate` and the exports.
+TINY_RUN = ["dataset=copy", "dataset_train=200", "dataset_valid=10", "dataset_test=10", "model.d_model=32",
+            "model.d_ff=64", "model.n_heads=4", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
+            "model.dropout=0", "model.max_len=64", "threads=1", "max_steps=60", "max_tokens=400", "vocab_size=60",
+            "lr=3e-3", "warmup=10", "show_examples=0"]
+# Inputs for translation runs: copy data set strings, other text, non-ASCII, a literal special token, an empty line.
 SAMPLE_LINES = ["a b c", "h g f e", "d d d d d", "c a", "The cat sat.", "naïve café", "literal <s> here", "",
                 "b h a g c f d e"]
 

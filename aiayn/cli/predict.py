@@ -55,11 +55,11 @@ def _line_numbers(message: str, filled: list[int]) -> str:
 def cmd_predict(args: argparse.Namespace) -> int:
     """Print one prediction line per input line (an empty line gives an empty prediction)."""
     from aiayn.inference.classifiers import Classifier, Tagger
-    from aiayn.inference.loading import task_class
+    from aiayn.inference.loading import loaded_class
 
     if args.batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {args.batch_size}")
-    cls = task_class(args.run)
+    cls = loaded_class(args.run)
     if cls not in (Classifier, Tagger):
         hint = {"Translator": "aiayn translate --run", "Generator": "aiayn generate --run"}.get(
             cls.__name__, "aiayn embed --model")

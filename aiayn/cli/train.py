@@ -15,14 +15,14 @@ from aiayn.cli.options import add_device_argument, add_precision_argument, integ
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `aiayn train` and `aiayn eval`."""
-    t = subparsers.add_parser("train", help="train a Transformer on files or a built-in task",
+    t = subparsers.add_parser("train", help="train a Transformer on files or a built-in data set",
                               description="Train with the paper's recipe, or, for translation files, the recipe fitted "
                                           "to the corpus and the time_budget (recipe=paper keeps the paper's). "
                                           "CONFIG is a .toml or .json file; KEY=VALUE overrides training keys, "
                                           "model.KEY=VALUE model keys; time_budget=20m ends the run within 20 "
                                           "minutes, the test evaluation included.")
     t.add_argument("items", nargs="*", metavar="[CONFIG] KEY=VALUE",
-                   help="an optional config file, then overrides such as task=numbers epochs=5 model.d_model=128")
+                   help="an optional config file, then overrides such as dataset=numbers epochs=5 model.d_model=128")
     t.add_argument("--run", "--run-dir", dest="run", required=True,
                    help="run directory (checkpoints, logs, plots, final model); spell it --run-dir under torchrun, "
                         "whose own --run-path would swallow --run")
@@ -208,7 +208,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def run_demo(run_dir: str | None = None, config: str | None = None) -> int:
-    """Train the number translation task of `examples/demo.toml`; print test exact match, BLEU and examples."""
+    """Train on the number translation data set of `examples/demo.toml`; print test exact match, BLEU and examples."""
     from aiayn.training.config import example_config, load_run_config
 
     if run_dir is None:
@@ -220,8 +220,9 @@ def run_demo(run_dir: str | None = None, config: str | None = None) -> int:
     run = load_run_config(path)
     train_cfg = run.train
     model = run.model_config(vocab_size=train_cfg.vocab_size)
-    print(f"aiayn demo ({path}): English -> German number words (num2words), {train_cfg.task_train} training / "
-          f"{train_cfg.task_test} held-out test numbers below {train_cfg.task_max_number}, disjoint splits")
+    print(f"aiayn demo ({path}): English -> German number words (num2words), {train_cfg.dataset_train} training / "
+          f"{train_cfg.dataset_test} held-out test numbers below {train_cfg.dataset_max_number}, "
+          "disjoint splits")
     print(f"model: d_model={model.d_model}, {model.n_encoder_layers}+{model.n_decoder_layers} layers; "
           f"{train_cfg.epochs} epochs; run directory {run_dir}")
     return _train(run, run_dir, resume=False, progress=True)

@@ -3,7 +3,7 @@
 Counted for parallel text (and, where they apply, classification rows):
 - duplicates: the same pair (text and label) again in the training split;
 - a length ratio over `max_ratio` between the sides (in characters): usually a misaligned pair;
-- identical sides (source == target): untranslated strings, reported only (a copy task is all of them);
+- identical sides (source == target): untranslated strings, reported only (the built-in copy data set is all of them);
 - conflicting labels: one text with two labels in the training split (reported only);
 - overlap: valid or test examples that also occur in training, which inflates their scores.
 

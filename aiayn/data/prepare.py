@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.data.check import check_splits
+from aiayn.data.datasets import OBJECTIVE_OF, builtin_dataset
 from aiayn.data.readers import ReadStats
-from aiayn.data.tasks import OBJECTIVE_OF, builtin_task
 from aiayn.rundir import LABELS as LABELS_NAME
 from aiayn.rundir import SOURCE_TOKENIZER, TARGET_TOKENIZER, atomic_write_text, load_json
 from aiayn.tokenization import Tokenizer, train_tokenizer
@@ -66,14 +66,16 @@ def read_examples(cfg: Any, path: str) -> tuple[list, ReadStats]:
 
 
 def raw_splits(cfg: Any) -> tuple[list, list, list, list[ReadStats]]:
-    """Train/valid/test raw examples from a built-in task or files (a seeded split when valid/test are missing)."""
-    if cfg.task:
-        splits = builtin_task(cfg.task, seed=cfg.seed, n_train=cfg.task_train, n_valid=cfg.task_valid,
-                              n_test=cfg.task_test, max_number=cfg.task_max_number, max_len=cfg.task_max_len)
-        expected = OBJECTIVE_OF[cfg.task]
+    """Train/valid/test raw examples from a built-in data set or files (a seeded split when valid/test are missing)."""
+    if cfg.dataset:
+        splits = builtin_dataset(cfg.dataset, seed=cfg.seed, n_train=cfg.dataset_train, n_valid=cfg.dataset_valid,
+                                 n_test=cfg.dataset_test, max_number=cfg.dataset_max_number,
+                                 max_len=cfg.dataset_max_len)
+        expected = OBJECTIVE_OF[cfg.dataset]
         if cfg.objective != expected:
-            raise ValueError(f"built-in task {cfg.task!r} is for objective {expected!r}, not {cfg.objective!r}")
-        stats = [ReadStats(path=f"task {cfg.task} {name}", kept=len(items))
+            raise ValueError(f"built-in data set {cfg.dataset!r} is for objective {expected!r}, "
+                             f"not {cfg.objective!r}")
+        stats = [ReadStats(path=f"data set {cfg.dataset} {name}", kept=len(items))
                  for name, items in (("train", splits.train), ("valid", splits.valid), ("test", splits.test))]
         return splits.train, splits.valid, splits.test, stats
     train, train_stats = read_examples(cfg, cfg.train)
@@ -163,13 +165,13 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
                  labels: list[str] | None = None) -> PreparedData:
     """Read (or generate) the splits, check them, train tokenizers unless given, and encode everything.
 
-    Files (not built-in tasks) pass the data check (`aiayn.data.check`); its summary and, for
+    Files (not built-in data sets) pass the data check (`aiayn.data.check`); its summary and, for
     trained tokenizers, the vocabulary sizes are in `PreparedData.notes`.
     """
     train, valid, test, stats = raw_splits(cfg)
     notes = []
     task = cfg.objective_task  # aiayn.tasks: what differs by objective
-    if not cfg.task and task.checked:
+    if not cfg.dataset and task.checked:
         train, valid, test, report = check_splits(train, valid, test, drop=cfg.clean)
         notes.append(report.summary())
     if tokenizers is None:
@@ -184,7 +186,7 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
     if labels is None:
         labels = task.label_names(train)  # a task with labels refuses fewer than two
     task.check_tokenizer(source)
-    train_stats = stats[0] if not cfg.task else None
+    train_stats = stats[0] if not cfg.dataset else None
     splits = {}
     for name, raw in (("train", train), ("valid", valid), ("test", test)):
         splits[name] = encode_split(cfg, raw, source, target, labels, name,

@@ -1,5 +1,5 @@
-"""Using a trained model: the task objects (`load`, Translator, Generator, Classifier, Tagger, Embedder), generation
-(greedy, beam, sampling on a KV cache), sentence embeddings and search."""
+"""Using a trained model: the loaded objects (what `load` returns: Translator, Generator, Classifier, Tagger,
+Embedder), generation (greedy, beam, sampling on a KV cache), sentence embeddings and search."""
 
 from aiayn.inference.classifiers import Classifier, Prediction, Tagger, WordTag
 from aiayn.inference.embeddings import Embedder

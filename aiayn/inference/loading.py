@@ -1,4 +1,4 @@
-"""`aiayn.load(path_or_name)`: the task object for anything aiayn can read, picked by what the directory holds.
+"""`aiayn.load(path_or_name)`: the loaded object for anything aiayn can read, picked by what the directory holds.
 
 | the directory holds | you get |
 | --- | --- |
@@ -83,13 +83,13 @@ def objective_of(path: str | Path) -> Task:
     raise ValueError(hint or f"{directory} holds {info.description}; {_READS}")
 
 
-def task_class(path: str | Path) -> type:
+def loaded_class(path: str | Path) -> type:
     """The class `load` returns for `path`: the one its objective names (`Task.loaded`)."""
     return resolved(objective_of(path).loaded)
 
 
 def load(path_or_name: str | Path, *, device: str | torch.device | None = None) -> Loaded:
-    """The task object of a run, model directory, BERT-family checkpoint or the name `minilm`.
+    """The loaded object of a run, model directory, BERT-family checkpoint or the name `minilm`.
 
     Returns:
         A `Translator` (`.translate`), `Generator` (`.generate`), `Classifier` / `Tagger` (`.predict`) or
@@ -98,5 +98,5 @@ def load(path_or_name: str | Path, *, device: str | torch.device | None = None) 
     Raises:
         FileNotFoundError, ValueError: nothing aiayn can read is there (the message says what is).
     """
-    cls = task_class(path_or_name)
+    cls = loaded_class(path_or_name)
     return cls.from_pretrained(path_or_name, device=device)

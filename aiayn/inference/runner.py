@@ -1,4 +1,4 @@
-"""What every task object holds: the model, the backend that runs it, and the backend's prepared copy."""
+"""What every object `aiayn.load` returns holds: the model, the backend that runs it, and its prepared copy."""
 
 from __future__ import annotations
 

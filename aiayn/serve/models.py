@@ -1,4 +1,4 @@
-"""The objects a server answers with: each loaded task object, its batcher, and what its routes need.
+"""The objects a server answers with: each object `aiayn.load` returned, its batcher, and what its routes need.
 
 One class per kind of object, named by the objective that trains its model (`Task.served`, found by
 `served_class`): a translator answers `/translate`, a generator `/v1/completions`, an embedder
@@ -32,7 +32,7 @@ ANY_LANGUAGE = "auto"
 
 
 class Served(abc.ABC):
-    """A task object behind the server: its name, its batcher and its token counting."""
+    """A loaded object behind the server: its name, its batcher and its token counting."""
 
     kind = ""
     streams = False  # whether `call` can answer texts one by one, before its batch ends (`on_result`)
@@ -217,7 +217,7 @@ def served_class(obj: Any) -> type[Served]:
     config = getattr(getattr(obj, "model", None), "config", None)
     task = task_of(config) if isinstance(config, ModelConfig) else None
     if task is None or not isinstance(obj, resolved(task.loaded)):
-        raise ValueError(f"a {type(obj).__name__} is not a task object aiayn serves (aiayn.load gives those)")
+        raise ValueError(f"a {type(obj).__name__} is not a loaded object aiayn serves (aiayn.load gives those)")
     return resolved(task.served)
 
 

@@ -29,7 +29,8 @@ FIXED_AT_START = ("objective", "tokenizer", "target_tokenizer", "vocab_size", "t
                   "vocab_min_frequency", "lowercase", "init_from")
 # Training keys renamed since runs began to save their config, old spelling -> name: a config file, an override
 # or an old run's train_config.json may still use the old one, which is read as the new.
-OLD_KEYS = {"beam_size": "num_beams"}
+OLD_KEYS = {"beam_size": "num_beams", "task": "dataset", "task_train": "dataset_train", "task_valid": "dataset_valid",
+            "task_test": "dataset_test", "task_max_number": "dataset_max_number", "task_max_len": "dataset_max_len"}
 # Validation metrics per objective (its task object's); the first is `valid_metric=auto`'s choice.
 # Higher is better but for loss.
 VALID_METRICS = {name: get_task(name).metrics for name in OBJECTIVES}
@@ -45,13 +46,15 @@ class TrainConfig:
             vocabulary, batch tokens, pre-LN, peak lr and warmup, dropout, label smoothing; see
             `aiayn.training.recipe`); "paper" keeps these defaults; "auto": "fit" for seq2seq from scratch
             on files, "paper" otherwise.
-        task: a built-in task ("numbers", "compare", "copy") instead of files; "" to read files.
+        dataset: a built-in data set ("numbers", "compare", "copy", "counting"; `aiayn.data.datasets`) instead of
+            files; "" to read files. `task`, `task_train`, ... `task_max_len`, the old spellings of `dataset` and
+            the `dataset_*` keys below, are read as them from config files, overrides and old runs (`OLD_KEYS`).
         train, valid, test: data files; parallel text may be two aligned files "SRC,TGT".
         data_format: "auto" (from the extension), "tsv", "csv", "jsonl", "text" or "conll".
         source_field, target_field, text_field, label_field: JSONL/CSV field names.
         valid_fraction, test_fraction: seeded split of `train` when `valid`/`test` are not given.
-        task_train, task_valid, task_test: split sizes of a built-in task; task_max_number bounds its
-            numbers (numbers: 10000, compare: use 1000) and task_max_len its copy strings.
+        dataset_train, dataset_valid, dataset_test: split sizes of a built-in data set; dataset_max_number bounds
+            its numbers (numbers: 10000, compare: use 1000) and dataset_max_len its copy strings.
         max_source_len, max_target_len: rows with more tokens are dropped (and counted).
         tokenizer: "bpe" (lossless, SentencePiece-style; the default), "unigram", "char", "subword-nmt" or
             "wordpiece" (see `aiayn.tokenization`); `target_tokenizer` sets the target's kind when not shared.
@@ -119,7 +122,7 @@ class TrainConfig:
 
     objective: str = SEQ2SEQ
     recipe: str = "auto"
-    task: str = ""
+    dataset: str = ""
     train: str = ""
     valid: str = ""
     test: str = ""
@@ -130,11 +133,11 @@ class TrainConfig:
     label_field: str = "label"
     valid_fraction: float = 0.05
     test_fraction: float = 0.05
-    task_train: int = 8000
-    task_valid: int = 500
-    task_test: int = 500
-    task_max_number: int = 10000
-    task_max_len: int = 8
+    dataset_train: int = 8000
+    dataset_valid: int = 500
+    dataset_test: int = 500
+    dataset_max_number: int = 10000
+    dataset_max_len: int = 8
     max_source_len: int = 256
     max_target_len: int = 256
     tokenizer: str = "bpe"
@@ -234,12 +237,13 @@ class TrainConfig:
         if self.bleu_tokenize not in ("auto", "13a", "intl", "char", "none", "zh"):
             raise ValueError(f"bleu_tokenize must be one of auto, 13a, intl, char, none, zh; "
                              f"got {self.bleu_tokenize!r}")
-        if not self.task and not self.train:
-            raise ValueError("give a built-in task (task=numbers|compare|copy) or a train file (train=PATH)")
+        if not self.dataset and not self.train:
+            raise ValueError("give a built-in data set (dataset=numbers|compare|copy|counting) or a train file "
+                             "(train=PATH)")
         files = [f"{name}={getattr(self, name)}" for name in ("train", "valid", "test") if getattr(self, name)]
-        if self.task and files:
-            raise ValueError(f"task={self.task} makes its own data but {' '.join(files)} names files too: "
-                             "keep one source (drop task= or the files)")
+        if self.dataset and files:
+            raise ValueError(f"dataset={self.dataset} makes its own data but {' '.join(files)} names files too: "
+                             "keep one source (drop dataset= or the files)")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict of every field but `bf16` (always false once built: `precision` holds it)."""

@@ -1,7 +1,7 @@
 """The recipe that fits the data: the sizes and rates a translation run takes from its corpus.
 
 `recipe="auto"` (the default) is `"fit"` for an objective measured with it (`Task.fits_recipe`:
-seq2seq) trained from scratch on files, and `"paper"` otherwise (built-in tasks, other objectives,
+seq2seq) trained from scratch on files, and `"paper"` otherwise (built-in data sets, other objectives,
 fine-tuning). Under `"fit"`, every key below that the config does not set is chosen from the number
 of training pairs; a key the config sets is kept.
 `"paper"` keeps the dataclass defaults: the paper's post-LN model and its schedule (`schedule.py`).
@@ -49,7 +49,7 @@ def uses_fit(cfg: TrainConfig) -> bool:
     """Whether the run's recipe is "fit" ("auto": an objective that `fits_recipe`, from scratch on files)."""
     if cfg.recipe != "auto":
         return cfg.recipe == "fit"
-    return cfg.objective_task.fits_recipe and not cfg.task and not cfg.init_from
+    return cfg.objective_task.fits_recipe and not cfg.dataset and not cfg.init_from
 
 
 def fitted_keys(pairs: int, budget_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:

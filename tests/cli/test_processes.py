@@ -87,4 +87,4 @@ def test_a_process_that_dies_stops_the_run_with_rank_0s_one_line(tmp_path):
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_processes_must_be_at_least_one(value):
     with pytest.raises(ValueError, match=f"processes must be at least 1, got {value}"):
-        load_run_config(None, ["task=copy", f"processes={value}"])
+        load_run_config(None, ["dataset=copy", f"processes={value}"])

@@ -58,9 +58,26 @@ def test_beam_size_sets_num_beams_and_an_old_run_resumes(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == new
 
 
+
+def test_task_keys_set_the_data_set_and_an_old_run_loads_evals_and_resumes(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert _train(run, "task=copy", "task_train=40", "task_valid=5", "task_test=5") == 0  # the old spelling
+    saved = json.loads((run / "train_config.json").read_text())
+    assert saved["dataset"] == "copy" and saved["dataset_train"] == 40 and "task" not in saved
+    for key in ("dataset", "dataset_train", "dataset_valid", "dataset_test", "dataset_max_number", "dataset_max_len"):
+        saved["task" + key.removeprefix("dataset")] = saved.pop(key)  # as runs saved before `dataset` hold it
+    (run / "train_config.json").write_text(json.dumps(saved), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["eval", "--run", str(run), "--json"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main(["train", "--run", str(run), "--resume", "max_steps=4", "--no-progress"]) == 0
+    assert "trained 4 steps" in capsys.readouterr().out
+    assert main(["eval", "--run", str(run), "--json"]) == 0
+    assert set(json.loads(capsys.readouterr().out)) == set(before)
+
 def test_bf16_accumulation_and_clipping_run(tmp_path):
-    assert _train(tmp_path / "run", "task=copy", "task_train=60", "task_valid=5", "task_test=5", "bf16=true",
-                  "accum_steps=2", "clip_norm=0.5", "log_every=1") == 0
+    assert _train(tmp_path / "run", "dataset=copy", "dataset_train=60", "dataset_valid=5", "dataset_test=5",
+                  "bf16=true", "accum_steps=2", "clip_norm=0.5", "log_every=1") == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["split"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3] and all(r["loss"] > 0 for r in train)
@@ -85,8 +102,8 @@ def test_sequence_classification_from_csv_and_builtin_compare(tmp_path, capsys):
     assert json.loads((tmp_path / "run" / "labels.json").read_text()) == ["neg", "pos"]
     assert main(["eval", "--run", str(tmp_path / "run")]) == 0
     assert "accuracy" in capsys.readouterr().out
-    assert _train(tmp_path / "compare", "task=compare", "objective=sequence_classification", "task_train=50",
-                  "task_valid=10", "task_test=10", "task_max_number=100") == 0
+    assert _train(tmp_path / "compare", "dataset=compare", "objective=sequence_classification", "dataset_train=50",
+                  "dataset_valid=10", "dataset_test=10", "dataset_max_number=100") == 0
 
 
 def test_token_classification_from_conll(tmp_path):
@@ -116,21 +133,22 @@ def test_masked_lm_then_fine_tune_with_init_from(tmp_path):
 
 
 def test_toml_config_file_and_overrides(tmp_path):
-    config = _write(tmp_path / "run.toml", ['task = "copy"', "task_train = 60", "task_valid = 5", "task_test = 5",
-                                            "epochs = 1", "[model]", 'preset = "tiny"', "d_model = 16"])
+    config = _write(tmp_path / "run.toml", ['dataset = "copy"', "dataset_train = 60", "dataset_valid = 5",
+                                            "dataset_test = 5", "epochs = 1", "[model]", 'preset = "tiny"',
+                                            "d_model = 16"])
     assert main(["train", str(config), "threads=1", "model.n_heads=2", "model.d_ff=32", "--run",
                  str(tmp_path / "run"), "--no-progress"]) == 0
     saved = json.loads((tmp_path / "run" / "train_config.json").read_text())
-    assert saved["task"] == "copy" and saved["model"] == {"preset": "tiny", "d_model": 16, "n_heads": 2, "d_ff": 32}
+    assert saved["dataset"] == "copy" and saved["model"] == {"preset": "tiny", "d_model": 16, "n_heads": 2, "d_ff": 32}
     assert (tmp_path / "run" / "curves.png").is_file() and (tmp_path / "run" / "metrics.csv").is_file()
 
 
 @pytest.mark.parametrize("items, message", [
     (["train={tsv}"], "bad.tsv:2: expected 2 tab-separated columns"),
     (["train={missing}"], "does not exist"),
-    (["task=copy", "epochs=x"], "epochs expects an integer"),
-    (["task=copy", "objective=translation"], "objective must be one of"),
-    ([], "give a built-in task"),
+    (["dataset=copy", "epochs=x"], "epochs expects an integer"),
+    (["dataset=copy", "objective=translation"], "objective must be one of"),
+    ([], "give a built-in data set"),
 ])
 def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys, items, message):
     tsv = _write(tmp_path / "bad.tsv", ["one\teins", "two zwei"])
@@ -159,7 +177,7 @@ def test_non_finite_loss_exits_3_naming_the_step(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(loop, "label_smoothed_loss",
                         lambda logits, labels, *, smoothing: tuple(x * float("inf") for x in real(
                             logits, labels, smoothing=smoothing)))
-    assert _train(tmp_path / "run", "task=copy", "task_train=40", "task_valid=5", "task_test=5") == 3
+    assert _train(tmp_path / "run", "dataset=copy", "dataset_train=40", "dataset_valid=5", "dataset_test=5") == 3
     err = capsys.readouterr().err
     assert "non-finite loss (inf) at step 1" in err and "no checkpoint was written yet" in err
 
@@ -171,7 +189,7 @@ def test_eval_and_the_final_test_evaluation_show_progress(translation_run, tmp_p
     assert "evaluating test: 100%" in err and "10/10" in err
     assert main(["eval", "--run", str(translation_run), "--quiet"]) == 0
     assert "evaluating" not in capsys.readouterr().err
-    assert main(["train", *TINY_MODEL, "task=copy", "task_train=40", "task_valid=5", "task_test=6", "max_steps=2",
-                 "--run", str(tmp_path / "run")]) == 0
+    assert main(["train", *TINY_MODEL, "dataset=copy", "dataset_train=40", "dataset_valid=5", "dataset_test=6",
+                 "max_steps=2", "--run", str(tmp_path / "run")]) == 0
     err = capsys.readouterr().err
     assert "test: 100%" in err and "6/6" in err

@@ -1,19 +1,10 @@
-"""Batching, collation and the built-in tasks."""
+"""Batching and collation."""
 
 import pytest
 import torch
 
 from aiayn.data.batching import shard_steps, token_batches
 from aiayn.data.collate import collate_masked_lm, collate_seq2seq
-from aiayn.data.tasks import (
-    SPELLINGS,
-    compare_task,
-    copy_task,
-    english_spelling,
-    number_words,
-    numbers_task,
-    spelling_of,
-)
 
 
 def test_token_batches_respect_the_budget_and_cover_every_example():
@@ -99,30 +90,3 @@ def test_masked_lm_masks_about_15_percent_of_real_tokens_only():
     assert not picked[:, 0].any() and not picked[:, -1].any()  # specials never masked
     assert (batch["ids"][picked] == 4).float().mean().item() > 0.7
     assert torch.equal(batch["ids"][~picked], torch.tensor(rows)[~picked])
-
-
-def test_builtin_tasks_have_disjoint_splits():
-    numbers = numbers_task(n_train=300, n_valid=50, n_test=50, max_number=1000)
-    train = {e.source for e in numbers.train}
-    assert not train & {e.source for e in numbers.test} and not train & {e.source for e in numbers.valid}
-    assert number_words(21, "en") == "twenty-one" and number_words(21, "de") == "einundzwanzig"
-    compare = compare_task(n_train=200, n_valid=20, n_test=20, max_number=100)
-    assert not {e.text for e in compare.train} & {e.text for e in compare.test}
-    labels = [e.label for e in compare.train]
-    assert 0.3 < labels.count("first") / len(labels) < 0.7  # majority baseline near 50%
-    copy = copy_task(n_train=50, n_valid=5, n_test=5)
-    assert all(e.source == e.target for e in copy.train)
-
-
-def test_the_numbers_task_writes_english_as_people_do():
-    assert [english_spelling(3421, form) for form in SPELLINGS] == [
-        "three thousand, four hundred and twenty-one", "three thousand four hundred and twenty-one",
-        "three thousand four hundred twenty-one", "three thousand four hundred twenty one"]
-    numbers = numbers_task(n_train=2000, n_valid=50, n_test=50, max_number=10000)
-    again = numbers_task(n_train=2000, n_valid=50, n_test=50, max_number=10000)
-    assert numbers.train == again.train  # the form is fixed by the number: the same data every run
-    forms = [spelling_of(n) for n in range(2000)]
-    assert all(0.2 < forms.count(form) / len(forms) < 0.3 for form in SPELLINGS)
-    sources = {e.source for e in numbers.train}
-    assert any("," in s for s in sources) and any(" and " in s for s in sources)
-    assert any("-" in s for s in sources) and any(" one" in s and "-" not in s for s in sources)

@@ -52,8 +52,8 @@ def test_the_language_model_guide_examples_run(tmp_path, monkeypatch):
     from aiayn.cli.main import main
 
     monkeypatch.chdir(tmp_path)
-    assert main(["train", "objective=causal_lm", "task=counting", "task_max_number=1000", "task_train=200",
-                 "task_valid=20", "task_test=20", "epochs=1", "--run", "runs/counting"]) == 0
+    assert main(["train", "objective=causal_lm", "dataset=counting", "dataset_max_number=1000", "dataset_train=200",
+                 "dataset_valid=20", "dataset_test=20", "epochs=1", "--run", "runs/counting"]) == 0
     scope = run_python_blocks("docs/language-models.md")
     assert isinstance(scope["generator"], scope["aiayn"].Generator)
     assert isinstance(scope["completion"].text, str) and len(scope["completion"].tokens) <= 20

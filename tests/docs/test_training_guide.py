@@ -13,8 +13,8 @@ from aiayn.training import config as config_module
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "training.md"
-TINY_TRAIN = ["threads=1", "max_steps=3", "warmup=10", "max_tokens=200", "vocab_size=60", "task_train=50",
-              "task_valid=10", "task_test=10", "show_examples=1"]
+TINY_TRAIN = ["threads=1", "max_steps=3", "warmup=10", "max_tokens=200", "vocab_size=60", "dataset_train=50",
+              "dataset_valid=10", "dataset_test=10", "show_examples=1"]
 TINY_MODEL = ["model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1",
               "model.n_decoder_layers=1"]
 WORDS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten"]
@@ -84,8 +84,8 @@ def test_every_documented_command_runs(tmp_path, monkeypatch, capsys):
     (tmp_path / "run.toml").write_text(_blocks("toml")[0], encoding="utf-8")
     demo = (ROOT / "examples" / "demo.toml").read_text(encoding="utf-8")
     tiny_demo = tmp_path / "demo.toml"  # the shipped demo, cut down to seconds
-    for big, small in (("task_train = 8000", "task_train = 60"), ("task_valid = 300", "task_valid = 10"),
-                       ("task_test = 500", "task_test = 10"), ("epochs = 20", "epochs = 1"),
+    for big, small in (("dataset_train = 8000", "dataset_train = 60"), ("dataset_valid = 300", "dataset_valid = 10"),
+                       ("dataset_test = 500", "dataset_test = 10"), ("epochs = 20", "epochs = 1"),
                        ("average_last = 5", "average_last = 0"), ("d_model = 128", "d_model = 16"),
                        ("d_ff = 256", "d_ff = 32")):
         assert big in demo

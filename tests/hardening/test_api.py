@@ -123,13 +123,13 @@ API_CASES = [
      r"max_len must be a positive integer, got '16'"),
     ("ModelConfig: a number where a choice belongs", nothing, lambda p: TINY.replace(pooling=1), ValueError,
      r"pooling must be one of first, mean; got 1"),
-    ("TrainConfig: a string where a bool belongs", nothing, lambda p: TrainConfig(task="copy", bf16="yes"),
+    ("TrainConfig: a string where a bool belongs", nothing, lambda p: TrainConfig(dataset="copy", bf16="yes"),
      ValueError, r"training key bf16 must be true or false, got 'yes' \(str\)"),
-    ("TrainConfig: a float where an int belongs", nothing, lambda p: TrainConfig(task="copy", epochs=2.5),
+    ("TrainConfig: a float where an int belongs", nothing, lambda p: TrainConfig(dataset="copy", epochs=2.5),
      ValueError, r"training key epochs must be an integer, got 2.5"),
-    ("TrainConfig: a task and files", nothing, lambda p: TrainConfig(task="numbers", valid="v.tsv"), ValueError,
-     r"task=numbers makes its own data but valid=v.tsv names files too"),
-    ("load_run_config: JSON of the wrong type", write("c.json", '{"task": "copy", "lr": "fast"}'),
+    ("TrainConfig: a data set and files", nothing, lambda p: TrainConfig(dataset="numbers", valid="v.tsv"), ValueError,
+     r"dataset=numbers makes its own data but valid=v.tsv names files too"),
+    ("load_run_config: JSON of the wrong type", write("c.json", '{"dataset": "copy", "lr": "fast"}'),
      lambda p: load_run_config(Path(p, "c.json")), ValueError, r"c.json: training key lr must be a number, got 'fast'"),
     ("GenerationConfig: min_len above max_len", nothing, lambda p: GenerationConfig(min_len=9, max_len=4),
      ValueError, r"min_len 9 is above max_len 4"),
@@ -163,12 +163,12 @@ API_CASES = [
      ValueError, r"tokenizer.json: not a readable tokenizer file \(EOF while parsing"),
     ("a pickle with code in it", lambda p: torch.save({"x": Evil()}, Path(p, "x.pt")),
      lambda p: read_torch_file(Path(p, "x.pt")), WeightsError, r"x.pt: refused: this pickle holds Python objects"),
-    ("Trainer(run_dir='')", nothing, lambda p: Trainer(load_run_config(None, ["task=copy"]), ""), DirectoryRefused,
+    ("Trainer(run_dir='')", nothing, lambda p: Trainer(load_run_config(None, ["dataset=copy"]), ""), DirectoryRefused,
      r"--run is empty"),
     # values: finite, in range, the right type
     ("ModelConfig: layer_norm_eps=nan", nothing, lambda p: preset("tiny").replace(layer_norm_eps=float("nan")),
      ValueError, r"layer_norm_eps must be a finite number, got nan"),
-    ("TrainConfig: lr=inf", nothing, lambda p: TrainConfig(task="copy", lr=float("inf")), ValueError,
+    ("TrainConfig: lr=inf", nothing, lambda p: TrainConfig(dataset="copy", lr=float("inf")), ValueError,
      r"training key lr must be a finite number, got inf"),
     ("translate(length_penalty=nan)", nothing, lambda p: Translator.from_pretrained(p).translate(
         "a b", length_penalty=float("nan")), ValueError, r"decoding key length_penalty must be a finite number"),
@@ -355,7 +355,7 @@ def test_a_search_too_large_for_the_memory_is_refused_before_it_starts(saved, mo
 
 def test_a_config_file_may_be_a_pipe(tmp_path):
     """`aiayn train <(cat run.toml)`: the pipe has no .toml ending; TOML or JSON is told from its text."""
-    for text in (b'task = "copy"\nepochs = 2\n', b'{"task": "copy", "epochs": 2}'):
+    for text in (b'dataset = "copy"\nepochs = 2\n', b'{"dataset": "copy", "epochs": 2}'):
         read, written = os.pipe()
         os.write(written, text)
         os.close(written)

@@ -31,7 +31,7 @@ AREA_TEXT = {
                     "`--run \"\"`, `--run` at a BERT checkpoint, `export --out` at a run, a second `train` on a locked "
                     "run (5)"),
     "configs": ("configs, from CLI, TOML and JSON alike",
-                '`"shared_vocab": "false"` in JSON, a list instead of an object, `task=numbers train=good.tsv`'),
+                '`"shared_vocab": "false"` in JSON, a list instead of an object, `dataset=numbers train=good.tsv`'),
     "data": ("data and text inputs", "a directory where a file belongs, a malformed TSV row, text that is not UTF-8"),
     "models": ("models, checkpoints, tokenizers",
                "truncated or empty `model.safetensors`, a NaN weight, `config.json` missing a key, a pickle `.bin`, "

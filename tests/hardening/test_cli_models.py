@@ -100,7 +100,7 @@ MODELS = [
          r"the CTranslate2 export takes translators"),
     Case("translate with an encoder-only model", ["translate", "--run", "enc", "hi"], 2,
          r"enc holds a model without a decoder \(encoder-only\); translate needs an encoder-decoder"),
-    Case("--init-from a file", ["train", "task=compare", "objective=sequence_classification", "--init-from",
+    Case("--init-from a file", ["train", "dataset=compare", "objective=sequence_classification", "--init-from",
                                 "notes.txt", "--run", "new"], 2, r"notes.txt is not a checkpoint directory"),
 ]
 

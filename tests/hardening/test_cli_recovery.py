@@ -31,7 +31,7 @@ def test_train_force_writes_beside_foreign_files_and_keeps_them(scene, frozen, c
     assert main(["train", *TINY_RUN, "max_steps=1", "--run", ".", "--force", "--no-progress"]) == 0
     # config.json and metrics.csv are aiayn names: forced, the run replaces them; the rest is untouched
     check(ignore=("config.json", "metrics.csv"))
-    assert json.loads((scene / "train_config.json").read_text())["task"] == "copy"
+    assert json.loads((scene / "train_config.json").read_text())["dataset"] == "copy"
 
 
 def test_export_may_replace_its_own_earlier_export(scene, capsys):

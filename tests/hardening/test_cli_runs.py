@@ -20,16 +20,16 @@ def interrupted_run(scene):
 
 # directories the command did not write
 DIRECTORIES = [
-    Case("train --run '' (the current directory)", ["train", "task=copy", "--run", ""], 2, r"--run is empty"),
-    Case("train --run . holding the user's files", ["train", "task=copy", "--run", "."], 2,
+    Case("train --run '' (the current directory)", ["train", "dataset=copy", "--run", ""], 2, r"--run is empty"),
+    Case("train --run . holding the user's files", ["train", "dataset=copy", "--run", "."], 2,
          r"\. holds files aiayn did not write \(\w+, [\w.]+, \w+ and \d+ more\); training would write .*--force"),
-    Case("train --run at a BERT checkpoint", ["train", "task=copy", "--run", "bert"], 2,
+    Case("train --run at a BERT checkpoint", ["train", "dataset=copy", "--run", "bert"], 2,
          r"bert holds a Hugging Face checkpoint \(config.json names model_type 'bert'\)"),
-    Case("train --run at an aiayn model", ["train", "task=copy", "--run", "enc"], 2, r"enc holds an aiayn model"),
-    Case("train --run at an export", ["train", "task=copy", "--run", "export"], 2, r"export holds an aiayn export"),
-    Case("train --run naming a file", ["train", "task=copy", "--run", "notes.txt"], 2,
+    Case("train --run at an aiayn model", ["train", "dataset=copy", "--run", "enc"], 2, r"enc holds an aiayn model"),
+    Case("train --run at an export", ["train", "dataset=copy", "--run", "export"], 2, r"export holds an aiayn export"),
+    Case("train --run naming a file", ["train", "dataset=copy", "--run", "notes.txt"], 2,
          r"notes.txt is a file, not a directory"),
-    Case("train --run at a run without --resume", ["train", "task=copy", "--run", "run"], 2,
+    Case("train --run at a run without --resume", ["train", "dataset=copy", "--run", "run"], 2,
          r"run already holds a run; pass --resume"),
     Case("train --resume where no run is", ["train", "--run", "data", "--resume"], 2,
          r"data is not a training run: train_config.json is missing"),
@@ -49,14 +49,14 @@ DIRECTORIES = [
 PLACES = [
     Case("translate --run RUN/checkpoints", ["translate", "--run", "run/checkpoints", "a"], 2,
          r"run/checkpoints holds the checkpoints of the run run, not a model: give the run directory run"),
-    Case("train --run RUN/checkpoints", ["train", "task=copy", "--run", "run/checkpoints"], 2,
+    Case("train --run RUN/checkpoints", ["train", "dataset=copy", "--run", "run/checkpoints"], 2,
          r"run/checkpoints holds the checkpoints of the run run: give --run run \(with --resume to continue it\)"),
     Case("train --resume at RUN/checkpoints", ["train", "--run", "run/checkpoints", "--resume"], 2,
          r"run/checkpoints holds the checkpoints of the run run"),
     Case("translate an interrupted run", ["translate", "--run", "run", "a"], 2,
          r"run: training did not finish \(no final config.json yet\): continue it with aiayn train --run run --resume, "
          r"or use a checkpoint", prepare=interrupted_run),
-    Case("train --run inside another run", ["train", "task=copy", "--run", "run/nested"], 2,
+    Case("train --run inside another run", ["train", "dataset=copy", "--run", "run/nested"], 2,
          r"run/nested is inside run, which holds an aiayn training run \(train_config.json\): choose a --run "
          r"directory outside it"),
     Case("train --resume max_steps below the run's step", ["train", "--run", "run", "--resume", "max_steps=1"], 2,

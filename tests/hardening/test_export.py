@@ -18,8 +18,8 @@ from aiayn.nn.model import build_model
 from aiayn.tokenization import train_tokenizer
 
 WORDS = ["the cat sat on the mat", "a dog ran in the park", "birds fly over the sea"] * 5
-TINY_RUN = ["task=copy", "task_train=40", "task_valid=4", "task_test=4", "task_max_len=4", "vocab_size=20",
-            "max_tokens=100", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
+TINY_RUN = ["dataset=copy", "dataset_train=40", "dataset_valid=4", "dataset_test=4", "dataset_max_len=4",
+            "vocab_size=20", "max_tokens=100", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
             "model.n_encoder_layers=1", "model.n_decoder_layers=1", "warmup=10", "show_examples=0"]
 
 

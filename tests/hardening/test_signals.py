@@ -11,7 +11,7 @@ from aiayn.cli.main import main
 from aiayn.rundir import RunLock
 from aiayn.training.checkpoint import list_checkpoints
 
-ARGS = ["task=copy", "task_train=40", "task_valid=4", "task_test=4", "task_max_len=4", "vocab_size=20",
+ARGS = ["dataset=copy", "dataset_train=40", "dataset_valid=4", "dataset_test=4", "dataset_max_len=4", "vocab_size=20",
         "max_tokens=100", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "warmup=10", "show_examples=0", "max_steps=50"]
 

@@ -208,9 +208,9 @@ def test_params_names_a_config_nested_too_deeply(tmp_path, capsys):
                    "parser can follow): line 1 column 1 (char 0))")
 
 
-TINY_RUN = ["task=copy", "task_train=40", "task_valid=4", "task_test=4", "task_max_len=4", "vocab_size=20",
-            "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1",
-            "model.n_decoder_layers=1", "warmup=10", "show_examples=0", "max_steps=1"]
+TINY_RUN = ["dataset=copy", "dataset_train=40", "dataset_valid=4", "dataset_test=4", "dataset_max_len=4",
+            "vocab_size=20", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
+            "model.n_encoder_layers=1", "model.n_decoder_layers=1", "warmup=10", "show_examples=0", "max_steps=1"]
 
 
 def test_training_batches_too_large_for_the_memory_are_refused_before_the_model_is_built(tmp_path, capsys):

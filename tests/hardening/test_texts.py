@@ -1,4 +1,4 @@
-"""What a task object or command is given to run a model on: anything but texts is refused naming what to pass,
+"""What a loaded object or command is given to run a model on: anything but texts is refused naming what to pass,
 and a text longer than the model's `max_len` is refused naming `--truncate` (or cut when asked), by every
 command and object alike."""
 

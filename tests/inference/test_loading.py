@@ -1,4 +1,4 @@
-"""The Python API: `aiayn.load` picks the task object; Translator, Classifier, Tagger and Embedder predict what the
+"""The Python API: `aiayn.load` picks the loaded object; Translator, Classifier, Tagger and Embedder predict what the
 model computes, batched or not, in the order given; `save_pretrained` / `from_pretrained` round trips."""
 
 import json

@@ -1,5 +1,5 @@
 """`aiayn serve`'s routes through real clients: LibreTranslate's and OpenAI's Python clients and plain HTTP; every
-answer equals what the task object returns for that request alone, in any mix of concurrent requests; the limits
+answer equals what the loaded object returns for that request alone, in any mix of concurrent requests; the limits
 and faults each answered as documented (aiayn/serve/limits.py)."""
 
 import asyncio

@@ -24,10 +24,10 @@ def test_parse_duration_refuses_what_is_not_a_duration(text):
 
 def test_config_checks_the_budget_and_needs_no_epochs_with_one():
     with pytest.raises(ValueError, match="time_budget must be a duration"):
-        TrainConfig(task="copy", time_budget="ten minutes")
-    assert TrainConfig(task="copy", epochs=0, time_budget="10m").time_budget == "10m"
+        TrainConfig(dataset="copy", time_budget="ten minutes")
+    assert TrainConfig(dataset="copy", epochs=0, time_budget="10m").time_budget == "10m"
     with pytest.raises(ValueError, match="set epochs, max_steps or time_budget"):
-        TrainConfig(task="copy", epochs=0)
+        TrainConfig(dataset="copy", epochs=0)
 
 
 def test_plan_spends_what_is_left_on_steps_and_a_tenth_on_validation():
@@ -57,7 +57,7 @@ def test_a_tiny_run_ends_within_its_budget(tmp_path):
 
     seconds = 20.0
     overrides = [item for item in TINY_RUN if not item.startswith("max_steps")]
-    run = load_run_config(None, [*overrides, "task_train=400", "task_valid=40", "task_test=40", "num_beams=2",
+    run = load_run_config(None, [*overrides, "dataset_train=400", "dataset_valid=40", "dataset_test=40", "num_beams=2",
                                  f"time_budget={seconds:g}s"])
     began = time.perf_counter()
     result = Trainer(run, tmp_path / "run").fit()

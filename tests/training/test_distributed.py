@@ -39,8 +39,8 @@ from aiayn.training.setup import read_run_config
 # step of each epoch has 3, so rank 1 trains an empty micro-batch. No biases: the key projection's bias
 # gets an exactly zero gradient (softmax ignores a shift), and Adam turns its rounding noise, which
 # depends on the order gradients are summed in, into steps of size lr; it changes nothing the model computes.
-ARGS = ["task=copy", "task_train=120", "task_valid=10", "task_test=10", "task_max_len=5", "vocab_size=20",
-        "max_tokens=100", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
+ARGS = ["dataset=copy", "dataset_train=120", "dataset_valid=10", "dataset_test=10", "dataset_max_len=5",
+        "vocab_size=20", "max_tokens=100", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.dropout=0.1", "model.bias=false",
         "warmup=10", "epochs=3", "save_every=2", "log_every=1", "final_model=last", "show_examples=0"]
 STEPS = 6
@@ -313,6 +313,6 @@ def test_the_backend_follows_the_device_and_one_process_needs_no_wrapper():
     with pytest.raises(ValueError, match="distributed must be one of ddp, fsdp"):
         data_parallel(model, get_task(SEQ2SEQ), optimizer, strategy="zero", rank=0, world=1, make_optimizer=None)
     with pytest.raises(ValueError, match="distributed must be one of ddp, fsdp"):
-        load_run_config(None, ["task=copy", "distributed=zero"])
+        load_run_config(None, ["dataset=copy", "distributed=zero"])
     with pytest.raises(ValueError, match="keep one"):
-        load_run_config(None, ["task=copy", "accum_steps=2", "global_batches=4"])
+        load_run_config(None, ["dataset=copy", "accum_steps=2", "global_batches=4"])

@@ -12,8 +12,8 @@ from aiayn.training import loop as loop_module
 from aiayn.training.checkpoint import latest_checkpoint, load_checkpoint
 from aiayn.training.evaluate import EvalOptions, evaluate
 
-TINY = ["task=copy", "task_train=300", "task_valid=20", "task_test=20", "task_max_len=5", "vocab_size=20",
-        "max_tokens=400", "threads=1", "model.d_model=32", "model.d_ff=64", "model.n_heads=2",
+TINY = ["dataset=copy", "dataset_train=300", "dataset_valid=20", "dataset_test=20", "dataset_max_len=5",
+        "vocab_size=20", "max_tokens=400", "threads=1", "model.d_model=32", "model.d_ff=64", "model.n_heads=2",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "warmup=30", "log_every=1", "show_examples=0"]
 
 
@@ -38,8 +38,8 @@ def test_copy_task_is_learned_to_100_percent(tmp_path):
     # a rate decayed to zero, not noam's: under noam (warmup 300) the run ended with 99 of 100 test copies on an
     # AVX-512 CPU (validation swung 58-100 on the way there); linear decay ends at 100 on AVX-512 and AVX2 alike
     run = load_run_config(None, [
-        "task=copy", "task_train=1000", "task_valid=50", "task_test=100", "task_max_len=4", "vocab_size=24",
-        "max_tokens=300", "threads=1", "model.d_model=64", "model.d_ff=128", "model.n_heads=4",
+        "dataset=copy", "dataset_train=1000", "dataset_valid=50", "dataset_test=100", "dataset_max_len=4",
+        "vocab_size=24", "max_tokens=300", "threads=1", "model.d_model=64", "model.d_ff=128", "model.n_heads=4",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.dropout=0.0", "label_smoothing=0",
         "schedule=linear", "warmup=100", "lr=3e-3", "epochs=40", "log_every=20", "show_examples=0"])
     result = Trainer(run, tmp_path / "run").fit()
@@ -89,7 +89,7 @@ def test_metrics_go_to_tensorboard_when_asked(tmp_path):
     from aiayn.cli.main import main
 
     run = tmp_path / "run"
-    assert main(["train", "task=copy", "task_train=40", "task_valid=5", "task_test=5", "model.d_model=16",
+    assert main(["train", "dataset=copy", "dataset_train=40", "dataset_valid=5", "dataset_test=5", "model.d_model=16",
                  "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1", "model.n_decoder_layers=1",
                  "threads=1", "max_steps=3", "log_every=1", "max_tokens=200", "vocab_size=60", "log_to=tensorboard",
                  "--run", str(run), "--no-progress"]) == 0
@@ -111,7 +111,7 @@ def test_tensorboard_missing_is_one_line_before_anything_is_written(tmp_path, ca
     real_import = builtins.__import__
     monkeypatch.setattr(builtins, "__import__", lambda name, *a, **k: (_ for _ in ()).throw(ImportError(name))
                         if name == "tensorboard" else real_import(name, *a, **k))
-    assert main(["train", "task=copy", "log_to=tensorboard", "--run", str(tmp_path / "run")]) == 2
+    assert main(["train", "dataset=copy", "log_to=tensorboard", "--run", str(tmp_path / "run")]) == 2
     assert "pip install tensorboard" in capsys.readouterr().err and not (tmp_path / "run").exists()
-    assert main(["train", "task=copy", "log_to=wandb", "--run", str(tmp_path / "run")]) == 2
+    assert main(["train", "dataset=copy", "log_to=wandb", "--run", str(tmp_path / "run")]) == 2
     assert "log_to must be one of tensorboard" in capsys.readouterr().err

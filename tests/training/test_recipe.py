@@ -30,7 +30,7 @@ def test_keys_the_config_sets_are_kept_even_when_they_equal_the_defaults():
     assert (fitted.train.max_tokens, fitted.train.vocab_size) == (999, 8000)
 
 
-@pytest.mark.parametrize("items", [["task=copy"], ["train=data.tsv", "recipe=paper"],
+@pytest.mark.parametrize("items", [["dataset=copy"], ["train=data.tsv", "recipe=paper"],
                                    ["train=data.tsv", "objective=sequence_classification"]])
 def test_tasks_classifiers_and_the_paper_recipe_are_not_fitted(items):
     run = load_run_config(None, items)

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from aiayn.training.checkpoint import list_checkpoints
 
-ARGS = ["task=copy", "task_train=300", "task_valid=20", "task_test=20", "task_max_len=5", "vocab_size=20",
-        "max_tokens=120", "threads=1", "model.d_model=32", "model.d_ff=64", "model.n_heads=2",
+ARGS = ["dataset=copy", "dataset_train=300", "dataset_valid=20", "dataset_test=20", "dataset_max_len=5",
+        "vocab_size=20", "max_tokens=120", "threads=1", "model.d_model=32", "model.d_ff=64", "model.n_heads=2",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "model.dropout=0.1", "warmup=20",
         "max_steps=12", "save_every=4", "eval_every=3", "log_every=1", "show_examples=0"]
 

@@ -35,29 +35,29 @@ def test_noam_schedule_is_the_papers_formula():
 
 
 def test_recipe_with_the_full_warmup_is_equation_3():
-    recipe, notes = resolve_recipe(TrainConfig(task="copy"), total_steps=100_000, d_model=512)
+    recipe, notes = resolve_recipe(TrainConfig(dataset="copy"), total_steps=100_000, d_model=512)
     assert notes == [] and (recipe.optimizer, recipe.schedule, recipe.warmup) == ("adam", "noam", 4000)
     assert (recipe.betas, recipe.eps, recipe.weight_decay) == ((0.9, 0.98), 1e-9, 0.0)
     for step in (1, 100, 3999, 4000, 4001, 100_000):
         assert get_lr(step, recipe, 512) == pytest.approx(noam_lr(step, d_model=512, warmup=4000))
-    given, notes = resolve_recipe(TrainConfig(task="copy", warmup=400), total_steps=1200, d_model=256)
+    given, notes = resolve_recipe(TrainConfig(dataset="copy", warmup=400), total_steps=1200, d_model=256)
     assert notes == [] and given.warmup == 400  # an explicit warmup is taken as given
     for step in (1, 399, 400, 401, 1200):
         assert get_lr(step, given, 256) == pytest.approx(noam_lr(step, d_model=256, warmup=400))
 
 
 def test_a_short_run_warms_up_over_a_tenth_of_its_steps_to_the_papers_peak():
-    recipe, notes = resolve_recipe(TrainConfig(task="copy"), total_steps=300, d_model=512)
+    recipe, notes = resolve_recipe(TrainConfig(dataset="copy"), total_steps=300, d_model=512)
     assert recipe.warmup == 30 and "30 steps" in notes[0]
     peak = noam_lr(4000, d_model=512, warmup=4000)
     assert get_lr(30, recipe, 512) == pytest.approx(peak) and get_lr(15, recipe, 512) == pytest.approx(peak / 2)
     assert get_lr(120, recipe, 512) == pytest.approx(peak / 2)  # inverse square root after the warmup
-    explicit, _ = resolve_recipe(TrainConfig(task="copy", lr=5e-4, schedule="constant"), total_steps=300, d_model=64)
+    explicit, _ = resolve_recipe(TrainConfig(dataset="copy", lr=5e-4, schedule="constant"), total_steps=300, d_model=64)
     assert get_lr(30, explicit, 64) == get_lr(300, explicit, 64) == 5e-4
 
 
 def test_fine_tuning_recipe_is_adamw_with_linear_warmup_and_decay():
-    recipe, _ = resolve_recipe(TrainConfig(task="compare", objective="sequence_classification", init_from="minilm"),
+    recipe, _ = resolve_recipe(TrainConfig(dataset="compare", objective="sequence_classification", init_from="minilm"),
                                total_steps=1000, d_model=384)
     assert (recipe.optimizer, recipe.schedule, recipe.warmup, recipe.peak_lr) == ("adamw", "linear", 100, 3e-5)
     assert (recipe.betas, recipe.eps, recipe.weight_decay) == ((0.9, 0.999), 1e-8, 0.01)
@@ -111,7 +111,7 @@ def test_metrics():
 
 def test_config_from_toml_and_json_with_overrides(tmp_path):
     toml = tmp_path / "run.toml"
-    toml.write_text('task = "copy"\nepochs = 2\nwarmup = 50\n[model]\npreset = "tiny"\nd_model = 32\n',
+    toml.write_text('dataset = "copy"\nepochs = 2\nwarmup = 50\n[model]\npreset = "tiny"\nd_model = 32\n',
                     encoding="utf-8")
     run = load_run_config(toml, ["epochs=3", "model.n_heads=2"])
     assert run.train.epochs == 3 and run.train.warmup == 50 and run.train.adam_beta2 is None
@@ -122,7 +122,7 @@ def test_config_from_toml_and_json_with_overrides(tmp_path):
     with pytest.raises(ValueError, match="unknown config key 'epoch'"):
         load_run_config(toml, ["epoch=3"])
     with pytest.raises(ValueError, match="unknown training key"):
-        js.write_text(json.dumps({"task": "copy", "lr_sclae": 2}), encoding="utf-8")
+        js.write_text(json.dumps({"dataset": "copy", "lr_sclae": 2}), encoding="utf-8")
         load_run_config(js)
     with pytest.raises(ValueError, match="epochs expects an integer"):
         load_run_config(toml, ["epochs=many"])
@@ -131,33 +131,58 @@ def test_config_from_toml_and_json_with_overrides(tmp_path):
 def test_bf16_is_the_old_spelling_of_precision(tmp_path):
     old_run = tmp_path / "train_config.json"  # as runs saved before `precision` hold it
     old_run.write_text(json.dumps({"task": "copy", "bf16": True}), encoding="utf-8")
-    assert load_run_config(old_run).train == TrainConfig(task="copy", precision="bf16")
-    assert load_run_config(None, ["task=copy", "bf16=true"]).train.precision == "bf16"
-    assert TrainConfig(task="copy").precision is None  # the device's choice, as before
-    assert "bf16" not in TrainConfig(task="copy", bf16=True).to_dict()
+    assert load_run_config(old_run).train == TrainConfig(dataset="copy", precision="bf16")
+    assert load_run_config(None, ["dataset=copy", "bf16=true"]).train.precision == "bf16"
+    assert TrainConfig(dataset="copy").precision is None  # the device's choice, as before
+    assert "bf16" not in TrainConfig(dataset="copy", bf16=True).to_dict()
     with pytest.raises(ValueError, match="bf16=true and precision=fp32 disagree"):
-        TrainConfig(task="copy", bf16=True, precision="fp32")
+        TrainConfig(dataset="copy", bf16=True, precision="fp32")
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'int8'"):
-        TrainConfig(task="copy", precision="int8")
+        TrainConfig(dataset="copy", precision="int8")
 
 
 def test_beam_size_is_the_old_spelling_of_num_beams(tmp_path):
     old_run = tmp_path / "train_config.json"  # as runs saved before `num_beams` hold it
     old_run.write_text(json.dumps({"task": "copy", "beam_size": 2}), encoding="utf-8")
     run = load_run_config(old_run)
-    assert run.train == TrainConfig(task="copy", num_beams=2) and "num_beams" in run.given
+    assert run.train == TrainConfig(dataset="copy", num_beams=2) and "num_beams" in run.given
     assert "beam_size" not in run.to_dict() and run.to_dict()["num_beams"] == 2
     assert load_run_config(old_run, ["num_beams=3"]).train.num_beams == 3  # an override replaces the file's
-    assert load_run_config(None, ["task=copy", "beam_size=2"]).train.num_beams == 2
-    assert load_run_config(None, ["task=copy", "beam_size=2", "num_beams=2"]).train.num_beams == 2
+    assert load_run_config(None, ["dataset=copy", "beam_size=2"]).train.num_beams == 2
+    assert load_run_config(None, ["dataset=copy", "beam_size=2", "num_beams=2"]).train.num_beams == 2
     with pytest.raises(ValueError, match=r"^beam_size=2 and num_beams=3 disagree: keep num_beams"):
-        load_run_config(None, ["task=copy", "beam_size=2", "num_beams=3"])
+        load_run_config(None, ["dataset=copy", "beam_size=2", "num_beams=3"])
     old_run.write_text(json.dumps({"task": "copy", "beam_size": 2, "num_beams": 3}), encoding="utf-8")
     with pytest.raises(ValueError, match=r"train_config.json: beam_size=2 and num_beams=3 disagree"):
         load_run_config(old_run)
     with pytest.raises(ValueError, match="beam_size expects an integer, got 'four'"):
-        load_run_config(None, ["task=copy", "beam_size=four"])
+        load_run_config(None, ["dataset=copy", "beam_size=four"])
 
+
+
+def test_task_keys_are_the_old_spelling_of_dataset_keys(tmp_path):
+    old = {"task": "copy", "task_train": 60, "task_valid": 5, "task_test": 6, "task_max_number": 100,
+           "task_max_len": 4}
+    new = TrainConfig(dataset="copy", dataset_train=60, dataset_valid=5, dataset_test=6, dataset_max_number=100,
+                      dataset_max_len=4)
+    old_run = tmp_path / "train_config.json"  # as runs saved before `dataset` hold it
+    old_run.write_text(json.dumps(old), encoding="utf-8")
+    run = load_run_config(old_run)
+    assert run.train == new and {"dataset", "dataset_train", "dataset_max_len"} <= run.given
+    assert not any(key.startswith("task") for key in run.to_dict()) and run.to_dict()["dataset"] == "copy"
+    assert load_run_config(old_run, ["dataset_train=70"]).train.dataset_train == 70  # an override replaces the file's
+    assert load_run_config(None, [f"{key}={value}" for key, value in old.items()]).train == new
+    toml = tmp_path / "old.toml"
+    toml.write_text('task = "copy"\ntask_train = 60\n', encoding="utf-8")
+    assert load_run_config(toml).train == TrainConfig(dataset="copy", dataset_train=60)
+    assert load_run_config(None, ["task=copy", "dataset=copy"]).train.dataset == "copy"
+    with pytest.raises(ValueError, match=r"^task=copy and dataset=numbers disagree: keep dataset"):
+        load_run_config(None, ["task=copy", "dataset=numbers"])
+    old_run.write_text(json.dumps({"dataset": "copy", "task_train": 60, "dataset_train": 70}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"train_config.json: task_train=60 and dataset_train=70 disagree"):
+        load_run_config(old_run)
+    with pytest.raises(ValueError, match="task_train expects an integer, got 'many'"):
+        load_run_config(None, ["task=copy", "task_train=many"])
 
 def test_crash_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     model = build_model(preset("tiny").replace(vocab_size=50, d_model=16, n_heads=2, d_ff=32))

@@ -1,4 +1,4 @@
-"""Built-in tasks that need no files, each generated from a seed with disjoint train/valid/test splits.
+"""Built-in data sets that need no files, each generated from a seed with disjoint train/valid/test splits.
 
 - `numbers`: translate English number words to German (`num2words`): "twenty-one" -> "einundzwanzig".
   German puts units before tens, so the model has to attend across the source, not copy it. The English
@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from aiayn.data.readers import LabelledText, ParallelExample
 from aiayn.tasks.names import CAUSAL_LM, SEQ2SEQ, SEQUENCE_CLASSIFICATION
 
-TASKS = ("numbers", "compare", "copy", "counting")
+DATASETS = ("numbers", "compare", "copy", "counting")
 OBJECTIVE_OF = {"numbers": SEQ2SEQ, "compare": SEQUENCE_CLASSIFICATION, "copy": SEQ2SEQ, "counting": CAUSAL_LM}
 
 
 @dataclass
 class Splits:
-    """train/valid/test examples of one task."""
+    """train/valid/test examples of one data set."""
 
     train: list
     valid: list
@@ -35,10 +35,10 @@ class Splits:
 
 def _split_sizes(total: int, n_train: int, n_valid: int, n_test: int) -> None:
     if min(n_train, n_valid, n_test) < 1:
-        raise ValueError("task split sizes must be at least 1")
+        raise ValueError("data set split sizes must be at least 1")
     if n_train + n_valid + n_test > total:
-        raise ValueError(f"task splits of {n_train}+{n_valid}+{n_test} examples need more than the {total} "
-                         "distinct items available; lower them or raise task_max_number")
+        raise ValueError(f"data set splits of {n_train}+{n_valid}+{n_test} examples need more than the {total} "
+                         "distinct items available; lower them or raise dataset_max_number")
 
 
 def number_words(n: int, lang: str) -> str:
@@ -69,12 +69,12 @@ def english_spelling(n: int, form: str) -> str:
 
 
 def spelling_of(n: int) -> str:
-    """The form number `n` is written in on the task's English side: fixed by `n`, spread evenly over `SPELLINGS`."""
+    """The form number `n` is written in on the English side: fixed by `n`, spread evenly over `SPELLINGS`."""
     return SPELLINGS[random.Random(n).randrange(len(SPELLINGS))]
 
 
-def numbers_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
-                 max_number: int = 10000) -> Splits:
+def numbers_dataset(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
+                    max_number: int = 10000) -> Splits:
     """English -> German number words for numbers in [0, max_number); each number is in one split only."""
     _split_sizes(max_number, n_train, n_valid, n_test)
     numbers = list(range(max_number))
@@ -87,8 +87,8 @@ def numbers_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_te
                   test=pairs(numbers[n_train + n_valid:n_train + n_valid + n_test]))
 
 
-def compare_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
-                 max_number: int = 1000) -> Splits:
+def compare_dataset(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
+                    max_number: int = 1000) -> Splits:
     """Pairs "A ; B" of English number phrases labelled "first" or "second" (the larger one); pairs are disjoint."""
     total = max_number * (max_number - 1)
     _split_sizes(total, n_train, n_valid, n_test)
@@ -106,11 +106,11 @@ def compare_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_te
                   test=items[n_train + n_valid:])
 
 
-def copy_task(*, seed: int = 0, n_train: int = 2000, n_valid: int = 100, n_test: int = 100,
-              max_len: int = 8) -> Splits:
+def copy_dataset(*, seed: int = 0, n_train: int = 2000, n_valid: int = 100, n_test: int = 100,
+                 max_len: int = 8) -> Splits:
     """Random strings of 1..`max_len` letters from "abcdefgh", each copied as its own target; splits disjoint."""
     if 8 ** max_len < 2 * (n_train + n_valid + n_test):
-        raise ValueError(f"copy strings of at most {max_len} letters are too few for the splits; raise task_max_len")
+        raise ValueError(f"copy strings of at most {max_len} letters are too few for the splits; raise dataset_max_len")
     rng = random.Random(seed)
     seen: set[str] = set()
     items: list[ParallelExample] = []
@@ -123,8 +123,8 @@ def copy_task(*, seed: int = 0, n_train: int = 2000, n_valid: int = 100, n_test:
     return Splits(train=items[:n_train], valid=items[n_train:n_train + n_valid], test=items[n_train + n_valid:])
 
 
-def counting_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
-                  max_number: int = 10000) -> Splits:
+def counting_dataset(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
+                     max_number: int = 10000) -> Splits:
     """Lines of 3 to 8 consecutive numbers in English words, each from its own start in [0, max_number)."""
     _split_sizes(max_number, n_train, n_valid, n_test)
     starts = list(range(max_number))
@@ -138,12 +138,12 @@ def counting_task(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_t
     return Splits(train=lines[:n_train], valid=lines[n_train:n_train + n_valid], test=lines[n_train + n_valid:])
 
 
-def builtin_task(name: str, *, seed: int, n_train: int, n_valid: int, n_test: int, max_number: int = 10000,
-                 max_len: int = 8) -> Splits:
-    """The named built-in task's splits (`max_number` bounds the numbers, `max_len` the copy strings)."""
+def builtin_dataset(name: str, *, seed: int, n_train: int, n_valid: int, n_test: int, max_number: int = 10000,
+                    max_len: int = 8) -> Splits:
+    """The named built-in data set's splits (`max_number` bounds the numbers, `max_len` the copy strings)."""
     if name == "copy":
-        return copy_task(seed=seed, n_train=n_train, n_valid=n_valid, n_test=n_test, max_len=max_len)
-    makers = {"numbers": numbers_task, "compare": compare_task, "counting": counting_task}
+        return copy_dataset(seed=seed, n_train=n_train, n_valid=n_valid, n_test=n_test, max_len=max_len)
+    makers = {"numbers": numbers_dataset, "compare": compare_dataset, "counting": counting_dataset}
     if name not in makers:
-        raise ValueError(f"unknown built-in task {name!r}; choose one of {', '.join(TASKS)}")
+        raise ValueError(f"unknown built-in data set {name!r}; choose one of {', '.join(DATASETS)}")
     return makers[name](seed=seed, n_train=n_train, n_valid=n_valid, n_test=n_test, max_number=max_number)
