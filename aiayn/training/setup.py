@@ -110,8 +110,9 @@ def setup(t: Any) -> None:
         torch.set_num_threads(usable_threads(cfg.threads))
     t.rank, t.world = init_distributed(t.device)
     main = t.rank == 0
-    if not main:
-        t.report = logger.debug  # only rank 0 reports
+    if not main:  # only rank 0 reports: the others' notes and warnings would say the same again
+        t.report = logger.debug
+        logging.getLogger("aiayn").setLevel(logging.ERROR)
     if not cfg.global_batches:  # fixed now and saved with the config: a resume at any world size keeps it
         t.run = replace(t.run, train=replace(cfg, global_batches=cfg.accum_steps * t.world, accum_steps=1))
         t.cfg = cfg = t.run.train

@@ -88,3 +88,15 @@ def test_a_process_that_dies_stops_the_run_with_rank_0s_one_line(tmp_path):
 def test_processes_must_be_at_least_one(value):
     with pytest.raises(ValueError, match=f"processes must be at least 1, got {value}"):
         load_run_config(None, ["dataset=copy", f"processes={value}"])
+
+
+def test_a_warning_about_the_data_is_printed_once_not_by_every_process(tmp_path):
+    data = tmp_path / "train.tsv"
+    lines = ["a b c\t" + " ".join(["x"] * 400)] + [f"{n} apples\t{n} pommes" for n in range(60)]
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tiny = ["max_steps=2", "vocab_size=300", "recipe=paper", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
+            "model.n_encoder_layers=1", "model.n_decoder_layers=1"]
+    proc = _aiayn("train", f"train={data}", *tiny, "processes=2", "--run", str(tmp_path / "run"), "--no-progress")
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    assert err.count("over the length limits") == 1, err  # rank 0's, not rank 1's again
