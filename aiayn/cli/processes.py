@@ -38,7 +38,17 @@ def free_port() -> int:
 
 
 def train_processes(argv: list[str], processes: int, threads: int) -> int:
-    """Run `aiayn *argv` as `processes` ranks of one run; returns the exit code (0 when every rank succeeded)."""
+    """Run `aiayn *argv` as `processes` ranks of one run; returns the exit code (0 when every rank succeeded).
+
+    Raises:
+        ValueError: more processes than the cores this process may run on (each would wait for a core).
+    """
+    from aiayn.backends.devices import usable_cores
+
+    cores = usable_cores()
+    if processes > cores:
+        raise ValueError(f"processes={processes} is more than the {cores} cores this machine lets aiayn use: each "
+                         f"process trains on a core of its own; give processes={cores} or fewer")
     env = {**os.environ, "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": str(threads or 1)}
     ranks = [subprocess.Popen([sys.executable, "-m", "aiayn", *argv], start_new_session=True,

@@ -100,3 +100,10 @@ def test_a_warning_about_the_data_is_printed_once_not_by_every_process(tmp_path)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, out[-2000:] + err[-2000:]
     assert err.count("over the length limits") == 1, err  # rank 0's, not rank 1's again
+
+
+def test_more_processes_than_cores_is_refused_in_one_line_before_any_work(tmp_path):
+    proc = _aiayn("train", *ARGS, f"processes={os.cpu_count() + 1}", "--run", str(tmp_path / "run"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and err.count("\n") == 1, err
+    assert f"processes={os.cpu_count() + 1} is more than the" in err and not (tmp_path / "run").exists()
