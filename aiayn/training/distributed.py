@@ -55,6 +55,22 @@ class PeerLost(ConnectionError):
     """Another process of the run went away (killed, out of memory, its machine lost), so this one stops too."""
 
 
+@contextmanager
+def peers_watched(world: int) -> Iterator[None]:
+    """Around collectives: one that fails because another process is gone becomes `PeerLost`."""
+    try:
+        yield
+    except RuntimeError as err:
+        text = str(err)
+        # gloo reports a vanished peer as a plain RuntimeError: "[.../pair.cc:553] Connection closed by peer ..."
+        if world == 1 or not (isinstance(err, torch.distributed.DistError)
+                              or ("gloo" in text and "Connection" in text)):
+            raise
+        reason = re.sub(r"^\[[^\]]*\]\s*", "", text.split(". ")[0])
+        raise PeerLost(errno.ECONNRESET, f"a collective operation failed ({reason}): another process of the run "
+                                         "has stopped, its own output says why") from err
+
+
 class ObjectiveForward(nn.Module):
     """The task's forward as a module, for DDP and FSDP to wrap (their hooks run around a module's call):
     batch -> (logits, labels)."""
@@ -100,20 +116,9 @@ class Replicas:
         """Around one micro-batch's forward and backward: gradients are reduced only on the step's `last`."""
         return nullcontext() if last or self.world == 1 else self.module.no_sync()
 
-    @contextmanager
-    def peers_watched(self) -> Iterator[None]:
+    def peers_watched(self) -> AbstractContextManager:
         """Around training: a collective that fails because another process is gone becomes `PeerLost`."""
-        try:
-            yield
-        except RuntimeError as err:
-            text = str(err)
-            # gloo reports a vanished peer as a plain RuntimeError: "[.../pair.cc:553] Connection closed by peer ..."
-            if self.world == 1 or not (isinstance(err, torch.distributed.DistError)
-                                       or ("gloo" in text and "Connection" in text)):
-                raise
-            reason = re.sub(r"^\[[^\]]*\]\s*", "", text.split(". ")[0])
-            raise PeerLost(errno.ECONNRESET, f"a collective operation failed ({reason}): another process of the run "
-                                             "has stopped, its own output says why") from err
+        return peers_watched(self.world)
 
     def total(self, values: Iterable[float]) -> list[float]:
         """`values` summed over all processes (a NaN on any process makes its sum NaN)."""

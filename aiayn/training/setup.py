@@ -25,7 +25,7 @@ from aiayn.rundir import MODEL, RUN, TRAIN_CONFIG, check_path_given, inspect_dir
 from aiayn.training import saves
 from aiayn.training.budget import Budget, parse_duration
 from aiayn.training.config import RunConfig, load_run_config
-from aiayn.training.distributed import data_parallel, init_distributed
+from aiayn.training.distributed import data_parallel, init_distributed, peers_watched
 from aiayn.training.optim import make_optimizer
 from aiayn.training.recipe import fit_run, uses_fit
 from aiayn.training.schedule import resolve_recipe
@@ -122,7 +122,8 @@ def setup(t: Any) -> None:
         for note in notes if main else ():
             t.report(note)
     if not main:
-        torch.distributed.barrier()  # rank 0 checks the run directory and writes the tokenizers first
+        with peers_watched(t.world):  # rank 0 checks the run directory and writes the tokenizers first
+            torch.distributed.barrier()
     if main:  # refuses a directory the run cannot own, then holds its lock until fit() returns
         t.lock = open_run_dir(t.run_dir, resume=t.resume, force=t.force)
     pretrained, tokenizer = None, None
@@ -151,7 +152,8 @@ def setup(t: Any) -> None:
         atomic_write_bytes(t.run_dir / TRAIN_CONFIG, (json.dumps(t.run.to_dict(), indent=2) + "\n").encode())
         save_data_artifacts(t.run_dir, t.data)
     if main and t.world > 1:
-        torch.distributed.barrier()
+        with peers_watched(t.world):
+            torch.distributed.barrier()
         if cfg.global_batches % t.world:
             t.report(f"{t.world} processes share {cfg.global_batches} batches a step (global_batches): "
                      "some train an empty batch at each step")

@@ -107,3 +107,14 @@ def test_more_processes_than_cores_is_refused_in_one_line_before_any_work(tmp_pa
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and err.count("\n") == 1, err
     assert f"processes={os.cpu_count() + 1} is more than the" in err and not (tmp_path / "run").exists()
+
+
+def test_a_run_directory_rank_0_refuses_ends_every_process_without_an_internal_error(tmp_path):
+    """Rank 0 refuses the directory while the others wait for it: they say their peer stopped, not a traceback."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine\n")
+    proc = _aiayn("train", *ARGS, "processes=2", "--run", str(tmp_path / "run"), "--no-progress")
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 2, out[-2000:] + err[-2000:]  # rank 0's code: bad input
+    assert "internal error" not in err and "another process of the run has stopped" in err, err
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine\n"
