@@ -20,7 +20,7 @@ from torch import nn
 
 from aiayn.data.batching import token_batches
 from aiayn.inference.generation import GenerationConfig, continue_prompts, new_token_limit
-from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list
+from aiayn.inference.runner import ModelRunner, check_batch_limits, check_vocabulary, text_list
 from aiayn.inference.translator import search_settings
 from aiayn.tokenization import Tokenizer
 
@@ -83,10 +83,7 @@ class Generator(ModelRunner):
         length: the search takes no padding); `max_sentences` caps the prompts per batch (0: no cap). The other
         keywords change one setting of `config` (see `GenerationConfig`).
         """
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if max_sentences < 0:
-            raise ValueError(f"max_sentences must not be negative, got {max_sentences}")
+        check_batch_limits(max_tokens, max_sentences)
         texts = text_list(prompts)
         config = search_settings(config or DEFAULT_SEARCH, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p, num_beams=num_beams,

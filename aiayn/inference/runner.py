@@ -29,6 +29,16 @@ def text_list(texts: object) -> list[str]:
     return texts
 
 
+def check_batch_limits(max_tokens: object, max_sentences: object) -> None:
+    """Refuse batch limits that are not whole numbers in range (`max_tokens` >= 1, `max_sentences` >= 0)."""
+    for name, value, least in (("max_tokens", max_tokens, 1), ("max_sentences", max_sentences, 0)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+        if value < least:
+            bound = f"be at least {least}" if least else "not be negative"
+            raise ValueError(f"{name} must {bound}, got {value}")
+
+
 def check_vocabulary(tokenizer: object, size: int, what: str, *, exact: bool = False) -> None:
     """Refuse a tokenizer whose ids do not fit the model's vocabulary of `size` (`what` names the config key): a
     larger one gives ids the model has no embedding for; with `exact`, a smaller one cannot decode every id the

@@ -23,7 +23,7 @@ from torch import nn
 from aiayn.data.batching import token_batches
 from aiayn.data.collate import pad
 from aiayn.inference.generation import GenerationConfig, generate
-from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
+from aiayn.inference.runner import ModelRunner, check_batch_limits, check_vocabulary, text_list, too_long
 from aiayn.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -177,8 +177,7 @@ class Translator(ModelRunner):
         its batch when its search ends (with attention asked for, when its batch ends), so a server can answer
         it before the longer sentences decoded beside it."""
         config = config or DEFAULT_SEARCH
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        check_batch_limits(max_tokens, max_sentences)
         ids = self.encode(text_list(texts), truncate=truncate)
         out: list[Translation] = [Translation("", [], 0.0) for _ in ids]
         prepared = self.prepared_model()

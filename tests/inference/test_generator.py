@@ -76,7 +76,10 @@ def test_batches_of_any_size_give_what_all_prompts_at_once_give(tmp_path, monkey
 
 
 @pytest.mark.parametrize("batching, message", [({"max_tokens": 0}, r"max_tokens must be at least 1, got 0"),
-                                               ({"max_sentences": -1}, r"max_sentences must not be negative")])
+                                               ({"max_sentences": -1}, r"max_sentences must not be negative"),
+                                               ({"max_tokens": 1.5}, r"max_tokens must be an integer, got 1.5"),
+                                               ({"max_tokens": "8"}, r"max_tokens must be an integer, got '8'"),
+                                               ({"max_sentences": None}, r"max_sentences must be an integer")])
 def test_batch_sizes_out_of_range_are_refused(tmp_path, batching, message):
     _, _, directory = saved_lm(tmp_path)
     with pytest.raises(ValueError, match=message):
