@@ -156,6 +156,9 @@ class ModelConfig:
                 "share_embeddings needs one vocabulary: set tgt_vocab_size to null "
                 "or share_embeddings=false"
             )
+        if self.head != "none" and self.n_decoder_layers and not self.causal:  # an encoder-decoder has no such head
+            raise ValueError(f"head {self.head!r} sits on an encoder: set n_decoder_layers=0 (an encoder-decoder's "
+                             f"head is its vocabulary projection; it has {self.n_decoder_layers} decoder layers)")
         if self.head in LABELLED and self.num_labels < 1:
             raise ValueError(f"head {self.head!r} needs num_labels >= 1")
         for name in ("norm_first", "scale_embeddings", "tie_embeddings", "share_embeddings",

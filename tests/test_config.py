@@ -101,3 +101,11 @@ def test_overrides_reject_unknown_or_mistyped_keys(override, message):
 def test_unknown_preset_lists_the_known_ones():
     with pytest.raises(ValueError, match="unknown preset 'huge'; choose one of base, big.*tiny"):
         preset("huge")
+
+
+@pytest.mark.parametrize("head", ["sequence_classification", "token_classification", "masked_lm"])
+def test_an_encoder_head_on_an_encoder_decoder_is_refused_not_dropped(head):
+    """The encoder-decoder builds no such head: a classifier asked for would silently be a translation model."""
+    with pytest.raises(ValueError, match=f"head '{head}' sits on an encoder: set n_decoder_layers=0"):
+        ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, head=head, num_labels=2)
+    ModelConfig(vocab_size=50, d_model=16, n_heads=2, d_ff=32, head=head, num_labels=2, n_decoder_layers=0)
