@@ -63,7 +63,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if cls not in (Classifier, Tagger):
         hint = {"Translator": "aiayn translate --run", "Generator": "aiayn generate --run"}.get(
             cls.__name__, "aiayn embed --model")
-        raise ValueError(f"{args.run} holds a model for a {cls.__name__}, not a classification or tagging run; "
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise ValueError(f"{args.run} holds a model for {article} {cls.__name__}, not a classification or tagging run; "
                          f"use {hint} {args.run}")
     model = cls.from_pretrained(args.run, device=args.device)
     lines = input_lines(args)

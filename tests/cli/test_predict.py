@@ -5,6 +5,7 @@ import json
 
 from aiayn.cli.main import main
 from tests.conftest import CLASSIFIED, TAGGED
+from tests.inference.test_loading import tiny_encoder
 
 
 def _run(capsys, *argv):
@@ -40,3 +41,10 @@ def test_a_run_of_another_kind_is_one_line(translation_run, capsys, tmp_path):
     assert code == 2 and "not a classification or tagging run; use aiayn translate" in err
     code, _, err = _run(capsys, "--run", str(tmp_path / "missing"), "a b")
     assert code == 2 and err.count("\n") == 1
+
+
+def test_an_encoder_without_a_head_is_sent_to_embed(tmp_path, capsys):
+    encoder = tiny_encoder(tmp_path)
+    code, _, err = _run(capsys, "--run", str(encoder), "a b")
+    assert code == 2 and "holds a model for an Embedder, not a classification or tagging run" in err
+    assert f"use aiayn embed --model {encoder}" in err
