@@ -58,6 +58,8 @@ from aiayn.rundir import atomic_write_text
 logger = logging.getLogger(__name__)
 
 TRAIN_ROWS = 256
+# A model's own training products are timed on at most this many rows (larger batches behave alike, time slowly).
+TRAIN_SHAPE_ROWS = 4096
 # A decoding step at batch 1 streams every weight from memory once: one- and few-row products are timed
 # over enough copies of a shape to hold this many bytes (more than a CPU's last-level cache), not over
 # weights a repeat leaves in the cache.
@@ -351,11 +353,13 @@ def _training(rows: int, d_model: int, d_ff: int, seconds: dict[str, float], rat
 
 def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
     """(products on oneDNN, Q/K/V stacked) for training a model of these widths on batches of about `rows`
-    tokens: measured the first time a run of that shape asks (under a second at a short recipe's widths), then
-    kept with the other choices in the cache (`Choices.training`). A base model's widths (`train_onednn`,
-    `fused_qkv_train`) do not decide for a narrow one: oneDNN's products that win at d_model 512 can lose at
-    d_model 128 (docs/notes.md, "training on the recipe's shapes")."""
+    tokens (timed on at most `TRAIN_SHAPE_ROWS`): measured the first time a run of that shape asks (under a
+    second at a short recipe's widths), then kept with the other choices in the cache (`Choices.training`).
+    A base model's widths (`train_onednn`, `fused_qkv_train`) do not decide for a narrow one: oneDNN's
+    products that win at d_model 512 can lose at d_model 128 (docs/notes.md, "training on the recipe's
+    shapes")."""
     found = choices()
+    rows = min(rows, TRAIN_SHAPE_ROWS)
     key = f"{rows}x{d_model}x{d_ff}"
     if key not in (found.training or {}):
         seconds, ratios = dict(found.seconds), dict(found.ratios)
@@ -365,7 +369,7 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
                         ratios=ratios)
         _chosen[_key(found.machine)] = found
         _store(found)
-    onednn, fused = found.training[key]
+    onednn, fused = found.training[key]  # a list in the cache's JSON
     return onednn, fused
 
 

@@ -54,10 +54,7 @@ def train_processes(argv: list[str], processes: int, threads: int) -> int:
     ranks = [subprocess.Popen([sys.executable, "-m", "aiayn", *argv], start_new_session=True,
                               env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
              for rank in range(processes)]
-    received: list[int] = []
-
     def forward(signum: int, frame: object) -> None:
-        received.append(signum)
         for proc in ranks:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):

@@ -30,9 +30,6 @@ from aiayn.training.optim import make_optimizer
 from aiayn.training.recipe import fit_run, uses_fit
 from aiayn.training.schedule import resolve_recipe
 
-# The training products are timed on batches of at most this many rows (larger ones behave alike and time slowly).
-TRAIN_SHAPE_ROWS = 4096
-
 logger = logging.getLogger(__name__)
 
 
@@ -137,8 +134,7 @@ def setup(t: Any) -> None:
     # The train step runs a prepared copy sharing the model's parameters (see aiayn.backends).
     # Its products are chosen by what was measured at this model's widths and batch size.
     mcfg = t.model.config
-    t.backend = select(t.device, "train", cfg.precision, train_shape=(min(cfg.max_tokens, TRAIN_SHAPE_ROWS),
-                                                                       mcfg.d_model, mcfg.d_ff))
+    t.backend = select(t.device, "train", cfg.precision, train_shape=(cfg.max_tokens, mcfg.d_model, mcfg.d_ff))
     t.prepared = t.backend.prepare(t.model)
     t.recipe, notes = resolve_recipe(cfg, total_steps=planned_steps(t), d_model=t.model.config.d_model)
     if main and t.budget is None:  # under a budget, the plan after the first steps reports the recipe

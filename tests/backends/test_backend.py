@@ -406,6 +406,9 @@ def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_pat
     monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
     monkeypatch.setattr(calibrate, "_training", lambda *args, **kwargs: pytest.fail("measured again"))
     assert calibrate.training_choices(64, 32, 128) == narrow
+    monkeypatch.setattr(calibrate, "_training", lambda *args, **kwargs: (True, False))
+    calibrate.training_choices(calibrate.TRAIN_SHAPE_ROWS * 2, 32, 128)  # a larger batch is timed at the cap
+    assert f"{calibrate.TRAIN_SHAPE_ROWS}x32x128" in calibrate.choices().training
 
 
 def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
