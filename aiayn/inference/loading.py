@@ -47,12 +47,13 @@ def _export_format(directory: Path) -> str:
         return "unknown format"
 
 
-def _model_type(directory: Path) -> str | None:
+def _hf_config(directory: Path) -> dict:
+    """The directory's `config.json` as a dict ({} where it is missing, unreadable or not an object)."""
     try:
         config = load_json((directory / MODEL_CONFIG).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    return config.get("model_type") if isinstance(config, dict) else None
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def objective_of(path: str | Path) -> Task:
@@ -66,10 +67,11 @@ def objective_of(path: str | Path) -> Task:
     info = inspect_dir(directory)
     if info.kind == MISSING:  # a MiniLM name, or a hub id where a network exists (a path is never sent there)
         return objective_of(resolve_checkpoint(path))
-    model_type = _model_type(directory)
+    hf_config = _hf_config(directory)
+    model_type = hf_config.get("model_type")
     if info.kind in (HF_CHECKPOINT, EXPORT) and model_type is not None:
         if model_type == "bert":
-            return task_of(config_from_bert(load_json((directory / MODEL_CONFIG).read_text(encoding="utf-8"))))
+            return task_of(config_from_bert(hf_config))
         raise ValueError(f"{directory} holds a Hugging Face {model_type!r} checkpoint, which aiayn cannot use; "
                          f"{_READS}")
     if info.kind == EXPORT and model_type is None and not (directory / WEIGHTS).is_file():
