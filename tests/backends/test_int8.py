@@ -158,10 +158,7 @@ def test_a_trained_model_decodes_the_same_in_int8():
         assert agreement >= 0.95, (beam, agreement)
 
 
-def test_the_reduced_range_keeps_fewer_layers_in_int8_and_can_be_asked_for(monkeypatch):
-    from aiayn.backends.int8 import TOLERANCE, tolerance_for
-
-    assert tolerance_for(False) == TOLERANCE and tolerance_for(True) == pytest.approx(TOLERANCE * 127 / 255)
+def test_the_reduced_range_can_be_asked_for(monkeypatch):
     monkeypatch.setenv("AIAYN_INT8_RANGE", "reduced")
     assert int8_range() == "reduced"
 
