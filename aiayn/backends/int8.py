@@ -33,7 +33,6 @@ from torch import nn
 
 from aiayn.backends.fused import StackedLinear
 from aiayn.backends.shapes import row_class, shape_kind
-from aiayn.nn.model import Encoder, EncoderDecoderModel, EncoderModel
 
 logger = logging.getLogger(__name__)
 
@@ -209,25 +208,13 @@ def _linear_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def calibration_run(model: nn.Module, seed: int = 0) -> Callable[[nn.Module], object] | None:
-    """A call of `model` on random inputs (token ids from the upper 90% of the vocabulary, past the
-    special and unused entries), or None for a module this does not know how to call."""
-    gen = torch.Generator().manual_seed(seed)
-    batch, length = CALIBRATION_SHAPE
-
-    def ids(vocab: int) -> torch.Tensor:
-        low = min(max(4, vocab // 10), vocab - 1)
-        return torch.randint(low, vocab, (batch, length), generator=gen)  # (B, L)
-
-    if isinstance(model, EncoderDecoderModel):
-        src, tgt = ids(model.config.vocab_size), ids(model.config.target_vocab_size)
-        return lambda m: m(src, tgt)
-    if isinstance(model, EncoderModel):
-        tokens = ids(model.config.vocab_size)
-        return lambda m: m(tokens)
-    if isinstance(model, Encoder) and len(model.layers):
-        x = torch.randn(batch, length, model.layers[0].self_attn.d_model, generator=gen)  # (B, L, d_model)
-        return lambda m: m(x)
-    return None
+    """A call of `model` on the random inputs it makes for itself (`example_inputs`: token ids clear of the special
+    entries, or hidden states), or None for a module that makes none."""
+    example_inputs = getattr(model, "example_inputs", None)
+    if example_inputs is None:
+        return None
+    args = example_inputs(*CALIBRATION_SHAPE, torch.Generator().manual_seed(seed))
+    return lambda m: m(*args)
 
 
 def calibration_inputs(model: nn.Module, layers: dict[str, nn.Module],

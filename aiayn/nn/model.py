@@ -67,6 +67,13 @@ class Embeddings(nn.Module):
         return self.dropout(x)
 
 
+def random_ids(vocab: int, batch: int, length: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Random token ids (batch, length) from the upper nine tenths of a vocabulary: clear of the special ids at
+    its start (padding, start, end), for inputs that only need to look like text to the layers."""
+    low = min(max(4, vocab // 10), vocab - 1)
+    return torch.randint(low, vocab, (batch, length), generator=generator)
+
+
 class Encoder(nn.Module):
     """N encoder layers, each with its own weights (+ a final LayerNorm for pre-LN stacks)."""
 
@@ -81,6 +88,11 @@ class Encoder(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, is_causal=is_causal, cache=None if caches is None else caches[i])
         return x if self.final_norm is None else self.final_norm(x)
+
+    def example_inputs(self, batch: int, length: int, generator: torch.Generator | None = None) -> tuple:
+        """Random arguments for `forward`: hidden states (batch, length, d_model)."""
+        d_model = self.layers[0].self_attn.d_model if len(self.layers) else 1
+        return (torch.randn(batch, length, d_model, generator=generator),)
 
     def hidden_states(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> list[torch.Tensor]:
         """The input (B, S, d_model) and each layer's output, the last one `forward`'s (after the final LayerNorm
@@ -190,6 +202,12 @@ class EncoderDecoderModel(nn.Module):
         memory = self.encode(src, src_mask)
         return self.head(self.decode(tgt, memory, memory_mask=src_mask))
 
+    def example_inputs(self, batch: int, length: int, generator: torch.Generator | None = None) -> tuple:
+        """Random arguments for `forward`: source and target ids, (batch, length) each."""
+        cfg = self.config
+        return (random_ids(cfg.vocab_size, batch, length, generator),
+                random_ids(cfg.target_vocab_size, batch, length, generator))
+
     def new_cache(self) -> KVCache:
         """An empty key/value cache for incremental decoding."""
         return KVCache.empty(len(self.decoder.layers))
@@ -239,6 +257,10 @@ class EncoderModel(nn.Module):
         mask = self.source_mask(ids, attention_mask)
         return self.encoder.hidden_states(self.embed(ids, token_type_ids=token_type_ids), mask)
 
+    def example_inputs(self, batch: int, length: int, generator: torch.Generator | None = None) -> tuple:
+        """Random arguments for `forward`: ids (batch, length)."""
+        return (random_ids(self.config.vocab_size, batch, length, generator),)
+
     def forward(self, ids: torch.Tensor, *, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Ids (B, L) -> the head's logits, or hidden states (B, L, d_model) when there is no head."""
@@ -275,6 +297,10 @@ class DecoderOnlyModel(nn.Module):
     def new_caches(self) -> list[AttentionCache]:
         """One empty key/value cache per layer, for `decode`."""
         return [AttentionCache() for _ in self.decoder.layers]
+
+    def example_inputs(self, batch: int, length: int, generator: torch.Generator | None = None) -> tuple:
+        """Random arguments for `forward`: ids (batch, length)."""
+        return (random_ids(self.config.vocab_size, batch, length, generator),)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Ids (B, L) -> next-token logits (B, L, V). Padding goes at the end: no real token attends to it."""

@@ -1,6 +1,10 @@
 """int8 inference on CPU: layers stay close to float32, smoothing is safe, the choice per layer follows the
 measured error, and a trained model decodes the same sentences as in float32."""
 
+import copy
+import dataclasses
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,6 +123,13 @@ def test_an_int8_copy_shares_nothing_it_changes_and_calibrates_any_aiayn_stack()
     with torch.no_grad():
         out = select("cpu", "inference", "int8").prepare(encoder)(x)
         assert F.cosine_similarity(out.flatten(1), encoder(x).flatten(1)).min() > 0.99
+    # a decoder-only model is calibrated on its own random ids too: every layer measured, none int8 blindly
+    lm = build_model(dataclasses.replace(cfg, n_encoder_layers=2, n_decoder_layers=0, causal=True)).eval()
+    run = calibration_run(lm)
+    assert run is not None
+    float32 = lambda weight, bias: StackedLinear(weight, bias, F.linear)
+    choices = quantize(copy.deepcopy(lm), run, reduce_range=REDUCED, fallback=float32)
+    assert len(choices) == 2 * 6 + 1 and all(math.isfinite(c.int8_error) for c in choices)  # 2 layers x 6, the head
 
 
 def _copy_task_model() -> nn.Module:
