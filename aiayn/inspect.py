@@ -49,7 +49,7 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
         rows.append((f"one {kind} layer", count(layer)))
         rows.append((f"{_words(n)} {kind} layers", n * count(layer)))
 
-    if isinstance(model, EncoderDecoderModel):
+    if cfg.architecture == "encoder-decoder":
         layer_rows("encoder", model.encoder.layers)
         layer_rows("decoder", model.decoder.layers)
         shared = model.src_embed.tokens is model.tgt_embed.tokens
@@ -60,7 +60,7 @@ def parameter_table(cfg: ModelConfig) -> list[tuple[str, int]]:
         tied = model.head.proj.weight is model.tgt_embed.tokens.weight
         rows.append(("output projection" + (" (tied to the embeddings)" if tied else ""),
                      0 if tied else count(model.head)))
-    elif cfg.causal:
+    elif cfg.architecture == "decoder-only":
         layer_rows("decoder-only", model.decoder.layers)
         rows.append((f"embeddings ({cfg.vocab_size:,} x {cfg.d_model})", count(model.embed)))
         tied = model.head.proj.weight is model.embed.tokens.weight
@@ -191,7 +191,7 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
     ]
     memory, stages = _trace_encoder(model, ids)
     out += stages
-    if not isinstance(model, EncoderDecoderModel):
+    if model.config.architecture != "encoder-decoder":
         head = model.config.head
         result = memory if model.head is None else model.head(memory, None)
         out.append(_stage("encoder output" if model.head is None else f"head output ({head})", result[0]))
@@ -203,7 +203,7 @@ def trace(model: nn.Module, tokenizer: Tokenizer, text: str, *, top_k: int = 5,
 def _trace_encoder(model: nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, list[Stage | str]]:
     """Embedding, positions and every encoder layer's stages; returns the encoder output (1, L, d_model)."""
     cfg: ModelConfig = model.config
-    embed = model.src_embed if isinstance(model, EncoderDecoderModel) else model.embed
+    embed = model.src_embed if cfg.architecture == "encoder-decoder" else model.embed
     scale = "x sqrt(d_model)" if cfg.scale_embeddings else ""
     x = embed(ids)  # (1, L, d_model)
     stages: list[Stage | str] = [_stage(f"token embedding {scale}".strip(), embed.tokens(ids)[0]),

@@ -100,10 +100,9 @@ class StaticState:
 
     @staticmethod
     def runs(model: nn.Module) -> bool:
-        """Whether the flat step computes what `model.decode` does: an encoder-decoder of aiayn's decoder layers
-        (however the backend prepared their parts), with no hook that expects the module calls."""
-        return (isinstance(model, EncoderDecoderModel) and not hooked(model.decoder)
-                and all(type(layer) is DecoderLayer for layer in model.decoder.layers))
+        """Whether the flat step computes what `model.decode` does: aiayn's decoder layers (however the backend
+        prepared their parts), with no hook that expects the module calls."""
+        return not hooked(model.decoder) and all(type(layer) is DecoderLayer for layer in model.decoder.layers)
 
     def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1):
         cfg = model.config
