@@ -17,7 +17,8 @@ cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Ada
   trainer's DDP over gloo, as `torchrun --nproc_per_node N -m aiayn train threads=1` runs it): each process
   takes every N-th batch of the same list and the gradients are averaged after each step. Small products
   gain little from a second thread; a second process computes its own batch. Timed after the others
-  (separate processes), so a neighbour that comes or goes in between moves it alone.
+  (separate processes), so a neighbour that comes or goes in between moves it alone. Then the layout
+  `aiayn train` would take for these shapes under a time budget (`aiayn.training.layout`).
 Batches are a real run's: sentence lengths drawn like short real sentences (source mean `--mean-len`
 tokens, the target 0.8-1.3 times as long), cut into batches of at most `--max-tokens` padded tokens by
 the trainer's own length bucketing, random ids; identical for every model. Model FLOPs count the
@@ -60,6 +61,7 @@ from aiayn.nn.embedding import sinusoidal_table
 from aiayn.nn.model import build_model
 from aiayn.tasks import SEQ2SEQ, get_task
 from aiayn.training.distributed import ObjectiveForward, Replicas
+from aiayn.training.layout import measured_layout
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.optim import make_adam
 from aiayn.training.recipe import fitted_keys
@@ -497,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
         for peer in ("aiayn", "Hugging Face Marian"):
             if peer in seconds:
                 print(f"  {name} / {peer} ({threads} threads): {rate / (tokens / sum(seconds[peer])):.2f}x tokens/s")
+        chosen = measured_layout(cfg, args.max_tokens, threads)
+        print(f"  `aiayn train threads={threads}` under a time budget would train as {chosen.why}")
     return 0
 
 

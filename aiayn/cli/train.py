@@ -144,20 +144,29 @@ def cmd_train(args: argparse.Namespace) -> int:
         _check_resume_overrides(read_run_config(args.run).train, run.train, overrides)
     else:
         run = load_run_config(config, overrides)
-    if run.train.processes > 1 and "WORLD_SIZE" not in os.environ:  # not already one of them (or under torchrun)
+    if "WORLD_SIZE" not in os.environ:  # not already one of a run's processes (or under torchrun)
+        from aiayn.training.layout import resolved
+
+        run, layout = resolved(run, device=args.device, resume=args.resume)
+        if layout is not None and layout.processes > 1:
+            print(f"training as {layout.why}", file=sys.stderr)
+    if run.train.processes > 1 and "WORLD_SIZE" not in os.environ:
         from aiayn.cli.processes import train_processes
 
-        return train_processes(_rank_argv(args), run.train.processes, run.train.threads)
+        decided = [f"processes={run.train.processes}", f"threads={run.train.threads}"]  # the ranks do not decide again
+        return train_processes(_rank_argv(args, decided), run.train.processes, run.train.threads)
     return _train(run, args.run, resume=args.resume, progress=not args.no_progress, force=args.force,
                   device=args.device)
 
 
-def _rank_argv(args: argparse.Namespace) -> list[str]:
-    """The `aiayn train` arguments each process of a `processes=N` run is started with: this command's own."""
+def _rank_argv(args: argparse.Namespace, decided: list[str]) -> list[str]:
+    """The `aiayn train` arguments each process of a `processes=N` run is started with: this command's own, and
+    the layout's `decided` overrides."""
     def on(*pairs: tuple[str, bool]) -> list[str]:
         return [flag for flag, given in pairs if given]
 
-    return [*on(("--debug", args.debug), ("--verbose", args.verbose)), "train", *args.items, "--run", args.run,
+    return [*on(("--debug", args.debug), ("--verbose", args.verbose)), "train", *args.items, *decided,
+            "--run", args.run,
             *on(("--resume", args.resume), ("--no-progress", args.no_progress), ("--force", args.force)),
             *(["--init-from", args.init_from] if args.init_from else []),
             *(["--device", args.device] if args.device else [])]

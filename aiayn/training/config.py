@@ -97,7 +97,9 @@ class TrainConfig:
         threads: torch CPU threads (0 = torch's default; one a process when `processes` > 1).
         processes: train as this many data-parallel processes on this machine, launched by `aiayn train`
             itself (`aiayn.cli.processes`; as `torchrun --standalone --nproc_per_node N` would): on a CPU, 2
-            processes of one thread trained more tokens a second than 2 threads. 1 = one process.
+            processes of one thread trained more tokens a second than 2 threads. 1 = one process; 0 (the
+            default) = measure, for a CPU run under a time budget of 5 minutes or more, which of threads and
+            processes trains faster on the cores it has (`aiayn.training.layout`), else one process.
         log_every: steps between metric log rows; eval_every / save_every: steps between validation
             and checkpoints (0 = at the end of each epoch).
         keep_last: checkpoints kept besides the best; average_last: average the last N checkpoints
@@ -173,7 +175,7 @@ class TrainConfig:
     mlm_probability: float = 0.15
     seed: int = 0
     threads: int = 0
-    processes: int = 1
+    processes: int = 0
     log_every: int = 10
     eval_every: int = 0
     save_every: int = 0
@@ -212,12 +214,12 @@ class TrainConfig:
         if self.valid_metric != "auto" and self.valid_metric not in metrics:
             raise ValueError(f"valid_metric for {self.objective} must be auto or one of {', '.join(metrics)}, "
                              f"got {self.valid_metric!r}")
-        for name in ("max_tokens", "accum_steps", "vocab_size", "vocab_min_frequency", "processes"):
+        for name in ("max_tokens", "accum_steps", "vocab_size", "vocab_min_frequency"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("epochs", "max_steps", "keep_last", "average_last", "log_every", "eval_every",
-                     "save_every", "threads", "max_sentences", "valid_max_examples", "patience", "show_examples",
-                     "lr", "weight_decay", "warmup", "global_batches"):
+                     "save_every", "threads", "processes", "max_sentences", "valid_max_examples", "patience",
+                     "show_examples", "lr", "weight_decay", "warmup", "global_batches"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)}")
         if self.global_batches and self.accum_steps > 1:

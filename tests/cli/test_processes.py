@@ -8,7 +8,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from safetensors.torch import load_file
 
 from aiayn.training import Trainer, load_run_config
@@ -84,12 +83,6 @@ def test_a_process_that_dies_stops_the_run_with_rank_0s_one_line(tmp_path):
     assert "another process of the run has stopped" in err
 
 
-@pytest.mark.parametrize("value", ["0", "-1"])
-def test_processes_must_be_at_least_one(value):
-    with pytest.raises(ValueError, match=f"processes must be at least 1, got {value}"):
-        load_run_config(None, ["dataset=copy", f"processes={value}"])
-
-
 def test_a_warning_about_the_data_is_printed_once_not_by_every_process(tmp_path):
     data = tmp_path / "train.tsv"
     lines = ["a b c\t" + " ".join(["x"] * 400)] + [f"{n} apples\t{n} pommes" for n in range(60)]
@@ -118,3 +111,23 @@ def test_a_run_directory_rank_0_refuses_ends_every_process_without_an_internal_e
     assert proc.returncode == 2, out[-2000:] + err[-2000:]  # rank 0's code: bad input
     assert "internal error" not in err and "another process of the run has stopped" in err, err
     assert (tmp_path / "run" / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_layout_chosen_for_the_run_starts_its_processes_with_it_and_one_run_keeps_one(tmp_path, monkeypatch, capsys):
+    """processes=0 (the default): the CLI asks `layout.choose`; the processes it starts are told the answer (they do
+    not decide again), and a run it keeps in one process saves processes=1, so a resume runs the same layout."""
+    from aiayn.cli import processes as launcher
+    from aiayn.cli.main import main
+    from aiayn.training import layout
+
+    started = []
+    monkeypatch.setattr(launcher, "train_processes", lambda argv, n, threads: started.append((argv, n, threads)) or 0)
+    monkeypatch.setattr(layout, "choose", lambda run, **kw: layout.Layout(2, "2 processes of one thread: measured"))
+    args = [a for a in ARGS if a != "threads=1"]
+    assert main(["train", *args, "threads=2", "--run", str(tmp_path / "two"), "--no-progress"]) == 0
+    [(argv, n, threads)] = started
+    assert n == 2 and threads == 1 and argv[argv.index("threads=2") + 1:][:2] == ["processes=2", "threads=1"]
+    assert "training as 2 processes of one thread" in capsys.readouterr().err
+    monkeypatch.setattr(layout, "choose", lambda run, **kw: layout.Layout(1, "2 threads"))
+    assert main(["train", *ARGS, "max_steps=1", "--run", str(tmp_path / "one"), "--no-progress"]) == 0
+    assert json.loads((tmp_path / "one" / "train_config.json").read_text())["processes"] == 1

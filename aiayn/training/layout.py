@@ -1,0 +1,156 @@
+"""Threads or processes: how a CPU training run under a time budget uses the cores it is given, chosen by measuring.
+
+N threads share the products of one batch; N processes (`processes=N`, DDP over gloo) each train a batch of
+their own and average their gradients. Which trains more tokens a second depends on the model's widths and on
+the CPU: the small products of a narrow model gain little from a second thread. On a 2-core AVX2 EPYC, 2
+processes trained 1.21x the tokens a second of 2 threads at the fitted recipe's widths; on an Intel Xeon
+1.03-1.07x (docs/training.md, "Speed").
+
+`processes=0`, the default, lets `choose` decide for a run that
+
+- trains on the CPU, on N >= 2 cores (`threads`, else torch's default: `OMP_NUM_THREADS` or the cores),
+- under a `time_budget` of at least `MIN_BUDGET_S`: the budget, not a step count, bounds such a run, so what
+  counts is tokens a second (a step of N processes holds N batches), and the processes' start (a few seconds)
+  is a small part of it.
+
+Such a run times a training step of its own model at one thread and at N threads (`step_rates`, a few seconds,
+interleaved; cached per machine and shape in `calibrate.cache_dir()` unless the machine was busy), and trains as
+N processes of one thread where N x the one-thread rate x `DDP_EFFICIENCY` beats the N-thread rate by more than
+`timing.MARGIN`. Any other run, and a run given `processes=N`, keeps what it was given. A busy machine does not
+change the answer: with another program holding one of 2 cores, 2 processes still trained ~1.3x the tokens a
+second of 2 threads (each ~0.6x its quiet rate; docs/notes.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+
+from aiayn.backends import timing
+from aiayn.backends.calibrate import cache_dir, machine
+from aiayn.backends.devices import resolve_device, usable_cores
+from aiayn.config import ModelConfig
+from aiayn.data.prepare import read_examples
+from aiayn.nn.model import build_model
+from aiayn.rundir import atomic_write_text
+from aiayn.training.budget import parse_duration
+from aiayn.training.config import RunConfig
+from aiayn.training.recipe import fit_run, uses_fit
+
+logger = logging.getLogger(__name__)
+
+MIN_BUDGET_S = 300.0
+# The share of N one-thread steps' tokens that N processes keep (their gradients averaged every step): 14,954
+# tokens/s from 2 processes against 2 x 7,978 from one thread, at the recipe's widths on a 2-core AVX2 EPYC
+# (docs/notes.md, "training on the recipe's shapes").
+DDP_EFFICIENCY = 0.94
+MEASURE_ROWS = 1024  # tokens a batch when timing: the ratio of the two layouts holds beyond it, and it is quick
+MEASURE_LENGTH = 32
+REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a run spreads over the CPU: `processes` (1: threads only) and why, for the run's log."""
+
+    processes: int
+    why: str
+
+
+def resolved(run: RunConfig, *, device: str | None = None, resume: bool = False) -> tuple[RunConfig, Layout | None]:
+    """`run` with `processes=0` decided (`choose`; one thread a process where it chose processes), and the layout
+    chosen; `run` itself and None where the config gives `processes`. The recipe is fitted for the measurement
+    as the trainer will fit it (a resumed run keeps the model it saved)."""
+    if run.train.processes != 0:
+        return run, None
+
+    def fitted() -> RunConfig:
+        if resume or not uses_fit(run.train):
+            return run
+        return fit_run(run, len(read_examples(run.train, run.train.train)[0]))[0]
+
+    layout = choose(run, device=device, fitted=fitted)
+    threads = 1 if layout.processes > 1 else run.train.threads
+    return replace(run, train=replace(run.train, processes=layout.processes, threads=threads)), layout
+
+
+def choose(run: RunConfig, *, device: str | None = None, fitted: Callable[[], RunConfig] | None = None) -> Layout:
+    """The layout of a run whose config says `processes=0` (see the module docstring). `fitted()` gives the run as
+    it will train (its recipe fitted), asked only once the run qualifies; the step timed is the preset's model at
+    the run's widths, layers and vocabulary size."""
+    t = run.train
+    cores = min(t.threads or torch.get_num_threads(), usable_cores())  # torch's default: OMP_NUM_THREADS or cores
+    budget = parse_duration(t.time_budget) if t.time_budget else 0.0
+    if resolve_device(device).type != "cpu" or cores < 2:
+        return Layout(1, "one process")
+    if budget < MIN_BUDGET_S:
+        return Layout(1, f"{cores} threads: a run without a time budget of {MIN_BUDGET_S / 60:.0f} minutes or more "
+                         "keeps one process")
+    shaped = fitted() if fitted is not None else run
+    model = shaped.model_config(vocab_size=shaped.train.vocab_size)  # the run's widths; its vocabulary's target size
+    return measured_layout(model, shaped.train.max_tokens, cores)
+
+
+def measured_layout(model: ModelConfig, batch_tokens: int, cores: int) -> Layout:
+    """Threads or processes for training `model` on batches of `batch_tokens` over `cores` cores, by `measured_rates`
+    (what `choose` decides once a run qualifies; `aiayn bench train` prints it too)."""
+    one, many = measured_rates(model, min(batch_tokens, MEASURE_ROWS), cores)
+    gain = cores * one * DDP_EFFICIENCY / many
+    if gain > 1 + timing.MARGIN:
+        return Layout(cores, f"{cores} processes of one thread: at this model's widths they should train {gain:.2f}x "
+                             f"the tokens a second of {cores} threads (measured; processes=1 keeps threads)")
+    return Layout(1, f"{cores} threads: {cores} processes would train {gain:.2f}x their tokens a second (measured)")
+
+
+def measured_rates(model: ModelConfig, rows: int, threads: int) -> tuple[float, float]:
+    """(tokens a second at one thread, at `threads`) of a training step of `model`: from the cache, else
+    `step_rates` (cached unless the machine was busy while it measured)."""
+    description = {**machine(), "threads": str(threads), "model": json.dumps(model.to_dict(), sort_keys=True),
+                   "rows": str(rows)}
+    digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
+    path = cache_dir() / f"train-layout-{digest}.json"
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        return float(found["one"]), float(found["many"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    load = timing.load_average()
+    one, many = step_rates(model, rows, threads)
+    if not timing.busy(max(load, timing.load_average()), threads):
+        try:
+            atomic_write_text(path, json.dumps({"one": one, "many": many, "load": load, **description}, indent=1))
+        except OSError as err:  # a read-only home costs measuring again next time
+            logger.info("could not cache the training layout's measurement in %s (%s)", path, err)
+    return one, many
+
+
+def step_rates(model: ModelConfig, rows: int, threads: int, repeats: int = REPEATS) -> tuple[float, float]:
+    """Tokens a second of a training step (forward, backward, AdamW) of a model built from `model` on random
+    batches of about `rows` tokens, at one thread and at `threads`, timed interleaved (best repeat each)."""
+    previous = torch.get_num_threads()
+    torch.manual_seed(0)
+    net = build_model(model).train()
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+    length = min(MEASURE_LENGTH, model.max_len)
+    batch = max(1, rows // length)
+    inputs = net.example_inputs(batch, length, torch.Generator().manual_seed(0))
+
+    def step(n: int) -> None:
+        torch.set_num_threads(n)
+        out = net(*inputs)
+        out.float().logsumexp(-1).mean().backward()  # a softmax over the outputs, as the loss takes one
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    try:
+        with torch.inference_mode(False):
+            times = timing.timed({"one": lambda: step(1), "many": lambda: step(threads)}, repeats)
+    finally:
+        torch.set_num_threads(previous)
+    tokens = batch * length
+    return tokens / min(times["one"]), tokens / min(times["many"])

@@ -1,0 +1,80 @@
+"""Threads or processes: a CPU run under a time budget takes the layout measured faster; any other run keeps its own."""
+
+import json
+
+import pytest
+
+from aiayn.backends import timing
+from aiayn.config import ModelConfig
+from aiayn.training import layout, load_run_config
+from aiayn.training.layout import Layout, choose, measured_rates, resolved, step_rates
+
+TINY = ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1, max_len=64)
+
+
+@pytest.fixture
+def two_quiet_cores(monkeypatch):
+    """A quiet 2-core CPU machine whose measured rates the test sets: {"one": tokens/s, "many": tokens/s}."""
+    rates = {"one": 100.0, "many": 150.0}
+    monkeypatch.setattr(layout, "usable_cores", lambda: 2)
+    monkeypatch.setattr(timing, "usable_cores", lambda: 2)
+    monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(timing, "load_average", lambda: 0.1)
+    monkeypatch.setattr(layout, "measured_rates", lambda model, rows, threads: (rates["one"], rates["many"]))
+    return rates
+
+
+def _run(*items: str):
+    return load_run_config(None, ["dataset=copy", *items])
+
+
+def test_processes_where_measured_faster_threads_where_not(two_quiet_cores):
+    chosen = choose(_run("time_budget=10m"), device="cpu")
+    assert chosen.processes == 2 and "1.25x" in chosen.why  # 2 x 100 x 0.94 = 188 against 150
+    two_quiet_cores["many"] = 190.0  # threads scale well: 2 x 100 x 0.94 = 188 is no win
+    chosen = choose(_run("time_budget=10m"), device="cpu")
+    assert chosen.processes == 1 and "2 threads" in chosen.why
+
+
+def test_no_budget_a_short_one_or_one_core_keep_one_process(two_quiet_cores, monkeypatch):
+    assert choose(_run("max_steps=100"), device="cpu").processes == 1
+    assert choose(_run("time_budget=2m"), device="cpu").processes == 1
+    assert choose(_run("time_budget=10m", "threads=1"), device="cpu").processes == 1
+    monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 1)  # OMP_NUM_THREADS=1, say
+    assert choose(_run("time_budget=10m"), device="cpu").processes == 1
+
+
+def test_a_run_that_gives_processes_keeps_them_and_a_chosen_layout_runs_one_thread_a_process(two_quiet_cores):
+    given = _run("time_budget=10m", "processes=1")
+    assert resolved(given) == (given, None)
+    run, chosen = resolved(_run("time_budget=10m", "threads=2"), device="cpu")
+    assert chosen.processes == 2 and run.train.processes == 2 and run.train.threads == 1
+    run, chosen = resolved(_run("max_steps=10"), device="cpu")
+    assert chosen == Layout(1, chosen.why) and run.train.processes == 1 and run.train.threads == 0
+
+
+def test_the_rates_are_measured_once_per_machine_and_shape(monkeypatch, tmp_path):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "load_average", lambda: 0.0)
+    one, many = measured_rates(TINY, 64, 2)
+    assert one > 0 and many > 0
+    [cached] = tmp_path.glob("train-layout-*.json")
+    assert json.loads(cached.read_text())["one"] == one
+    monkeypatch.setattr(layout, "step_rates", lambda *args: pytest.fail("measured again"))
+    assert measured_rates(TINY, 64, 2) == (one, many)
+    # measured while other work held the cores: used, not kept
+    monkeypatch.setattr(timing, "load_average", lambda: 5.0)
+    monkeypatch.setattr(layout, "step_rates", lambda *args: (1.0, 2.0))
+    assert measured_rates(TINY, 32, 2) == (1.0, 2.0) and len(list(tmp_path.glob("train-layout-*.json"))) == 1
+
+
+def test_step_rates_time_a_training_step_of_each_architecture():
+    for cfg in (TINY, TINY.replace(n_decoder_layers=0), TINY.replace(n_decoder_layers=0, causal=True)):
+        one, many = step_rates(cfg, 64, 2, repeats=1)
+        assert one > 0 and many > 0
+
+
+@pytest.mark.parametrize("value", ["-1", "-2"])
+def test_processes_must_not_be_negative(value):
+    with pytest.raises(ValueError, match=f"processes must not be negative, got {value}"):
+        _run(f"processes={value}")
