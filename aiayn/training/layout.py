@@ -11,7 +11,8 @@ processes trained 1.21x the tokens a second of 2 threads at the fitted recipe's 
 - trains on the CPU, on N >= 2 cores (`threads`, else torch's default: `OMP_NUM_THREADS` or the cores),
 - under a `time_budget` of at least `MIN_BUDGET_S`: the budget, not a step count, bounds such a run, so what
   counts is tokens a second (a step of N processes holds N batches), and the processes' start (a few seconds)
-  is a small part of it.
+  is a small part of it,
+- from scratch (a run from a pretrained encoder, `init_from`, trains a model its config does not describe).
 
 Such a run times a training step of its own model at one thread and at N threads (`step_rates`, a few seconds,
 interleaved; cached per machine and shape in `calibrate.cache_dir()` unless the machine was busy), and trains as
@@ -91,6 +92,8 @@ def choose(run: RunConfig, *, device: str | None = None, fitted: Callable[[], Ru
     if budget < MIN_BUDGET_S:
         return Layout(1, f"{cores} threads: a run without a time budget of {MIN_BUDGET_S / 60:.0f} minutes or more "
                          "keeps one process")
+    if t.init_from:  # the model is the pretrained encoder's, which the config does not describe
+        return Layout(1, f"{cores} threads: a run that starts from a pretrained encoder keeps one process")
     shaped = fitted() if fitted is not None else run
     model = shaped.model_config(vocab_size=shaped.train.vocab_size)  # the run's widths; its vocabulary's target size
     return measured_layout(model, shaped.train.max_tokens, cores)

@@ -36,12 +36,16 @@ def test_processes_where_measured_faster_threads_where_not(two_quiet_cores):
     assert chosen.processes == 1 and "2 threads" in chosen.why
 
 
-def test_no_budget_a_short_one_or_one_core_keep_one_process(two_quiet_cores, monkeypatch):
+def test_no_budget_a_short_one_one_core_or_a_pretrained_start_keep_one_process(two_quiet_cores, monkeypatch):
     assert choose(_run("max_steps=100"), device="cpu").processes == 1
     assert choose(_run("time_budget=2m"), device="cpu").processes == 1
     assert choose(_run("time_budget=10m", "threads=1"), device="cpu").processes == 1
     monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 1)  # OMP_NUM_THREADS=1, say
     assert choose(_run("time_budget=10m"), device="cpu").processes == 1
+    monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 2)
+    fine_tuning = load_run_config(None, ["dataset=compare", "objective=sequence_classification", "init_from=minilm",
+                                         "time_budget=10m"])
+    assert choose(fine_tuning, device="cpu").processes == 1
 
 
 def test_a_run_that_gives_processes_keeps_them_and_a_chosen_layout_runs_one_thread_a_process(two_quiet_cores):
