@@ -175,13 +175,17 @@ def _refuse_for_training(info: DirInfo, *, resume: bool, force: bool) -> None:
                                "write there anyway")
 
 
-def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> RunLock:
-    """Check that training may write into `run_dir`, create it and take its lock (returned, held).
+def check_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> DirInfo:
+    """Everything `open_run_dir` refuses, without keeping the lock: for a caller with work to do before the run
+    opens its directory (a run in use gives `RunBusy`, as `open_run_dir` would). Returns what the directory holds."""
+    info = _before_lock(run_dir, resume=resume, force=force)
+    if info.kind == RUN:
+        RunLock(info.path).acquire().release()
+        _refuse_for_training(info, resume=resume, force=force)
+    return info
 
-    A new or empty directory starts a run; a run continues only with `resume`; anything else (a
-    Hugging Face checkpoint, an export, a model, other files) is refused unless `force`, before
-    anything is written. A run that another process is training in gives `RunBusy` at once.
-    """
+
+def _before_lock(run_dir: str | Path, *, resume: bool, force: bool) -> DirInfo:
     info = inspect_dir(check_path_given(run_dir, "--run"))
     if info.kind != RUN and (resume or info.kind not in (MISSING, EMPTY)):
         _refuse_for_training(info, resume=resume, force=force)
@@ -189,6 +193,17 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
     if owner is not None and not force:  # a run inside another run (or a model) would mix their files
         raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}: choose a "
                                "--run directory outside it")
+    return info
+
+
+def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> RunLock:
+    """Check that training may write into `run_dir`, create it and take its lock (returned, held).
+
+    A new or empty directory starts a run; a run continues only with `resume`; anything else (a
+    Hugging Face checkpoint, an export, a model, other files) is refused unless `force`, before
+    anything is written. A run that another process is training in gives `RunBusy` at once.
+    """
+    info = _before_lock(run_dir, resume=resume, force=force)
     lock = RunLock(info.path).acquire()
     try:
         _refuse_for_training(inspect_dir(info.path), resume=resume, force=force)  # again, now that we hold it

@@ -145,7 +145,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         run = load_run_config(config, overrides)
     if "WORLD_SIZE" not in os.environ:  # not already one of a run's processes (or under torchrun)
+        from aiayn.rundir import check_run_dir
         from aiayn.training.layout import resolved
+
+        check_run_dir(args.run, resume=args.resume, force=args.force)  # refused in one line, before any process
 
         run, layout = resolved(run, device=args.device, resume=args.resume)
         if layout is not None and layout.processes > 1:

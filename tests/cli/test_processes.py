@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from aiayn.training import Trainer, load_run_config
 from aiayn.training.checkpoint import latest_checkpoint
-from tests.training.test_distributed import ARGS, _assert_weights_close
+from tests.training.test_distributed import ARGS, _assert_weights_close, _torchrun
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -102,15 +102,21 @@ def test_more_processes_than_cores_is_refused_in_one_line_before_any_work(tmp_pa
     assert f"processes={os.cpu_count() + 1} is more than the" in err and not (tmp_path / "run").exists()
 
 
-def test_a_run_directory_rank_0_refuses_ends_every_process_without_an_internal_error(tmp_path):
-    """Rank 0 refuses the directory while the others wait for it: they say their peer stopped, not a traceback."""
-    (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "notes.txt").write_text("mine\n")
-    proc = _aiayn("train", *ARGS, "processes=2", "--run", str(tmp_path / "run"), "--no-progress")
+def test_a_run_directory_refused_stops_the_launch_in_one_line_and_torchrun_ranks_without_an_internal_error(tmp_path):
+    """`aiayn train processes=2` looks at the directory before it starts any process: one line. Under torchrun the
+    ranks start first; rank 0 refuses while the other waits for it, which says its peer stopped, not a traceback."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine\n")
+    proc = _aiayn("train", *ARGS, "processes=2", "--run", str(run), "--no-progress")
     out, err = proc.communicate(timeout=240)
-    assert proc.returncode == 2, out[-2000:] + err[-2000:]  # rank 0's code: bad input
-    assert "internal error" not in err and "another process of the run has stopped" in err, err
-    assert (tmp_path / "run" / "notes.txt").read_text() == "mine\n"
+    assert proc.returncode == 2 and err.splitlines() == [
+        f"aiayn train: error: {run} holds files aiayn did not write (notes.txt); training would write config.json, "
+        "model.safetensors and logs into it: choose a new --run directory, or pass --force to write there anyway"], err
+    proc = _torchrun(tmp_path, run, ARGS)
+    assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "internal error" not in proc.stderr and "another process of the run has stopped" in proc.stderr
+    assert (run / "notes.txt").read_text() == "mine\n"
 
 
 def test_a_layout_chosen_for_the_run_starts_its_processes_with_it_and_one_run_keeps_one(tmp_path, monkeypatch, capsys):
