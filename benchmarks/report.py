@@ -39,7 +39,8 @@ COLUMNS = {
                  ("beam 4, batch 32: fp32 / CT2", "fp32 vs CT2 (search beam-4, batch 32)")),
     "train": (("aiayn", "aiayn"), ("Hugging Face Marian", "Hugging Face Marian"),
               ("aiayn / Marian", "aiayn / Hugging Face Marian"), ("torch.nn.Transformer", "torch.nn.Transformer"),
-              ("aiayn / torch.nn.Transformer", "aiayn / torch.nn.Transformer")),
+              ("aiayn / torch.nn.Transformer", "aiayn / torch.nn.Transformer"),
+              ("aiayn, 2 processes (DDP) / Marian", "aiayn, processes (DDP) / Hugging Face Marian (processes 2)")),
 }
 # The versions a benchmark's figures depend on besides torch: the peers it runs.
 PEERS = {"generate": ("ctranslate2", "transformers"), "train": ("transformers",),

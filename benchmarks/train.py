@@ -496,9 +496,12 @@ def main(argv: list[str] | None = None) -> int:
         name = f"aiayn, {threads} processes x 1 thread (DDP)"
         print(f"  {name:22s} {rate:10.0f} tokens/s (timed after the rows above)")
         figure(name, rate, "tokens/s")
+        figure("aiayn, processes (DDP)", rate, "tokens/s", processes=threads)  # one name whatever the count
         for peer in ("aiayn", "Hugging Face Marian"):
             if peer in seconds:
-                print(f"  {name} / {peer} ({threads} threads): {rate / (tokens / sum(seconds[peer])):.2f}x tokens/s")
+                ratio = rate / (tokens / sum(seconds[peer]))
+                print(f"  {name} / {peer} ({threads} threads): {ratio:.2f}x tokens/s")
+                figure(f"aiayn, processes (DDP) / {peer}", ratio, "x", processes=threads)
         chosen = measured_layout(cfg, args.max_tokens, threads)
         print(f"  `aiayn train threads={threads}` under a time budget would train as {chosen.why}")
     return 0
