@@ -12,7 +12,10 @@ processes trained 1.21x the tokens a second of 2 threads at the fitted recipe's 
 - under a `time_budget` of at least `MIN_BUDGET_S`: the budget, not a step count, bounds such a run, so what
   counts is tokens a second (a step of N processes holds N batches), and the processes' start (a few seconds)
   is a small part of it,
-- from scratch (a run from a pretrained encoder, `init_from`, trains a model its config does not describe).
+- from scratch (a run from a pretrained encoder, `init_from`, trains a model its config does not describe),
+  for an objective that trains the preset's own shape (translation; the others take a decoder-only stack or a
+  head from their data),
+- on at most `MAX_PROCESSES` cores (measured with 2).
 
 Such a run times a training step of its own model at one thread and at N threads (`step_rates`, a few seconds,
 interleaved; cached per machine and shape in `calibrate.cache_dir()` unless the machine was busy), and trains as
@@ -50,6 +53,8 @@ MIN_BUDGET_S = 300.0
 # tokens/s from 2 processes against 2 x 7,978 from one thread, at the recipe's widths on a 2-core AVX2 EPYC
 # (docs/notes.md, "training on the recipe's shapes").
 DDP_EFFICIENCY = 0.94
+MAX_PROCESSES = 4  # measured with 2: beyond a few, N copies of the data and model and N-batch steps are untried
+FORMAT = 1  # of the cached rates: bump when `step_rates` times something else
 MEASURE_ROWS = 1024  # tokens a batch when timing: the ratio of the two layouts holds beyond it, and it is quick
 MEASURE_LENGTH = 32
 REPEATS = 5
@@ -63,10 +68,12 @@ class Layout:
     why: str
 
 
-def resolved(run: RunConfig, *, device: str | None = None, resume: bool = False) -> tuple[RunConfig, Layout | None]:
-    """`run` with `processes=0` decided (`choose`; one thread a process where it chose processes), and the layout
-    chosen; `run` itself and None where the config gives `processes`. The recipe is fitted for the measurement
-    as the trainer will fit it (a resumed run keeps the model it saved)."""
+def resolved(run: RunConfig, *, device: str | None = None, resume: bool = False,
+             relaunchable: bool = True) -> tuple[RunConfig, Layout | None]:
+    """`run` with `processes=0` decided (`choose`), and the layout chosen; `run` itself and None where the config
+    gives `processes`. The recipe is fitted for the measurement as the trainer will fit it (a resumed run keeps
+    the model it saved). `relaunchable=False` (the config came from a pipe, which the processes could not read
+    again) keeps one process."""
     if run.train.processes != 0:
         return run, None
 
@@ -75,8 +82,11 @@ def resolved(run: RunConfig, *, device: str | None = None, resume: bool = False)
             return run
         return fit_run(run, len(read_examples(run.train, run.train.train)[0]))[0]
 
-    layout = choose(run, device=device, fitted=fitted)
-    threads = 1 if layout.processes > 1 else run.train.threads
+    layout = choose(run, device=device, fitted=fitted) if relaunchable else Layout(1, "a config read from a pipe: "
+                                                                                    "one process")
+    # Processes chosen: each takes the one thread the launcher gives it (OMP_NUM_THREADS), and the run saves
+    # threads=0, so that a resume with processes=1 trains on every core again.
+    threads = 0 if layout.processes > 1 else run.train.threads
     return replace(run, train=replace(run.train, processes=layout.processes, threads=threads)), layout
 
 
@@ -94,8 +104,13 @@ def choose(run: RunConfig, *, device: str | None = None, fitted: Callable[[], Ru
                          "keeps one process")
     if t.init_from:  # the model is the pretrained encoder's, which the config does not describe
         return Layout(1, f"{cores} threads: a run that starts from a pretrained encoder keeps one process")
+    if cores > MAX_PROCESSES:
+        return Layout(1, f"{cores} threads: more than {MAX_PROCESSES} processes are not chosen by themselves "
+                         "(give processes=N)")
     shaped = fitted() if fitted is not None else run
     model = shaped.model_config(vocab_size=shaped.train.vocab_size)  # the run's widths; its vocabulary's target size
+    if not t.objective_task.trains(model):  # its data shapes the model (a decoder-only stack, a head)
+        return Layout(1, f"{cores} threads: {t.objective}'s model takes its shape from the data; one process")
     return measured_layout(model, shaped.train.max_tokens, cores)
 
 
@@ -114,7 +129,7 @@ def measured_rates(model: ModelConfig, rows: int, threads: int) -> tuple[float, 
     """(tokens a second at one thread, at `threads`) of a training step of `model`: from the cache, else
     `step_rates` (cached unless the machine was busy while it measured)."""
     description = {**machine(), "threads": str(threads), "model": json.dumps(model.to_dict(), sort_keys=True),
-                   "rows": str(rows)}
+                   "rows": str(rows), "format": str(FORMAT)}
     digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"train-layout-{digest}.json"
     try:
@@ -135,11 +150,15 @@ def measured_rates(model: ModelConfig, rows: int, threads: int) -> tuple[float, 
 def step_rates(model: ModelConfig, rows: int, threads: int, repeats: int = REPEATS) -> tuple[float, float]:
     """Tokens a second of a training step (forward, backward, AdamW) of a model built from `model` on random
     batches of about `rows` tokens, at one thread and at `threads`, timed interleaved (best repeat each)."""
+    with torch.random.fork_rng():  # the caller's random state stays as it was (init, dropout)
+        torch.manual_seed(0)
+        return _step_rates(build_model(model).train(), rows, threads, repeats)
+
+
+def _step_rates(net: torch.nn.Module, rows: int, threads: int, repeats: int) -> tuple[float, float]:
     previous = torch.get_num_threads()
-    torch.manual_seed(0)
-    net = build_model(model).train()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    length = min(MEASURE_LENGTH, model.max_len)
+    length = min(MEASURE_LENGTH, net.config.max_len)
     batch = max(1, rows // length)
     inputs = net.example_inputs(batch, length, torch.Generator().manual_seed(0))
 

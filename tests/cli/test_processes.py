@@ -132,7 +132,7 @@ def test_a_layout_chosen_for_the_run_starts_its_processes_with_it_and_one_run_ke
     args = [a for a in ARGS if a != "threads=1"]
     assert main(["train", *args, "threads=2", "--run", str(tmp_path / "two"), "--no-progress"]) == 0
     [(argv, n, threads)] = started
-    assert n == 2 and threads == 1 and argv[argv.index("threads=2") + 1:][:2] == ["processes=2", "threads=1"]
+    assert n == 2 and threads == 0 and argv[argv.index("threads=2") + 1:][:2] == ["processes=2", "threads=0"]
     assert "training as 2 processes of one thread" in capsys.readouterr().err
     monkeypatch.setattr(layout, "choose", lambda run, **kw: layout.Layout(1, "2 threads"))
     assert main(["train", *ARGS, "max_steps=1", "--run", str(tmp_path / "one"), "--no-progress"]) == 0

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from aiayn.backends import timing
 from aiayn.config import ModelConfig
@@ -46,13 +47,22 @@ def test_no_budget_a_short_one_one_core_or_a_pretrained_start_keep_one_process(t
     fine_tuning = load_run_config(None, ["dataset=compare", "objective=sequence_classification", "init_from=minilm",
                                          "time_budget=10m"])
     assert choose(fine_tuning, device="cpu").processes == 1
+    # an objective whose data shapes its model (a decoder-only stack): the preset's step says nothing of it
+    chosen = choose(load_run_config(None, ["dataset=counting", "objective=causal_lm", "time_budget=10m"]), device="cpu")
+    assert chosen.processes == 1 and "causal_lm" in chosen.why
+    monkeypatch.setattr(layout, "usable_cores", lambda: 8)  # beyond what was measured: not chosen by itself
+    monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 8)
+    assert choose(_run("time_budget=10m"), device="cpu").processes == 1
 
 
 def test_a_run_that_gives_processes_keeps_them_and_a_chosen_layout_runs_one_thread_a_process(two_quiet_cores):
     given = _run("time_budget=10m", "processes=1")
     assert resolved(given) == (given, None)
     run, chosen = resolved(_run("time_budget=10m", "threads=2"), device="cpu")
-    assert chosen.processes == 2 and run.train.processes == 2 and run.train.threads == 1
+    # the launcher gives each process one thread; the run saves threads=0, so a resume with processes=1 uses them all
+    assert chosen.processes == 2 and run.train.processes == 2 and run.train.threads == 0
+    run, chosen = resolved(_run("time_budget=10m"), device="cpu", relaunchable=False)  # a config from a pipe
+    assert chosen.processes == 1 and run.train.processes == 1
     run, chosen = resolved(_run("max_steps=10"), device="cpu")
     assert chosen == Layout(1, chosen.why) and run.train.processes == 1 and run.train.threads == 0
 
@@ -72,10 +82,12 @@ def test_the_rates_are_measured_once_per_machine_and_shape(monkeypatch, tmp_path
     assert measured_rates(TINY, 32, 2) == (1.0, 2.0) and len(list(tmp_path.glob("train-layout-*.json"))) == 1
 
 
-def test_step_rates_time_a_training_step_of_each_architecture():
+def test_step_rates_time_a_training_step_of_each_architecture_and_leave_threads_and_seed_alone():
+    threads, state = torch.get_num_threads(), torch.random.get_rng_state()
     for cfg in (TINY, TINY.replace(n_decoder_layers=0), TINY.replace(n_decoder_layers=0, causal=True)):
         one, many = step_rates(cfg, 64, 2, repeats=1)
         assert one > 0 and many > 0
+    assert torch.get_num_threads() == threads and torch.equal(torch.random.get_rng_state(), state)
 
 
 @pytest.mark.parametrize("value", ["-1", "-2"])
