@@ -145,20 +145,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         run = load_run_config(config, overrides)
     if "WORLD_SIZE" not in os.environ:  # not already one of a run's processes (or under torchrun)
+        from aiayn.cli.processes import train_processes
         from aiayn.rundir import check_run_dir
         from aiayn.training.layout import resolved
 
         check_run_dir(args.run, resume=args.resume, force=args.force)  # refused in one line, before any process
-
         run, layout = resolved(run, device=args.device, resume=args.resume,
                                relaunchable=config is None or Path(config).is_file())
-        if layout is not None and layout.processes > 1:
-            print(f"training as {layout.why}", file=sys.stderr)
-    if run.train.processes > 1 and "WORLD_SIZE" not in os.environ:
-        from aiayn.cli.processes import train_processes
-
-        decided = [f"processes={run.train.processes}", f"threads={run.train.threads}"]  # ranks do not decide again
-        return train_processes(_rank_argv(args, decided), run.train.processes, run.train.threads)
+        if run.train.processes > 1:
+            if layout is not None:
+                print(f"training as {layout.why}", file=sys.stderr)
+            decided = [f"processes={run.train.processes}", f"threads={run.train.threads}"]  # ranks do not decide again
+            return train_processes(_rank_argv(args, decided), run.train.processes, run.train.threads)
     return _train(run, args.run, resume=args.resume, progress=not args.no_progress, force=args.force,
                   device=args.device)
 
