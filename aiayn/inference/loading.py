@@ -16,10 +16,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.inference.classifiers import Classifier, Tagger
-from aiayn.inference.embeddings import Embedder
-from aiayn.inference.generator import Generator
-from aiayn.inference.translator import Translator
+from aiayn.inference.runner import ModelRunner
 from aiayn.rundir import (
     EXPORT,
     EXPORT_MARK,
@@ -35,7 +32,6 @@ from aiayn.rundir import (
 )
 from aiayn.tasks import Task, resolved, task_of
 
-Loaded = Translator | Generator | Classifier | Tagger | Embedder
 _READS = ("aiayn.load reads aiayn runs and model directories, BERT-family checkpoints (sentence-transformers "
           "models included) and the name 'minilm'")
 
@@ -90,12 +86,12 @@ def loaded_class(path: str | Path) -> type:
     return resolved(objective_of(path).loaded)
 
 
-def load(path_or_name: str | Path, *, device: str | torch.device | None = None) -> Loaded:
+def load(path_or_name: str | Path, *, device: str | torch.device | None = None) -> ModelRunner:
     """The loaded object of a run, model directory, BERT-family checkpoint or the name `minilm`.
 
     Returns:
-        A `Translator` (`.translate`), `Generator` (`.generate`), `Classifier` / `Tagger` (`.predict`) or
-        `Embedder` (`.embed`).
+        The loaded object its objective names (`Task.loaded`; the table above), a `ModelRunner`: a `Translator`
+        (`.translate`), `Generator` (`.generate`), `Classifier` / `Tagger` (`.predict`) or `Embedder` (`.embed`).
 
     Raises:
         FileNotFoundError, ValueError: nothing aiayn can read is there (the message says what is).
