@@ -26,6 +26,7 @@ class CausalLM(Task):
 
     name = CAUSAL_LM
     starts_from_encoder = False
+    fits_recipe = True
     loaded = "aiayn.inference.generator:Generator"
     served = "aiayn.serve.models:ServedGenerator"
     exporter = "aiayn.export:export_generator"

@@ -1,14 +1,15 @@
-"""The recipe that fits the data: the sizes and rates a translation run takes from its corpus.
+"""The recipe that fits the data: the sizes and rates a run takes from its corpus and its time budget.
 
 `recipe="auto"` (the default) is `"fit"` for an objective measured with it (`Task.fits_recipe`:
-seq2seq) trained from scratch on files, and `"paper"` otherwise (built-in data sets, other objectives,
-fine-tuning). Under `"fit"`, every key below that the config does not set is chosen from the number
-of training pairs; a key the config sets is kept.
+translation and the causal language model) trained from scratch on files, and `"paper"` otherwise
+(built-in data sets, other objectives, fine-tuning). Under `"fit"`, every key below that the config does
+not set is chosen from the number of training examples (pairs, or lines of text); a key the config sets
+is kept.
 `"paper"` keeps the dataclass defaults: the paper's post-LN model and its schedule (`schedule.py`).
 
 The rule, and what backs each lever (docs/training.md, "A recipe that fits the data"):
 
-| pairs | model | vocabulary | batch tokens |
+| examples | model | vocabulary | batch tokens |
 | --- | --- | --- | --- |
 | 10,000 or more | "small" (d_model 256, 3 + 3 layers) | 8,000 | 4,096 |
 | 2,000 to 10,000 | "small" | 4,000 | 2,048 |
@@ -22,7 +23,8 @@ every size: pre-LN (`norm_first`), peak learning rate 3e-3 reached after 30% of 
 (`warmup_fraction`), then the inverse square root; label smoothing 0.1 (the paper's).
 
 What backs it: runs on English -> French UI strings in 10 and 30 minutes on one thread, each lever
-changed alone (docs/training.md, "A recipe that fits the data"; the figures, dated, in docs/notes.md,
+changed alone, and language models on either side of those strings against the paper's recipe in
+the same budget (docs/training.md, "A recipe that fits the data"; the figures, dated, in docs/notes.md,
 "Training"). The rows without a short budget keep the sizes of 71-minute runs; the smaller rows follow
 Sennrich & Zhang (2019), smaller vocabularies and batches for less data, and are not measured here.
 A `time_budget` then sets the steps (`aiayn.training.budget`), and with them the warmup.
@@ -38,7 +40,7 @@ from aiayn.training.config import RunConfig, TrainConfig
 
 PEAK_LR = 3e-3
 WARMUP_FRACTION = 0.3
-# (least training pairs, model preset, vocabulary size, batch tokens), largest first.
+# (least training examples, model preset, vocabulary size, batch tokens), largest first.
 SIZES = ((10_000, "small", 8000, 4096), (2_000, "small", 4000, 2048), (0, "tiny", 2000, 1024))
 SHORT_BUDGET_S = 3600.0
 # A "small" run under a budget shorter than SHORT_BUDGET_S: (model keys, most vocabulary, batch tokens).
@@ -53,7 +55,7 @@ def uses_fit(cfg: TrainConfig) -> bool:
 
 
 def fitted_keys(pairs: int, budget_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(training keys, model keys) the recipe chooses for `pairs` training pairs and a time budget of `budget_s`
+    """(training keys, model keys) the recipe chooses for `pairs` training examples and a time budget of `budget_s`
     seconds (0: none); the model keys include "preset"."""
     _, preset, vocab, tokens = next(row for row in SIZES if pairs >= row[0])
     model = {"preset": preset, "norm_first": True, "dropout": 0.1}
@@ -67,7 +69,7 @@ def fitted_keys(pairs: int, budget_s: float = 0.0) -> tuple[dict[str, Any], dict
 
 
 def fit_run(run: RunConfig, pairs: int) -> tuple[RunConfig, list[str]]:
-    """`run` with every fitted key it does not set chosen for `pairs` training pairs, and a note of the choice.
+    """`run` with every fitted key it does not set chosen for `pairs` training examples, and a note of the choice.
 
     A key counts as set when the config file or an override names it (`RunConfig.given`) or when its value
     differs from the default.
@@ -90,6 +92,6 @@ def fit_run(run: RunConfig, pairs: int) -> tuple[RunConfig, list[str]]:
     chosen += [f"model.{k}={v}" for k, v in model.items()]
     if preset != run.model_preset:
         chosen.insert(0, f"model.preset={preset}")
-    note = (f"recipe fitted to {pairs} training pairs: {' '.join(chosen)}" if chosen else
-            f"recipe: every fitted key is set by the config ({pairs} training pairs)")
+    note = (f"recipe fitted to {pairs} training examples: {' '.join(chosen)}" if chosen else
+            f"recipe: every fitted key is set by the config ({pairs} training examples)")
     return fitted, [note]

@@ -14,7 +14,7 @@ def test_only_train_given_gets_the_sizes_of_its_corpus(pairs, preset, vocab, tok
     assert (fitted.model_preset, fitted.train.vocab_size, fitted.train.max_tokens) == (preset, vocab, tokens)
     assert fitted.model_overrides == {"norm_first": True, "dropout": 0.1}
     assert (fitted.train.lr, fitted.train.warmup, fitted.train.recipe) == (PEAK_LR, 0, "fit")
-    assert f"recipe fitted to {pairs} training pairs" in notes[0]
+    assert f"recipe fitted to {pairs} training examples" in notes[0]
     assert fitted.model_config(vocab_size=vocab).norm_first
 
 
@@ -36,6 +36,15 @@ def test_tasks_classifiers_and_the_paper_recipe_are_not_fitted(items):
     run = load_run_config(None, items)
     assert not uses_fit(run.train)
     assert fit_run(run, 40_000) == (run, [])
+
+
+@pytest.mark.parametrize("objective", ["seq2seq", "causal_lm"])
+def test_translation_and_language_models_from_files_are_fitted(objective):
+    run = load_run_config(None, ["train=text.txt", f"objective={objective}", "time_budget=4m"])
+    assert uses_fit(run.train)
+    fitted, notes = fit_run(run, 40_000)
+    assert (fitted.model_preset, fitted.train.vocab_size, fitted.train.max_tokens) == ("small", *SHORT[1:])
+    assert notes[0].startswith("recipe fitted to 40000 training examples")
 
 
 def test_the_rows_cover_every_corpus_size():
