@@ -16,8 +16,9 @@ from aiayn.cli.options import add_device_argument, add_precision_argument, integ
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `aiayn train` and `aiayn eval`."""
     t = subparsers.add_parser("train", help="train a Transformer on files or a built-in data set",
-                              description="Train with the paper's recipe, or, for translation files, the recipe fitted "
-                                          "to the corpus and the time_budget (recipe=paper keeps the paper's). "
+                              description="Train with the paper's recipe, or, for translation or text files, the "
+                                          "recipe fitted to the corpus and the time_budget (recipe=paper keeps the "
+                                          "paper's). "
                                           "CONFIG is a .toml or .json file; KEY=VALUE overrides training keys, "
                                           "model.KEY=VALUE model keys; time_budget=20m ends the run within 20 "
                                           "minutes, the test evaluation included.")

@@ -102,6 +102,12 @@ class Task(abc.ABC):
         """
         return {"n_decoder_layers": 0, "head": self.head, "num_labels": len(data.labels)}
 
+    def shape_before_data(self, train: Any) -> dict[str, Any] | None:
+        """The `model_settings` of a run of `TrainConfig` `train` known before its data is read, for
+        `aiayn.training.layout` to time a step of that model (threads or processes); None where the data decides
+        them (a head over the data's labels) or no such run was measured."""
+        return None
+
     @abc.abstractmethod
     def collate(self, data: PreparedData, items: list, *, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """Padded tensors of encoded `items`, always with `labels` (-100 = ignored; see `aiayn.data.collate`).

@@ -20,6 +20,8 @@ from aiayn.tasks.base import Encoded, Task
 from aiayn.tasks.names import CAUSAL_LM
 from aiayn.tokenization import Tokenizer
 
+DECODER_ONLY = {"n_decoder_layers": 0, "causal": True, "head": "none", "num_labels": 0}  # the model's shape
+
 
 class CausalLM(Task):
     """ids (B, L) = `<s>` + a line's tokens; labels (B, L) = the line's tokens + `</s>`, one position ahead."""
@@ -36,7 +38,11 @@ class CausalLM(Task):
 
     def model_settings(self, data: PreparedData, given: dict[str, Any]) -> dict[str, Any]:
         """The decoder-only shape: the preset's layers as one causal stack, the vocabulary projection its head."""
-        return {"n_decoder_layers": 0, "causal": True, "head": "none", "num_labels": 0}
+        return dict(DECODER_ONLY)
+
+    def shape_before_data(self, train: Any) -> dict[str, Any]:
+        """The decoder-only shape, whatever the text."""
+        return dict(DECODER_ONLY)
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
         """Plain text, one example a line."""

@@ -57,6 +57,12 @@ class Seq2Seq(Task):
             return {}
         return {"tgt_vocab_size": data.target_tokenizer.vocab_size, "share_embeddings": False}
 
+    def shape_before_data(self, train: Any) -> dict[str, Any]:
+        """The preset's encoder-decoder; a target vocabulary of the size the run asks for where it asks for two."""
+        if train.shared_vocab:
+            return {}
+        return {"tgt_vocab_size": train.target_vocab_size or train.vocab_size, "share_embeddings": False}
+
     def collate(self, data: PreparedData, items: list, *, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """src (B, S), tgt_in (B, T) = `<s>` + target, labels (B, T) = target + `</s>`."""
         tgt = data.target_tokenizer

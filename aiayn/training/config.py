@@ -41,11 +41,12 @@ class TrainConfig:
     """Everything a training run needs besides the model sizes.
 
     Attributes:
-        objective: one of `aiayn.tasks.OBJECTIVES` (translation, sequence / token classification, masked LM).
+        objective: one of `aiayn.tasks.OBJECTIVES` (translation, sequence / token classification, masked LM,
+            causal LM).
         recipe: "fit" chooses the sizes and rates the config does not set from the corpus (model preset,
             vocabulary, batch tokens, pre-LN, peak lr and warmup, dropout, label smoothing; see
-            `aiayn.training.recipe`); "paper" keeps these defaults; "auto": "fit" for seq2seq from scratch
-            on files, "paper" otherwise.
+            `aiayn.training.recipe`); "paper" keeps these defaults; "auto": "fit" for translation and
+            causal language models from scratch on files (`Task.fits_recipe`), "paper" otherwise.
         dataset: a built-in data set ("numbers", "compare", "copy", "counting"; `aiayn.data.datasets`) instead of
             files; "" to read files. `task`, `task_train`, ... `task_max_len`, the old spellings of `dataset` and
             the `dataset_*` keys below, are read as them from config files, overrides and old runs (`OLD_KEYS`).

@@ -13,8 +13,9 @@ processes trained 1.21x the tokens a second of 2 threads at the fitted recipe's 
   counts is tokens a second (a step of N processes holds N batches), and the processes' start (a few seconds)
   is a small part of it,
 - from scratch (a run from a pretrained encoder, `init_from`, trains a model its config does not describe),
-  for an objective that trains the preset's own shape (translation; the others take a decoder-only stack or a
-  head from their data),
+  for an objective whose model's shape is known before its data is read and was measured so
+  (`Task.shape_before_data`: translation and the causal language model; a classifier's head takes its
+  labels from the data, and masked-LM runs were not measured),
 - on at most `MAX_PROCESSES` cores (measured with 2).
 
 Such a run times a training step of its own model at one thread and at N threads (`step_rates`, a few seconds,
@@ -107,10 +108,14 @@ def choose(run: RunConfig, *, device: str | None = None, fitted: Callable[[], Ru
     if cores > MAX_PROCESSES:
         return Layout(1, f"{cores} threads: more than {MAX_PROCESSES} processes are not chosen by themselves "
                          "(give processes=N)")
+    task = t.objective_task
+    if task.shape_before_data(t) is None:  # a classifier's head takes its labels from the data
+        return Layout(1, f"{cores} threads: a {t.objective} run is not timed before its data is read; one process")
     shaped = fitted() if fitted is not None else run
-    model = shaped.model_config(vocab_size=shaped.train.vocab_size)  # the run's widths; its vocabulary's target size
-    if not t.objective_task.trains(model):  # its data shapes the model (a decoder-only stack, a head)
-        return Layout(1, f"{cores} threads: {t.objective}'s model takes its shape from the data; one process")
+    # The run's widths and layers, its vocabulary's target size, the objective's shape.
+    model = shaped.model_config(vocab_size=shaped.train.vocab_size, **task.shape_before_data(shaped.train))
+    if not task.trains(model):  # a shape the objective refuses: it says why once, in one process
+        return Layout(1, f"{cores} threads: {t.objective} does not train this model; one process")
     return measured_layout(model, shaped.train.max_tokens, cores)
 
 

@@ -63,6 +63,17 @@ def test_each_objective_owns_the_models_it_trains_and_what_they_become(objective
     assert served.call is not None and loaded.from_pretrained is not None
 
 
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_the_shape_known_before_the_data_is_the_shape_the_data_gives(objective):
+    """What the layout times (`shape_before_data`) agrees with what the run will train (`model_settings`)."""
+    from aiayn.training import TrainConfig
+
+    task = get_task(objective)
+    before = task.shape_before_data(TrainConfig(train="data.txt", objective=objective))
+    settings = task.model_settings(SimpleNamespace(**vars(DATA), shared_tokenizer=True), {})
+    assert before is None or before.items() <= settings.items()
+
+
 def test_a_plain_encoder_is_masked_lm_and_an_unowned_shape_is_named():
     assert task_of(TINY.replace(n_decoder_layers=0)) is get_task(MASKED_LM)  # BERT checkpoints load as embedders
     with pytest.raises(ValueError, match=r"no objective trains this model \(encoder-only, head 'ner'\)"):

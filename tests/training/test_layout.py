@@ -47,12 +47,31 @@ def test_no_budget_a_short_one_one_core_or_a_pretrained_start_keep_one_process(t
     fine_tuning = load_run_config(None, ["dataset=compare", "objective=sequence_classification", "init_from=minilm",
                                          "time_budget=10m"])
     assert choose(fine_tuning, device="cpu").processes == 1
-    # an objective whose data shapes its model (a decoder-only stack): the preset's step says nothing of it
-    chosen = choose(load_run_config(None, ["dataset=counting", "objective=causal_lm", "time_budget=10m"]), device="cpu")
-    assert chosen.processes == 1 and "causal_lm" in chosen.why
+    # an objective whose data shapes its model (a head over the data's labels): one process
+    classifier = load_run_config(None, ["dataset=compare", "objective=sequence_classification", "time_budget=10m"])
+    chosen = choose(classifier, device="cpu")
+    assert chosen.processes == 1 and "sequence_classification" in chosen.why
     monkeypatch.setattr(layout, "usable_cores", lambda: 8)  # beyond what was measured: not chosen by itself
     monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 8)
     assert choose(_run("time_budget=10m"), device="cpu").processes == 1
+
+
+def test_a_language_model_is_timed_as_the_decoder_only_stack_it_trains(two_quiet_cores, monkeypatch):
+    timed = []
+    monkeypatch.setattr(layout, "measured_rates", lambda model, rows, threads: timed.append(model) or (100.0, 150.0))
+    chosen = choose(load_run_config(None, ["dataset=counting", "objective=causal_lm", "time_budget=10m"]), device="cpu")
+    [model] = timed
+    assert chosen.processes == 2 and model.causal and model.n_decoder_layers == 0
+    # a decoder stack the run names is still the language model's one causal stack
+    choose(load_run_config(None, ["dataset=counting", "objective=causal_lm", "time_budget=10m",
+                                  "model.n_decoder_layers=4"]), device="cpu")
+    assert timed[-1].causal and timed[-1].n_decoder_layers == 0
+    # a translation run with two vocabularies is timed with its target vocabulary
+    choose(_run("time_budget=10m", "shared_vocab=false", "vocab_size=300", "target_vocab_size=500"), device="cpu")
+    assert (timed[-1].vocab_size, timed[-1].tgt_vocab_size, timed[-1].share_embeddings) == (300, 500, False)
+    # a shape translation refuses keeps one process (the trainer's own check then says why, once)
+    chosen = choose(_run("time_budget=10m", "model.n_decoder_layers=0"), device="cpu")
+    assert chosen.processes == 1 and len(timed) == 3
 
 
 def test_a_run_that_gives_processes_keeps_them_and_a_chosen_layout_runs_one_thread_a_process(two_quiet_cores):
