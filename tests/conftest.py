@@ -1,5 +1,8 @@
 """Shared fixtures: every test starts from a fixed seed and uses few threads."""
 
+import struct
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -158,3 +161,19 @@ def around_steps(monkeypatch, around) -> None:
         return state
 
     monkeypatch.setattr(generation, "start_decoding", start)
+
+
+def write_mo(path: Path, messages: dict[str, str | bytes]) -> None:
+    """A compiled gettext catalog (GNU .mo, little-endian, no hash table) holding `messages` (a value given as bytes
+    is written as it is, in whatever encoding)."""
+    keys = sorted(messages)
+    ids = [k.encode() for k in keys]
+    strs = [v if isinstance(v, bytes) else v.encode() for v in (messages[k] for k in keys)]
+    start = 7 * 4 + 16 * len(keys)
+    table, data = [], b""
+    for item in ids + strs:
+        table.append((len(item), start + len(data)))
+        data += item + b"\0"
+    header = struct.pack("<7I", 0x950412DE, 0, len(keys), 28, 28 + 8 * len(keys), 0, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(header + b"".join(struct.pack("<2I", *entry) for entry in table) + data)

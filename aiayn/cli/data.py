@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from aiayn.cli.options import integer
 
@@ -38,11 +39,13 @@ def cmd_corpus(args: argparse.Namespace) -> int:
                            writer="the corpus")
     corpus.write(out)
     info = {"lang": args.lang, "locale_dir": args.locale_dir, "seed": args.seed, "catalogs": corpus.catalogs,
-            "messages": corpus.messages, "templates_dropped": corpus.templates,
+            "skipped": corpus.skipped, "messages": corpus.messages, "templates_dropped": corpus.templates,
             "pairs": {name: len(getattr(corpus, name)) for name in ("train", "valid", "test")}}
     from aiayn.rundir import atomic_write_bytes
 
     atomic_write_bytes(out / "corpus.json", (json.dumps(info, indent=2) + "\n").encode())
+    for skipped in corpus.skipped:
+        print(f"skipped {skipped}", file=sys.stderr)
     print(f"{len(corpus.catalogs)} catalogs, {corpus.messages} messages, {corpus.templates} templates dropped, "
           f"{sum(info['pairs'].values())} unique English sources: {info['pairs']['train']} train, "
           f"{info['pairs']['valid']} valid, {info['pairs']['test']} test pairs in {out}")

@@ -10,7 +10,9 @@ names) that needs no download:
   other control characters are dropped: they are templates, not text;
 - a message translated differently by several catalogs keeps its most frequent translation, so each
   English source occurs once and train, valid and test never share a source;
-- the split is seeded.
+- the split is seeded;
+- a catalog Python's `gettext` cannot read (one whose strings are not in the encoding its header names) is
+  skipped and named in `skipped`; the corpus comes from the others.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import gettext
 import random
 import re
+import struct
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +41,7 @@ class GettextCorpus:
     valid: list[ParallelExample]
     test: list[ParallelExample]
     catalogs: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "name.mo: why" of each catalog that could not be read
     messages: int = 0  # entries read, before filtering and deduplication
     templates: int = 0  # entries dropped as format templates
 
@@ -66,12 +70,15 @@ def read_gettext(lang: str, *, locale_dir: str | Path = LOCALE_DIR, seed: int = 
                                 "for /usr/share/locale in /etc/dpkg/dpkg.cfg.d) or pass --locale-dir")
     translations: dict[str, Counter] = defaultdict(Counter)
     messages = templates = 0
+    read, skipped = [], []
     for path in files:
-        with open(path, "rb") as handle:
-            try:
+        try:
+            with open(path, "rb") as handle:
                 catalog = gettext.GNUTranslations(handle)._catalog
-            except (OSError, UnicodeDecodeError) as err:
-                raise ValueError(f"{path}: not a readable gettext catalog ({err})") from None
+        except (OSError, ValueError, IndexError, struct.error) as err:  # unreadable, mis-encoded, cut short
+            skipped.append(f"{path.name}: not a readable gettext catalog ({err})")
+            continue
+        read.append(path.name)
         for key, value in catalog.items():
             if isinstance(key, tuple):  # plural forms: (msgid, n) -> msgstr[n]; keep the singular
                 if key[1] != 0:
@@ -85,6 +92,9 @@ def read_gettext(lang: str, *, locale_dir: str | Path = LOCALE_DIR, seed: int = 
                 templates += 1
                 continue
             translations[source][target] += 1
+    if not read:
+        raise ValueError(f"no readable gettext catalog for {lang!r} under {locale_dir}: {skipped[0]}"
+                         + (f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""))
     pairs = [ParallelExample(source, min(counts, key=lambda t: (-counts[t], t)))
              for source, counts in sorted(translations.items())]
     random.Random(seed).shuffle(pairs)
@@ -92,7 +102,7 @@ def read_gettext(lang: str, *, locale_dir: str | Path = LOCALE_DIR, seed: int = 
         raise ValueError(f"only {len(pairs)} usable {lang!r} messages: too few for {n_valid} valid and {n_test} "
                          "test pairs")
     return GettextCorpus(train=pairs[n_valid + n_test:], valid=pairs[n_test:n_test + n_valid], test=pairs[:n_test],
-                         catalogs=[p.name for p in files], messages=messages, templates=templates)
+                         catalogs=read, skipped=skipped, messages=messages, templates=templates)
 
 
 def write_tsv(path: str | Path, pairs: list[ParallelExample]) -> Path:

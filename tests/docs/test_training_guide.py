@@ -3,13 +3,13 @@
 import re
 import shlex
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
 
 from aiayn.cli.main import main
 from aiayn.training import config as config_module
+from tests.conftest import write_mo
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "training.md"
@@ -42,27 +42,13 @@ def _data(root: Path) -> None:
     (data / "corpus.txt").write_text("\n".join(corpus) + "\n", encoding="utf-8")
 
 
-def _write_mo(path: Path, messages: dict[str, str]) -> None:
-    """A compiled gettext catalog (GNU .mo, little-endian, no hash table) holding `messages`."""
-    keys = sorted(messages)
-    ids, strs = [k.encode() for k in keys], [messages[k].encode() for k in keys]
-    start = 7 * 4 + 16 * len(keys)
-    table, data = [], b""
-    for item in ids + strs:
-        table.append((len(item), start + len(data)))
-        data += item + b"\0"
-    header = struct.pack("<7I", 0x950412DE, 0, len(keys), 28, 28 + 8 * len(keys), 0, 0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(header + b"".join(struct.pack("<2I", *entry) for entry in table) + data)
-
-
 def _catalogs(root: Path) -> Path:
     """A stand-in for /usr/share/locale: one French catalog of 60 messages (and one template to drop)."""
     messages = {f"{WORDS[i % 10].title()} {WORDS[i // 10]} files": f"{GERMAN[i % 10]} {GERMAN[i // 10]} fichiers"
                 for i in range(60)}
     messages["Open %s"] = "Ouvrir %s"
     messages[""] = "Content-Type: text/plain; charset=UTF-8\n"  # the header entry names the encoding
-    _write_mo(root / "locale" / "fr" / "LC_MESSAGES" / "demo.mo", messages)
+    write_mo(root / "locale" / "fr" / "LC_MESSAGES" / "demo.mo", messages)
     return root / "locale"
 
 
