@@ -10,7 +10,8 @@ the step's own size, the faster of two reads, each the best of a few repeats:
 - a one-row product over the buffer laid out (in, out) contiguous, as MKL's matrix-vector product streams
   it (the fastest one-row product measured on the CPU kinds this project runs on);
 - `sum()` over the buffer, a plain sequential read.
-Both run at the current torch thread count; `measure` reports each.
+Both run at the current torch thread count; `measure` reports each. On a GPU the same two reads run on the
+device, timed between synchronisations.
 """
 
 from __future__ import annotations
@@ -29,14 +30,15 @@ class Bandwidth:
 
     product: float  # one-row product over the weight laid out (in, out)
     read: float  # sum() over the buffer
-    threads: int
+    threads: int  # 0: a GPU's memory
 
     @property
     def best(self) -> float:
         return max(self.product, self.read)
 
     def describe(self) -> str:
-        return (f"{self.best / 1e9:.1f} GB/s at {self.threads} thread{'s' if self.threads > 1 else ''} "
+        where = "on the GPU" if self.threads == 0 else f"at {self.threads} thread{'s' if self.threads > 1 else ''}"
+        return (f"{self.best / 1e9:.1f} GB/s {where} "
                 f"(one-row product {self.product / 1e9:.1f}, sum {self.read / 1e9:.1f})")
 
 
@@ -49,24 +51,28 @@ def step_parameters(cfg) -> int:
     return cfg.n_decoder_layers * per_layer + cfg.target_vocab_size * d
 
 
-def measure(nbytes: int, repeats: int = 5) -> Bandwidth:
-    """Bandwidth over a float32 buffer of `nbytes` (at least 64 MiB, beyond a CPU's last-level cache)."""
+def measure(nbytes: int, repeats: int = 5, device: torch.device | str = "cpu") -> Bandwidth:
+    """Bandwidth over a float32 buffer of `nbytes` (at least 64 MiB, beyond a CPU's last-level cache) on `device`."""
     nbytes = max(nbytes, 64 << 20)
     width = 512
-    columns = torch.randn(width, nbytes // (4 * width))  # (in, out): one row streams all of it
-    row = torch.randn(1, width)
+    columns = torch.randn(width, nbytes // (4 * width), device=device)  # (in, out): one row streams all of it
+    row = torch.randn(1, width, device=device)
     times = {"product": [], "read": []}
+    sync = torch.cuda.synchronize if columns.is_cuda else (lambda: None)
     torch.mm(row, columns), columns.sum()  # first-call costs
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         torch.mm(row, columns)
+        sync()
         times["product"].append(time.perf_counter() - start)
         start = time.perf_counter()
         columns.sum()
+        sync()
         times["read"].append(time.perf_counter() - start)
     size = columns.numel() * 4
     return Bandwidth(product=size / min(times["product"]), read=size / min(times["read"]),
-                     threads=torch.get_num_threads())
+                     threads=0 if columns.is_cuda else torch.get_num_threads())
 
 
 def bound_tokens_per_second(bandwidth: Bandwidth, cfg, precision: str) -> float:

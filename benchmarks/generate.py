@@ -139,7 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--searches", default="greedy,beam-4", help="greedy, beam-4 or both (default)")
     parser.add_argument("--preset", default="base", help="model size (base; tiny for a smoke run)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per setting, contenders in turn (5)")
-    parser.add_argument("--precisions", default="fp32,int8", help="fp32, int8 or both (int8: CPU only)")
+    parser.add_argument("--precisions", default="fp32,int8",
+                        help="comma-separated: fp32, int8 (CPU only), bf16 (where native: a GPU, AVX-512-BF16, AMX)")
     parser.add_argument("--peers", default="ctranslate2,hf",
                         help="ctranslate2 (if installed), hf (Hugging Face Marian), both (default) or none")
     parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
@@ -156,6 +157,8 @@ def _engines(plain, args, workdir: Path) -> tuple[dict, str]:
         backend = select(args.device, "inference", precision)
         engines[f"aiayn {precision}"] = backend.prepare(plain)
         notes.append(f"aiayn {precision}: {backend.describe()}")
+        if backend.cuda_graphs:  # the same steps launched one kernel at a time, to show what the graphs give
+            engines[f"aiayn {precision} eager"] = dataclasses.replace(backend, cuda_graphs=False).prepare(plain)
     device = select(args.device, "inference").device
     if "ctranslate2" in peers:
         try:
@@ -164,7 +167,7 @@ def _engines(plain, args, workdir: Path) -> tuple[dict, str]:
             notes.append("CTranslate2 not installed (pip install 'aiayn[ctranslate2]')")
         else:
             for precision in precisions:
-                quantization = {"fp32": "float32", "int8": "int8"}[precision]
+                quantization = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[precision]
                 path = ctranslate2_export(plain, workdir, quantization)
                 engines[f"CTranslate2 {precision}"] = ctranslate2.Translator(
                     str(path), device="cuda" if device.type == "cuda" else "cpu", compute_type=quantization,
@@ -176,7 +179,10 @@ def _engines(plain, args, workdir: Path) -> tuple[dict, str]:
         from aiayn.interop.marian import to_marian
 
         transformers.logging.set_verbosity_error()
-        engines["HF fp32"] = to_marian(plain, decoder_start_token_id=BOS, eos_token_id=EOS).to(device)
+        for precision, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            if precision == "fp32" or precision in precisions:
+                marian = to_marian(plain, decoder_start_token_id=BOS, eos_token_id=EOS)
+                engines[f"HF {precision}"] = marian.to(device, dtype)
         notes.append(f"transformers {transformers.__version__}")
     return engines, "; ".join(notes)
 
@@ -200,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
               f"vocab {cfg.vocab_size}), source 16 tokens, {new_tokens} new tokens forced, torch {torch.__version__}, "
               f"{torch.get_num_threads()} threads; {notes}")
         print(f"tokens/s: best of {repeats} rotating repeats; ratios: median of per-repeat ratios")
-        bandwidth = _bandwidths(cfg)
+        bandwidth = _bandwidths(cfg, device)
         names = list(engines)
         print(f"{'search':<8} {'batch':>5} " + " ".join(f"{n:>17}" for n in names) + "   ratios")
         for batch in (int(b) for b in args.batches.split(",")):
@@ -218,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                     figure(n, batch * new_tokens / min(times[n]), "tokens/s", search=search, batch=batch)
                 for label, value in _ratio_values(times).items():
                     figure(label, value, "x", search=search, batch=batch)
-                if batch == 1 and device.type == "cpu":
-                    shares = {n: new_tokens / min(times[n]) / bound_tokens_per_second(bandwidth, cfg, n.split()[-1])
-                              for n in names if n.split()[-1] in ("fp32", "int8")}
+                if batch == 1:  # the precision is a contender's second word ("aiayn fp32 eager", "HF bf16")
+                    shares = {n: new_tokens / min(times[n]) / bound_tokens_per_second(bandwidth, cfg, n.split()[1])
+                              for n in names if n.split()[1] in ("fp32", "bf16", "int8")}
                     print(f"{'':<14} of the bound: " + ", ".join(f"{n} {share:.0%}" for n, share in shares.items()),
                           flush=True)
                     for n, share in shares.items():
@@ -236,11 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _bandwidths(cfg):
+def _bandwidths(cfg, device: torch.device):
     """This machine's streaming bandwidth over a buffer of the step's fp32 size, at the bench's threads (returned)
-    and at every core, printed with the bound in tokens/s it sets for each precision."""
+    and at every core (a GPU's: on the GPU), printed with the bound in tokens/s it sets for each precision."""
     threads = torch.get_num_threads()
     nbytes = step_parameters(cfg) * 4
+    if device.type == "cuda":
+        at = {0: measure(nbytes, device=device)}
+        figure("memory bound", at[0].best / 1e9, "GB/s", device="cuda")
+        bound = ", ".join(f"{p} {bound_tokens_per_second(at[0], cfg, p):.0f}" for p in ("fp32", "bf16"))
+        print(f"memory bound: a step reads {step_parameters(cfg) / 1e6:.1f} M weights; streaming {at[0].describe()}; "
+              f"at most {bound} tokens/s at batch 1")
+        return at[0]
     at = {threads: measure(nbytes)}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     if cores != threads:
@@ -274,7 +287,10 @@ def _ratio_values(times: dict[str, list[float]]) -> dict[str, float]:
         return statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
 
     pairs = {"fp32 vs CT2": ("aiayn fp32", "CTranslate2 fp32"), "int8 vs CT2": ("aiayn int8", "CTranslate2 int8"),
-             "fp32 vs HF": ("aiayn fp32", "HF fp32"), "int8 vs fp32": ("aiayn int8", "aiayn fp32")}
+             "bf16 vs CT2": ("aiayn bf16", "CTranslate2 bf16"), "fp32 vs HF": ("aiayn fp32", "HF fp32"),
+             "bf16 vs HF": ("aiayn bf16", "HF bf16"), "int8 vs fp32": ("aiayn int8", "aiayn fp32"),
+             "graphs vs eager fp32": ("aiayn fp32", "aiayn fp32 eager"),
+             "graphs vs eager bf16": ("aiayn bf16", "aiayn bf16 eager")}
     return {label: ratio(*pair) for label, pair in pairs.items() if pair[0] in times and pair[1] in times}
 
 

@@ -1,8 +1,10 @@
 """One prepared call for a GPU machine: the CUDA tests, `aiayn verify --device cuda`, and short training and
-decoding benchmarks on CUDA against Hugging Face, then a table of what passed and the figures.
+decoding benchmarks on CUDA against Hugging Face (decoding in CUDA graphs and launched step by step, fp32 and
+bf16), then a table of what passed and the figures.
 
     make gpu-check                       # with the venv's python
     make gpu-check GPU_PYTHON=python3    # a machine whose own python has a CUDA build of torch
+    python3 benchmarks/gpu_check.py --record DIR   # also keep the benchmarks' records in DIR
 
 Runs from the repository root without installing anything (the package is imported from the tree).
 Exit code 0 only when every step passed.
@@ -15,13 +17,14 @@ import subprocess
 import sys
 import time
 
-STEPS = (
+STEPS = (  # the quickest and the newest first: a run cut short still says the most
     ("CUDA tests", ["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_cuda.py",
-                    "tests/inference/test_host_reads.py"]),
+                    "tests/inference/test_host_reads.py", "tests/inference/test_steps.py"]),
+    ("bench generate (cuda, base, graphs and eager)",
+     ["-m", "aiayn", "bench", "generate", "--device", "cuda", "--repeats", "3", "--peers", "hf",
+      "--precisions", "fp32,bf16"]),
     ("verify --device cuda", ["-m", "aiayn", "verify", "--device", "cuda"]),
     ("bench train (cuda, small, bf16 default)", ["-m", "aiayn", "bench", "train", "--device", "cuda", "--steps", "20"]),
-    ("bench generate (cuda, base, quick)", ["-m", "aiayn", "bench", "generate", "--device", "cuda", "--quick",
-                                            "--peers", "hf", "--precisions", "fp32"]),
 )
 
 
@@ -34,16 +37,23 @@ def main() -> int:
               file=sys.stderr)
         return 2
     print(f"gpu-check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    record = sys.argv[sys.argv.index("--record") + 1 :][:1] if "--record" in sys.argv else []
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     rows = []
     for name, args in STEPS:
         print(f"\n== {name}", flush=True)
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
-        print(done.stdout, flush=True)
-        figures = [line.strip() for line in done.stdout.splitlines() if "tokens/s" in line or "passed" in line]
-        rows.append((name, done.returncode, time.perf_counter() - start, figures[-3:]))
+        if record and args[2] == "bench":
+            args = [*args, "--record", *record]
+        lines = []
+        with subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) as step:
+            for line in step.stdout:  # as it comes: a run cut short still shows what it got to
+                print(line, end="", flush=True)
+                lines.append(line)
+        figures = [line.strip() for line in lines if "tokens/s" in line or "passed" in line]
+        rows.append((name, step.returncode, time.perf_counter() - start, figures[-3:]))
     print("\n| step | result | seconds | last figures |\n| --- | --- | --- | --- |")
     for name, code, seconds, figures in rows:
         print(f"| {name} | {'ok' if code == 0 else f'FAILED ({code})'} | {seconds:.0f} | {'; '.join(figures)} |")

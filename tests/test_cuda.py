@@ -4,13 +4,16 @@ fp32 on the GPU is compared at 1e-4 (TF32 is off by default for float32 matmuls 
 the default precision on GPUs that have it, by cosine similarity.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from aiayn.backends import select
 from aiayn.config import ModelConfig
-from aiayn.inference import Embedder, GenerationConfig, generate
+from aiayn.inference import Embedder, GenerationConfig, generate, steps
+from aiayn.inference.steps import FixedState, StaticState
 from aiayn.nn.model import build_model
 from aiayn.training.checkpoint import load_checkpoint, save_checkpoint
 from aiayn.training.loss import label_smoothed_loss
@@ -60,6 +63,40 @@ def test_generation_on_the_gpu_equals_the_cpu():
     torch.testing.assert_close(gpu.scores, cpu.scores, atol=1e-4, rtol=0)
 
 
+@pytest.mark.parametrize("beams", [1, 3])
+def test_decoding_in_cuda_graphs_equals_the_steps_launched_one_by_one(monkeypatch, beams):
+    model = tiny_model()
+    src = torch.randint(4, 50, (9, 8), generator=torch.Generator().manual_seed(3))
+    for i in range(9):
+        src[i, 2 + i % 6 :] = 0  # lengths differ, so do the limits: rows leave the batch at different steps
+    backend = select("cuda", "inference", "fp32")
+    assert backend.cuda_graphs and "CUDA graphs" in backend.describe()
+    states = []
+    begin = steps.start
+    monkeypatch.setattr("aiayn.inference.generation.start_decoding",
+                        lambda *a, **k: states.append(begin(*a, **k)) or states[-1])
+    config = GenerationConfig(length_ratio=1.0, extra_len=3, num_beams=beams)
+    graphs = generate(backend.prepare(model), src.cuda(), bos_id=1, eos_id=2, config=config)
+    assert isinstance(states[-1], FixedState) and states[-1].graph is not None
+    eager = generate(replace(backend, cuda_graphs=False).prepare(model), src.cuda(), bos_id=1, eos_id=2, config=config)
+    assert type(states[-1]) is StaticState
+    assert graphs.tokens == eager.tokens
+    torch.testing.assert_close(graphs.scores, eager.scores, atol=1e-4, rtol=0)
+
+
+@torch.no_grad()
+def test_the_bf16_step_in_a_cuda_graph_stays_with_the_eager_one():
+    model = tiny_model()
+    prepared = select("cuda", "inference", "bf16").prepare(model)
+    src = torch.randint(4, 50, (4, 7), device="cuda")
+    fixed, flat = FixedState(prepared, src, 12), StaticState(prepared, src, 12)
+    assert fixed.graph is not None
+    for t in range(12):
+        tokens = torch.full((4, 1), 4 + t, device="cuda")
+        a, b = fixed.step(tokens), flat.step(tokens)
+        assert F.cosine_similarity(a, b).min() > 0.999, t
+
+
 def test_a_train_step_on_the_gpu_and_a_checkpoint_that_loads_on_the_cpu(tmp_path):
     model = tiny_model().train()
     batch = {"src": torch.randint(4, 50, (3, 7)), "tgt_in": torch.randint(4, 50, (3, 6)),
@@ -73,13 +110,18 @@ def test_a_train_step_on_the_gpu_and_a_checkpoint_that_loads_on_the_cpu(tmp_path
     loss.backward()
     optimizer.step()
     assert torch.isfinite(loss) and next(model.parameters()).is_cuda
-    path = save_checkpoint(tmp_path, model, {"optimizer": optimizer.state_dict()}, step=1)
+    path = save_checkpoint(tmp_path, model, {"step": 1, "optimizer": optimizer.state_dict()}, step=1)
     on_cpu = build_model(model.config)
     state = load_checkpoint(path, on_cpu)
     restored = make_adam(on_cpu.parameters(), lr=1e-3)
     restored.load_state_dict(state["optimizer"])
     for p_cpu, p_gpu in zip(on_cpu.parameters(), model.parameters()):
         assert torch.equal(p_cpu, p_gpu.cpu())
+
+
+def test_a_cuda_backend_keeps_attention_off_cudnn_which_plans_anew_for_every_shape():
+    select("cuda", "train", "bf16").prepare(tiny_model())
+    assert not torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_the_embedder_on_the_gpu_equals_the_cpu():

@@ -11,7 +11,8 @@ The tricks, by device (each is off with `plain=True`, which runs the modules of 
   kind for inference, forward and backward for training), among those that agree with `F.linear`
   (`cpu.onednn_usable`); on request, int8 inference chosen layer by layer by its measured error (`int8`).
 - CUDA: bf16 mixed precision by default where the GPU has it, which lets PyTorch's
-  `scaled_dot_product_attention` take its flash kernel; `torch.compile` on request.
+  `scaled_dot_product_attention` take its flash kernel; decoding steps replayed from CUDA graphs;
+  `torch.compile` on request.
 - Every device: self-attention's Q, K and V (and cross-attention's K and V) as one product (`fused`),
   on CPU where measured faster.
 The optimiser's fused kernel (`torch.optim.Adam(fused=True)`) is chosen by `aiayn.training.optim`.
@@ -60,6 +61,8 @@ class Backend:
         absorbed_cross: decoding steps absorb cross-attention's W_Q and W_O into the memory where that reads
             less (`absorbed.AbsorbedCrossAttention`; CPU inference in float32).
         compile: run the prepared model through `torch.compile`.
+        cuda_graphs: decoding steps captured once per search in a CUDA graph and replayed per token
+            (`inference.steps.FixedState`; CUDA inference).
         int8_weights: (row class, shape kind) pairs where int8 weights were measured faster than the float32
             kernels (`calibrate.Choices.int8_weights`): int8 copies run them for layers over int8's tolerance.
     """
@@ -73,6 +76,7 @@ class Backend:
     torch_layers: bool = False
     absorbed_cross: bool = False
     compile: bool = False
+    cuda_graphs: bool = False
     kernels: tuple[tuple[str, str, str], ...] | None = None
     int8_weights: tuple[tuple[str, str], ...] = ()
 
@@ -80,7 +84,7 @@ class Backend:
     def plain(self) -> bool:
         """True when the model's modules run as written (no trick applied)."""
         return not (self.onednn or self.prepack or self.fused_qkv or self.torch_layers or self.absorbed_cross
-                    or self.compile)
+                    or self.compile or self.cuda_graphs)
 
     def describe(self) -> str:
         """A short label: device, mode, precision and tricks
@@ -94,7 +98,8 @@ class Backend:
                                         ("fused QKV", self.fused_qkv),
                                         ("PyTorch's fused encoder layers", self.torch_layers),
                                         ("cross-attention absorbed into short memories", self.absorbed_cross),
-                                        ("torch.compile", self.compile)) if on]
+                                        ("torch.compile", self.compile),
+                                        ("decoding steps in CUDA graphs", self.cuda_graphs)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -111,6 +116,8 @@ class Backend:
         converted once (prepacked, stacked, bf16 or int8): prepare again after changing the weights.
         """
         model.to(self.device)
+        if self.device.type == "cuda":
+            _attention_off_cudnn()
         if self.precision == "int8":
             return self._int8_copy(model)
         if self.precision == "bf16" and self.mode == "inference":
@@ -134,6 +141,8 @@ class Backend:
         prepared.train(self.mode == "train")
         if self.mode == "inference" and not self.plain:
             _without_dropout(prepared)
+        if self.cuda_graphs and self.mode == "inference":
+            prepared.cuda_graphs = True  # read by `inference.steps.start`
         return torch.compile(prepared) if self.compile else prepared
 
 
@@ -214,6 +223,16 @@ def weights_version(model: nn.Module) -> tuple | None:
         return None
 
 
+def _attention_off_cudnn() -> None:
+    """Leave cuDNN out of `scaled_dot_product_attention`'s kernels, for the process (flash, memory-efficient and
+    math remain). PyTorch sends masked bf16 attention to cuDNN first on Hopper and later GPUs, and cuDNN builds an
+    execution plan for every new shape it sees, 0.4-1 s each: aiayn's batches change shape from step to step (bucketed
+    lengths in training, each request's length in translation), so most steps would pay for a plan."""
+    if torch.backends.cuda.cudnn_sdp_enabled():
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        logger.info("cuDNN attention left out of scaled_dot_product_attention: it plans anew for every shape")
+
+
 def select(device: str | torch.device | None = None, mode: str = "inference", precision: str | None = None, *,
            plain: bool = False, compile: bool = False, train_shape: tuple[int, int, int] | None = None) -> Backend:
     """Decide how to run on `device` (default: the best available) in `mode`, from what this machine can use.
@@ -247,7 +266,8 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     if plain:
         return backend
     if device.type != "cpu" or precision == "bf16":
-        return replace(backend, fused_qkv=True, compile=compile)
+        graphs = device.type == "cuda" and mode == "inference" and not compile
+        return replace(backend, fused_qkv=True, compile=compile, cuda_graphs=graphs)
     measured = calibrate.choices()
     logger.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
     kernels = cpu.kernel_triples(measured.inference)

@@ -14,6 +14,9 @@ An encoder-decoder's states (`start`), two implementations:
   them, `attend`, the layer norms): about fifteen tensor operations a layer, no per-step allocation of the
   cache, no branching on data. Cross-attention is absorbed into the memory where the backend chose that
   (`backends.absorbed`).
+- `FixedState`, the flat step at one fixed shape, which a CUDA graph captures once per search and replays per
+  token where the backend decodes in graphs (`Backend.cuda_graphs`): on a GPU a step is otherwise bound by
+  launching its hundred-odd kernels, not by running them.
 - `ModuleState`: the modules' own `decode`, for what the flat step does not do: recording attention weights
   (`return_attention`), and models whose modules a hook watches (profilers, `aiayn inspect`).
 Both compute the same arithmetic; `tests/inference/test_steps.py` holds them equal to each other and to
@@ -57,6 +60,8 @@ def start(model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: i
     (rows of a sentence adjacent: B * beams rows). `record` keeps each step's cross-attention weights."""
     if record or not StaticState.runs(model):
         return ModuleState(model, src, beams=beams, record=record)
+    if src.device.type == "cuda" and getattr(model, "cuda_graphs", False):
+        return FixedState(model, src, steps, beams=beams)
     return StaticState(model, src, steps, beams=beams)
 
 
@@ -131,12 +136,22 @@ class StaticState:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Newest token ids (N, 1) -> logits (N, V) in float32; the keys and values of this position are kept."""
-        embed, p = self.model.tgt_embed, self.position
+        logits = self._forward(tokens)
+        self.position += 1
+        return logits
+
+    def _position_row(self) -> torch.Tensor:
+        """The positional encoding of this step's position, (d_model,)."""
+        return self.positions[self.position]
+
+    def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The step's arithmetic: tokens (N, 1) -> logits (N, V) in float32, this position's keys and values cached."""
+        embed = self.model.tgt_embed
         x = F.embedding(tokens, embed.tokens.weight)  # (N, 1, d_model)
         if embed.tokens.scale != 1.0:
             x = x * embed.tokens.scale
         if self.positions is not None:
-            x = x + self.positions[p]
+            x = x + self._position_row()
         if embed.token_types is not None:  # every target token is of type 0, as `Embeddings` makes them
             x = x + embed.token_types.weight[0]
         if embed.norm is not None:
@@ -148,7 +163,6 @@ class StaticState:
         final = self.model.decoder.final_norm
         if final is not None:
             x = final(x)
-        self.position += 1
         return self.model.head(x[:, 0]).float()  # (N, V)
 
     def _self_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
@@ -181,6 +195,94 @@ class StaticState:
         self.memory = [tuple(t.index_select(0, memory_rows) for t in kv) for kv in self.memory]
         self.mask = None if self.mask is None else self.mask.index_select(0, memory_rows)
         self.absorbed = [None if f is None else tuple(t.index_select(0, memory_rows) for t in f) for f in self.absorbed]
+
+
+class FixedState(StaticState):
+    """The flat step at one fixed shape, so that a CUDA graph can replay it (gpt-fast's `reduce-overhead`, Hugging
+    Face's static cache): the same kernels on the same buffers at every position.
+
+    - The position is a tensor on the device, advanced by the step itself; self-attention reads the whole
+      preallocated cache, the positions not yet written masked out (they hold zeros, never NaN).
+    - The rows stay those the search started with. When rows leave (finished sentences), the rows that go on are
+      gathered to the front and the rest are carried along unread: `step` takes and returns the first rows.
+    - `reorder` gathers rows in place, into the buffers the graph was captured on.
+
+    On CUDA (`capture`) the step is captured once per search and replayed per token; elsewhere it runs as written,
+    which is how the tests check its arithmetic against `StaticState` on any machine.
+    """
+
+    WARMUP = 2  # eager runs before capture, on a side stream: the allocator and each kernel's first use
+
+    def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1,
+                 capture: bool | None = None):
+        super().__init__(model, src, steps, beams=beams)
+        rows, device = self.cache.shape[2], self.cache.device
+        self.cache.zero_()  # a masked position's value is multiplied by a zero weight: no NaN may sit there
+        self.at = torch.zeros(1, dtype=torch.long, device=device)  # this step's position
+        self.slots = torch.arange(steps, device=device)  # (steps,) every position of the cache
+        self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)  # the step's input, written in place
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None  # the graph's output buffer
+        if device.type == "cuda" if capture is None else capture:
+            self._capture()
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream(self.cache.device)
+        side.wait_stream(torch.cuda.current_stream(self.cache.device))
+        with torch.cuda.stream(side):
+            for _ in range(self.WARMUP):
+                self.at.zero_()
+                self._forward(self.tokens)
+        torch.cuda.current_stream(self.cache.device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):  # recorded, not run
+            self.logits = self._forward(self.tokens)
+        self.at.zero_()  # the warm-up's writes undone
+        self.cache.zero_()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Newest token ids (N, 1) of the rows in use -> logits (N, V) in float32."""
+        n = tokens.shape[0]
+        self.tokens[:n].copy_(tokens)
+        if self.graph is None:
+            logits = self._forward(self.tokens)
+        else:
+            self.graph.replay()
+            logits = self.logits
+        self.position += 1
+        return logits[:n].clone()  # the graph's buffer is written again by the next step
+
+    def _position_row(self) -> torch.Tensor:
+        return self.positions.index_select(0, self.at)  # (1, d_model)
+
+    def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.visible = (self.slots <= self.at).view(1, 1, 1, -1)  # (1, 1, 1, steps): this position and before
+        logits = super()._forward(tokens)
+        self.at.add_(1)
+        return logits
+
+    def _self_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
+        attn, rows = self.layers[i].self_attn, y.shape[0]
+        q, k, v = attn.project_qkv(y)  # (N, 1, d_model) each
+        keys, values = self.cache[i]  # (N, h, steps, d_k) each
+        keys.index_copy_(2, self.at, k.view(rows, self.heads, 1, self.d_k))
+        values.index_copy_(2, self.at, v.view(rows, self.heads, 1, self.d_k))
+        out = attn.attend(q.view(rows, 1, self.heads, self.d_k).transpose(1, 2), keys, values, self.visible,
+                          dropout_p=0.0, need_weights=False)[0]  # (N, h, 1, d_k)
+        return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model)
+
+    def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
+        """See `DecodingState.reorder`: the rows that go on are gathered to the front of the same buffers."""
+        p, n = self.position, rows.numel()
+        if p:
+            self.cache[:, :, :n, :, :p] = self.cache[:, :, :, :, :p].index_select(2, rows)
+        if memory_rows is None:
+            return
+        kept = [*(t for kv in self.memory for t in kv), *(t for f in self.absorbed if f is not None for t in f)]
+        if self.mask is not None:
+            kept.append(self.mask)
+        for t in kept:
+            t[:n] = t.index_select(0, memory_rows)
 
 
 def _sublayer(connection: nn.Module, x: torch.Tensor, sublayer) -> torch.Tensor:
@@ -241,4 +343,4 @@ def _recording_cross_attention(model: EncoderDecoderModel, on: bool) -> Iterator
         yield cross
 
 
-__all__ = ["CausalState", "DecodingState", "ModuleState", "StaticState", "start", "start_causal"]
+__all__ = ["CausalState", "DecodingState", "FixedState", "ModuleState", "StaticState", "start", "start_causal"]

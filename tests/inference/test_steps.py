@@ -8,7 +8,7 @@ from aiayn.backends import select
 from aiayn.config import ModelConfig
 from aiayn.inference import steps
 from aiayn.inference.generation import GenerationConfig, generate
-from aiayn.inference.steps import ModuleState, StaticState, start
+from aiayn.inference.steps import FixedState, ModuleState, StaticState, start
 from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import build_model
 
@@ -30,15 +30,19 @@ def source() -> torch.Tensor:
     return src
 
 
-@pytest.mark.parametrize("how", ["plain", "fp32", "int8"])
+# The fixed step (CUDA graphs) is not run on int8, which is CPU-only: int8 scales a call's activations by all its
+# rows, the carried ones too.
+@pytest.mark.parametrize("how,fixed", [("plain", False), ("fp32", False), ("int8", False), ("plain", True),
+                                       ("fp32", True)])
 @pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
 @torch.no_grad()
-def test_the_flat_step_equals_the_modules_with_beams_reordered_and_rows_dropped(how, norm_first, activation):
+def test_the_flat_step_equals_the_modules_with_beams_reordered_and_rows_dropped(how, fixed, norm_first, activation):
     model = prepared(tiny(norm_first, activation), how)
     src, beams = source(), 2
     # Step by step, comparing logits; beams swap parents each step, and the first sentence leaves after step 3.
     tokens = torch.randint(4, 50, (src.shape[0] * beams, 7), generator=torch.Generator().manual_seed(2))
-    flat, modules = start(model, src, 8, beams=beams), ModuleState(model, src, beams=beams)
+    flat = FixedState(model, src, 8, beams=beams, capture=False) if fixed else start(model, src, 8, beams=beams)
+    modules = ModuleState(model, src, beams=beams)
     assert isinstance(flat, StaticState)
     n = src.shape[0] * beams
     for t in range(tokens.shape[1]):
@@ -121,3 +125,22 @@ def test_the_flat_step_embeds_as_the_modules_with_learned_positions_token_types_
     for t in range(5):
         tokens = torch.full((3, 1), 4 + t)
         torch.testing.assert_close(flat.step(tokens), modules.step(tokens), rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_the_fixed_step_keeps_its_buffers_and_reads_only_written_positions():
+    """What a CUDA graph needs: the same buffers at every step (the rows that leave stay, unread), and positions not
+    yet written never reach the output, whatever they hold."""
+    model = tiny(False)
+    src = source()
+    state, reference = FixedState(model, src, 6, capture=False), StaticState(model, src, 6)
+    buffers = [t.data_ptr() for t in (state.cache, state.tokens, state.at, *state.memory[0])]
+    state.cache[:, :, :, :, 3:] = 1e4  # would change every score if a later position were read
+    for t in range(3):
+        tokens = torch.full((3 - (t == 2), 1), 4 + t)
+        torch.testing.assert_close(state.step(tokens), reference.step(tokens), rtol=1e-5, atol=1e-5)
+        if t == 1:  # the first sentence leaves: two rows go on, gathered to the front
+            state.reorder(torch.tensor([1, 2]), memory_rows=torch.tensor([1, 2]))
+            reference.reorder(torch.tensor([1, 2]), memory_rows=torch.tensor([1, 2]))
+    assert [t.data_ptr() for t in (state.cache, state.tokens, state.at, *state.memory[0])] == buffers
+    assert state.cache.shape[2] == 3 and int(state.at) == 3
