@@ -24,7 +24,10 @@ STEPS = (  # the quickest and the newest first: a run cut short still says the m
      ["-m", "aiayn", "bench", "generate", "--device", "cuda", "--repeats", "3", "--peers", "hf",
       "--precisions", "fp32,bf16"]),
     ("verify --device cuda", ["-m", "aiayn", "verify", "--device", "cuda"]),
-    ("bench train (cuda, small, bf16 default)", ["-m", "aiayn", "bench", "train", "--device", "cuda", "--steps", "20"]),
+    ("bench train (cuda, small: fp32 by default)", ["-m", "aiayn", "bench", "train", "--device", "cuda",
+                                                    "--steps", "12"]),
+    ("bench train (cuda, base: bf16 by default)", ["-m", "aiayn", "bench", "train", "--device", "cuda", "--preset",
+                                                   "base", "--steps", "12"]),
 )
 
 

@@ -37,6 +37,7 @@ next-token logits at every position, cross-entropy, backward and the same fused 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -139,6 +140,9 @@ def batch_flops(cfg: ModelConfig, src: torch.Tensor, tgt_in: torch.Tensor, label
 
 
 PAD = 0
+
+
+MARIAN_BF16 = "Hugging Face Marian, bf16 autocast"
 
 
 def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -478,8 +482,15 @@ def main(argv: list[str] | None = None) -> int:
     if marian is not None:
         marian.to(device).train()
         steps["Hugging Face Marian"] = (marian_step, marian, _optimizer(marian), nullcontext)
+        if device.type == "cuda" and backend.precision == "bf16":  # the peer in aiayn's precision too
+            twin = copy.deepcopy(marian)
+            steps[MARIAN_BF16] = (marian_step, twin, _optimizer(twin), lambda: torch.autocast("cuda", torch.bfloat16))
     batches = [tuple(t.to(device) for t in batch)
                for batch in make_batches(cfg, args.steps + args.warmup, args.max_tokens, args.mean_len)]
+    if device.type == "cuda":
+        # A GPU library chooses and caches a kernel per new shape (cuBLAS's bf16 products: 5-10 ms a shape on an
+        # H200); a training run meets its few bucketed shapes again and again, so every shape is seen once first.
+        time_rotating(steps, batches, len(batches), device, False, lambda batch: 0.0)
     real_tokens = [real_token_count(cfg, batch) for batch in batches]
     params = sum(p.numel() for p in ours.parameters())
     print(f"train step, preset {args.preset} ({params / 1e6:.1f}M parameters, vocabulary {cfg.vocab_size}), batches "
@@ -489,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
                                                         lambda batch: batch_flops(cfg, *batch))
     tokens = sum(real_tokens[args.warmup:])
     print_rates(seconds, tokens, flops, peaks, peaks_onednn, "real source + target tokens")
-    print_ratios(seconds, ("Hugging Face Marian", "torch.nn.Transformer"))
+    print_ratios(seconds, ("Hugging Face Marian", MARIAN_BF16, "torch.nn.Transformer"))
     threads = torch.get_num_threads()
     if threads > 1 and device.type == "cpu" and args.steps >= threads:
         rate = data_parallel_rate(_rank_argv(args), threads)

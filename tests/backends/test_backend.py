@@ -451,3 +451,17 @@ def test_an_unwritable_cache_only_costs_a_measurement(tmp_path, monkeypatch):
     assert set(inference) == {"one", "few", "many"}
     assert all(set(by_kind) == {"wide", "square", "narrow", "vocabulary"} for by_kind in inference.values())
     assert blocker.read_text() == "not a directory"
+
+
+def test_the_default_precision_is_bf16_on_a_gpu_that_has_it_and_for_training_only_on_wide_models(monkeypatch):
+    from aiayn.backends import backend as backend_module
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(backend_module, "bf16_supported", lambda device: True)
+    assert backend_module.default_precision(cuda, "inference") == "bf16"
+    assert backend_module.default_precision(cuda, "train") == "bf16"  # no shape given: a base model's
+    assert backend_module.default_precision(cuda, "train", (4096, 512, 2048)) == "bf16"
+    assert backend_module.default_precision(cuda, "train", (4096, 256, 1024)) == "fp32"  # launch-bound: casts cost
+    assert backend_module.default_precision(torch.device("cpu"), "inference") == "fp32"
+    monkeypatch.setattr(backend_module, "bf16_supported", lambda device: False)
+    assert backend_module.default_precision(cuda, "inference") == "fp32"
