@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from aiayn.backends import select
 from aiayn.config import ModelConfig
-from aiayn.inference import Embedder, GenerationConfig, generate, steps
+from aiayn.inference import Embedder, GenerationConfig, continue_prompts, generate, steps
 from aiayn.inference.steps import FixedState, StaticState
 from aiayn.nn.model import build_model
 from aiayn.training.checkpoint import load_checkpoint, save_checkpoint
@@ -79,6 +79,26 @@ def test_decoding_in_cuda_graphs_equals_the_steps_launched_one_by_one(monkeypatc
     graphs = generate(backend.prepare(model), src.cuda(), bos_id=1, eos_id=2, config=config)
     assert isinstance(states[-1], FixedState) and states[-1].graph is not None
     eager = generate(replace(backend, cuda_graphs=False).prepare(model), src.cuda(), bos_id=1, eos_id=2, config=config)
+    assert type(states[-1]) is StaticState
+    assert graphs.tokens == eager.tokens
+    torch.testing.assert_close(graphs.scores, eager.scores, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_a_language_model_continues_prompts_in_cuda_graphs_as_step_by_step(monkeypatch, beams):
+    torch.manual_seed(0)
+    cfg = ModelConfig(**{**TINY, "n_decoder_layers": 0, "causal": True})
+    model = build_model(cfg).eval()
+    prompts = torch.randint(4, 50, (3, 5), generator=torch.Generator().manual_seed(4)).cuda()
+    backend = select("cuda", "inference", "fp32")
+    states = []
+    begin = steps.start_causal
+    monkeypatch.setattr("aiayn.inference.generation.start_causal",
+                        lambda *a, **k: states.append(begin(*a, **k)) or states[-1])
+    config = GenerationConfig(max_new_tokens=10, num_beams=beams)
+    graphs = continue_prompts(backend.prepare(model), prompts, eos_id=2, config=config)
+    assert isinstance(states[-1], FixedState) and states[-1].graph is not None
+    eager = continue_prompts(replace(backend, cuda_graphs=False).prepare(model), prompts, eos_id=2, config=config)
     assert type(states[-1]) is StaticState
     assert graphs.tokens == eager.tokens
     torch.testing.assert_close(graphs.scores, eager.scores, atol=1e-4, rtol=0)

@@ -135,7 +135,7 @@ def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: 
     limits = torch.full((prompts.shape[0],), limit, dtype=torch.long)
 
     def begin(steps: int, beams: int, record: bool) -> DecodingState:
-        return start_causal(model, prompts, beams=beams)
+        return start_causal(model, prompts, steps, beams=beams)
 
     tokens, scores, _ = search(model, begin, prompts, limits, eos_id, config)
     return GenerationOutput(tokens, scores, None)

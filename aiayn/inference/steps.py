@@ -19,9 +19,11 @@ An encoder-decoder's states (`start`), two implementations:
   launching its hundred-odd kernels, not by running them.
 - `ModuleState`: the modules' own `decode`, for what the flat step does not do: recording attention weights
   (`return_attention`), and models whose modules a hook watches (profilers, `aiayn inspect`).
-Both compute the same arithmetic; `tests/inference/test_steps.py` holds them equal to each other and to
-recomputing the whole prefix at every step. A decoder-only model's state (`start_causal`) runs the prompt once and
-then its layers on their key/value caches, one token a step.
+All compute the same arithmetic; `tests/inference/test_steps.py` holds them equal to each other and to
+recomputing the whole prefix at every step. A decoder-only model (`start_causal`) runs the same flat step with no
+cross-attention (`StaticState.for_prompts`: the prompt runs once through the model's own `decode`, its keys and
+values copied into the static cache), in a CUDA graph where the backend decodes in graphs, and on its modules'
+caches (`CausalState`) where hooks watch them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from torch import nn
 from aiayn.backends.absorbed import AbsorbedCrossAttention
 from aiayn.backends.hooks import hooked
 from aiayn.nn.attention import attention_weights
-from aiayn.nn.layers import DecoderLayer
+from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.nn.model import DecoderOnlyModel, EncoderDecoderModel
 
 
@@ -67,14 +69,20 @@ def start(model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: i
 
 # -- a decoder-only model ----------------------------------------------------------------------------
 
-def start_causal(model: DecoderOnlyModel, prompts: torch.Tensor, *, beams: int = 1) -> DecodingState:
-    """The state that continues `prompts` (B, P) of a decoder-only model, `beams` rows per prompt: the prompts but
-    their last token are run once here, and the search's first step feeds that last token."""
-    return CausalState(model, prompts, beams=beams)
+def start_causal(model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, *, beams: int = 1) -> DecodingState:
+    """The state that continues `prompts` (B, P) of a decoder-only model by up to `steps` tokens, `beams` rows per
+    prompt: the prompts but their last token are run once here, and the search's first step feeds that last token.
+    The flat step as for an encoder-decoder model (`StaticState.for_prompts`; in a CUDA graph where the backend
+    decodes in graphs), the modules' own `decode` (`CausalState`) where hooks watch them."""
+    if not StaticState.runs(model):
+        return CausalState(model, prompts, beams=beams)
+    graphs = prompts.device.type == "cuda" and getattr(model, "cuda_graphs", False)
+    return (FixedState if graphs else StaticState).for_prompts(model, prompts, steps, beams=beams)
 
 
 class CausalState:
-    """A decoder-only model's search state: each layer's self-attention keys and values, from the prompt on."""
+    """A decoder-only model's search state on its modules' `decode`: each layer's self-attention keys and values
+    in a growing cache, from the prompt on (hooks see every module call)."""
 
     attention = None  # a decoder-only model has no cross-attention to record
 
@@ -105,28 +113,64 @@ class StaticState:
 
     @staticmethod
     def runs(model: nn.Module) -> bool:
-        """Whether the flat step computes what `model.decode` does: aiayn's decoder layers (however the backend
-        prepared their parts), with no hook that expects the module calls."""
-        return not hooked(model.decoder) and all(type(layer) is DecoderLayer for layer in model.decoder.layers)
+        """Whether the flat step computes what the model's own `decode` does: aiayn's decoder layers, or a
+        decoder-only model's (encoder) layers, however the backend prepared their parts, with no hook that expects
+        the module calls."""
+        layers = list(model.decoder.layers)
+        ours = all(type(layer) is DecoderLayer for layer in layers) or all(
+            type(getattr(layer, "layer", layer)) is EncoderLayer for layer in layers)  # PyTorch's fused layer wraps
+        return ours and not hooked(model.decoder)
 
     def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1):
-        cfg = model.config
-        self.model, self.layers = model, list(model.decoder.layers)
-        self.heads, self.d_k = cfg.n_heads, cfg.d_model // cfg.n_heads
         mask = model.source_mask(src)  # (B, 1, 1, S) or None
         memory = model.encode(src, mask)  # (B, S, d_model)
-        rows = src.shape[0] * beams
+        self._allocate(model, model.tgt_embed, src.shape[0] * beams, steps, memory.dtype)
         self.mask = None if mask is None else mask.repeat_interleave(beams, dim=0)  # (N, 1, 1, S)
-        # Self-attention's keys and values of every layer, for the whole search: (n_layers, 2, N, h, steps, d_k).
-        self.cache = memory.new_empty(len(self.layers), 2, rows, self.heads, steps, self.d_k)
-        self.spare: torch.Tensor | None = None  # reorder's target, swapped with `cache`
-        self.position = 0
-        embed = model.tgt_embed
-        self.positions = None if embed.positions is None else embed.positions(steps).to(memory.dtype)  # (T, d)
         # The memory's keys and values once per sentence, then once per beam row: (N, h, S, d_k) each.
         self.memory = [self._memory_side(layer.cross_attn, memory, beams) for layer in self.layers]
         self.absorbed = [layer.cross_attn.absorb(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
-                       else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
+                         else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
+        self._ready()
+
+    @classmethod
+    def for_prompts(cls, model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, *, beams: int = 1,
+                    **options) -> StaticState:
+        """A decoder-only model's state: `prompts` (B, P) but their last token run once through the model's own
+        `decode`, their keys and values copied into the cache; the search's first step feeds the last token, and
+        `steps` more positions follow. `options` go to the class's own (`FixedState`'s `capture`)."""
+        state = cls.__new__(cls)
+        state._options(**options)
+        filled = prompts.shape[1] - 1
+        state._allocate(model, model.embed, prompts.shape[0] * beams, filled + steps, model.embed.tokens.weight.dtype)
+        state.memory, state.mask, state.absorbed = None, None, []  # no cross-attention
+        if filled:
+            caches = model.new_caches()
+            model.decode(prompts[:, :-1], caches=caches)  # once per prompt, then once per beam row
+            for i, cache in enumerate(caches):
+                state.cache[i, 0, :, :, :filled] = cache.key.repeat_interleave(beams, dim=0)  # (N, h, P - 1, d_k)
+                state.cache[i, 1, :, :, :filled] = cache.value.repeat_interleave(beams, dim=0)
+        state.position = filled
+        state._ready()
+        return state
+
+    def _options(self) -> None:
+        """Take the class's own construction options (none here)."""
+
+    def _allocate(self, model: nn.Module, embed: nn.Module, rows: int, length: int, dtype: torch.dtype) -> None:
+        """The parts a step runs, and the cache of `length` positions for `rows` rows."""
+        cfg = model.config
+        self.embed, self.head, self.final = embed, model.head, model.decoder.final_norm
+        self.layers = list(model.decoder.layers)
+        self.heads, self.d_k = cfg.n_heads, cfg.d_model // cfg.n_heads
+        device = embed.tokens.weight.device
+        # Self-attention's keys and values of every layer, for the whole search: (n_layers, 2, N, h, length, d_k).
+        self.cache = torch.empty(len(self.layers), 2, rows, self.heads, length, self.d_k, dtype=dtype, device=device)
+        self.spare: torch.Tensor | None = None  # reorder's target, swapped with `cache`
+        self.position = 0
+        self.positions = None if embed.positions is None else embed.positions(length).to(dtype)  # (length, d)
+
+    def _ready(self) -> None:
+        """Called once the state is built (`FixedState` prepares its buffers here)."""
 
     def _memory_side(self, attn: nn.Module, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
         b, length, _ = memory.shape
@@ -146,7 +190,7 @@ class StaticState:
 
     def _forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """The step's arithmetic: tokens (N, 1) -> logits (N, V) in float32, this position's keys and values cached."""
-        embed = self.model.tgt_embed
+        embed = self.embed
         x = F.embedding(tokens, embed.tokens.weight)  # (N, 1, d_model)
         if embed.tokens.scale != 1.0:
             x = x * embed.tokens.scale
@@ -157,13 +201,15 @@ class StaticState:
         if embed.norm is not None:
             x = embed.norm(x)
         for i, layer in enumerate(self.layers):
-            x = _sublayer(layer.self_attn_sublayer, x, lambda y, i=i: self._self_attention(i, y))
-            x = _sublayer(layer.cross_attn_sublayer, x, lambda y, i=i: self._cross_attention(i, y))
+            if self.memory is None:  # a decoder-only model's layer: self-attention, then the feed-forward network
+                x = _sublayer(layer.attn_sublayer, x, lambda y, i=i: self._self_attention(i, y))
+            else:
+                x = _sublayer(layer.self_attn_sublayer, x, lambda y, i=i: self._self_attention(i, y))
+                x = _sublayer(layer.cross_attn_sublayer, x, lambda y, i=i: self._cross_attention(i, y))
             x = _sublayer(layer.ffn_sublayer, x, layer.feed_forward.forward)
-        final = self.model.decoder.final_norm
-        if final is not None:
-            x = final(x)
-        return self.model.head(x[:, 0]).float()  # (N, V)
+        if self.final is not None:
+            x = self.final(x)
+        return self.head(x[:, 0]).float()  # (N, V)
 
     def _self_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
         attn, rows, p = self.layers[i].self_attn, y.shape[0], self.position
@@ -190,7 +236,7 @@ class StaticState:
             self.spare = self.cache.new_empty(*self.cache.shape[:2], rows.numel(), *self.cache.shape[3:])
         torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=self.spare[:, :, :, :, :p])
         self.cache, self.spare = self.spare, (self.cache if self.cache.shape[2] == rows.numel() else None)
-        if memory_rows is None:
+        if memory_rows is None or self.memory is None:
             return
         self.memory = [tuple(t.index_select(0, memory_rows) for t in kv) for kv in self.memory]
         self.mask = None if self.mask is None else self.mask.index_select(0, memory_rows)
@@ -215,30 +261,38 @@ class FixedState(StaticState):
 
     def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1,
                  capture: bool | None = None):
+        self._options(capture)
         super().__init__(model, src, steps, beams=beams)
-        rows, device = self.cache.shape[2], self.cache.device
-        self.cache.zero_()  # a masked position's value is multiplied by a zero weight: no NaN may sit there
-        self.at = torch.zeros(1, dtype=torch.long, device=device)  # this step's position
-        self.slots = torch.arange(steps, device=device)  # (steps,) every position of the cache
+
+    def _options(self, capture: bool | None = None) -> None:
+        """`capture`: record the step in a CUDA graph (None: where the cache is on a CUDA device)."""
+        self.capture = capture
+
+    def _ready(self) -> None:
+        rows, device, p = self.cache.shape[2], self.cache.device, self.position
+        self.cache[:, :, :, :, p:].zero_()  # a masked position's value meets a zero weight: no NaN may sit there
+        self.at = torch.full((1,), p, dtype=torch.long, device=device)  # this step's position
+        self.slots = torch.arange(self.cache.shape[4], device=device)  # every position of the cache
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)  # the step's input, written in place
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None  # the graph's output buffer
-        if device.type == "cuda" if capture is None else capture:
+        if device.type == "cuda" if self.capture is None else self.capture:
             self._capture()
 
     def _capture(self) -> None:
+        p = self.position
         side = torch.cuda.Stream(self.cache.device)
         side.wait_stream(torch.cuda.current_stream(self.cache.device))
         with torch.cuda.stream(side):
             for _ in range(self.WARMUP):
-                self.at.zero_()
+                self.at.fill_(p)
                 self._forward(self.tokens)
         torch.cuda.current_stream(self.cache.device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):  # recorded, not run
             self.logits = self._forward(self.tokens)
-        self.at.zero_()  # the warm-up's writes undone
-        self.cache.zero_()
+        self.at.fill_(p)  # the warm-up's writes undone
+        self.cache[:, :, :, :, p:].zero_()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Newest token ids (N, 1) of the rows in use -> logits (N, V) in float32."""
@@ -276,7 +330,7 @@ class FixedState(StaticState):
         p, n = self.position, rows.numel()
         if p:
             self.cache[:, :, :n, :, :p] = self.cache[:, :, :, :, :p].index_select(2, rows)
-        if memory_rows is None:
+        if memory_rows is None or self.memory is None:
             return
         kept = [*(t for kv in self.memory for t in kv), *(t for f in self.absorbed if f is not None for t in f)]
         if self.mask is not None:

@@ -7,8 +7,8 @@ import torch
 from aiayn.backends import select
 from aiayn.config import ModelConfig
 from aiayn.inference import steps
-from aiayn.inference.generation import GenerationConfig, generate
-from aiayn.inference.steps import FixedState, ModuleState, StaticState, start
+from aiayn.inference.generation import GenerationConfig, continue_prompts, generate
+from aiayn.inference.steps import CausalState, FixedState, ModuleState, StaticState, start
 from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import build_model
 
@@ -144,3 +144,53 @@ def test_the_fixed_step_keeps_its_buffers_and_reads_only_written_positions():
             reference.reorder(torch.tensor([1, 2]), memory_rows=torch.tensor([1, 2]))
     assert [t.data_ptr() for t in (state.cache, state.tokens, state.at, *state.memory[0])] == buffers
     assert state.cache.shape[2] == 3 and int(state.at) == 3
+
+
+def tiny_lm(norm_first: bool, activation: str = "relu"):
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=0,
+                      max_len=64, dropout=0.0, causal=True, norm_first=norm_first, activation=activation)
+    return build_model(cfg).eval()
+
+
+@pytest.mark.parametrize("how,fixed", [("plain", False), ("fp32", False), ("int8", False), ("plain", True),
+                                       ("fp32", True)])
+@pytest.mark.parametrize("norm_first,activation", [(False, "relu"), (True, "gelu")])
+@torch.no_grad()
+def test_a_decoder_only_model_runs_the_same_flat_step_as_its_modules(how, fixed, norm_first, activation):
+    model = prepared(tiny_lm(norm_first, activation), how)
+    assert StaticState.runs(model)  # PyTorch's fused layer, where the backend chose it, wraps the same layer
+    # int8 picks its kernel by the number of rows: the flat state runs a prompt once, the modules once per beam
+    beams = 1 if how == "int8" else 2
+    prompts = torch.randint(4, 50, (3, 5), generator=torch.Generator().manual_seed(1))
+    tokens = torch.randint(4, 50, (prompts.shape[0] * beams, 6), generator=torch.Generator().manual_seed(2))
+    tokens[:, 0] = prompts[:, -1].repeat_interleave(beams)  # the first step feeds each prompt's last token
+    options = dict(capture=False) if fixed else {}
+    flat = (FixedState if fixed else StaticState).for_prompts(model, prompts, 7, beams=beams, **options)
+    modules = CausalState(model, prompts, beams=beams)
+    assert flat.position == 4  # the prompt but its last token, in the cache
+    n = prompts.shape[0] * beams
+    for t in range(tokens.shape[1]):
+        torch.testing.assert_close(flat.step(tokens[:n, t : t + 1]), modules.step(tokens[:n, t : t + 1]), rtol=1e-5,
+                                   atol=1e-5, msg=f"step {t}")
+        parents = torch.arange(n).view(-1, beams).flip(1).reshape(-1)  # each beam continues another's prefix
+        if t == 2:  # the first prompt's rows leave
+            keep = torch.arange(beams, n)
+            parents, n = parents[keep], n - beams
+            flat.reorder(parents, memory_rows=keep)
+            modules.reorder(parents, memory_rows=keep)
+        else:
+            flat.reorder(parents)
+            modules.reorder(parents)
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_continuing_prompts_on_the_flat_step_equals_the_modules_path(monkeypatch, beam):
+    model = prepared(tiny_lm(False), "fp32")
+    prompts = torch.randint(4, 50, (2, 4), generator=torch.Generator().manual_seed(5))
+    config = GenerationConfig(max_new_tokens=9, min_len=9, num_beams=beam)
+    flat = continue_prompts(model, prompts, eos_id=2, config=config)
+    monkeypatch.setattr(StaticState, "runs", staticmethod(lambda model: False))
+    modules = continue_prompts(model, prompts, eos_id=2, config=config)
+    assert flat.tokens == modules.tokens
+    torch.testing.assert_close(flat.scores, modules.scores, rtol=1e-5, atol=1e-5)
