@@ -313,6 +313,8 @@ def _decoding_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
     short = src[1:, :4].to(device)  # (2, 4): 4 real tokens, and 2 then padding
     worst = _cached_against_recomputed(prepared, short, steps, flat=True)
     yield "decoding steps (the flat step, static cache) = recomputing every step (logits)", worst, 1e-5
+    yield ("decoder-only decoding (the same flat step) = recomputing every step (logits)",
+           _continued_against_recomputed(backend, steps), 1e-5)
     if hf is None:
         return  # token-by-token equality is for exact paths; approximate ones may pick another near-tie
     for beam in (1, 4):
@@ -343,6 +345,27 @@ def _cached_against_recomputed(model: nn.Module, src: torch.Tensor, steps: int, 
         full = model.head(model.decode(prefix, memory, memory_mask=memory_mask))[:, -1]
         worst = max(worst, _compare(logits.cpu(), full))
         prefix = torch.cat([prefix, full.argmax(-1, keepdim=True)], dim=1)
+    return worst
+
+
+@torch.no_grad()
+def _continued_against_recomputed(backend: Backend, steps: int) -> tuple[float, float]:
+    """(max difference, scale) of a decoder-only model's next-token logits over `steps` greedy steps on the step a
+    search runs (`inference.steps.start_causal`, the prompt's keys and values in the static cache) against running
+    the model over the whole sequence at each step."""
+    from aiayn.inference.steps import start_causal
+
+    torch.manual_seed(3)
+    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "causal": True})).eval()
+    prepared = backend.prepare(model)
+    ids = torch.randint(3, TINY["vocab_size"], (2, 3), generator=torch.Generator().manual_seed(4))
+    ids = ids.to(backend.device)
+    state, worst = start_causal(prepared, ids, steps), (0.0, 0.0)
+    for _ in range(steps):
+        logits = state.step(ids[:, -1:])
+        full = prepared(ids)[:, -1].float()
+        worst = max(worst, _compare(logits.cpu(), full.cpu()))
+        ids = torch.cat([ids, full.argmax(-1, keepdim=True)], dim=1)
     return worst
 
 
