@@ -44,21 +44,23 @@ def test_the_flat_step_equals_the_modules_with_beams_reordered_and_rows_dropped(
     flat = FixedState(model, src, 8, beams=beams, capture=False) if fixed else start(model, src, 8, beams=beams)
     modules = ModuleState(model, src, beams=beams)
     assert isinstance(flat, StaticState)
-    n = src.shape[0] * beams
+    step_together(flat, modules, tokens, beams, leave_after=3)
+
+
+def step_together(flat, modules, tokens: torch.Tensor, beams: int, *, leave_after: int) -> None:
+    """Step both states on the same tokens (N, T), comparing logits: each step the beams of a sentence swap
+    parents, and after step `leave_after` the first sentence's rows leave the batch."""
+    n = tokens.shape[0]
     for t in range(tokens.shape[1]):
-        expected = modules.step(tokens[:n, t : t + 1])  # (N, V)
-        got = flat.step(tokens[:n, t : t + 1])
-        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=f"step {t}")
-        parents = torch.arange(n).view(-1, beams).flip(1).reshape(-1)  # each beam continues the other's prefix
-        if t == 3:  # the first sentence's rows leave the batch
-            keep = torch.arange(beams, n)
-            parents, memory_rows = parents[keep], keep
-            n -= beams
-            flat.reorder(parents, memory_rows=memory_rows)
-            modules.reorder(parents, memory_rows=memory_rows)
-        else:
-            flat.reorder(parents)
-            modules.reorder(parents)
+        torch.testing.assert_close(flat.step(tokens[:n, t : t + 1]), modules.step(tokens[:n, t : t + 1]), rtol=1e-5,
+                                   atol=1e-5, msg=f"step {t}")
+        parents = torch.arange(n).view(-1, beams).flip(1).reshape(-1)  # each beam continues another's prefix
+        memory_rows = None
+        if t == leave_after:
+            memory_rows = torch.arange(beams, n)
+            parents, n = parents[memory_rows], n - beams
+        for state in (flat, modules):
+            state.reorder(parents, memory_rows=memory_rows)
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -169,19 +171,7 @@ def test_a_decoder_only_model_runs_the_same_flat_step_as_its_modules(how, fixed,
     flat = (FixedState if fixed else StaticState).for_prompts(model, prompts, 7, beams=beams, **options)
     modules = CausalState(model, prompts, beams=beams)
     assert flat.position == 4  # the prompt but its last token, in the cache
-    n = prompts.shape[0] * beams
-    for t in range(tokens.shape[1]):
-        torch.testing.assert_close(flat.step(tokens[:n, t : t + 1]), modules.step(tokens[:n, t : t + 1]), rtol=1e-5,
-                                   atol=1e-5, msg=f"step {t}")
-        parents = torch.arange(n).view(-1, beams).flip(1).reshape(-1)  # each beam continues another's prefix
-        if t == 2:  # the first prompt's rows leave
-            keep = torch.arange(beams, n)
-            parents, n = parents[keep], n - beams
-            flat.reorder(parents, memory_rows=keep)
-            modules.reorder(parents, memory_rows=keep)
-        else:
-            flat.reorder(parents)
-            modules.reorder(parents)
+    step_together(flat, modules, tokens, beams, leave_after=2)
 
 
 @pytest.mark.parametrize("beam", [1, 3])
