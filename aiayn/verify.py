@@ -356,7 +356,7 @@ def _continued_against_recomputed(backend: Backend, steps: int) -> tuple[float, 
     from aiayn.inference.steps import start_causal
 
     torch.manual_seed(3)
-    model = build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "causal": True})).eval()
+    model = _randomised(build_model(ModelConfig(**{**TINY, "n_decoder_layers": 0, "causal": True})))
     prepared = backend.prepare(model)
     ids = torch.randint(3, TINY["vocab_size"], (2, 3), generator=torch.Generator().manual_seed(4))
     ids = ids.to(backend.device)

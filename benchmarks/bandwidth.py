@@ -58,7 +58,7 @@ def measure(nbytes: int, repeats: int = 5, device: torch.device | str = "cpu") -
     columns = torch.randn(width, nbytes // (4 * width), device=device)  # (in, out): one row streams all of it
     row = torch.randn(1, width, device=device)
     times = {"product": [], "read": []}
-    sync = torch.cuda.synchronize if columns.is_cuda else (lambda: None)
+    sync = (lambda: torch.cuda.synchronize(columns.device)) if columns.is_cuda else (lambda: None)
     torch.mm(row, columns), columns.sum()  # first-call costs
     for _ in range(repeats):
         sync()

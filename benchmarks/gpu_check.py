@@ -40,7 +40,7 @@ def main() -> int:
               file=sys.stderr)
         return 2
     print(f"gpu-check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
-    record = sys.argv[sys.argv.index("--record") + 1 :][:1] if "--record" in sys.argv else []
+    record = ["--record", *sys.argv[sys.argv.index("--record") + 1 :][:1]] if "--record" in sys.argv else []
     path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": path}
     rows = []
@@ -48,7 +48,7 @@ def main() -> int:
         print(f"\n== {name}", flush=True)
         start = time.perf_counter()
         if record and args[2] == "bench":
-            args = [*args, "--record", *record]
+            args = [*args, *record]
         lines = []
         with subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True) as step:

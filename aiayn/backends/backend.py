@@ -241,9 +241,10 @@ def default_precision(device: torch.device, mode: str, train_shape: tuple[int, i
 
 def _attention_off_cudnn() -> None:
     """Leave cuDNN out of `scaled_dot_product_attention`'s kernels, for the process (flash, memory-efficient and
-    math remain). PyTorch sends masked bf16 attention to cuDNN first on Hopper and later GPUs, and cuDNN builds an
-    execution plan for every new shape it sees, 0.4-1 s each: aiayn's batches change shape from step to step (bucketed
-    lengths in training, each request's length in translation), so most steps would pay for a plan."""
+    math remain; every model in it is affected, plain ones and other libraries' too). PyTorch sends masked bf16
+    attention to cuDNN first on Hopper and later GPUs, and cuDNN builds an execution plan for every new shape it
+    sees, 0.4-1 s each: aiayn's batches change shape from step to step (bucketed lengths in training, each
+    request's length in translation), so most steps would pay for a plan."""
     if torch.backends.cuda.cudnn_sdp_enabled():
         torch.backends.cuda.enable_cudnn_sdp(False)
         logger.info("cuDNN attention left out of scaled_dot_product_attention: it plans anew for every shape")

@@ -231,7 +231,10 @@ class TorchEncoderLayer(nn.Module):
 def use_torch_encoder_layers(model: nn.Module) -> nn.Module:
     """Wrap every encoder layer of `model` that the fused layer computes in a `TorchEncoderLayer`, in place.
 
-    Only an `EncoderLayer` itself: the fused layer computes that class's `forward`, which a subclass's may not."""
+    Only an `EncoderLayer` itself: the fused layer computes that class's `forward`, which a subclass's may not. Not a
+    decoder-only model's: its layers always run with the look-ahead mask, which the fused layer does not take."""
+    if getattr(getattr(model, "config", None), "causal", False):
+        return model
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is EncoderLayer and TorchEncoderLayer.runs(child):

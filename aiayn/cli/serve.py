@@ -41,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=integer(1, MAX_PASSES), default=1,
                    help="torch threads per forward pass (default 1)")
     p.add_argument("--passes", type=integer(0, MAX_PASSES), default=0,
-                   help="most forward passes at once (default: cores // --threads, so they never exceed the cores)")
+                   help="most forward passes at once (default: cores // --threads on CPU, so they never exceed the "
+                        "cores; 1 on a GPU)")
     p.add_argument("--in-threads", action="store_true",
                    help="run every pass in a thread of the server's process (less memory: one copy of each model; "
                         "but the passes then take turns at Python's lock). Default on CPU with more than one pass: "
@@ -173,7 +174,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from aiayn.serve.workers import WorkerPool
 
     cores = usable_cores()
-    passes = args.passes or max(1, cores // args.threads)
     limits = Limits(max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars,
                     max_queue=args.max_queue, read_seconds=args.read_timeout, max_connections=args.max_connections)
     sources = _sources(args)
@@ -183,6 +183,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     objects = {name: aiayn.load(source, device=args.device) for name, source in sources.items()}
     sock = _listen(args.host, args.port)
     on_cpu = all(obj.device.type == "cpu" for obj in objects.values())
+    # On a GPU one pass at a time: its batch fills the device, and passes in threads would take turns at it anyway.
+    passes = args.passes or (max(1, cores // args.threads) if on_cpu else 1)
     pool = None
     try:
         if passes > 1 and on_cpu and not args.in_threads:  # a process a pass: passes in threads share Python's lock

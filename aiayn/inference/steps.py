@@ -28,6 +28,7 @@ caches (`CausalState`) where hooks watch them.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Protocol
@@ -117,8 +118,7 @@ class StaticState:
         decoder-only model's (encoder) layers, however the backend prepared their parts, with no hook that expects
         the module calls."""
         layers = list(model.decoder.layers)
-        ours = all(type(layer) is DecoderLayer for layer in layers) or all(
-            type(getattr(layer, "layer", layer)) is EncoderLayer for layer in layers)  # PyTorch's fused layer wraps
+        ours = any(all(type(layer) is kind for layer in layers) for kind in (DecoderLayer, EncoderLayer))
         return ours and not hooked(model.decoder)
 
     def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1):
@@ -243,6 +243,9 @@ class StaticState:
         self.absorbed = [None if f is None else tuple(t.index_select(0, memory_rows) for t in f) for f in self.absorbed]
 
 
+_CAPTURING = threading.Lock()  # CUDA allows one graph capture at a time in a process
+
+
 class FixedState(StaticState):
     """The flat step at one fixed shape, so that a CUDA graph can replay it (gpt-fast's `reduce-overhead`, Hugging
     Face's static cache): the same kernels on the same buffers at every position.
@@ -280,19 +283,23 @@ class FixedState(StaticState):
             self._capture()
 
     def _capture(self) -> None:
-        p = self.position
-        side = torch.cuda.Stream(self.cache.device)
-        side.wait_stream(torch.cuda.current_stream(self.cache.device))
-        with torch.cuda.stream(side):
-            for _ in range(self.WARMUP):
-                self.at.fill_(p)
-                self._forward(self.tokens)
-        torch.cuda.current_stream(self.cache.device).wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):  # recorded, not run
-            self.logits = self._forward(self.tokens)
-        self.at.fill_(p)  # the warm-up's writes undone
-        self.cache[:, :, :, :, p:].zero_()
+        """Warm up on a side stream, then record one step. One capture at a time in a process (CUDA's rule), on the
+        cache's own device, and only this thread's calls are held to the capture's rules: passes of a server in
+        other threads go on decoding meanwhile."""
+        p, device = self.position, self.cache.device
+        with _CAPTURING, torch.cuda.device(device):
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(self.WARMUP):
+                    self.at.fill_(p)
+                    self._forward(self.tokens)
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph, stream=torch.cuda.Stream(device), capture_error_mode="thread_local"):
+                self.logits = self._forward(self.tokens)  # recorded, not run
+            self.at.fill_(p)  # the warm-up's writes undone
+            self.cache[:, :, :, :, p:].zero_()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Newest token ids (N, 1) of the rows in use -> logits (N, V) in float32."""
@@ -301,7 +308,8 @@ class FixedState(StaticState):
         if self.graph is None:
             logits = self._forward(self.tokens)
         else:
-            self.graph.replay()
+            with torch.cuda.device(self.cache.device):  # replayed on its own device's stream, whichever is current
+                self.graph.replay()
             logits = self.logits
         self.position += 1
         return logits[:n].clone()  # the graph's buffer is written again by the next step
@@ -329,7 +337,11 @@ class FixedState(StaticState):
         """See `DecodingState.reorder`: the rows that go on are gathered to the front of the same buffers."""
         p, n = self.position, rows.numel()
         if p:
-            self.cache[:, :, :n, :, :p] = self.cache[:, :, :, :, :p].index_select(2, rows)
+            if self.spare is None:  # the gathered rows, before they are copied back where the graph reads them
+                self.spare = torch.empty_like(self.cache)
+            gathered = self.spare[:, :, :n, :, :p]
+            torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=gathered)
+            self.cache[:, :, :n, :, :p] = gathered
         if memory_rows is None or self.memory is None:
             return
         kept = [*(t for kv in self.memory for t in kv), *(t for f in self.absorbed if f is not None for t in f)]

@@ -10,7 +10,7 @@ from aiayn.backends import calibrate, select
 from aiayn.backends.fused import TorchEncoderLayer, use_torch_encoder_layers
 from aiayn.config import ModelConfig
 from aiayn.nn.attention import attention_weights
-from aiayn.nn.model import build_encoder
+from aiayn.nn.model import build_encoder, build_model
 
 LAYER = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=1, max_len=64,
              dropout=0.0)
@@ -137,3 +137,11 @@ def test_calibration_measures_it_and_says_so(op_calls):
     choices = dataclasses.replace(calibrate.choices(), torch_layers_inference=chosen, seconds={
         **calibrate.choices().seconds, **seconds})
     assert "PyTorch's fused encoder layer: " + ("yes" if chosen else "no") in choices.describe()
+
+
+def test_a_decoder_only_model_keeps_its_layers():
+    """Its layers always run with the look-ahead mask, which the fused layer does not take: no wrapper, no copy."""
+    cfg = ModelConfig(vocab_size=30, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=2, n_decoder_layers=0,
+                      causal=True, dropout=0.0)
+    model = use_torch_encoder_layers(build_model(cfg).eval())
+    assert not any(isinstance(m, TorchEncoderLayer) for m in model.modules())

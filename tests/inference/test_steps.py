@@ -161,7 +161,7 @@ def tiny_lm(norm_first: bool, activation: str = "relu"):
 @torch.no_grad()
 def test_a_decoder_only_model_runs_the_same_flat_step_as_its_modules(how, fixed, norm_first, activation):
     model = prepared(tiny_lm(norm_first, activation), how)
-    assert StaticState.runs(model)  # PyTorch's fused layer, where the backend chose it, wraps the same layer
+    assert StaticState.runs(model)
     # int8 picks its kernel by the number of rows: the flat state runs a prompt once, the modules once per beam
     beams = 1 if how == "int8" else 2
     prompts = torch.randint(4, 50, (3, 5), generator=torch.Generator().manual_seed(1))
