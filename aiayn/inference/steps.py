@@ -15,14 +15,14 @@ An encoder-decoder's states (`start`), two implementations:
   cache, no branching on data. Cross-attention is absorbed into the memory where the backend chose that
   (`backends.absorbed`).
 - `FixedState`, the flat step at one fixed shape, which a CUDA graph captures once per search and replays per
-  token where the backend decodes in graphs (`Backend.cuda_graphs`): on a GPU a step is otherwise bound by
+  token where the backend chose graphs (`Backend.cuda_graphs`): on a GPU a step is otherwise bound by
   launching its hundred-odd kernels, not by running them.
 - `ModuleState`: the modules' own `decode`, for what the flat step does not do: recording attention weights
   (`return_attention`), and models whose modules a hook watches (profilers, `aiayn inspect`).
 All compute the same arithmetic; `tests/inference/test_steps.py` holds them equal to each other and to
 recomputing the whole prefix at every step. A decoder-only model (`start_causal`) runs the same flat step with no
 cross-attention (`StaticState.for_prompts`: the prompt runs once through the model's own `decode`, its keys and
-values copied into the static cache), in a CUDA graph where the backend decodes in graphs, and on its modules'
+values copied into the static cache), in a CUDA graph where the backend chose graphs, and on its modules'
 caches (`CausalState`) where hooks watch them.
 """
 
@@ -74,7 +74,7 @@ def start_causal(model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, *, 
     """The state that continues `prompts` (B, P) of a decoder-only model by up to `steps` tokens, `beams` rows per
     prompt: the prompts but their last token are run once here, and the search's first step feeds that last token.
     The flat step as for an encoder-decoder model (`StaticState.for_prompts`; in a CUDA graph where the backend
-    decodes in graphs), the modules' own `decode` (`CausalState`) where hooks watch them."""
+    chose graphs), the modules' own `decode` (`CausalState`) where hooks watch them."""
     if not StaticState.runs(model):
         return CausalState(model, prompts, beams=beams)
     graphs = prompts.device.type == "cuda" and getattr(model, "cuda_graphs", False)
