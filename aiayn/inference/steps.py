@@ -63,9 +63,7 @@ def start(model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: i
     (rows of a sentence adjacent: B * beams rows). `record` keeps each step's cross-attention weights."""
     if record or not StaticState.runs(model):
         return ModuleState(model, src, beams=beams, record=record)
-    if src.device.type == "cuda" and getattr(model, "cuda_graphs", False):
-        return FixedState(model, src, steps, beams=beams)
-    return StaticState(model, src, steps, beams=beams)
+    return _flat_state(model, src)(model, src, steps, beams=beams)
 
 
 # -- a decoder-only model ----------------------------------------------------------------------------
@@ -77,8 +75,13 @@ def start_causal(model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, *, 
     chose graphs), the modules' own `decode` (`CausalState`) where hooks watch them."""
     if not StaticState.runs(model):
         return CausalState(model, prompts, beams=beams)
-    graphs = prompts.device.type == "cuda" and getattr(model, "cuda_graphs", False)
-    return (FixedState if graphs else StaticState).for_prompts(model, prompts, steps, beams=beams)
+    return _flat_state(model, prompts).for_prompts(model, prompts, steps, beams=beams)
+
+
+def _flat_state(model: nn.Module, ids: torch.Tensor) -> type[StaticState]:
+    """`FixedState`, replayed from a CUDA graph, where the backend chose graphs for a model on a GPU; else
+    `StaticState`."""
+    return FixedState if ids.device.type == "cuda" and getattr(model, "cuda_graphs", False) else StaticState
 
 
 class CausalState:
@@ -212,14 +215,22 @@ class StaticState:
         return self.head(x[:, 0]).float()  # (N, V)
 
     def _self_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
-        attn, rows, p = self.layers[i].self_attn, y.shape[0], self.position
+        attn, rows = self.layers[i].self_attn, y.shape[0]
         q, k, v = attn.project_qkv(y)  # (N, 1, d_model) each
-        self.cache[i, 0, :, :, p].copy_(k.view(rows, self.heads, self.d_k))
-        self.cache[i, 1, :, :, p].copy_(v.view(rows, self.heads, self.d_k))
-        keys, values = self.cache[i, :, :, :, : p + 1]  # (N, h, p + 1, d_k) each: the prefix and this position
-        out = attn.attend(q.view(rows, 1, self.heads, self.d_k).transpose(1, 2), keys, values, None,
+        here = (rows, self.heads, 1, self.d_k)  # this position's key and value per head
+        keys, values, mask = self._cached(i, k.view(here), v.view(here))
+        out = attn.attend(q.view(rows, 1, self.heads, self.d_k).transpose(1, 2), keys, values, mask,
                           dropout_p=0.0, need_weights=False)[0]  # (N, h, 1, d_k)
         return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model): heads concatenated
+
+    def _cached(self, i: int, key: torch.Tensor, value: torch.Tensor) -> tuple:
+        """Layer i's key and value of this position (N, h, 1, d_k) written into the cache; the keys and values
+        to attend over (N, h, p + 1, d_k), the prefix and this position, and their mask (None: all of them)."""
+        p = self.position
+        self.cache[i, 0, :, :, p : p + 1] = key
+        self.cache[i, 1, :, :, p : p + 1] = value
+        keys, values = self.cache[i, :, :, :, : p + 1]
+        return keys, values, None
 
     def _cross_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
         attn, rows = self.layers[i].cross_attn, y.shape[0]
@@ -323,15 +334,12 @@ class FixedState(StaticState):
         self.at.add_(1)
         return logits
 
-    def _self_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
-        attn, rows = self.layers[i].self_attn, y.shape[0]
-        q, k, v = attn.project_qkv(y)  # (N, 1, d_model) each
+    def _cached(self, i: int, key: torch.Tensor, value: torch.Tensor) -> tuple:
+        """Written at the position `at` holds; the whole cache is attended over, the positions after it masked."""
         keys, values = self.cache[i]  # (N, h, steps, d_k) each
-        keys.index_copy_(2, self.at, k.view(rows, self.heads, 1, self.d_k))
-        values.index_copy_(2, self.at, v.view(rows, self.heads, 1, self.d_k))
-        out = attn.attend(q.view(rows, 1, self.heads, self.d_k).transpose(1, 2), keys, values, self.visible,
-                          dropout_p=0.0, need_weights=False)[0]  # (N, h, 1, d_k)
-        return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model)
+        keys.index_copy_(2, self.at, key)
+        values.index_copy_(2, self.at, value)
+        return keys, values, self.visible
 
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
         """See `DecodingState.reorder`: the rows that go on are gathered to the front of the same buffers."""
