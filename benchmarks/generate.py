@@ -248,25 +248,21 @@ def _bandwidths(cfg, device: torch.device):
     threads = torch.get_num_threads()
     nbytes = step_parameters(cfg) * 4
     if device.type == "cuda":
-        at = {0: measure(nbytes, device=device)}
-        figure("memory bound", at[0].best / 1e9, "GB/s", device="cuda")
-        bound = ", ".join(f"{p} {bound_tokens_per_second(at[0], cfg, p):.0f}" for p in ("fp32", "bf16"))
-        print(f"memory bound: a step reads {step_parameters(cfg) / 1e6:.1f} M weights; streaming {at[0].describe()}; "
-              f"at most {bound} tokens/s at batch 1")
-        return at[0]
-    at = {threads: measure(nbytes)}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores != threads:
-        torch.set_num_threads(cores)
-        at[cores] = measure(nbytes)
-        torch.set_num_threads(threads)
-    for used, bandwidth in at.items():
-        figure("memory bound", bandwidth.best / 1e9, "GB/s", threads=used)
-    bound = ", ".join(f"{p} {bound_tokens_per_second(at[threads], cfg, p):.0f}" for p in ("fp32", "bf16", "int8"))
+        at, used, precisions, where = {0: measure(nbytes, device=device)}, 0, ("fp32", "bf16"), "on the GPU"
+    else:
+        at, used, precisions, where = {threads: measure(nbytes)}, threads, ("fp32", "bf16", "int8"), \
+            f"at {threads} thread(s)"
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if cores != threads:
+            torch.set_num_threads(cores)
+            at[cores] = measure(nbytes)
+            torch.set_num_threads(threads)
+    for key, bandwidth in at.items():
+        figure("memory bound", bandwidth.best / 1e9, "GB/s", **({"device": "cuda"} if key == 0 else {"threads": key}))
+    bound = ", ".join(f"{p} {bound_tokens_per_second(at[used], cfg, p):.0f}" for p in precisions)
     print(f"memory bound: a step reads {step_parameters(cfg) / 1e6:.1f} M weights; streaming "
-          + "; ".join(b.describe() for b in at.values()) + f"; at {threads} thread(s) at most {bound} tokens/s "
-          "at batch 1")
-    return at[threads]
+          + "; ".join(b.describe() for b in at.values()) + f"; {where} at most {bound} tokens/s at batch 1")
+    return at[used]
 
 
 def _absorbing(plain, backend, device: torch.device, rounds: int = 7) -> str:
