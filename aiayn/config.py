@@ -111,8 +111,10 @@ class ModelConfig:
         return "decoder-only" if self.causal else "encoder-decoder" if self.n_decoder_layers else "encoder-only"
 
     @property
-    def is_encoder_decoder(self) -> bool:
-        """True when the config describes a model with a decoder."""
+    def has_cross_attention(self) -> bool:
+        """True when the model has decoder layers that attend to an encoder's output (the paper's
+        "encoder-decoder attention", section 3.2.3): it reads a source sequence. A decoder-only model (`causal`)
+        has none."""
         return self.n_decoder_layers > 0
 
     # -- validation ----------------------------------------------------------------------------
@@ -151,7 +153,7 @@ class ModelConfig:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
         if not 0 <= self.pad_id < self.vocab_size:
             raise ValueError(f"pad_id {self.pad_id} is outside the vocabulary (size {self.vocab_size})")
-        if self.share_embeddings and self.is_encoder_decoder and self.target_vocab_size != self.vocab_size:
+        if self.share_embeddings and self.has_cross_attention and self.target_vocab_size != self.vocab_size:
             raise ValueError(
                 "share_embeddings needs one vocabulary: set tgt_vocab_size to null "
                 "or share_embeddings=false"

@@ -89,7 +89,7 @@ def numbers_dataset(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n
 
 def compare_dataset(*, seed: int = 0, n_train: int = 8000, n_valid: int = 500, n_test: int = 500,
                     max_number: int = 1000) -> Splits:
-    """Pairs "A ; B" of English number phrases labelled "first" or "second" (the larger one); pairs are disjoint."""
+    """Pairs "A ; B" of English number phrases, each marked "first" or "second" (the larger one); pairs are disjoint."""
     total = max_number * (max_number - 1)
     _split_sizes(total, n_train, n_valid, n_test)
     rng = random.Random(seed)

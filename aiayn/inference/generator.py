@@ -65,7 +65,7 @@ class Generator(ModelRunner):
 
         model = load_model(directory)
         if not model.config.causal:
-            what = "a translation model (encoder-decoder): use aiayn translate" if model.config.is_encoder_decoder \
+            what = "a translation model (encoder-decoder): use aiayn translate" if model.config.has_cross_attention \
                 else "an encoder-only model: use aiayn embed or aiayn predict"
             raise ValueError(f"{directory} holds {what}; generate needs a decoder-only language model "
                              "(objective=causal_lm)")

@@ -114,7 +114,7 @@ class GenerationConfig:
         if limit is not None and self.min_len > limit:
             raise ValueError(f"min_len {self.min_len} is above {spelled} {limit}: no output could end")
         if self.do_sample and self.num_beams > 1:
-            raise ValueError(f"sampling decodes one hypothesis per sentence: use {beams}=1 with do_sample")
+            raise ValueError(f"sampling draws one hypothesis per sentence: use {beams}=1 with do_sample")
 
 
 Finished = Callable[[int, list[int], float], None]  # (sentence, its tokens, its score) once its search ended

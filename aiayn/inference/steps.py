@@ -53,13 +53,13 @@ class DecodingState(Protocol):
         """Newest token ids (N, 1) -> next-token logits (N, V) in float32."""
 
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
-        """Row i continues the prefix of row `rows[i]`; with `memory_rows`, row i now decodes the source of
+        """Row i continues the prefix of row `rows[i]`; with `memory_rows`, row i now reads the source of
         row `memory_rows[i]` (sentences left the batch). Indices of the rows before this call."""
 
 
 def start(model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1,
           record: bool = False) -> DecodingState:
-    """Encode `src` (B, S) and return the state that decodes up to `steps` tokens for `beams` rows per sentence
+    """Encode `src` (B, S) and return the state that generates up to `steps` tokens for `beams` rows per sentence
     (rows of a sentence adjacent: B * beams rows). `record` keeps each step's cross-attention weights."""
     if record or not StaticState.runs(model):
         return ModuleState(model, src, beams=beams, record=record)

@@ -2,7 +2,7 @@
 
 It tokenizes (each source ends with `</s>`, as in training), sorts the sentences by length and cuts
 them into batches of at most `max_tokens` padded source tokens (little padding, and outputs come
-back in the order given), decodes on the key/value cache (`aiayn.inference.generation`) and
+back in the order given), generates on the key/value cache (`aiayn.inference.generation`) and
 detokenizes. Decoding keywords follow Hugging Face `generate()` where it has a name for them:
 `num_beams`, `max_new_tokens`, `min_new_tokens`, `length_penalty`, `repetition_penalty`,
 `no_repeat_ngram_size`, `do_sample`, `temperature`, `top_k`, `top_p`.
@@ -82,7 +82,7 @@ class Translator(ModelRunner):
 
     def __init__(self, model: nn.Module, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer | None = None, *,
                  device: str | torch.device | None = None, precision: str | None = "fp32", plain: bool = False):
-        if not getattr(model.config, "is_encoder_decoder", False):
+        if not getattr(model.config, "has_cross_attention", False):
             raise ValueError("a Translator needs an encoder-decoder model; this one is encoder-only")
         cfg = model.config
         check_vocabulary(source_tokenizer, cfg.vocab_size, "vocab_size")
@@ -99,7 +99,7 @@ class Translator(ModelRunner):
         from aiayn.io import load_model, load_tokenizers
 
         model = load_model(directory)
-        if not model.config.is_encoder_decoder:
+        if not model.config.has_cross_attention:
             hint = " (continue text with aiayn generate)" if model.config.causal else ""
             raise ValueError(f"{directory} holds a model without a decoder ({model.config.architecture}); translate "
                              f"needs an encoder-decoder{hint} (aiayn.load picks the right object for any directory)")

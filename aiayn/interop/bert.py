@@ -137,7 +137,7 @@ def config_from_bert(bert_config: dict, *, head: str = "none", num_labels: int =
 def bert_problems(cfg: ModelConfig) -> list[str]:
     """What keeps an aiayn config from BERT's layout (empty when `export_hf` can write it)."""
     problems = []
-    if cfg.is_encoder_decoder:
+    if cfg.has_cross_attention:
         problems.append("n_decoder_layers must be 0 (an encoder-only model)")
     if cfg.norm_first:
         problems.append("norm_first must be false (BERT is post-LN)")
@@ -375,8 +375,8 @@ def export_hf(model: EncoderModel, tokenizer: Tokenizer | None, directory: str |
     Writes config.json, model.safetensors and, with a tokenizer, tokenizer.json,
     tokenizer_config.json and special_tokens_map.json. A task head is not exported (logged).
     """
-    if not isinstance(model, EncoderModel):
-        raise ValueError("only encoder-only models export to BERT format")
+    if model.config.architecture != "encoder-only":
+        raise ValueError(f"only encoder-only models export to BERT format (this one is {model.config.architecture})")
     directory = Path(directory)
     bert_config = config_to_bert(model.config)
     if model.head is not None:

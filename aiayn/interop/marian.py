@@ -87,7 +87,7 @@ def to_split_layout(model: EncoderDecoderModel) -> EncoderDecoderModel:
 def layer_problems(cfg: ModelConfig, family: str) -> list[str]:
     """What the layers Marian and Pegasus share cannot express of `cfg`, each with its fix; empty when they can."""
     problems = []
-    if not cfg.is_encoder_decoder:
+    if not cfg.has_cross_attention:
         problems.append("it has no decoder (n_decoder_layers=0)")
     if cfg.positional != "sinusoidal":
         problems.append(f"{family} uses sinusoidal positions (positional=sinusoidal)")

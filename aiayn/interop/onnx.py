@@ -48,8 +48,8 @@ def export_onnx(model: EncoderModel, path: str | Path, *, opset: int = OPSET) ->
     Returns:
         The path written.
     """
-    if not isinstance(model, EncoderModel):
-        raise ValueError("only encoder-only models export to ONNX here")
+    if model.config.architecture != "encoder-only":
+        raise ValueError(f"only encoder-only models export to ONNX here (this one is {model.config.architecture})")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     cfg = model.config

@@ -404,7 +404,7 @@ def _build(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel | DecoderOnly
         if cfg.tie_embeddings:
             head.proj.weight = embed.tokens.weight  # section 3.4
         return model
-    if cfg.is_encoder_decoder:
+    if cfg.has_cross_attention:
         src_embed = _embeddings(cfg, cfg.vocab_size)
         shared = src_embed.tokens if cfg.share_embeddings else None
         tgt_embed = _embeddings(cfg, cfg.target_vocab_size, tokens=shared)

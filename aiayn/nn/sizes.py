@@ -74,7 +74,7 @@ def parameter_count(cfg: ModelConfig) -> int:
     """Parameters of `build_model(cfg)`, each shared tensor counted once (as `sum(p.numel())` counts them)."""
     final_norm = _norm(cfg.d_model) if cfg.norm_first else 0
     encoder = cfg.n_encoder_layers * encoder_layer_parameters(cfg) + final_norm
-    if not cfg.is_encoder_decoder:
+    if not cfg.has_cross_attention:
         return _embeddings(cfg, cfg.vocab_size) + encoder + _head(cfg)
     decoder = cfg.n_decoder_layers * decoder_layer_parameters(cfg) + final_norm
     target = None if cfg.share_embeddings else cfg.target_vocab_size
@@ -84,7 +84,7 @@ def parameter_count(cfg: ModelConfig) -> int:
 
 def position_tables(cfg: ModelConfig) -> int:
     """Sinusoidal tables the model keeps as buffers (one per embedding: two for an encoder-decoder)."""
-    return 0 if cfg.positional != "sinusoidal" else (2 if cfg.is_encoder_decoder else 1)
+    return 0 if cfg.positional != "sinusoidal" else (2 if cfg.has_cross_attention else 1)
 
 
 def model_bytes(cfg: ModelConfig) -> int:
@@ -118,7 +118,7 @@ def training_bytes(cfg: ModelConfig, max_tokens: int, longest: int) -> int:
 
 def describe(cfg: ModelConfig) -> str:
     """The sizes that make a model large, as a user would change them."""
-    layers = f"{cfg.n_encoder_layers:,}" + (f"+{cfg.n_decoder_layers:,}" if cfg.is_encoder_decoder else "")
+    layers = f"{cfg.n_encoder_layers:,}" + (f"+{cfg.n_decoder_layers:,}" if cfg.has_cross_attention else "")
     parts = [f"{parameter_count(cfg):,} parameters", f"layers {layers}", f"d_model {cfg.d_model:,}",
              f"d_ff {cfg.d_ff:,}", f"vocab_size {cfg.vocab_size:,}", f"max_len {cfg.max_len:,}"]
     if cfg.tgt_vocab_size is not None:
@@ -137,9 +137,9 @@ def largest_part(cfg: ModelConfig) -> str:
             + cfg.n_decoder_layers * (decoder_layer_parameters(cfg) * FLOAT_BYTES + DECODER_LAYER_OVERHEAD),
         "vocab_size": cfg.vocab_size * d * FLOAT_BYTES,
         "tgt_vocab_size": (cfg.target_vocab_size * d * FLOAT_BYTES * 2
-                           if cfg.is_encoder_decoder and not cfg.share_embeddings else 0),
+                           if cfg.has_cross_attention and not cfg.share_embeddings else 0),
         "max_len": table * FLOAT_BYTES * (position_tables(cfg) + (cfg.positional == "learned")),
-        "type_vocab_size": cfg.type_vocab_size * d * FLOAT_BYTES * (2 if cfg.is_encoder_decoder else 1),
+        "type_vocab_size": cfg.type_vocab_size * d * FLOAT_BYTES * (2 if cfg.has_cross_attention else 1),
     }
     return max(parts, key=parts.__getitem__)
 

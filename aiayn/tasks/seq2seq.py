@@ -32,7 +32,7 @@ class Seq2Seq(Task):
     exporter = "aiayn.export:export_translator"
 
     def trains(self, cfg: Any) -> bool:
-        return bool(cfg.is_encoder_decoder)
+        return bool(cfg.has_cross_attention)
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
         """Sentence pairs: two aligned files "SRC,TGT", or one file with source and target fields."""

@@ -6,7 +6,7 @@ How a budget is spent (`Budget` keeps the accounts, the trainer asks it what fit
 2. the first `PROBE_STEPS` optimizer steps measure the step time; then the run is planned: the steps
    that fit, the warmup and schedule fitted to them (`resolve_recipe`), and validations that spend
    about `VALID_SHARE` of the budget, spread evenly from `FIRST_VALID` of the planned steps on (a model
-   that has barely started decodes to the length limit: slow, and it says nothing);
+   that has barely started generates up to the length limit: slow, and it says nothing);
 3. the run keeps measuring: before every step it stops when that step, a last validation and the test
    evaluation (the newest validation's seconds per example, times the beam's cost over greedy decoding
    measured on a sample) would not fit in what is left, and a scheduled validation that would not fit

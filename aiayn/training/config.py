@@ -112,7 +112,7 @@ class TrainConfig:
         valid_metric: what validation scores, picks the best checkpoint by and stops early on: "auto"
             (seq2seq "bleu", classification "accuracy", tagging "entity_f1", masked-LM "loss"), or
             "chrf", "exact_match", "macro_f1", "loss".
-        valid_max_examples: validation decodes at most this many valid examples (0 = all).
+        valid_max_examples: validation generates for at most this many valid examples (0 = all).
         patience: stop after this many validations without a better `valid_metric` (0 = never).
         final_model: "auto", "best", "last" or "average": the saved model is the best validated
             checkpoint, the last step, or the average of the last `average_last` checkpoints

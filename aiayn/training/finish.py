@@ -70,7 +70,7 @@ def finish(t: Any, finished: bool) -> TrainResult:
 
 def evaluate_test(t: Any, num_beams: int | None = None) -> dict[str, Any]:
     """Evaluate the final model on the test split (a progress bar with `progress`); writes `eval.json` and a
-    `test` log row. `num_beams` replaces the run's (a budget short of time decodes greedily)."""
+    `test` log row. `num_beams` replaces the run's (a budget short of time searches greedily)."""
     from tqdm.auto import tqdm
 
     began = time.perf_counter()

@@ -80,7 +80,7 @@ def after_validation(t: Any) -> None:
 
 def time_beam(t: Any) -> None:
     """Decode a sample of the valid split greedily and with the test's beam: the ratio sizes the test's
-    reserve (the sample, an eighth of what validation decodes, 8 to `BEAM_SAMPLE` examples)."""
+    reserve (the sample, an eighth of what validation generates for, 8 to `BEAM_SAMPLE` examples)."""
     split = t.data.valid.head(t.cfg.valid_max_examples)
     sample = split.head(min(BEAM_SAMPLE, max(8, len(split.items) // 8)))
     seconds = []

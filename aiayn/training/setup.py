@@ -19,7 +19,7 @@ from aiayn.backends import select
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import PreparedData, load_labels, prepare_data, read_examples, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers
-from aiayn.nn.model import EncoderModel, build_model
+from aiayn.nn.model import build_model
 from aiayn.nn.sizes import check_memory, describe, largest_part, training_bytes
 from aiayn.rundir import MODEL, RUN, TRAIN_CONFIG, check_path_given, inspect_dir, no_model_hint, open_run_dir
 from aiayn.training import saves
@@ -87,8 +87,9 @@ def load_pretrained_encoder(path: str | Path) -> tuple[nn.Module, Any]:
     directory = Path(path)
     if inspect_dir(directory).kind in (MODEL, RUN):  # aiayn's own model directory
         model = load_model(directory)
-        if not isinstance(model, EncoderModel):
-            raise ValueError(f"{directory} holds an encoder-decoder; init_from needs an encoder-only model")
+        if model.config.architecture != "encoder-only":
+            raise ValueError(f"{directory}'s model is {model.config.architecture}; init_from needs an "
+                             "encoder-only one (a BERT-family checkpoint, or an aiayn encoder run)")
         return model, load_tokenizers(directory)[0]
     from aiayn.interop.bert import load_pretrained
 

@@ -32,7 +32,7 @@ def test_seq2seq_from_tsv_then_eval(tmp_path, capsys):
     result = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert {"loss", "perplexity", "token_accuracy", "bleu", "chrf", "exact_match"} <= set(result)
     # the run directory is a model directory the generation code can load
-    assert load_model(tmp_path / "run").config.is_encoder_decoder
+    assert load_model(tmp_path / "run").config.has_cross_attention
     assert load_tokenizers(tmp_path / "run")[0].vocab_size > 4
     assert main(["eval", "--run", str(tmp_path / "run"), "--split", "valid"]) == 0
     assert "valid:" in capsys.readouterr().out

@@ -77,5 +77,5 @@ def test_the_shape_known_before_the_data_is_the_shape_the_data_gives(objective):
 def test_a_plain_encoder_is_masked_lm_and_an_unowned_shape_is_named():
     assert task_of(TINY.replace(n_decoder_layers=0)) is get_task(MASKED_LM)  # BERT checkpoints load as embedders
     with pytest.raises(ValueError, match=r"no objective trains this model \(encoder-only, head 'ner'\)"):
-        task_of(SimpleNamespace(n_decoder_layers=0, causal=False, is_encoder_decoder=False, head="ner",
+        task_of(SimpleNamespace(n_decoder_layers=0, causal=False, has_cross_attention=False, head="ner",
                                 architecture="encoder-only"))
