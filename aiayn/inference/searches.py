@@ -169,7 +169,8 @@ def _constrain(scores: torch.Tensor, history: torch.Tensor | None, step: int, eo
                config: GenerationConfig) -> torch.Tensor:
     """Hugging Face's logits processors on (N, V) scores, given each row's tokens so far (N, t), start included
     (None where `_uses_history` says they are not read): repetition penalty, n-gram blocking, and no `</s>`
-    before `min_len`."""
+    before `min_len`. `scores` may be written in place (a step's own logits or log-probabilities: a copy is
+    tens of megabytes a step at a batch of beams)."""
     if config.repetition_penalty != 1.0:
         seen = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, history, True)  # (N, V)
         penalised = torch.where(scores < 0, scores * config.repetition_penalty, scores / config.repetition_penalty)
@@ -184,7 +185,6 @@ def _constrain(scores: torch.Tensor, history: torch.Tensor | None, step: int, eo
         banned.scatter_(1, torch.where(matches, windows[..., -1], vocab), True)  # column V: no match
         scores = scores.masked_fill(banned[:, :vocab], float("-inf"))
     if step < config.min_len:
-        scores = scores.clone()
         scores[:, eos_id] = float("-inf")
     return scores
 

@@ -50,7 +50,8 @@ class DecodingState(Protocol):
     attention: torch.Tensor | None  # the latest step's cross-attention (N, n_layers, h, S) when recorded
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Newest token ids (N, 1) -> next-token logits (N, V) in float32."""
+        """Newest token ids (N, 1) -> next-token logits (N, V) in float32: a new tensor each step, the caller's,
+        which the search may write into."""
 
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
         """Row i continues the prefix of row `rows[i]`; with `memory_rows`, row i now reads the source of
