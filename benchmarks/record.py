@@ -116,7 +116,7 @@ def recording(name: str, argv: list[str], directory: Path | None = None) -> Iter
 
     record.update(threads=torch.get_num_threads(), load_after=[round(x, 2) for x in os.getloadavg()],
                   versions=versions(), figures=list(_figures), output=tee.copy.getvalue())
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # the run used the GPU
         props = torch.cuda.get_device_properties(0)
         record["gpu"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
                          "memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda,
