@@ -21,7 +21,7 @@ An encoder-decoder's states (`start`), two implementations:
   (`return_attention`), and models whose modules a hook watches (profilers, `aiayn inspect`).
 All compute the same arithmetic; `tests/inference/test_steps.py` holds them equal to each other and to
 recomputing the whole prefix at every step. A decoder-only model (`start_causal`) runs the same flat step with no
-cross-attention (`StaticState.for_prompts`: the prompt runs once through the model's own `decode`, its keys and
+cross-attention (`StaticState` on prompts: the prompt runs once through the model's own `decode`, its keys and
 values copied into the static cache), in a CUDA graph where the backend chose graphs, and on its modules'
 caches (`CausalState`) where hooks watch them.
 """
@@ -72,11 +72,11 @@ def start(model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: i
 def start_causal(model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, *, beams: int = 1) -> DecodingState:
     """The state that continues `prompts` (B, P) of a decoder-only model by up to `steps` tokens, `beams` rows per
     prompt: the prompts but their last token are run once here, and the search's first step feeds that last token.
-    The flat step as for an encoder-decoder model (`StaticState.for_prompts`; in a CUDA graph where the backend
+    The flat step as for an encoder-decoder model (`StaticState` on the prompts; in a CUDA graph where the backend
     chose graphs), the modules' own `decode` (`CausalState`) where hooks watch them."""
     if not StaticState.runs(model):
         return CausalState(model, prompts, beams=beams)
-    return _flat_state(model, prompts).for_prompts(model, prompts, steps, beams=beams)
+    return _flat_state(model, prompts)(model, prompts, steps, beams=beams)
 
 
 def _flat_state(model: nn.Module, ids: torch.Tensor) -> type[StaticState]:
@@ -125,7 +125,22 @@ class StaticState:
         ours = any(all(type(layer) is kind for layer in layers) for kind in (DecoderLayer, EncoderLayer))
         return ours and not hooked(model.decoder)
 
-    def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1):
+    def __init__(self, model: EncoderDecoderModel | DecoderOnlyModel, ids: torch.Tensor, steps: int, *,
+                 beams: int = 1):
+        """The state of a search of up to `steps` tokens for `beams` rows per sentence (rows of a sentence adjacent).
+
+        `ids`: an encoder-decoder model's source (B, S), encoded here, its memory's keys and values projected once
+        per sentence; or a decoder-only model's prompts (B, P), all but their last token run once through the
+        model's own `decode` and their keys and values copied into the cache (the search's first step feeds the
+        last token, and `steps` more positions follow).
+        """
+        if model.config.has_cross_attention:
+            self._encode(model, ids, steps, beams)
+        else:
+            self._prefill(model, ids, steps, beams)
+        self._ready()
+
+    def _encode(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, beams: int) -> None:
         mask = model.source_mask(src)  # (B, 1, 1, S) or None
         memory = model.encode(src, mask)  # (B, S, d_model)
         self._allocate(model, model.tgt_embed, src.shape[0] * beams, steps, memory.dtype)
@@ -134,31 +149,18 @@ class StaticState:
         self.memory = [self._memory_side(layer.cross_attn, memory, beams) for layer in self.layers]
         self.absorbed = [layer.cross_attn.absorb(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
                          else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
-        self._ready()
 
-    @classmethod
-    def for_prompts(cls, model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, *, beams: int = 1,
-                    **options) -> StaticState:
-        """A decoder-only model's state: `prompts` (B, P) but their last token run once through the model's own
-        `decode`, their keys and values copied into the cache; the search's first step feeds the last token, and
-        `steps` more positions follow. `options` go to the class's own (`FixedState`'s `capture`)."""
-        state = cls.__new__(cls)
-        state._options(**options)
+    def _prefill(self, model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, beams: int) -> None:
         filled = prompts.shape[1] - 1
-        state._allocate(model, model.embed, prompts.shape[0] * beams, filled + steps, model.embed.tokens.weight.dtype)
-        state.memory, state.mask, state.absorbed = None, None, []  # no cross-attention
+        self._allocate(model, model.embed, prompts.shape[0] * beams, filled + steps, model.embed.tokens.weight.dtype)
+        self.memory, self.mask, self.absorbed = None, None, []  # no cross-attention
         if filled:
             caches = model.new_caches()
             model.decode(prompts[:, :-1], caches=caches)  # once per prompt, then once per beam row
             for i, cache in enumerate(caches):
-                state.cache[i, 0, :, :, :filled] = cache.key.repeat_interleave(beams, dim=0)  # (N, h, P - 1, d_k)
-                state.cache[i, 1, :, :, :filled] = cache.value.repeat_interleave(beams, dim=0)
-        state.position = filled
-        state._ready()
-        return state
-
-    def _options(self) -> None:
-        """Take the class's own construction options (none here)."""
+                self.cache[i, 0, :, :, :filled] = cache.key.repeat_interleave(beams, dim=0)  # (N, h, P - 1, d_k)
+                self.cache[i, 1, :, :, :filled] = cache.value.repeat_interleave(beams, dim=0)
+        self.position = filled
 
     def _allocate(self, model: nn.Module, embed: nn.Module, rows: int, length: int, dtype: torch.dtype) -> None:
         """The parts a step runs, and the cache of `length` positions for `rows` rows."""
@@ -274,14 +276,11 @@ class FixedState(StaticState):
 
     WARMUP = 2  # eager runs before capture, on a side stream: the allocator and each kernel's first use
 
-    def __init__(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, *, beams: int = 1,
-                 capture: bool | None = None):
-        self._options(capture)
-        super().__init__(model, src, steps, beams=beams)
-
-    def _options(self, capture: bool | None = None) -> None:
-        """`capture`: record the step in a CUDA graph (None: where the cache is on a CUDA device)."""
+    def __init__(self, model: EncoderDecoderModel | DecoderOnlyModel, ids: torch.Tensor, steps: int, *,
+                 beams: int = 1, capture: bool | None = None):
+        """`StaticState`'s; `capture`: record the step in a CUDA graph (None: where the cache is on a CUDA device)."""
         self.capture = capture
+        super().__init__(model, ids, steps, beams=beams)
 
     def _ready(self) -> None:
         rows, device, p = self.cache.shape[2], self.cache.device, self.position

@@ -168,7 +168,7 @@ def test_a_decoder_only_model_runs_the_same_flat_step_as_its_modules(how, fixed,
     tokens = torch.randint(4, 50, (prompts.shape[0] * beams, 6), generator=torch.Generator().manual_seed(2))
     tokens[:, 0] = prompts[:, -1].repeat_interleave(beams)  # the first step feeds each prompt's last token
     options = dict(capture=False) if fixed else {}
-    flat = (FixedState if fixed else StaticState).for_prompts(model, prompts, 7, beams=beams, **options)
+    flat = (FixedState if fixed else StaticState)(model, prompts, 7, beams=beams, **options)
     modules = CausalState(model, prompts, beams=beams)
     assert flat.position == 4  # the prompt but its last token, in the cache
     step_together(flat, modules, tokens, beams, leave_after=2)
