@@ -116,11 +116,14 @@ def recording(name: str, argv: list[str], directory: Path | None = None) -> Iter
 
     record.update(threads=torch.get_num_threads(), load_after=[round(x, 2) for x in os.getloadavg()],
                   versions=versions(), figures=list(_figures), output=tee.copy.getvalue())
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # the run used the GPU
+    if torch.cuda.is_available():
+        used = torch.cuda.is_initialized()  # before the properties, which initialise CUDA
         props = torch.cuda.get_device_properties(0)
         record["gpu"] = {"name": props.name, "capability": f"{props.major}.{props.minor}",
                          "memory_gib": round(props.total_memory / 2**30, 1), "cuda": torch.version.cuda,
-                         "torch": torch.__version__}
+                         "torch": torch.__version__,
+                         # whether this process ran on it (a bench that starts a server runs it in another)
+                         "used_here": used}
     record.setdefault("note", None)
     path = write(record, directory or RESULTS_DIR)
     print(f"record: {path}")

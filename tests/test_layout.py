@@ -227,8 +227,8 @@ def test_model_calls_return_one_type():
 
 def test_no_kind_flags_outside_the_plug_ins():
     """Outside aiayn/tasks/ nothing branches on what kind of objective a model serves (a flag or a model class):
-    the code asks the task object, or the config's shape (`has_cross_attention`, `causal`) where a shape is
-    what it builds or maps. Hugging Face's own Marian field keeps its name."""
+    the code asks the task object, or the config's shape (`architecture`, `has_cross_attention`, `causal`) where a
+    shape is what it builds or maps. Hugging Face's own Marian field keeps its name."""
     flags = ("encoder_decoder", "decodes", "labelled")
     classes = {"EncoderDecoderModel", "DecoderOnlyModel", "EncoderModel"}  # the three shapes build_model gives
     allowed = {"share_encoder_decoder_embeddings"}
@@ -238,12 +238,17 @@ def test_no_kind_flags_outside_the_plug_ins():
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [node.id] if isinstance(node, ast.Name) else [node.attr] if isinstance(node, ast.Attribute) \
-                else [node.arg] if isinstance(node, ast.keyword) and node.arg else []
-            names += [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else []
+                else [node.arg] if isinstance(node, (ast.keyword, ast.arg)) and node.arg else []
+            names += [node.name] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else []
+            # a name spelled as a string: getattr(config, "...")
+            names += [node.value] if isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                and node.value.isidentifier() else []
             found += [f"{path.relative_to(PACKAGE)}:{node.lineno}: {name}" for name in names
                       if name not in allowed and any(flag in name for flag in flags)]
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance":
-                kinds = node.args[1:] and ast.walk(node.args[1])
-                found += [f"{path.relative_to(PACKAGE)}:{node.lineno}: isinstance of {n.id}" for n in kinds or ()
-                          if isinstance(n, ast.Name) and n.id in classes]
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("isinstance",
+                                                                                                  "issubclass"):
+                kinds = [n.id if isinstance(n, ast.Name) else n.attr for n in ast.walk(node.args[1])
+                         if isinstance(n, (ast.Name, ast.Attribute))] if len(node.args) > 1 else []
+                found += [f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.func.id} of {kind}" for kind in kinds
+                          if kind in classes]
     assert not found, found

@@ -82,8 +82,9 @@ class Translator(ModelRunner):
 
     def __init__(self, model: nn.Module, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer | None = None, *,
                  device: str | torch.device | None = None, precision: str | None = "fp32", plain: bool = False):
-        if not getattr(model.config, "has_cross_attention", False):
-            raise ValueError("a Translator needs an encoder-decoder model; this one is encoder-only")
+        shape = getattr(getattr(model, "config", None), "architecture", "not an aiayn model")
+        if shape != "encoder-decoder":
+            raise ValueError(f"a Translator needs an encoder-decoder model; this one is {shape}")
         cfg = model.config
         check_vocabulary(source_tokenizer, cfg.vocab_size, "vocab_size")
         check_vocabulary(target_tokenizer or source_tokenizer, cfg.target_vocab_size,
@@ -101,7 +102,7 @@ class Translator(ModelRunner):
         model = load_model(directory)
         if not model.config.has_cross_attention:
             hint = " (continue text with aiayn generate)" if model.config.causal else ""
-            raise ValueError(f"{directory} holds a model without a decoder ({model.config.architecture}); translate "
+            raise ValueError(f"{directory}'s model is {model.config.architecture}; translate "
                              f"needs an encoder-decoder{hint} (aiayn.load picks the right object for any directory)")
         return cls(model, *load_tokenizers(directory), device=device, precision=precision)
 

@@ -137,8 +137,8 @@ def config_from_bert(bert_config: dict, *, head: str = "none", num_labels: int =
 def bert_problems(cfg: ModelConfig) -> list[str]:
     """What keeps an aiayn config from BERT's layout (empty when `export_hf` can write it)."""
     problems = []
-    if cfg.has_cross_attention:
-        problems.append("n_decoder_layers must be 0 (an encoder-only model)")
+    if cfg.architecture != "encoder-only":
+        problems.append(f"the model must be encoder-only (n_decoder_layers=0, causal=false), not {cfg.architecture}")
     if cfg.norm_first:
         problems.append("norm_first must be false (BERT is post-LN)")
     if not cfg.embedding_norm:
@@ -375,8 +375,9 @@ def export_hf(model: EncoderModel, tokenizer: Tokenizer | None, directory: str |
     Writes config.json, model.safetensors and, with a tokenizer, tokenizer.json,
     tokenizer_config.json and special_tokens_map.json. A task head is not exported (logged).
     """
-    if model.config.architecture != "encoder-only":
-        raise ValueError(f"only encoder-only models export to BERT format (this one is {model.config.architecture})")
+    shape = getattr(getattr(model, "config", None), "architecture", "not an aiayn model")
+    if shape != "encoder-only":
+        raise ValueError(f"only encoder-only models export to BERT format (this one is {shape})")
     directory = Path(directory)
     bert_config = config_to_bert(model.config)
     if model.head is not None:

@@ -48,8 +48,9 @@ def export_onnx(model: EncoderModel, path: str | Path, *, opset: int = OPSET) ->
     Returns:
         The path written.
     """
-    if model.config.architecture != "encoder-only":
-        raise ValueError(f"only encoder-only models export to ONNX here (this one is {model.config.architecture})")
+    shape = getattr(getattr(model, "config", None), "architecture", "not an aiayn model")
+    if shape != "encoder-only":
+        raise ValueError(f"only encoder-only models export to ONNX here (this one is {shape})")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     cfg = model.config

@@ -99,7 +99,7 @@ MODELS = [
     Case("CTranslate2 export of an encoder", ["export", "--model", "enc", "--ctranslate2", "--out", "new"], 2,
          r"the CTranslate2 export takes translators"),
     Case("translate with an encoder-only model", ["translate", "--run", "enc", "hi"], 2,
-         r"enc holds a model without a decoder \(encoder-only\); translate needs an encoder-decoder"),
+         r"enc's model is encoder-only; translate needs an encoder-decoder"),
     Case("--init-from a file", ["train", "dataset=compare", "objective=sequence_classification", "--init-from",
                                 "notes.txt", "--run", "new"], 2, r"notes.txt is not a checkpoint directory"),
 ]

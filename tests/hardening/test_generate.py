@@ -129,7 +129,7 @@ def test_other_precisions_generate_on_this_cpu(dirs, precision):
 
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--run", "{tr}", "hello"], r"tr holds a translation model \(encoder-decoder\): use aiayn translate"),
-    (["translate", "--run", "{lm}", "hello"], r"lm holds a model without a decoder.*continue text with aiayn generate"),
+    (["translate", "--run", "{lm}", "hello"], r"lm's model is decoder-only; translate needs.*continue text with aiayn"),
     (["embed", "--model", "{lm}", "hello"], r"lm holds a decoder-only language model .*embedding needs an encoder"),
     (["similarity", "--model", "{lm}", "a", "b"], r"lm holds a decoder-only language model"),
     (["trace", "--run", "{lm}", "hello"], r"this is a decoder-only language model: continue text with it"),

@@ -179,3 +179,11 @@ def test_help_lists_the_api():
     text = pydoc.render_doc(aiayn, renderer=pydoc.plaintext)
     for name in ("load(", "Translator", "Classifier", "Tagger", "Embedder", "Trainer", "GenerationConfig"):
         assert name in text, name
+
+
+@pytest.mark.parametrize("shape, settings", [("encoder-only", dict(n_decoder_layers=0)),
+                                             ("decoder-only", dict(n_decoder_layers=0, causal=True))])
+def test_a_translator_names_the_shape_of_the_model_it_refuses(shape, settings):
+    model = build_model(ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, **settings))
+    with pytest.raises(ValueError, match=f"a Translator needs an encoder-decoder model; this one is {shape}"):
+        Translator(model, None)

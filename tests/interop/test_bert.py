@@ -14,6 +14,7 @@ transformers = pytest.importorskip("transformers")
 from aiayn.config import ModelConfig  # noqa: E402
 from aiayn.inference.embeddings import encode_texts  # noqa: E402
 from aiayn.interop.bert import (  # noqa: E402
+    bert_problems,
     export_hf,
     load_bert_tokenizer,
     load_pretrained,
@@ -190,3 +191,13 @@ def test_hf_export_of_an_aiayn_encoder_with_paper_options(tmp_path):
         torch.testing.assert_close(loaded(ids).last_hidden_state, model.encode(ids), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="embedding_norm must be true"):
         export_hf(build_model(cfg.replace(embedding_norm=False)), None, tmp_path / "no")
+
+
+@pytest.mark.parametrize("shape, settings", [("encoder-decoder", dict(n_decoder_layers=1)),
+                                             ("decoder-only", dict(n_decoder_layers=0, causal=True))])
+def test_only_an_encoder_exports_to_bert_and_the_refusal_names_the_shape(tmp_path, shape, settings):
+    cfg = ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, embedding_norm=True,
+                      **settings)
+    assert f"the model must be encoder-only (n_decoder_layers=0, causal=false), not {shape}" in bert_problems(cfg)
+    with pytest.raises(ValueError, match=f"only encoder-only models export to BERT format \\(this one is {shape}\\)"):
+        export_hf(build_model(cfg), None, tmp_path / "bert")
