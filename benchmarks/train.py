@@ -12,7 +12,8 @@ cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Ada
   its users train it: logits over the padded batch, `F.cross_entropy(label_smoothing=0.1)`;
 - the same sizes built on `torch.nn.Transformer` (batch_first, post-LN, ReLU, dropout 0.1) with a shared,
   tied embedding x sqrt(d_model), sinusoidal positions and a causal mask;
-- the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP), by PyTorch's default and by oneDNN;
+- the machine's fp32 matmul peak (an n x n x n matmul, 2 n^3 FLOP), by PyTorch's default and by oneDNN, and its
+  bf16 peak where a row runs under bf16 autocast (its share is of that peak);
 - with `--threads N` (N > 1, CPU), aiayn once more as N data-parallel processes of one thread each (the
   trainer's DDP over gloo, as `torchrun --nproc_per_node N -m aiayn train threads=1` runs it): each process
   takes every N-th batch of the same list and the gradients are averaged after each step. Small products
@@ -56,6 +57,7 @@ from torch import nn
 
 from aiayn.backends import select
 from aiayn.backends.cpu import onednn_product
+from aiayn.backends.devices import bf16_supported
 from aiayn.config import ModelConfig, preset
 from aiayn.data.batching import token_batches
 from aiayn.nn.embedding import sinusoidal_table
@@ -203,10 +205,10 @@ def _sync(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def matmul_peak(n: int = 1024, repeats: int = 5, *, onednn: bool = False,
-                device: torch.device | str = "cpu") -> float:
-    """fp32 FLOP/s of an n x n x n matmul (best of `repeats`), by PyTorch's default or by oneDNN (CPU)."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+def matmul_peak(n: int = 1024, repeats: int = 5, *, onednn: bool = False, device: torch.device | str = "cpu",
+                dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of an n x n x n matmul in `dtype` (best of `repeats`), by PyTorch's default or by oneDNN (CPU)."""
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
     product = (lambda: onednn_product(a, b)) if onednn else (lambda: a @ b)
     product()
     best = math.inf
@@ -305,18 +307,37 @@ def time_rotating(steps: dict, batches: list, warmup: int, device: torch.device,
 
 
 def print_rates(seconds: dict[str, list[float]], tokens: int, flops: float, peaks: list[float],
-                peaks_onednn: list[float], counted: str, **labels: str) -> None:
-    """One row per model: tokens/s (`counted` says which tokens) and model GFLOP/s against the matmul peak;
-    `labels` go with the figures into the record."""
+                peaks_onednn: list[float], counted: str, *, bf16_rows: tuple[str, ...] = (),
+                bf16_peak: float = 0.0, **labels: str) -> None:
+    """One row per model: tokens/s (`counted` says which tokens) and model GFLOP/s against the matmul peak of its
+    precision (`bf16_rows` ran under bf16 autocast: against `bf16_peak`); `labels` go with the figures into the
+    record."""
     peak = max(statistics.median(peaks), statistics.median(peaks_onednn or peaks))
     for name, times in seconds.items():
         total = sum(times)
+        share = (f"{100 * flops / total / peak:.0f}% of peak" if name not in bf16_rows
+                 else f"{100 * flops / total / bf16_peak:.0f}% of the bf16 peak" if bf16_peak
+                 else "bf16 emulated here: no peak to hold it to")
         print(f"  {name:22s} {tokens / total:10.0f} tokens/s ({counted})   "
-              f"{flops / total / 1e9:7.1f} model GFLOP/s ({100 * flops / total / peak:.0f}% of peak)")
+              f"{flops / total / 1e9:7.1f} model GFLOP/s ({share})")
         figure(name, tokens / total, "tokens/s", **labels)
     onednn_peak = f", {statistics.median(peaks_onednn) / 1e9:.1f} GFLOP/s (oneDNN)" if peaks_onednn else ""
     print(f"  fp32 matmul peak       {statistics.median(peaks) / 1e9:10.1f} GFLOP/s (PyTorch's default)"
           f"{onednn_peak}; peak = the higher")
+    if bf16_rows and bf16_peak:
+        print(f"  bf16 matmul peak       {bf16_peak / 1e9:10.1f} GFLOP/s (for {', '.join(bf16_rows)})")
+
+
+def bf16_rows_and_peak(steps: dict, backend, device: torch.device) -> dict:
+    """`print_rates`'s bf16 arguments: the rows that ran under bf16 autocast and the bf16 matmul peak (best of
+    three measurements; 0 where the device only emulates bf16, whose plain matmul is no peak of anything); none
+    where every row ran in fp32."""
+    rows = tuple(name for name in steps if (name == "aiayn" and backend.precision == "bf16") or name == MARIAN_BF16)
+    if not rows:
+        return {}
+    native = bf16_supported(device)
+    return {"bf16_rows": rows,
+            "bf16_peak": max(matmul_peak(device=device, dtype=torch.bfloat16) for _ in range(3)) if native else 0.0}
 
 
 def print_ratios(seconds: dict[str, list[float]], peers: tuple[str, ...], **labels: str) -> None:
@@ -428,7 +449,8 @@ def decoder_only_main(args: argparse.Namespace, cfg: ModelConfig) -> int:
     seconds, flops, peaks, peaks_onednn = time_rotating(steps, batches, args.warmup, device, backend.onednn,
                                                         lambda batch: decoder_only_flops(cfg, batch[0]))
     tokens = sum(batch[0].numel() for batch in batches[args.warmup:])
-    print_rates(seconds, tokens, flops, peaks, peaks_onednn, "no padding", model="decoder-only")
+    print_rates(seconds, tokens, flops, peaks, peaks_onednn, "no padding", model="decoder-only",
+                **bf16_rows_and_peak(steps, backend, device))
     print_ratios(seconds, ("Hugging Face GPT-2",), model="decoder-only")
     return 0
 
@@ -499,7 +521,8 @@ def main(argv: list[str] | None = None) -> int:
     seconds, flops, peaks, peaks_onednn = time_rotating(steps, batches, args.warmup, device, backend.onednn,
                                                         lambda batch: batch_flops(cfg, *batch))
     tokens = sum(real_tokens[args.warmup:])
-    print_rates(seconds, tokens, flops, peaks, peaks_onednn, "real source + target tokens")
+    print_rates(seconds, tokens, flops, peaks, peaks_onednn, "real source + target tokens",
+                **bf16_rows_and_peak(steps, backend, device))
     print_ratios(seconds, ("Hugging Face Marian", MARIAN_BF16, "torch.nn.Transformer"))
     threads = torch.get_num_threads()
     if threads > 1 and device.type == "cpu" and args.steps >= threads:
