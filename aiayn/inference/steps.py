@@ -138,7 +138,6 @@ class StaticState:
             self._encode(model, ids, steps, beams)
         else:
             self._prefill(model, ids, steps, beams)
-        self._ready()
 
     def _encode(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, beams: int) -> None:
         mask = model.source_mask(src)  # (B, 1, 1, S) or None
@@ -174,9 +173,6 @@ class StaticState:
         self.spare: torch.Tensor | None = None  # reorder's target, swapped with `cache`
         self.position = 0
         self.positions = None if embed.positions is None else embed.positions(length).to(dtype)  # (length, d)
-
-    def _ready(self) -> None:
-        """Called once the state is built (`FixedState` prepares its buffers here)."""
 
     def _memory_side(self, attn: nn.Module, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
         b, length, _ = memory.shape
@@ -279,10 +275,7 @@ class FixedState(StaticState):
     def __init__(self, model: EncoderDecoderModel | DecoderOnlyModel, ids: torch.Tensor, steps: int, *,
                  beams: int = 1, capture: bool | None = None):
         """`StaticState`'s; `capture`: record the step in a CUDA graph (None: where the cache is on a CUDA device)."""
-        self.capture = capture
         super().__init__(model, ids, steps, beams=beams)
-
-    def _ready(self) -> None:
         rows, device, p = self.cache.shape[2], self.cache.device, self.position
         self.cache[:, :, :, :, p:].zero_()  # a masked position's value meets a zero weight: no NaN may sit there
         self.at = torch.full((1,), p, dtype=torch.long, device=device)  # this step's position
@@ -290,7 +283,7 @@ class FixedState(StaticState):
         self.tokens = torch.zeros(rows, 1, dtype=torch.long, device=device)  # the step's input, written in place
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None  # the graph's output buffer
-        if device.type == "cuda" if self.capture is None else self.capture:
+        if device.type == "cuda" if capture is None else capture:
             self._capture()
 
     def _capture(self) -> None:
