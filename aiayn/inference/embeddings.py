@@ -224,7 +224,7 @@ class Embedder(ModelRunner):
             from aiayn.io import load_model
 
             model, tokenizer = load_model(directory), Tokenizer.load(directory)
-            if model.config.has_cross_attention or model.config.causal:
+            if model.config.architecture != "encoder-only":
                 what = "a decoder-only language model (aiayn generate continues text with it)" \
                     if model.config.causal else "an encoder-decoder model"
                 raise ValueError(f"{directory} holds {what}; embedding needs an encoder-only one")

@@ -24,6 +24,7 @@ from aiayn.data.batching import token_batches
 from aiayn.data.collate import pad
 from aiayn.inference.generation import GenerationConfig, generate
 from aiayn.inference.runner import ModelRunner, check_batch_limits, check_vocabulary, text_list, too_long
+from aiayn.nn.model import architecture_of
 from aiayn.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,8 @@ class Translator(ModelRunner):
 
     def __init__(self, model: nn.Module, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer | None = None, *,
                  device: str | torch.device | None = None, precision: str | None = "fp32", plain: bool = False):
-        shape = getattr(getattr(model, "config", None), "architecture", "not an aiayn model")
-        if shape != "encoder-decoder":
-            raise ValueError(f"a Translator needs an encoder-decoder model; this one is {shape}")
+        if architecture_of(model) != "encoder-decoder":
+            raise ValueError(f"a Translator needs an encoder-decoder model; this one is {architecture_of(model)}")
         cfg = model.config
         check_vocabulary(source_tokenizer, cfg.vocab_size, "vocab_size")
         check_vocabulary(target_tokenizer or source_tokenizer, cfg.target_vocab_size,

@@ -23,7 +23,7 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.interop.hf_tokenizer import save_hf_tokenizer
 from aiayn.io import atomic_write_bytes
-from aiayn.nn.model import EncoderModel, build_model
+from aiayn.nn.model import EncoderModel, architecture_of, build_model
 from aiayn.rundir import load_json
 from aiayn.tasks import ENCODER_OBJECTIVES, get_task
 from aiayn.tokenization import Tokenizer, read_hf
@@ -375,9 +375,8 @@ def export_hf(model: EncoderModel, tokenizer: Tokenizer | None, directory: str |
     Writes config.json, model.safetensors and, with a tokenizer, tokenizer.json,
     tokenizer_config.json and special_tokens_map.json. A task head is not exported (logged).
     """
-    shape = getattr(getattr(model, "config", None), "architecture", "not an aiayn model")
-    if shape != "encoder-only":
-        raise ValueError(f"only encoder-only models export to BERT format (this one is {shape})")
+    if architecture_of(model) != "encoder-only":
+        raise ValueError(f"only encoder-only models export to BERT format (this one is {architecture_of(model)})")
     directory = Path(directory)
     bert_config = config_to_bert(model.config)
     if model.head is not None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aiayn.nn.model import EncoderModel
+from aiayn.nn.model import EncoderModel, architecture_of
 from aiayn.rundir import atomic_output
 
 logger = logging.getLogger(__name__)
@@ -48,9 +48,8 @@ def export_onnx(model: EncoderModel, path: str | Path, *, opset: int = OPSET) ->
     Returns:
         The path written.
     """
-    shape = getattr(getattr(model, "config", None), "architecture", "not an aiayn model")
-    if shape != "encoder-only":
-        raise ValueError(f"only encoder-only models export to ONNX here (this one is {shape})")
+    if architecture_of(model) != "encoder-only":
+        raise ValueError(f"only encoder-only models export to ONNX here (this one is {architecture_of(model)})")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     cfg = model.config

@@ -370,6 +370,12 @@ def _init_weights(model: nn.Module) -> None:
                 nn.init.zeros_(module.bias)
 
 
+def architecture_of(model: nn.Module) -> str:
+    """The shape of `model` as its config names it ("encoder-decoder", "encoder-only", "decoder-only"), or "not an
+    aiayn model" for a module without an aiayn config: what a guard that takes one shape says of another."""
+    return getattr(getattr(model, "config", None), "architecture", "not an aiayn model")
+
+
 def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel | DecoderOnlyModel:
     """Build the model a config describes: decoder-only when `causal`, encoder-decoder when `n_decoder_layers > 0`,
     else encoder-only.
