@@ -316,3 +316,19 @@ def test_training_mode_is_restored_and_left_padding_is_kept():
     out = generate(model, left, bos_id=BOS, eos_id=EOS,
                    config=GenerationConfig(max_new_tokens=6, return_attention=True))
     assert out.attention[0].shape[-1] == 5
+
+
+@pytest.mark.parametrize("vocab", [50, 2000, 37000, 37010])
+def test_argmax_rows_equals_argmax(vocab):
+    # Greedy decoding takes each row's best token through blocks' maxima: argmax's index, ties and NaN included.
+    from aiayn.inference.searches import argmax_rows
+
+    x = torch.randn(8, vocab)
+    x[1, :] = 0.0  # all equal: the first
+    x[2, 10], x[2, vocab - 1] = 5.0, 5.0  # equal maxima in a block and past the last whole block: the first
+    x[3, vocab - 1] = 9.0  # the best entry past the last whole block
+    x[4, 7], x[4, vocab // 2] = float("nan"), float("nan")  # NaN: the first, as argmax
+    x[5, vocab - 1] = float("nan")
+    x[6] = float("-inf")
+    for rows in (x, x[:1], x[3:4]):
+        assert torch.equal(argmax_rows(rows), rows.argmax(dim=-1))
