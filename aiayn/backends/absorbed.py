@@ -13,9 +13,9 @@ small batched products and a softmax instead of two weight-sized products and th
 The same sums in another order: results equal the plain step's up to float32 rounding.
 
 A and C hold B h S d_model floats each against W_Q's and W_O's d_model^2, so they are used only where
-B h S <= d_model * `MAX_FRACTION` (a base model at batch 1: sources of up to 32 tokens); beyond
-that the weights are the smaller read. Measured on both CPU kinds: docs/notes.md, "Decoding" (cross-attention
-absorbed into the memory).
+B h S <= d_model * `MAX_FRACTION`, B counting sentences, not their beams (a base model at batch 1: sources of up
+to 32 tokens); beyond that the weights are the smaller read. Measured on both CPU kinds: docs/notes.md,
+"Decoding" (cross-attention absorbed into the memory).
 """
 
 from __future__ import annotations
@@ -69,12 +69,13 @@ class AbsorbedCrossAttention(nn.Module):
         return absorb(key, value, mask, self.w_q, self.b_q, self.w_o)
 
     def attend_absorbed(self, query: torch.Tensor, absorbed: tuple) -> torch.Tensor:
-        """Cross-attention of one new position (B, 1, d_model) over the absorbed memory -> (B, 1, d_model)."""
+        """Cross-attention of L queries per memory (B, L, d_model) over the absorbed memory -> (B, L, d_model): one new
+        position of each sentence, or of each of its beams."""
         a, c, values_out = absorbed
-        batch, heads = query.shape[0], self.attn.n_heads
-        scores = torch.baddbmm(c, query, a)  # (B, 1, h S): every head's scores side by side
-        weights = scores.view(batch, heads, -1).softmax(dim=-1).view(batch, 1, -1)  # (B, 1, h S)
-        out = torch.bmm(weights, values_out)  # (B, 1, d_model): the heads' outputs through W_O, summed
+        batch, queries, heads = query.shape[0], query.shape[1], self.attn.n_heads
+        scores = torch.baddbmm(c, query, a)  # (B, L, h S): every head's scores side by side
+        weights = scores.view(batch, queries, heads, -1).softmax(dim=-1).view(batch, queries, -1)  # (B, L, h S)
+        out = torch.bmm(weights, values_out)  # (B, L, d_model): the heads' outputs through W_O, summed
         return out if self.b_o is None else out.add_(self.b_o)
 
 

@@ -9,11 +9,11 @@ small protocol, so any model that implements it is searched the same way:
 
 An encoder-decoder's states (`start`), two implementations:
 - `StaticState`, the fast one: every layer's self-attention keys and values in one buffer allocated for the
-  whole search (`steps` positions), the memory's keys and values projected once per sentence (not per beam),
-  and each step one flat function over the layers' own parts (their projections as the backend prepared
-  them, `attend`, the layer norms): about fifteen tensor operations a layer, no per-step allocation of the
-  cache, no branching on data. Cross-attention is absorbed into the memory where the backend chose that
-  (`backends.absorbed`).
+  whole search (`steps` positions), the memory's keys and values projected and kept once per sentence (the beams
+  of a sentence attend to them together, as the queries of one product), and each step one flat function over
+  the layers' own parts (their projections as the backend prepared them, `attend`, the layer norms): about
+  fifteen tensor operations a layer, no per-step allocation of the cache, no branching on data. Cross-attention
+  is absorbed into the memory where the backend chose that (`backends.absorbed`).
 - `FixedState`, the flat step at one fixed shape, which a CUDA graph captures once per search and replays per
   token where the backend chose graphs (`Backend.cuda_graphs`): on a GPU a step is otherwise bound by
   launching its hundred-odd kernels, not by running them.
@@ -140,19 +140,19 @@ class StaticState:
             self._prefill(model, ids, steps, beams)
 
     def _encode(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, beams: int) -> None:
-        mask = model.source_mask(src)  # (B, 1, 1, S) or None
-        memory = model.encode(src, mask)  # (B, S, d_model)
+        self.mask = model.source_mask(src)  # (B, 1, 1, S) or None
+        memory = model.encode(src, self.mask)  # (B, S, d_model)
         self._allocate(model, model.tgt_embed, src.shape[0] * beams, steps, memory.dtype)
-        self.mask = None if mask is None else mask.repeat_interleave(beams, dim=0)  # (N, 1, 1, S)
-        # The memory's keys and values once per sentence, then once per beam row: (N, h, S, d_k) each.
-        self.memory = [self._memory_side(layer.cross_attn, memory, beams) for layer in self.layers]
+        # The memory's keys and values once per sentence, (B, h, S, d_k) each, read by its `beams` adjacent rows.
+        self.beams = beams
+        self.memory = [self._memory_side(layer.cross_attn, memory) for layer in self.layers]
         self.absorbed = [layer.cross_attn.absorb(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
                          else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
 
     def _prefill(self, model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, beams: int) -> None:
         filled = prompts.shape[1] - 1
         self._allocate(model, model.embed, prompts.shape[0] * beams, filled + steps, model.embed.tokens.weight.dtype)
-        self.memory, self.mask, self.absorbed = None, None, []  # no cross-attention
+        self.memory, self.mask, self.absorbed, self.beams = None, None, [], beams  # no cross-attention
         if filled:
             caches = model.new_caches()
             model.decode(prompts[:, :-1], caches=caches)  # once per prompt, then once per beam row
@@ -174,11 +174,10 @@ class StaticState:
         self.position = 0
         self.positions = None if embed.positions is None else embed.positions(length).to(dtype)  # (length, d)
 
-    def _memory_side(self, attn: nn.Module, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _memory_side(self, attn: nn.Module, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, length, _ = memory.shape
         k, v = attn.project_kv(memory)  # (B, S, d_model) each
-        return tuple(t.view(b, length, self.heads, self.d_k).transpose(1, 2).repeat_interleave(beams, dim=0)
-                     .contiguous() for t in (k, v))  # (N, h, S, d_k)
+        return tuple(t.view(b, length, self.heads, self.d_k).transpose(1, 2).contiguous() for t in (k, v))
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Newest token ids (N, 1) -> logits (N, V) in float32; the keys and values of this position are kept."""
@@ -232,12 +231,14 @@ class StaticState:
         return keys, values, None
 
     def _cross_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
-        attn, rows = self.layers[i].cross_attn, y.shape[0]
+        """y (N, 1, d_model) -> (N, 1, d_model): the `beams` rows of a sentence are the queries of its memory."""
+        attn, rows, beams = self.layers[i].cross_attn, y.shape[0], self.beams
+        sentences = rows // beams
         if self.absorbed[i] is not None:
-            return attn.attend_absorbed(y, self.absorbed[i])
-        q = attn.q_proj(y).view(rows, 1, self.heads, self.d_k).transpose(1, 2)  # (N, h, 1, d_k)
+            return attn.attend_absorbed(y.view(sentences, beams, -1), self.absorbed[i]).view(rows, 1, -1)
+        q = attn.q_proj(y).view(sentences, beams, self.heads, self.d_k).transpose(1, 2)  # (B, h, beams, d_k)
         out = attn.attend(q, *self.memory[i], self.mask, dropout_p=0.0, need_weights=False)[0]
-        return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))
+        return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model): heads concatenated
 
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
         """See `DecodingState.reorder`; only the filled positions of the cache are copied."""
@@ -248,9 +249,33 @@ class StaticState:
         self.cache, self.spare = self.spare, (self.cache if self.cache.shape[2] == rows.numel() else None)
         if memory_rows is None or self.memory is None:
             return
-        self.memory = [tuple(t.index_select(0, memory_rows) for t in kv) for kv in self.memory]
-        self.mask = None if self.mask is None else self.mask.index_select(0, memory_rows)
-        self.absorbed = [None if f is None else tuple(t.index_select(0, memory_rows) for t in f) for f in self.absorbed]
+        sentences = self._sentences(memory_rows)
+        if sentences is None:  # the rows of a sentence part ways: a memory for each row from here on
+            self._memory_per_row()
+            sentences = memory_rows
+        self.memory = [tuple(t.index_select(0, sentences) for t in kv) for kv in self.memory]
+        self.mask = None if self.mask is None else self.mask.index_select(0, sentences)
+        self.absorbed = [None if f is None else tuple(t.index_select(0, sentences) for t in f) for f in self.absorbed]
+
+    def _sentences(self, memory_rows: torch.Tensor) -> torch.Tensor | None:
+        """The sentences (of those before the call) whose memories the rows now read, one for each `beams` adjacent
+        rows, as the searches move them (a finished sentence's rows leave together); None where `memory_rows` does
+        not keep each group of rows on one sentence."""
+        if self.beams == 1:
+            return memory_rows
+        if memory_rows.numel() % self.beams:
+            return None
+        groups = memory_rows.view(-1, self.beams) // self.beams  # (B', beams): the sentence each row reads
+        return groups[:, 0] if bool((groups == groups[:, :1]).all()) else None
+
+    def _memory_per_row(self) -> None:
+        """Each row its own copy of its sentence's memory, so that rows may read any sentence's."""
+        copies = self.beams
+        self.memory = [tuple(t.repeat_interleave(copies, dim=0) for t in kv) for kv in self.memory]
+        self.mask = None if self.mask is None else self.mask.repeat_interleave(copies, dim=0)
+        self.absorbed = [None if f is None else tuple(t.repeat_interleave(copies, dim=0) for t in f)
+                         for f in self.absorbed]
+        self.beams = 1
 
 
 _CAPTURING = threading.Lock()  # CUDA allows one graph capture at a time in a process
@@ -335,7 +360,9 @@ class FixedState(StaticState):
         return keys, values, self.visible
 
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
-        """See `DecodingState.reorder`: the rows that go on are gathered to the front of the same buffers."""
+        """See `DecodingState.reorder`: the rows that go on are gathered to the front of the same buffers, and the
+        sentences that go on to the front of the memory's. The rows of a sentence stay together (as the searches
+        move them): the buffers keep their shapes."""
         p, n = self.position, rows.numel()
         if p:
             if self.spare is None:  # the gathered rows, before they are copied back where the graph reads them
@@ -345,11 +372,15 @@ class FixedState(StaticState):
             self.cache[:, :, :n, :, :p] = gathered
         if memory_rows is None or self.memory is None:
             return
+        sentences = self._sentences(memory_rows)
+        if sentences is None:
+            raise ValueError("a fixed-shape step keeps the rows of a sentence together: memory_rows must move each "
+                             f"group of {self.beams} adjacent rows onto one sentence")
         kept = [*(t for kv in self.memory for t in kv), *(t for f in self.absorbed if f is not None for t in f)]
         if self.mask is not None:
             kept.append(self.mask)
         for t in kept:
-            t[:n] = t.index_select(0, memory_rows)
+            t[: sentences.numel()] = t.index_select(0, sentences)
 
 
 def _sublayer(connection: nn.Module, x: torch.Tensor, sublayer) -> torch.Tensor:

@@ -63,6 +63,31 @@ def step_together(flat, modules, tokens: torch.Tensor, beams: int, *, leave_afte
             state.reorder(parents, memory_rows=memory_rows)
 
 
+@pytest.mark.parametrize("how", ["plain", "fp32"])
+@torch.no_grad()
+def test_beams_read_their_sentence_s_memory_once_and_rows_may_still_part_ways(how):
+    # The flat step keeps one memory per sentence for its beams; rows that move onto other sentences' sources one by
+    # one (no search does) get a memory each, and still compute what the modules compute.
+    model = prepared(tiny(False), how)
+    src, beams = source(), 2
+    flat, modules = start(model, src, 6, beams=beams), ModuleState(model, src, beams=beams)
+    assert flat.memory[0][0].shape[0] == src.shape[0]  # (B, h, S, d_k): not repeated per beam
+    tokens = torch.randint(4, 50, (6, 4), generator=torch.Generator().manual_seed(3))
+    n = 6
+    for t in range(4):
+        torch.testing.assert_close(flat.step(tokens[:n, t : t + 1]), modules.step(tokens[:n, t : t + 1]), rtol=1e-5,
+                                   atol=1e-5, msg=f"step {t}")
+        if t == 0:  # rows 1 and 2 (sentences 0 and 1) become a pair, rows 5 and 4 (sentence 2) the other
+            for state in (flat, modules):
+                state.reorder(torch.tensor([0, 3, 2, 5]), memory_rows=torch.tensor([1, 2, 5, 4]))
+            n = 4
+    assert flat.beams == 1 and flat.memory[0][0].shape[0] == 4  # a memory per row from the parting on
+    fixed = FixedState(model, src, 6, beams=beams, capture=False)
+    fixed.step(tokens[:, :1])
+    with pytest.raises(ValueError, match="keeps the rows of a sentence together"):
+        fixed.reorder(torch.tensor([0, 3, 2, 5]), memory_rows=torch.tensor([1, 2, 5, 4]))
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 @pytest.mark.parametrize("how", ["plain", "fp32"])
 def test_generate_on_the_flat_step_equals_the_modules_path(monkeypatch, how, beam):
