@@ -126,7 +126,7 @@ def _save(fig, path: Path) -> Path:
 
 def plot_decoding(records: list[dict], path: Path) -> Path:
     """A PNG of every decoding record's speed over CTranslate2 (fp32 and int8) by setting, one group of bars per
-    record (its date and machine), with 1.0x marked: the same figures as the table, for a reader who looks."""
+    record (its date, time and machine), with 1.0x marked: the same figures as the table, for a reader who looks."""
     plt = _pyplot()
 
     rows = [r for r in records if r["bench"] == "generate" and any(f["name"].endswith("vs CT2") for f in r["figures"])]
@@ -136,7 +136,7 @@ def plot_decoding(records: list[dict], path: Path) -> Path:
         for i, r in enumerate(rows):
             figures = {key(f): f["value"] for f in r["figures"]}
             values = [figures.get(f"{precision} vs CT2 ({labels})", 0.0) for _, labels in DECODE_RATIOS]
-            label = f"{(r['date'] or '')[:10]}, {machine(r).split(';')[0]}"
+            label = f"{(r['date'] or '')[:16].replace('T', ' ')}, {machine(r).split(';')[0]}"  # runs of one day apart
             ax.bar([x + i * width for x in range(len(DECODE_RATIOS))], values, width, label=label)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([x + width * (len(rows) - 1) / 2 for x in range(len(DECODE_RATIOS))],
