@@ -1,8 +1,8 @@
 """Cross-attention at decoding steps with W_Q absorbed into the memory's keys and W_O into its values.
 
 A decoding step's cross-attention reads two (d_model, d_model) weights, W_Q and W_O, to attend one
-query per row over S memory positions that stay the same for the whole search. Per head h (d_k wide,
-scale 1 / sqrt(d_k)), with q_h = x W_Q,h^T + b_Q,h (W_Q,h: head h's rows of W_Q):
+query per row (the beams of a sentence together) over S memory positions that stay the same for the whole
+search. Per head h (d_k wide, scale 1 / sqrt(d_k)), with q_h = x W_Q,h^T + b_Q,h (W_Q,h: head h's rows of W_Q):
 
     scores_h = scale q_h K_h^T  = x (scale W_Q,h^T K_h^T) + scale b_Q,h K_h^T   -> x A + c
     output   = sum_h p_h V_h W_O,h^T + b_O  = p (V_h W_O,h^T stacked over h) + b_O -> p C + b_O

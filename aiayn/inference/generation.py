@@ -168,7 +168,8 @@ def _check_search_size(model: EncoderDecoderModel | DecoderOnlyModel, batch: int
     param = next(iter(model.parameters()), None)
     if param is not None and param.device.type == "cpu":
         # each hypothesis: self-attention keys and values over the steps, cross-attention ones over the source
-        # (a decoder-only model: its own keys and values over the prompt), and a few rows of vocabulary scores
+        # (a decoder-only model: its own keys and values over the prompt), and a few rows of vocabulary scores; the
+        # flat step keeps the cross-attention ones once per sentence, so for it this errs high
         layers = cfg.n_encoder_layers if cfg.causal else cfg.n_decoder_layers
         per = 4 * (2 * layers * (steps + src_len) * cfg.d_model + 4 * vocab)
         what = f"decoding {batch} {'prompt' if cfg.causal else 'sentence'}{'s' if batch != 1 else ''} with beam " \

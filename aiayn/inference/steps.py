@@ -364,18 +364,19 @@ class FixedState(StaticState):
         sentences that go on to the front of the memory's. The rows of a sentence stay together (as the searches
         move them): the buffers keep their shapes."""
         p, n = self.position, rows.numel()
+        moves_memory = memory_rows is not None and self.memory is not None
+        sentences = self._sentences(memory_rows) if moves_memory else None
+        if moves_memory and sentences is None:  # refused before anything moved
+            raise ValueError("a fixed-shape step keeps the rows of a sentence together: memory_rows must move each "
+                             f"group of {self.beams} adjacent rows onto one sentence")
         if p:
             if self.spare is None:  # the gathered rows, before they are copied back where the graph reads them
                 self.spare = torch.empty_like(self.cache)
             gathered = self.spare[:, :, :n, :, :p]
             torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=gathered)
             self.cache[:, :, :n, :, :p] = gathered
-        if memory_rows is None or self.memory is None:
-            return
-        sentences = self._sentences(memory_rows)
         if sentences is None:
-            raise ValueError("a fixed-shape step keeps the rows of a sentence together: memory_rows must move each "
-                             f"group of {self.beams} adjacent rows onto one sentence")
+            return
         kept = [*(t for kv in self.memory for t in kv), *(t for f in self.absorbed if f is not None for t in f)]
         if self.mask is not None:
             kept.append(self.mask)

@@ -44,16 +44,19 @@ def test_the_flat_step_equals_the_modules_with_beams_reordered_and_rows_dropped(
     flat = FixedState(model, src, 8, beams=beams, capture=False) if fixed else start(model, src, 8, beams=beams)
     modules = ModuleState(model, src, beams=beams)
     assert isinstance(flat, StaticState)
-    step_together(flat, modules, tokens, beams, leave_after=3)
+    # int8 quantises each call's activations over the range of all its rows, so float32 rounding before a product
+    # (here the beams of a sentence attend as one product's queries, there one row at a time) can move a value by
+    # one quantum: equal within a fraction of int8's own error against float32 (about 0.12 here), not to the last bit.
+    step_together(flat, modules, tokens, beams, leave_after=3, atol=5e-2 if how == "int8" else 1e-5)
 
 
-def step_together(flat, modules, tokens: torch.Tensor, beams: int, *, leave_after: int) -> None:
+def step_together(flat, modules, tokens: torch.Tensor, beams: int, *, leave_after: int, atol: float = 1e-5) -> None:
     """Step both states on the same tokens (N, T), comparing logits: each step the beams of a sentence swap
     parents, and after step `leave_after` the first sentence's rows leave the batch."""
     n = tokens.shape[0]
     for t in range(tokens.shape[1]):
-        torch.testing.assert_close(flat.step(tokens[:n, t : t + 1]), modules.step(tokens[:n, t : t + 1]), rtol=1e-5,
-                                   atol=1e-5, msg=f"step {t}")
+        torch.testing.assert_close(flat.step(tokens[:n, t : t + 1]), modules.step(tokens[:n, t : t + 1]),
+                                   rtol=min(atol, 1e-2), atol=atol, msg=f"step {t}")
         parents = torch.arange(n).view(-1, beams).flip(1).reshape(-1)  # each beam continues another's prefix
         memory_rows = None
         if t == leave_after:
@@ -84,8 +87,10 @@ def test_beams_read_their_sentence_s_memory_once_and_rows_may_still_part_ways(ho
     assert flat.beams == 1 and flat.memory[0][0].shape[0] == 4  # a memory per row from the parting on
     fixed = FixedState(model, src, 6, beams=beams, capture=False)
     fixed.step(tokens[:, :1])
+    cache = fixed.cache.clone()
     with pytest.raises(ValueError, match="keeps the rows of a sentence together"):
         fixed.reorder(torch.tensor([0, 3, 2, 5]), memory_rows=torch.tensor([1, 2, 5, 4]))
+    assert torch.equal(fixed.cache, cache)  # refused before anything moved
 
 
 @pytest.mark.parametrize("beam", [1, 4])
