@@ -93,6 +93,25 @@ def test_beams_read_their_sentence_s_memory_once_and_rows_may_still_part_ways(ho
     assert torch.equal(fixed.cache, cache)  # refused before anything moved
 
 
+@pytest.mark.parametrize("fixed", [False, True])
+@pytest.mark.parametrize("beam", [2, 4])
+def test_beam_search_with_sentences_leaving_at_each_end_equals_the_modules_path(monkeypatch, beam, fixed):
+    # Length limits by source length, so that sentences end at different steps, and every end retires its sentence:
+    # the rows that go on keep reading their own sentences' memories.
+    monkeypatch.setattr("aiayn.inference.searches.RETIRE_FRACTION", 10**6)
+    model = prepared(tiny(False), "fp32")
+    src = torch.randint(4, 50, (4, 8), generator=torch.Generator().manual_seed(4))
+    src[1, 3:], src[3, 6:] = 0, 0
+    config = GenerationConfig(max_new_tokens=None, length_ratio=1.0, extra_len=2, num_beams=beam)
+    if fixed:
+        monkeypatch.setattr(steps, "_flat_state", lambda model, ids: FixedState)
+    flat = generate(model, src, bos_id=1, eos_id=2, config=config)
+    monkeypatch.setattr(StaticState, "runs", staticmethod(lambda model: False))
+    modules = generate(model, src, bos_id=1, eos_id=2, config=config)
+    assert flat.tokens == modules.tokens and len({len(t) for t in flat.tokens}) > 1
+    torch.testing.assert_close(flat.scores, modules.scores, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("beam", [1, 4])
 @pytest.mark.parametrize("how", ["plain", "fp32"])
 def test_generate_on_the_flat_step_equals_the_modules_path(monkeypatch, how, beam):
