@@ -253,9 +253,14 @@ class StaticState:
         if sentences is None:  # the rows of a sentence part ways: a memory for each row from here on
             self._memory_per_row()
             sentences = memory_rows
-        self.memory = [tuple(t.index_select(0, sentences) for t in kv) for kv in self.memory]
-        self.mask = None if self.mask is None else self.mask.index_select(0, sentences)
-        self.absorbed = [None if f is None else tuple(t.index_select(0, sentences) for t in f) for f in self.absorbed]
+        self._map_memory(lambda t: t.index_select(0, sentences))
+
+    def _map_memory(self, fn) -> None:
+        """Replace each tensor kept per sentence (the memory's keys and values, their absorbed forms, the source mask)
+        by `fn` of it."""
+        self.memory = [tuple(fn(t) for t in kv) for kv in self.memory]
+        self.absorbed = [None if f is None else tuple(fn(t) for t in f) for f in self.absorbed]
+        self.mask = None if self.mask is None else fn(self.mask)
 
     def _sentences(self, memory_rows: torch.Tensor) -> torch.Tensor | None:
         """The sentences (of those before the call) whose memories the rows now read, one for each `beams` adjacent
@@ -271,10 +276,7 @@ class StaticState:
     def _memory_per_row(self) -> None:
         """Each row its own copy of its sentence's memory, so that rows may read any sentence's."""
         copies = self.beams
-        self.memory = [tuple(t.repeat_interleave(copies, dim=0) for t in kv) for kv in self.memory]
-        self.mask = None if self.mask is None else self.mask.repeat_interleave(copies, dim=0)
-        self.absorbed = [None if f is None else tuple(t.repeat_interleave(copies, dim=0) for t in f)
-                         for f in self.absorbed]
+        self._map_memory(lambda t: t.repeat_interleave(copies, dim=0))
         self.beams = 1
 
 
@@ -377,11 +379,12 @@ class FixedState(StaticState):
             self.cache[:, :, :n, :, :p] = gathered
         if sentences is None:
             return
-        kept = [*(t for kv in self.memory for t in kv), *(t for f in self.absorbed if f is not None for t in f)]
-        if self.mask is not None:
-            kept.append(self.mask)
-        for t in kept:
+
+        def gathered_in_place(t: torch.Tensor) -> torch.Tensor:  # the same buffer: the graph reads it
             t[: sentences.numel()] = t.index_select(0, sentences)
+            return t
+
+        self._map_memory(gathered_in_place)
 
 
 def _sublayer(connection: nn.Module, x: torch.Tensor, sublayer) -> torch.Tensor:
