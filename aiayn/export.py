@@ -196,7 +196,7 @@ def check_hf_translator(translator: Translator, directory: str | Path) -> list[A
     for beam in (1, 4):
         with torch.no_grad():
             out = hf_model.generate(**batch, num_beams=beam, max_new_tokens=_check_limit(translator),
-                                    length_penalty=0.6, early_stopping=True, do_sample=False)
+                                    length_penalty=0.6, early_stopping=False, do_sample=False)
         theirs = [_until(row[1:].tolist(), target.eos_id) for row in out]
         ours = _aiayn_tokens(translator, texts, beam)
         search = "greedy" if beam == 1 else f"beam {beam}"

@@ -45,9 +45,11 @@ class GenerationConfig:
         min_len: fewest tokens before `</s>` may be chosen (its log-probability is set to -inf before).
         num_beams: 1 is greedy (or sampling); more runs beam search.
         length_penalty: alpha in score = sum(log p) / length ** alpha (beam search only).
-        early_stopping: True stops a sentence once `num_beams` hypotheses are finished; False
-            keeps searching while a running beam could still beat the worst finished one
-            (Hugging Face's heuristic).
+        early_stopping: False (the default, as Hugging Face's) keeps searching while the best running beam,
+            scored at its length so far, beats the worst finished hypothesis. True stops a sentence once
+            `num_beams` hypotheses are finished, however poor, while a far better beam may still be running:
+            on a confident model the beams behind the best one are slips that end a token early, and True
+            returned those (docs/notes.md, "Decoding").
         do_sample: sample instead of taking the best token (num_beams must be 1).
         temperature, top_k, top_p: sampling warpers, applied in that order (0 / 1.0 disable top-k / top-p).
         repetition_penalty: a token already generated gets its score divided by this (multiplied when
@@ -68,7 +70,7 @@ class GenerationConfig:
     min_len: int = 0
     num_beams: int = 1
     length_penalty: float = 0.6
-    early_stopping: bool = True
+    early_stopping: bool = False
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int = 0

@@ -233,7 +233,7 @@ def export_marian(model: EncoderDecoderModel, source_tokenizer: Tokenizer, targe
 
     `MarianMTModel.from_pretrained(directory)` and `AutoTokenizer.from_pretrained(directory)` load it;
     the decoder starts from `<s>` as in training, and `generate()` defaults to the search of
-    `aiayn translate` (beam 4, length penalty 0.6, early stopping). One shared vocabulary is one
+    `aiayn translate` (beam 4, length penalty 0.6, Hugging Face's stopping rule). One shared vocabulary is one
     tokenizer; separate ones put the target's in `directory/target` (decode outputs with it).
     """
     hf = to_marian(model, decoder_start_token_id=target_tokenizer.bos_id, eos_token_id=target_tokenizer.eos_id)
@@ -246,7 +246,8 @@ def save_translator(hf, source_tokenizer: Tokenizer, target_tokenizer: Tokenizer
     """Write a Hugging Face translator and its tokenizers into `directory`, `generate()` set to aiayn's beam search."""
     directory = Path(directory)
     gen = hf.generation_config
-    gen.num_beams, gen.length_penalty, gen.early_stopping = num_beams, length_penalty, True
+    gen.num_beams, gen.length_penalty = num_beams, length_penalty
+    gen.early_stopping = False  # as `GenerationConfig`'s default: the best running beam may still win
     with atomic_files(directory) as staging:
         hf.save_pretrained(staging)
         save_hf_tokenizer(source_tokenizer, staging, template="marian", max_len=max_len)

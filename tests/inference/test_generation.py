@@ -332,3 +332,42 @@ def test_argmax_rows_equals_argmax(vocab):
     x[6] = float("-inf")
     for rows in (x, x[:1], x[3:4]):
         assert torch.equal(argmax_rows(rows), rows.argmax(dim=-1))
+
+
+class _ScriptedDecoder:
+    """A confident model of one sentence, 3 4 5 6 `</s>`: after token t the next is `NEXT[t]` with probability ~0.9;
+    the slips are `</s>` and the token after the next (a skip, whose beam ends a step early), each ~0.03."""
+
+    NEXT = {BOS: 3, 3: 4, 4: 5, 5: 6, 6: EOS}
+    VOCAB = 10
+
+    def __init__(self):
+        self.attention = None
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        probs = torch.full((tokens.shape[0], self.VOCAB), 1e-3)
+        probs[:, BOS] = 0.0
+        for row, token in enumerate(tokens[:, 0].tolist()):
+            intended = self.NEXT.get(token, EOS)
+            probs[row, EOS] = probs[row, self.NEXT.get(intended, EOS)] = 0.03
+            probs[row, intended] = 0.9
+        return (probs / probs.sum(dim=1, keepdim=True)).clamp_min(1e-12).log()
+
+    def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
+        pass  # the next token depends on the newest one only
+
+
+@pytest.mark.parametrize("beam", [2, 4])
+def test_beam_search_keeps_searching_while_its_best_beam_runs(beam):
+    # Beams that skip a token finish first, with poor scores: stopping once `beam` hypotheses have finished
+    # returns one of them while the best beam (greedy's sentence) is still running; the default search
+    # continues while that beam can still beat the worst finished one, as Hugging Face's `generate()`.
+    def search(early_stopping: bool) -> list[int]:
+        config = GenerationConfig(max_new_tokens=10, num_beams=beam, early_stopping=early_stopping)
+        tokens, _, _ = _beam_search(lambda steps, beams, record: _ScriptedDecoder(), torch.tensor([[BOS]]),
+                                    torch.tensor([10]), EOS, config)
+        return tokens[0]
+
+    assert GenerationConfig().early_stopping is False
+    assert search(False) == [3, 4, 5, 6]
+    assert search(True) != [3, 4, 5, 6]  # the rule the default replaced: a shorter, worse sentence
