@@ -325,7 +325,9 @@ def _beam_search(begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id
         history = None
         if _uses_history(config):
             history = torch.cat([start, beams.running.view(beams.batch * k, -1)[:, :step]], dim=1)  # (B*k, P + step)
-        log_probs = _constrain(F.log_softmax(logits, dim=-1), history, step, eos_id, config)
+        # Over the step's own logits (the caller's to write): at a batch of beams a second (N, V) tensor each step
+        # is tens of megabytes whose pages the system maps anew every time (docs/notes.md, "Decoding").
+        log_probs = _constrain(torch.log_softmax(logits, -1, out=logits), history, step, eos_id, config)
         # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
         # are among the best 2k tokens of each of its beams: only those are scored.
         top = topk_rows(log_probs, min(2 * k, log_probs.shape[-1]))  # 2 x (B*k, 2k)

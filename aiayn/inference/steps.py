@@ -170,7 +170,10 @@ class StaticState:
         device = embed.tokens.weight.device
         # Self-attention's keys and values of every layer, for the whole search: (n_layers, 2, N, h, length, d_k).
         self.cache = torch.empty(len(self.layers), 2, rows, self.heads, length, self.d_k, dtype=dtype, device=device)
-        self.spare: torch.Tensor | None = None  # reorder's target, swapped with `cache`
+        # Reorder's target, as many rows as the search began with; swapped with the buffer that holds `cache`, which
+        # is a view of its first rows once sentences have left.
+        self.spare: torch.Tensor | None = None
+        self.held = self.cache  # the whole buffer `cache` views
         self.position = 0
         self.positions = None if embed.positions is None else embed.positions(length).to(dtype)  # (length, d)
 
@@ -242,11 +245,14 @@ class StaticState:
 
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
         """See `DecodingState.reorder`; only the filled positions of the cache are copied."""
-        p = self.position
-        if self.spare is None or self.spare.shape[2] != rows.numel():
-            self.spare = self.cache.new_empty(*self.cache.shape[:2], rows.numel(), *self.cache.shape[3:])
-        torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=self.spare[:, :, :, :, :p])
-        self.cache, self.spare = self.spare, (self.cache if self.cache.shape[2] == rows.numel() else None)
+        p, n = self.position, rows.numel()
+        # Into the first n rows of a buffer kept for the whole search: a buffer allocated anew at each retirement
+        # costs its pages' first writes (page faults, about 10x the copy: docs/notes.md, "Decoding").
+        if self.spare is None:
+            self.spare = torch.empty_like(self.held)
+        target = self.spare[:, :, :n]
+        torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=target[:, :, :, :, :p])
+        self.cache, self.held, self.spare = target, self.spare, self.held
         if memory_rows is None or self.memory is None:
             return
         sentences = self._sentences(memory_rows)

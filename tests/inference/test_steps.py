@@ -163,6 +163,24 @@ def test_the_static_cache_is_allocated_once_for_the_search():
 
 
 @torch.no_grad()
+def test_reordering_and_leaving_rows_reuse_two_buffers_for_the_whole_search():
+    # A buffer allocated at each retirement paid its pages' first writes again: the cache moves between two buffers
+    # of the first batch's size, and the rows that leave make it a view of the first rows.
+    model = tiny(False)
+    src, beams = source(), 2
+    flat, modules = start(model, src, 8, beams=beams), ModuleState(model, src, beams=beams)
+    tokens = torch.randint(4, 50, (src.shape[0] * beams, 7), generator=torch.Generator().manual_seed(2))
+    buffers = set()
+    original = flat.step
+    def step(t: torch.Tensor) -> torch.Tensor:
+        buffers.add(flat.cache.untyped_storage().data_ptr())
+        return original(t)
+    flat.step = step
+    step_together(flat, modules, tokens, beams, leave_after=2)  # the logits stay equal to the modules'
+    assert flat.cache.shape[2] == (src.shape[0] - 1) * beams and len(buffers) == 2
+
+
+@torch.no_grad()
 def test_the_flat_step_embeds_as_the_modules_with_learned_positions_token_types_and_an_embedding_norm():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1, n_decoder_layers=2,
