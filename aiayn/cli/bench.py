@@ -27,6 +27,7 @@ BENCHMARKS = {
              "decoder-only: vs Hugging Face GPT-2)",
     "translate": "English -> French from this machine's gettext catalogs: aiayn vs Marian trained alike, BLEU and time",
     "generate": "greedy and beam decoding vs CTranslate2 and Hugging Face generate(), fp32 and int8",
+    "file": "a trained run translating a test file vs its CTranslate2 export: time, BLEU and chrF",
     "embed": "sentence embedding with all-MiniLM-L6-v2 vs sentence-transformers and BertModel",
     "long": "encoder forward at lengths 1,024-16,384: time and peak memory against the L x L matrix",
     "serve": "aiayn serve under N concurrent clients vs one request at a time and the in-process object",

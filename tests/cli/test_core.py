@@ -219,3 +219,22 @@ def test_the_cli_lets_openmp_threads_sleep_while_they_wait_unless_told_otherwise
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=run_env, timeout=120)
         assert out.returncode == 0, out.stderr
         assert out.stderr.strip().splitlines()[-1] == expected
+
+
+def test_bench_file_translates_a_test_file_with_the_run_and_its_ctranslate2_export(capsys, translation_run, tmp_path):
+    from tests.conftest import SAMPLE_LINES
+
+    data = tmp_path / "test.tsv"  # the copy task: each source is its own reference
+    data.write_text("".join(f"{line}\t{line}\n" for line in SAMPLE_LINES if line), encoding="utf-8")
+    code, out, err = run(capsys, "bench", "file", "--run", str(translation_run), "--data", str(data), "--threads", "1",
+                       "--repeats", "1")
+    assert code == 0 and "8 sentences" in out, err
+    for search in ("greedy", "beam-4"):
+        assert re.search(rf"{search} +aiayn fp32 +[\d.]+ s +[\d.]+ sentences/s +BLEU +[\d.]+ +chrF", out), out
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        assert "CTranslate2 not installed" in out
+        return
+    assert re.search(r"greedy +CTranslate2 fp32 +[\d.]+ s .*BLEU", out)
+    assert re.search(r"beam-4 +aiayn / CTranslate2, fp32: [\d.]+x", out)

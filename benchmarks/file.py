@@ -1,0 +1,153 @@
+"""Translating a test file with a trained run: aiayn against the run's own CTranslate2 export.
+
+Run: `aiayn bench file --run RUN --data test.tsv [--threads 1] [--searches greedy,beam-4] [--precisions fp32,int8]`.
+
+`aiayn bench generate` times one random base-size model on forced lengths; this is the work a user does with
+what they trained: real sentences of every length, each ending where its search ends, batches of sentences of
+similar length, a small model and vocabulary (what a run of minutes trains). In one run it
+
+- loads the run as `aiayn translate` does (`Translator`, the machine's backend for each precision) and exports
+  it to CTranslate2 (`aiayn.interop.ctranslate2`, the same conversion as `aiayn export --ctranslate2`; int8
+  as CTranslate2's `int8` weights);
+- translates the file's sources with each engine in turn, in a rotating order, `--repeats` times: both batch by
+  padded source tokens (`--max-tokens`, aiayn's default; CTranslate2's `max_batch_size` with `batch_type`
+  tokens), beam search with length penalty 0.6, outputs up to the longest source + 50 tokens (at most the
+  model's positions);
+- prints each engine's seconds for the file (best repeat), sentences a second, the ratio of aiayn's speed to
+  CTranslate2's at the same precision (median of per-repeat ratios), and each output's BLEU and chrF against
+  the file's references (sacrebleu), since the two searches may stop differently.
+
+`--data` is a TSV of source and reference per line (as `aiayn corpus` writes), or a text file of sources (no BLEU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from interleave import interleaved  # benchmarks/interleave.py
+from record import figure  # benchmarks/record.py
+
+SEARCHES = {"greedy": 1, "beam-4": 4}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="a run or model directory of a translation model")
+    p.add_argument("--data", required=True, help="TSV of source<TAB>reference (or one source per line)")
+    p.add_argument("--threads", type=int, default=None, help="torch and CTranslate2 threads (default: torch's)")
+    p.add_argument("--searches", default="greedy,beam-4", help="greedy, beam-4 or both (default)")
+    p.add_argument("--precisions", default="fp32", help="comma-separated: fp32, int8 (default fp32)")
+    p.add_argument("--repeats", type=int, default=2, help="timed translations of the file per engine (2)")
+    p.add_argument("--limit", type=int, default=0, help="the first N sentences only (0: all)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch (4096)")
+    return p
+
+
+def read_pairs(path: Path, limit: int) -> tuple[list[str], list[str] | None]:
+    """Sources and references (None when the file has one column)."""
+    rows = [line.rstrip("\n").split("\t") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = rows[:limit] if limit else rows
+    sources = [row[0] for row in rows]
+    references = [row[1] for row in rows] if rows and all(len(row) > 1 for row in rows) else None
+    return sources, references
+
+
+def aiayn_engine(translator, max_tokens: int):
+    """A function that translates a list of texts as `aiayn translate` does, beam search with length penalty 0.6."""
+    from aiayn.inference.generation import GenerationConfig
+
+    def translate(texts: list[str], beam: int) -> list[str]:
+        return translator.translate(texts, GenerationConfig(num_beams=beam, length_penalty=0.6), max_tokens=max_tokens)
+
+    return translate
+
+
+def ctranslate2_engine(translator, directory: Path, precision: str, threads: int, max_tokens: int):
+    """A function that translates a list of texts with the run's CTranslate2 export (the export's pieces in,
+    the target tokenizer's text out)."""
+    import ctranslate2
+
+    from aiayn.interop.ctranslate2 import source_tokens, to_ctranslate2
+
+    to_ctranslate2(translator.model, translator.source_tokenizer, directory,
+                   target_tokenizer=translator.target_tokenizer, quantization="int8" if precision == "int8" else None)
+    engine = ctranslate2.Translator(str(directory), device="cpu", compute_type="int8" if precision == "int8"
+                                    else "float32", intra_threads=threads, inter_threads=1)
+    target, limit = translator.target_tokenizer, translator.model.config.max_len  # aiayn's limits: the same
+
+    def translate(texts: list[str], beam: int) -> list[str]:
+        pieces = [source_tokens(translator.source_tokenizer, text) for text in texts]
+        longest = min(max(map(len, pieces)) + 50, limit)
+        results = engine.translate_batch(pieces, beam_size=beam, length_penalty=0.6, max_batch_size=max_tokens,
+                                         batch_type="tokens", max_decoding_length=longest)
+        return target.decode_batch([[target.hf.token_to_id(p) for p in r.hypotheses[0]] for r in results])
+
+    return translate
+
+
+def scores(outputs: list[str], references: list[str] | None) -> str:
+    if references is None:
+        return ""
+    import sacrebleu
+
+    bleu, chrf = sacrebleu.corpus_bleu(outputs, [references]).score, sacrebleu.corpus_chrf(outputs, [references]).score
+    return f"BLEU {bleu:5.2f}  chrF {chrf:5.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print a table; returns 0."""
+    from aiayn.inference.translator import Translator
+
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    sources, references = read_pairs(Path(args.data), args.limit)
+    searches = [(name, SEARCHES[name]) for name in args.searches.split(",") if name in SEARCHES]
+    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    try:
+        import ctranslate2
+    except ImportError:
+        ctranslate2 = None
+    with tempfile.TemporaryDirectory() as tmp:
+        engines = {}
+        for precision in precisions:
+            translator = Translator.from_pretrained(args.run, device="cpu", precision=precision)
+            engines[f"aiayn {precision}"] = aiayn_engine(translator, args.max_tokens)
+            if ctranslate2 is not None:
+                engines[f"CTranslate2 {precision}"] = ctranslate2_engine(translator, Path(tmp) / precision, precision,
+                                                                         threads, args.max_tokens)
+        cfg = translator.model.config
+        words = sum(len(s.split()) for s in sources)
+        print(f"{args.run}: d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, vocabulary "
+              f"{cfg.target_vocab_size}; {len(sources)} sentences ({words} words) of {args.data}; torch "
+              f"{torch.__version__}, {threads} threads"
+              + (f", CTranslate2 {ctranslate2.__version__}" if ctranslate2 else ", CTranslate2 not installed"))
+        print(f"seconds for the file: best of {args.repeats} rotating repeats; ratio: median of per-repeat ratios")
+        for search, beam in searches:
+            outputs, fns = {}, {}
+            for name, engine in engines.items():
+                fns[name] = lambda name=name, engine=engine, beam=beam, outputs=outputs: outputs.__setitem__(
+                    name, engine(sources, beam))
+                engine(sources[:32], beam)  # warm up: the backend's first calls, CTranslate2's first batch
+            times = interleaved(fns, args.repeats)
+            for name in engines:
+                best = min(times[name])
+                print(f"{search:<7} {name:<17} {best:8.2f} s  {len(sources) / best:8.1f} sentences/s  "
+                      f"{scores(outputs[name], references)}", flush=True)
+                figure(name, len(sources) / best, "sentences/s", search=search)
+            for precision in precisions:
+                ours, theirs = f"aiayn {precision}", f"CTranslate2 {precision}"
+                if theirs in times:
+                    ratio = statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
+                    print(f"{search:<7} aiayn / CTranslate2, {precision}: {ratio:.2f}x", flush=True)
+                    figure(f"{precision} vs CT2", ratio, "x", search=search)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
