@@ -104,7 +104,7 @@ def _contenders(engines: dict, src: torch.Tensor, beam: int, new_tokens: int) ->
             def fn(hf=engine):
                 out = hf.generate(input_ids=src, attention_mask=torch.ones_like(src), num_beams=beam,
                                   do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                  length_penalty=0.6, early_stopping=True)
+                                  length_penalty=0.6, early_stopping=False)
                 assert out.shape[1] == new_tokens + 1
         fns[name] = fn
     return fns

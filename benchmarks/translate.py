@@ -184,7 +184,7 @@ def marian_decode(model, tokenizer, sources: list[str], *, beams: int, length_pe
                 ids[row, : len(encoded[i])] = torch.tensor(encoded[i])
             generated = model.generate(input_ids=ids, attention_mask=ids != pad, num_beams=beams, do_sample=False,
                                        max_new_tokens=width + 50, length_penalty=length_penalty,
-                                       early_stopping=True)
+                                       early_stopping=False)
             for row, i in enumerate(batch):
                 out[i] = tokenizer.decode(generated[row].tolist(), skip_special_tokens=True)
     return [out[i] for i in range(len(sources))]

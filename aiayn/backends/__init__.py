@@ -9,7 +9,15 @@ The modules import one way: `shapes` (row classes and shape kinds) and `hooks` -
 `fused`, `int8`, `absorbed`) -> `calibrate` (times the kernels) -> `backend` (`Backend`, `select`).
 """
 
-from aiayn.backends.backend import MODES, PRECISIONS, Backend, select, shared_copy, weights_version
+from aiayn.backends.backend import (
+    MODES,
+    PRECISIONS,
+    Backend,
+    inference_shape,
+    select,
+    shared_copy,
+    weights_version,
+)
 from aiayn.backends.devices import (
     available_devices,
     bf16_supported,
@@ -19,5 +27,6 @@ from aiayn.backends.devices import (
     usable_cores,
 )
 
-__all__ = ["MODES", "PRECISIONS", "Backend", "available_devices", "bf16_supported", "describe_device", "model_device",
-           "resolve_device", "select", "shared_copy", "usable_cores", "weights_version"]
+__all__ = ["MODES", "PRECISIONS", "Backend", "available_devices", "bf16_supported", "describe_device",
+           "inference_shape", "model_device", "resolve_device", "select", "shared_copy", "usable_cores",
+           "weights_version"]

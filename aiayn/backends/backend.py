@@ -250,8 +250,16 @@ def _attention_off_cudnn() -> None:
         logger.info("cuDNN attention left out of scaled_dot_product_attention: it plans anew for every shape")
 
 
+def inference_shape(model: nn.Module) -> tuple[int, int, int, int]:
+    """(d_model, d_ff, vocabulary, weight bytes) of `model`, for `select(..., inference_shape=...)`."""
+    cfg = model.config
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    return cfg.d_model, cfg.d_ff, cfg.target_vocab_size, weight_bytes
+
+
 def select(device: str | torch.device | None = None, mode: str = "inference", precision: str | None = None, *,
-           plain: bool = False, compile: bool = False, train_shape: tuple[int, int, int] | None = None) -> Backend:
+           plain: bool = False, compile: bool = False, train_shape: tuple[int, int, int] | None = None,
+           inference_shape: tuple[int, int, int, int] | None = None) -> Backend:
     """Decide how to run on `device` (default: the best available) in `mode`, from what this machine can use.
 
     Args:
@@ -263,6 +271,9 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         compile: also `torch.compile` the prepared model (CUDA and CPU; off by default).
         train_shape: (batch tokens, d_model, d_ff) of the model to train: its products and Q/K/V are chosen by
             what was measured at those widths (`calibrate.training_choices`); None: at a base model's.
+        inference_shape: (d_model, d_ff, vocabulary, weight bytes) of the model to run (`inference_shape` of a
+            model): its products are chosen by what was measured at those widths (`calibrate.inference_kernels`);
+            None: at a base model's.
 
     Raises:
         ValueError: an unknown mode or precision, a device this machine lacks, int8 outside CPU inference.
@@ -288,7 +299,8 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         return replace(backend, fused_qkv=True, compile=compile, cuda_graphs=graphs)
     measured = calibrate.choices()
     logger.debug("CPU products on this machine (%s): %s", calibrate.cache_path(measured.machine), measured.describe())
-    kernels = cpu.kernel_triples(measured.inference)
+    by_width = calibrate.inference_kernels(*inference_shape) if inference_shape and mode == "inference" else None
+    kernels = cpu.kernel_triples(by_width or measured.inference)
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
         pays = tuple((rows, kind) for rows, by_kind in calibrate.int8_weight_choices().items()
                      for kind, yes in by_kind.items() if yes)

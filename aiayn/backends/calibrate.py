@@ -100,6 +100,8 @@ class Choices:
             (`int8_weight_choices`), so that float32 users do not wait for it.
         training: by "rows x d_model x d_ff", [products on oneDNN, Q/K/V stacked] for training a model of those
             widths (`training_choices`); measured the first time a run of that shape asks.
+        inference_widths: by "d_model x d_ff x vocabulary", the inference kernels (as `inference`) for a model of
+            those widths (`inference_kernels`); measured the first time a model of that shape is prepared.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
@@ -115,6 +117,7 @@ class Choices:
     ratios: dict[str, list[float]] = field(default_factory=dict)
     int8_weights: dict[str, dict[str, bool]] | None = None
     training: dict[str, list[bool]] | None = None
+    inference_widths: dict[str, dict[str, dict[str, str]]] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -144,7 +147,12 @@ class Choices:
                 + "".join(f"; training {key} (rows x d_model x d_ff): {'oneDNN' if onednn else 'F.linear'} "
                           f"({ratio(f'train {key}', 'onednn', 'dense')} F.linear's speed), fused QKV "
                           f"{'yes' if fused else 'no'} ({ratio(f'qkv train {key}', 'fused', 'separate')})"
-                          for key, (onednn, fused) in (self.training or {}).items()))
+                          for key, (onednn, fused) in (self.training or {}).items())
+                + "".join(f"; inference at {key} (d_model x d_ff x vocabulary): "
+                          + "; ".join(f"{name} row{'s' if name != 'one' else ''}: "
+                                      + ", ".join(f"{kind} {kernel}" for kind, kernel in by_kind.items())
+                                      for name, by_kind in found.items())
+                          for key, found in (self.inference_widths or {}).items()))
 
 
 @functools.cache
@@ -394,33 +402,70 @@ def int8_weight_choices() -> dict[str, dict[str, bool]]:
     return found.int8_weights
 
 
+def _inference_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], cold_bytes: int,
+                       seconds: dict[str, float], ratios: dict[str, list[float]], gen: torch.Generator,
+                       what: str = "") -> dict[str, dict[str, str]]:
+    """The kernel of each row class and shape kind, timed on `weights` (by shape kind); one- and few-row products
+    over enough copies of each weight to hold `cold_bytes`, recorded as "{row class} {kind}{what}"."""
+    usable = cpu.onednn_usable()
+    inference: dict[str, dict[str, str]] = {}
+    for name, rows in ROW_CLASSES:
+        inference[name] = {}
+        for kind, (w, b) in weights.items():
+            copies = max(1, -(-cold_bytes // (w.numel() * w.element_size()))) if rows <= FEW_ROWS_MAX else 1
+            shaped = [(w if c == 0 else w.clone(), b) for c in range(copies)]
+            xs = [torch.randn(rows, w.shape[1], generator=gen) for w, _ in shaped]
+            layers = {"dense": [lambda x, w=w, b=b: F.linear(x, w, b) for w, b in shaped]}
+            if usable:
+                layers["packed"] = [cpu.PackedLinear(w, b, kernels=dict.fromkeys(("one", "few", "many"), "packed"))
+                                    for w, b in shaped]
+            if name == "one":
+                columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
+                layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
+            timed = timing.timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)])
+                                  for k, fs in layers.items()})
+            timing.record(seconds, f"{name} {kind}{what}", timed, plain="dense", ratios=ratios)
+            inference[name][kind] = timing.pick(timed, "dense")
+            del layers, shaped
+    return inference
+
+
+def inference_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[str, dict[str, str]]:
+    """The inference kernels (as `Choices.inference`) for a model of these widths whose weights hold `weight_bytes`:
+    a base model's widths keep the machine's; others are measured the first time a model of those widths is
+    prepared (about a second at a short recipe's widths), on its own shapes, the one- and few-row products over
+    as many bytes as the model's weights (capped at `COLD_BYTES`), then kept in the cache
+    (`Choices.inference_widths`, the first model of those widths deciding). A base model's widths do not decide
+    for a narrow one: oneDNN's prepacked product, which streams a 512-wide weight from memory fastest, pays a
+    fixed cost per call that is most of a 128-wide product (docs/notes.md, "Decoding")."""
+    found = choices()
+    if (d_model, d_ff) == dict(SHAPE_KINDS)["wide"]:
+        return found.inference
+    key = f"{d_model}x{d_ff}x{vocab}"
+    if key not in (found.inference_widths or {}):
+        seconds, ratios = dict(found.seconds), dict(found.ratios)
+        gen = torch.Generator().manual_seed(3)
+        shapes = {"wide": (d_model, d_ff), "square": (d_model, d_model), "narrow": (d_ff, d_model),
+                  "vocabulary": (d_model, vocab)}
+        weights = {kind: (torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
+                   for kind, (n_in, n_out) in shapes.items()}
+        with torch.inference_mode(False), torch.no_grad():
+            measured = _inference_kernels(weights, min(weight_bytes, COLD_BYTES), seconds, ratios, gen, f" {key}")
+        found = replace(found, inference_widths={**(found.inference_widths or {}), key: measured}, seconds=seconds,
+                        ratios=ratios)
+        _chosen[_key(found.machine)] = found
+        _store(found)
+    return found.inference_widths[key]
+
+
 def measure(description: dict[str, str] | None = None) -> Choices:
     """Time every candidate kernel on this machine now (no cache)."""
     gen = torch.Generator().manual_seed(0)
     weights = _shape_weights(gen)
-    usable = cpu.onednn_usable()
     seconds: dict[str, float] = {}
     ratios: dict[str, list[float]] = {}
-    inference: dict[str, dict[str, str]] = {}
     with torch.no_grad():
-        for name, rows in ROW_CLASSES:
-            inference[name] = {}
-            for kind, (w, b) in weights.items():
-                copies = -(-COLD_BYTES // (w.numel() * w.element_size())) if rows <= FEW_ROWS_MAX else 1
-                shaped = [(w if c == 0 else w.clone(), b) for c in range(copies)]
-                xs = [torch.randn(rows, w.shape[1], generator=gen) for w, _ in shaped]
-                layers = {"dense": [lambda x, w=w, b=b: F.linear(x, w, b) for w, b in shaped]}
-                if usable:
-                    layers["packed"] = [cpu.PackedLinear(w, b, kernels=dict.fromkeys(("one", "few", "many"), "packed"))
-                                        for w, b in shaped]
-                if name == "one":
-                    columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
-                    layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
-                timed = timing.timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)])
-                                      for k, fs in layers.items()})
-                timing.record(seconds, f"{name} {kind}", timed, plain="dense", ratios=ratios)
-                inference[name][kind] = timing.pick(timed, "dense")
-                del layers, shaped
+        inference = _inference_kernels(weights, COLD_BYTES, seconds, ratios, gen)
         fused_inference = _fused_qkv_inference(weights["square"][0], inference, seconds, gen)
         torch_layers = _torch_layers_inference(inference, fused_inference, seconds)
     d_model, d_ff = dict(SHAPE_KINDS)["wide"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from aiayn.backends import select, weights_version
+from aiayn.backends import inference_shape, select, weights_version
 from aiayn.nn.sizes import check_memory, forward_bytes
 
 
@@ -69,7 +69,7 @@ class ModelRunner:
 
     def __init__(self, model: nn.Module, *, device: str | torch.device | None = None, precision: str | None = "fp32",
                  plain: bool = False):
-        self.backend = select(device, "inference", precision, plain=plain)
+        self.backend = select(device, "inference", precision, plain=plain, inference_shape=inference_shape(model))
         self.model = model.to(self.backend.device).eval()
         self._prepared: tuple[tuple | None, nn.Module] | None = None  # (weights' version, prepared model)
 

@@ -248,8 +248,8 @@ class StaticState:
         p, n = self.position, rows.numel()
         # Into the first n rows of a buffer kept for the whole search: a buffer allocated anew at each retirement
         # costs its pages' first writes (page faults, about 10x the copy: docs/notes.md, "Decoding").
-        if self.spare is None:
-            self.spare = torch.empty_like(self.held)
+        if self.spare is None or self.spare.shape[2] < n:  # more rows than the search began with: a new buffer
+            self.spare = self.held.new_empty(*self.held.shape[:2], max(n, self.held.shape[2]), *self.held.shape[3:])
         target = self.spare[:, :, :n]
         torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=target[:, :, :, :, :p])
         self.cache, self.held, self.spare = target, self.spare, self.held

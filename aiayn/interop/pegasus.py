@@ -70,7 +70,8 @@ def export_pegasus(model: EncoderDecoderModel, tokenizer: Tokenizer, directory: 
 
     `PegasusForConditionalGeneration.from_pretrained(directory)` (or `AutoModelForSeq2SeqLM`) and
     `AutoTokenizer.from_pretrained(directory)` load it; the decoder starts from `<s>` as in training,
-    and `generate()` defaults to the search of `aiayn translate` (beam 4, length penalty 0.6, early stopping).
+    and `generate()` defaults to the search of `aiayn translate` (beam 4, length penalty 0.6, Hugging Face's stopping
+    rule).
     """
     hf = to_pegasus(model, decoder_start_token_id=tokenizer.bos_id, eos_token_id=tokenizer.eos_id)
     return save_translator(hf, tokenizer, tokenizer, directory, max_len=model.config.max_len,

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from aiayn.backends import available_devices, calibrate, resolve_device, select, timing
+from aiayn.backends import available_devices, calibrate, cpu, inference_shape, resolve_device, select, timing
 from aiayn.backends.cpu import OneDnnLinear, PackedFeedForward, PackedLinear, onednn_linear, onednn_usable
 from aiayn.backends.fused import FusedQKVAttention
 from aiayn.backends.shapes import row_class, shape_kind
@@ -409,6 +409,30 @@ def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_pat
     monkeypatch.setattr(calibrate, "_training", lambda *args, **kwargs: (True, False))
     calibrate.training_choices(calibrate.TRAIN_SHAPE_ROWS * 2, 32, 128)  # a larger batch is timed at the cap
     assert f"{calibrate.TRAIN_SHAPE_ROWS}x32x128" in calibrate.choices().training
+
+
+def test_inference_products_are_chosen_at_the_widths_of_the_model_run(tmp_path, monkeypatch):
+    """A model narrower than a base one runs the kernels measured at its own shapes, measured once and cached; a base
+    model's widths keep the machine's."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                                    n_decoder_layers=1, dropout=0.0, max_len=32))
+    shape = inference_shape(model)
+    assert shape[:3] == (32, 64, 200) and shape[3] == 4 * sum(p.numel() for p in model.parameters())
+    narrow = calibrate.inference_kernels(*shape)
+    assert calibrate.choices().inference_widths == {"32x64x200": narrow}
+    assert set(narrow) == {"one", "few", "many"} and all(set(k) == {"wide", "square", "narrow", "vocabulary"}
+                                                         for k in narrow.values())
+    assert "few square 32x64x200: dense" in calibrate.choices().seconds
+    assert "inference at 32x64x200 (d_model x d_ff x vocabulary)" in calibrate.choices().describe()
+    backend = select("cpu", "inference", inference_shape=shape)
+    assert backend.kernels == cpu.kernel_triples(narrow)
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_inference_kernels", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert calibrate.inference_kernels(*shape) == narrow
+    assert calibrate.inference_kernels(512, 2048, 37000, 1 << 28) == calibrate.choices().inference
 
 
 def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():

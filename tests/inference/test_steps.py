@@ -251,3 +251,15 @@ def test_continuing_prompts_on_the_flat_step_equals_the_modules_path(monkeypatch
     modules = continue_prompts(model, prompts, eos_id=2, config=config)
     assert flat.tokens == modules.tokens
     torch.testing.assert_close(flat.scores, modules.scores, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_a_reorder_to_more_rows_than_the_search_began_with_still_holds():
+    model = tiny(False)
+    src = source()
+    flat, modules = start(model, src, 6), ModuleState(model, src)
+    tokens = torch.full((3, 1), 5)
+    for state in (flat, modules):
+        state.step(tokens)
+        state.reorder(torch.tensor([0, 1, 2, 2, 1]), memory_rows=torch.tensor([0, 1, 2, 2, 1]))
+    torch.testing.assert_close(flat.step(torch.full((5, 1), 7)), modules.step(torch.full((5, 1), 7)))
