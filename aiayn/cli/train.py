@@ -177,7 +177,7 @@ def _rank_argv(args: argparse.Namespace, decided: list[str]) -> list[str]:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Evaluate a finished run."""
-    from aiayn.backends import select
+    from aiayn.backends import inference_shape, select
     from aiayn.data.prepare import encode_split, load_labels, prepare_data, read_examples
     from aiayn.io import load_model, load_tokenizers
     from aiayn.training.checkpoint import load_checkpoint
@@ -203,7 +203,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     split = data.valid if args.split == "valid" and not args.data else data.test
     options = EvalOptions.from_train_config(train_cfg, num_beams=args.num_beams or train_cfg.num_beams,
                                             examples=args.examples)
-    backend = select(args.device, "inference", args.precision or options.precision)
+    backend = select(args.device, "inference", args.precision or options.precision,
+                     inference_shape=inference_shape(model))
     with progress_bar(len(split.items), quiet=args.quiet, unit="example",
                       desc=f"evaluating {args.data or args.split}") as bar:
         result = evaluate(model, data, split, options, backend=backend, progress=bar)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from aiayn.backends import Backend, model_device, select
+from aiayn.backends import Backend, inference_shape, model_device, select
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import EncodedSplit, PreparedData
 from aiayn.tasks.metrics import perplexity
@@ -67,7 +67,7 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     if not split.items:
         return {}
     if backend is None:
-        backend = select(model_device(model), "inference", options.precision)
+        backend = select(model_device(model), "inference", options.precision, inference_shape=inference_shape(model))
     was_training = model.training
     model.eval()
     prepared = backend.prepare(model)
