@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                 if theirs in times:
                     ratio = statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
                     print(f"{search:<7} aiayn / CTranslate2, {precision}: {ratio:.2f}x", flush=True)
-                    figure(f"{precision} vs CT2", ratio, "x", search=search)
+                    figure(f"aiayn / CTranslate2, {precision}", ratio, "x", search=search)
     return 0
 
 
