@@ -90,12 +90,13 @@ def ctranslate2_engine(translator, directory: Path, precision: str, threads: int
 
 
 def scores(outputs: list[str], references: list[str] | None) -> str:
+    """BLEU (sacrebleu's 13a tokenizer) and chrF of `outputs`, as the trainer scores them; "" without references."""
     if references is None:
         return ""
-    import sacrebleu
+    from aiayn.tasks.metrics import translation_scores
 
-    bleu, chrf = sacrebleu.corpus_bleu(outputs, [references]).score, sacrebleu.corpus_chrf(outputs, [references]).score
-    return f"BLEU {bleu:5.2f}  chrF {chrf:5.2f}"
+    found = translation_scores(outputs, references, bleu_tokenize="13a")
+    return f"BLEU {found['bleu']:5.2f}  chrF {found['chrf']:5.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:

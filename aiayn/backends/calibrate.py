@@ -240,6 +240,13 @@ def _store(found: Choices) -> None:
         logger.info("could not cache the CPU product measurements in %s (%s)", path, err)
 
 
+def _kept(found: Choices) -> Choices:
+    """`found`, with a measurement added to what was cached, as this process's choices and in the cache file."""
+    _chosen[_key(found.machine)] = found
+    _store(found)
+    return found
+
+
 def _library_time() -> float:
     """When the code that measures and runs the kernels last changed (its newest file in `aiayn.backends`): choices
     cached before that were measured by other code, and are measured again (the torch version is in the key)."""
@@ -373,18 +380,17 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
         seconds, ratios = dict(found.seconds), dict(found.ratios)
         with torch.inference_mode(False):
             measured = _training(rows, d_model, d_ff, seconds, ratios, torch.Generator().manual_seed(2), f" {key}")
-        found = replace(found, training={**(found.training or {}), key: list(measured)}, seconds=seconds,
-                        ratios=ratios)
-        _chosen[_key(found.machine)] = found
-        _store(found)
+        found = _kept(replace(found, training={**(found.training or {}), key: list(measured)}, seconds=seconds,
+                              ratios=ratios))
     onednn, fused = found.training[key]  # a list in the cache's JSON
     return onednn, fused
 
 
-def _shape_weights(gen: torch.Generator) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """A weight (out, in) and bias (out,) of each shape kind, as `measure` times them."""
+def _shape_weights(gen: torch.Generator, kinds=SHAPE_KINDS) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """A weight (out, in) and bias (out,) of each shape kind, (kind, (in, out)) pairs: a base model's by default, as
+    `measure` times them."""
     return {kind: (torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
-            for kind, (n_in, n_out) in SHAPE_KINDS}
+            for kind, (n_in, n_out) in kinds}
 
 
 def int8_weight_choices() -> dict[str, dict[str, bool]]:
@@ -396,9 +402,7 @@ def int8_weight_choices() -> dict[str, dict[str, bool]]:
         gen = torch.Generator().manual_seed(1)
         with torch.inference_mode(False), torch.no_grad():
             measured = _int8_weights(_shape_weights(gen), found.inference, seconds, ratios, gen)
-        found = replace(found, int8_weights=measured, seconds=seconds, ratios=ratios)
-        _chosen[_key(found.machine)] = found
-        _store(found)
+        found = _kept(replace(found, int8_weights=measured, seconds=seconds, ratios=ratios))
     return found.int8_weights
 
 
@@ -445,16 +449,12 @@ def inference_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) ->
     if key not in (found.inference_widths or {}):
         seconds, ratios = dict(found.seconds), dict(found.ratios)
         gen = torch.Generator().manual_seed(3)
-        shapes = {"wide": (d_model, d_ff), "square": (d_model, d_model), "narrow": (d_ff, d_model),
-                  "vocabulary": (d_model, vocab)}
-        weights = {kind: (torch.randn(n_out, n_in, generator=gen) / n_in**0.5, torch.randn(n_out, generator=gen))
-                   for kind, (n_in, n_out) in shapes.items()}
+        weights = _shape_weights(gen, (("wide", (d_model, d_ff)), ("square", (d_model, d_model)),
+                                       ("narrow", (d_ff, d_model)), ("vocabulary", (d_model, vocab))))
         with torch.inference_mode(False), torch.no_grad():
             measured = _inference_kernels(weights, min(weight_bytes, COLD_BYTES), seconds, ratios, gen, f" {key}")
-        found = replace(found, inference_widths={**(found.inference_widths or {}), key: measured}, seconds=seconds,
-                        ratios=ratios)
-        _chosen[_key(found.machine)] = found
-        _store(found)
+        found = _kept(replace(found, inference_widths={**(found.inference_widths or {}), key: measured},
+                              seconds=seconds, ratios=ratios))
     return found.inference_widths[key]
 
 
