@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from aiayn.data.batching import token_batches
+from aiayn.inference.buffers import reusing_buffers
 from aiayn.inference.generation import GenerationConfig, continue_prompts, new_token_limit
 from aiayn.inference.runner import ModelRunner, check_batch_limits, check_vocabulary, text_list
 from aiayn.inference.translator import search_settings
@@ -71,6 +72,7 @@ class Generator(ModelRunner):
                              "(objective=causal_lm)")
         return cls(model, load_tokenizers(directory)[0], device=device, precision=precision)
 
+    @reusing_buffers()  # each batch's search writes its cache into the memory of the one before
     def generate(self, prompts: str | Sequence[str], config: GenerationConfig | None = None, *,
                  max_new_tokens: int | None = None, do_sample: bool | None = None, temperature: float | None = None,
                  top_k: int | None = None, top_p: float | None = None, num_beams: int | None = None,

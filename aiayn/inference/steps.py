@@ -39,6 +39,7 @@ from torch import nn
 
 from aiayn.backends.absorbed import AbsorbedCrossAttention
 from aiayn.backends.hooks import hooked
+from aiayn.inference.buffers import Owned
 from aiayn.nn.attention import attention_weights
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.nn.model import DecoderOnlyModel, EncoderDecoderModel
@@ -169,7 +170,10 @@ class StaticState:
         self.heads, self.d_k = cfg.n_heads, cfg.d_model // cfg.n_heads
         device = embed.tokens.weight.device
         # Self-attention's keys and values of every layer, for the whole search: (n_layers, 2, N, h, length, d_k).
-        self.cache = torch.empty(len(self.layers), 2, rows, self.heads, length, self.d_k, dtype=dtype, device=device)
+        # Taken from the buffers earlier searches gave back, inside `reusing_buffers()` (a file's batches).
+        self.owned = Owned(self)
+        self.cache = self.owned.empty(len(self.layers), 2, rows, self.heads, length, self.d_k, dtype=dtype,
+                                      device=device)
         # Reorder's target, as many rows as the search began with; swapped with the buffer that holds `cache`, which
         # is a view of its first rows once sentences have left.
         self.spare: torch.Tensor | None = None
@@ -249,7 +253,11 @@ class StaticState:
         # Into the first n rows of a buffer kept for the whole search: a buffer allocated anew at each retirement
         # costs its pages' first writes (page faults, about 10x the copy: docs/notes.md, "Decoding").
         if self.spare is None or self.spare.shape[2] < n:  # more rows than the search began with: a new buffer
-            self.spare = self.held.new_empty(*self.held.shape[:2], max(n, self.held.shape[2]), *self.held.shape[3:])
+            if self.spare is not None:
+                self.owned.drop(self.spare)
+            held = self.held
+            self.spare = self.owned.empty(*held.shape[:2], max(n, held.shape[2]), *held.shape[3:], dtype=held.dtype,
+                                          device=held.device)
         target = self.spare[:, :, :n]
         torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=target[:, :, :, :, :p])
         self.cache, self.held, self.spare = target, self.spare, self.held

@@ -22,6 +22,7 @@ from torch import nn
 
 from aiayn.data.batching import token_batches
 from aiayn.data.collate import pad
+from aiayn.inference.buffers import reusing_buffers
 from aiayn.inference.generation import GenerationConfig, generate
 from aiayn.inference.runner import ModelRunner, check_batch_limits, check_vocabulary, text_list, too_long
 from aiayn.nn.model import architecture_of
@@ -169,6 +170,7 @@ class Translator(ModelRunner):
             rows.append(ids)
         return rows
 
+    @reusing_buffers()  # a file's batches write their caches into the memory of the batches before
     def translations(self, texts: Sequence[str], config: GenerationConfig | None = None, *, max_tokens: int = 4096,
                      max_sentences: int = 0, truncate: bool = False, progress: Callable[[int], None] | None = None,
                      on_result: Callable[[int, Translation], None] | None = None) -> list[Translation]:

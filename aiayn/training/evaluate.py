@@ -11,6 +11,7 @@ from torch import nn
 from aiayn.backends import Backend, inference_shape, model_device, select
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import EncodedSplit, PreparedData
+from aiayn.inference.buffers import reusing_buffers
 from aiayn.tasks.metrics import perplexity
 from aiayn.training.loss import correct_count, label_smoothed_loss
 from aiayn.training.objectives import make_batch, masking_generator, to_device
@@ -49,6 +50,7 @@ class EvalOptions:
 
 
 @torch.no_grad()
+@reusing_buffers()  # each batch's search writes its cache into the memory of the one before
 def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options: EvalOptions | None = None, *,
              backend: Backend | None = None, progress: Callable[[int], None] | None = None) -> dict:
     """Metrics of `model` on `split` (in eval mode, no dropout).
