@@ -40,7 +40,7 @@ from torch import nn
 from aiayn.backends.absorbed import AbsorbedCrossAttention
 from aiayn.backends.hooks import hooked
 from aiayn.inference.buffers import Owned
-from aiayn.nn.attention import attention_weights
+from aiayn.nn.attention import attention_bias, attention_weights
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
 from aiayn.nn.model import DecoderOnlyModel, EncoderDecoderModel
 
@@ -149,6 +149,9 @@ class StaticState:
         self.memory = [self._memory_side(layer.cross_attn, memory) for layer in self.layers]
         self.absorbed = [layer.cross_attn.absorb(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
                          else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
+        # Read by every step's cross-attention: as the bias SDPA adds, made once (checking and converting a bool mask
+        # cost a one-row step's cross-attention 3-4x its attention).
+        self.mask = attention_bias(self.mask, memory.dtype)
 
     def _prefill(self, model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, beams: int) -> None:
         filled = prompts.shape[1] - 1

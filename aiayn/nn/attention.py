@@ -234,7 +234,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
     Args:
         q: (B, h, L_q, d_k); k, v: (B, h, L_k, d_k).
-        mask: bool, broadcastable to (B, h, L_q, L_k), True = may attend.
+        mask: bool, broadcastable to (B, h, L_q, L_k), True = may attend; or the float bias `attention_bias` makes of
+            such a mask once for many calls (a decoding step's source mask), added to the scores as it is.
         dropout_p: dropout on the weights.
         need_weights: write the equation out and return the weights; otherwise PyTorch's
             `scaled_dot_product_attention` computes the same without them.
@@ -247,13 +248,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     # stay finite.
     # Done on the device whether or not such a row exists: asking would read a value back to the host.
     empty_rows = None
-    if mask is not None:
+    if mask is not None and mask.dtype == torch.bool:  # a bias from `attention_bias` has no empty row
         empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)
         mask = mask | empty_rows
     if need_weights:
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L_q, L_k)
-        if mask is not None:
+        if mask is not None and mask.dtype == torch.bool:
             scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:
+            scores += mask  # 0 leaves a score as it is, -inf masks it: the same scores as masked_fill
         weights = scores.softmax(dim=-1)  # (B, h, L_q, L_k), rows sum to 1
         out = (F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights) @ v  # (B, h, L_q, d_k)
     else:
@@ -264,6 +267,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         if weights is not None:
             weights = weights.masked_fill(empty_rows, 0.0)
     return out, weights
+
+
+def attention_bias(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A bool mask (True = may attend) as the additive bias `attend` and SDPA take: 0 where a query may attend, -inf
+    where not, in `dtype`. Made once where one mask serves many calls (a source mask at every decoding step), so that
+    no call checks it again. A mask with a query that may attend to nothing is returned as it is: `attend` zeroes
+    such a query's output, which a bias cannot say. Reads one value back to the host."""
+    if mask is None or mask.dtype != torch.bool or not bool(mask.any(dim=-1).all()):
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 @contextmanager

@@ -1,8 +1,10 @@
-"""The key/value cache of decoding: it grows in place and reorders like concatenation and indexing."""
+"""The key/value cache of decoding: it grows in place and reorders like concatenation and indexing; a mask made a bias
+once attends as the mask."""
 
+import pytest
 import torch
 
-from aiayn.nn.attention import AttentionCache
+from aiayn.nn.attention import AttentionCache, attend, attention_bias
 
 
 def _steps(batch: int = 3, heads: int = 2, d_k: int = 4, n: int = 9):
@@ -40,3 +42,29 @@ def test_cache_replaced_from_outside_or_under_autograd():
     key, _ = grad_cache.append(k1, v1)
     (key * key).sum().backward()  # concatenated, not written in place: backward works
     torch.testing.assert_close(k0.grad, 2 * k0.detach())
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_a_mask_made_a_bias_once_attends_exactly_as_the_mask(need_weights):
+    # The decoding step converts its source mask once: SDPA and the written-out equation give the same outputs (and
+    # weights) with the bias as with the bool mask, to the last bit.
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 2, 8, generator=g)
+    k, v = torch.randn(3, 4, 6, 8, generator=g), torch.randn(3, 4, 6, 8, generator=g)
+    mask = torch.ones(3, 1, 1, 6, dtype=torch.bool)
+    mask[0, ..., 4:] = False
+    mask[2, ..., :1] = False
+    bias = attention_bias(mask, torch.float32)
+    assert bias.dtype == torch.float32 and torch.equal(bias == 0, mask)
+    out, weights = attend(q, k, v, mask, need_weights=need_weights)
+    out_b, weights_b = attend(q, k, v, bias, need_weights=need_weights)
+    assert torch.equal(out, out_b)
+    if need_weights:
+        assert torch.equal(weights, weights_b) and bool((weights_b[0, ..., 4:] == 0).all())
+
+
+def test_a_mask_with_a_query_that_sees_nothing_stays_a_mask():
+    mask = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    mask[1] = False  # an empty source: attend zeroes its output, which a bias cannot say
+    assert attention_bias(mask, torch.float32) is mask
+    assert attention_bias(None, torch.float32) is None
