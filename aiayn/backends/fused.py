@@ -25,7 +25,10 @@ from aiayn.nn.layers import EncoderLayer
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x, weight, bias) -> y
 Frozen = Callable[[torch.Tensor, torch.Tensor | None], nn.Module]  # (stacked weight, bias) -> an inference layer
 ROLES = {"self_attn": "self", "cross_attn": "cross"}  # the layers' attribute names in aiayn.nn.layers
-SINGLE_QUERY_WRITTEN_OUT = 64  # rows x heads from which one-query attention runs written out (measured, CPU)
+# One-query attention runs written out from this many rows x heads, over keys of at least this many floats a head
+# (keys x d_k); below either, SDPA's flash kernel is the faster (measured, CPU: docs/notes.md, "Decoding").
+SINGLE_QUERY_WRITTEN_OUT = 128
+SINGLE_QUERY_WRITTEN_OUT_KEYS = 640
 # PyTorch's fused encoder layer writes out the attention scores of every row and head (B x h x L x L floats);
 # for sequences longer than this, or scores of more bytes (32 base-model sentences of 181 tokens), the layer
 # written out, whose attention is blocked (never an L x L matrix), runs instead.
@@ -88,11 +91,13 @@ class FusedQKVAttention(MultiHeadAttention):
         """Equation 1; one query per row (a decoding step) over many rows and heads written out on CPU.
 
         SDPA's flash kernel pays its blocking for every (row, head), which at one query each costs more
-        than the two products and softmax written out once rows x heads reach `SINGLE_QUERY_WRITTEN_OUT`;
-        below that SDPA is the faster one (measured: docs/notes.md, "Decoding", one-query attention).
+        than the two products and softmax written out once rows x heads reach `SINGLE_QUERY_WRITTEN_OUT`; over
+        few keys (keys x d_k under `SINGLE_QUERY_WRITTEN_OUT_KEYS`) the products written out are the slower, up to 2x,
+        and SDPA runs (measured: docs/notes.md, "Decoding", one-query attention).
         """
         if (q.shape[2] == 1 and q.device.type == "cpu" and not need_weights
-                and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT):
+                and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT
+                and k.shape[2] * k.shape[3] >= SINGLE_QUERY_WRITTEN_OUT_KEYS):
             return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=True)[0], None
         return super().attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
 

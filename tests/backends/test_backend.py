@@ -216,8 +216,8 @@ def test_one_query_over_many_rows_is_written_out_and_equal(measured):
     torch.manual_seed(0)
     plain = MultiHeadAttention(32, 4).eval()
     fused = select("cpu", "inference").prepare(plain)
-    query, memory = torch.randn(16, 1, 32), torch.randn(16, 9, 32)  # 16 rows x 4 heads = 64
-    mask = torch.ones(16, 1, 1, 9, dtype=torch.bool)
+    query, memory = torch.randn(32, 1, 32), torch.randn(32, 80, 32)  # 32 rows x 4 heads = 128; 80 keys x d_k 8 = 640
+    mask = torch.ones(32, 1, 1, 80, dtype=torch.bool)
     mask[3, ..., 5:] = False
     mask[7] = False  # a fully padded source: finite, zero output
     with torch.no_grad():
@@ -228,6 +228,7 @@ def test_one_query_over_many_rows_is_written_out_and_equal(measured):
         ops = operators(lambda: fused(query, memory))
         assert not any("flash" in name for name in ops)
         assert any("flash" in name for name in operators(lambda: fused(query[:2], memory[:2])))  # few rows: SDPA
+        assert any("flash" in name for name in operators(lambda: fused(query, memory[:, :40])))  # few keys: SDPA
 
 
 @pytest.mark.parametrize("padded", [False, True])
