@@ -92,8 +92,8 @@ class FusedQKVAttention(MultiHeadAttention):
 
         SDPA's flash kernel pays its blocking for every (row, head), which at one query each costs more
         than the two products and softmax written out once rows x heads reach `SINGLE_QUERY_WRITTEN_OUT`; over
-        few keys (keys x d_k under `SINGLE_QUERY_WRITTEN_OUT_KEYS`) the products written out are the slower, up to 2x,
-        and SDPA runs (measured: docs/notes.md, "Decoding", one-query attention).
+        few keys (keys x d_k under `SINGLE_QUERY_WRITTEN_OUT_KEYS`) the products written out are the slower, and SDPA
+        runs (measured: docs/notes.md, "Decoding", one-query attention).
         """
         if (q.shape[2] == 1 and q.device.type == "cpu" and not need_weights
                 and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT

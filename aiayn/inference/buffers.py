@@ -1,19 +1,21 @@
 """Buffers that the searches of one call hand on to each other: `with reusing_buffers(): ...`.
 
-A search's largest allocation is its self-attention cache (`steps.StaticState`), hundreds of megabytes for a
-batch of a few thousand source tokens at beam 4. Memory that large comes from the operating system fresh for
-every search and goes back when the search ends; each of its pages costs a fault on its first write, which on
-a test file of a small model was about a seventh of the whole translation (docs/notes.md, "Decoding"). Inside
-`reusing_buffers()` a search takes its cache from the buffers the searches before it gave back, so a file's
-batches write into memory already mapped.
+A search's largest allocation is its self-attention cache (`steps.StaticState`), rows x heads x the search's
+whole length. Memory that large comes from the operating system fresh for every search and goes back when the
+search ends, and each of its pages costs a fault on its first write (measured: docs/notes.md, "Decoding").
+Inside `reusing_buffers()` a search takes its cache from the buffers the searches before it gave back, so a
+file's batches write into memory already mapped.
 
-What is kept is bounded: at most the `KEPT` largest buffers given back, which one search holds at once anyway,
-and only until the `with` block ends (a call of `Translator.translate`, an evaluation pass). Outside such a block,
-and on devices with their own caching allocator (CUDA), `empty` is `torch.empty`.
+What is kept is bounded: at most the `KEPT` largest buffers given back, which one search holds at once anyway;
+a buffer too small for the search that asks is let go; and nothing outlives the `with` block (a call of
+`Translator.translate`, an evaluation pass). Outside such a block, and on devices with their own caching
+allocator (CUDA), `empty` is `torch.empty`. The pool belongs to the context it was made in (a thread's calls;
+code that copies the context shares it), and a lock keeps it whole when a state is collected in another thread.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,23 +31,32 @@ class BufferPool:
 
     def __init__(self) -> None:
         self.free: list[torch.UntypedStorage] = []
+        self.lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """An uninitialised tensor of `shape`, on the smallest free storage that holds it, else on a new one."""
+        """An uninitialised tensor of `shape`, on the smallest free storage that holds it, else on a new one (the
+        free storages too small for it let go: the batches of a call grow more often than they shrink)."""
         nbytes = dtype.itemsize
         for size in shape:
             nbytes *= size
-        fits = [s for s in self.free if s.nbytes() >= nbytes and s.device == device]
-        if not fits:
+        with self.lock:
+            fits = [s for s in self.free if s.nbytes() >= nbytes and s.device == device]
+            if not fits:
+                self.free[:] = [s for s in self.free if s.device != device]
+                storage = None
+            else:
+                storage = min(fits, key=lambda s: s.nbytes())
+                self.free.remove(storage)
+        if storage is None:
             return torch.empty(shape, dtype=dtype, device=device)
-        storage = min(fits, key=lambda s: s.nbytes())
-        self.free.remove(storage)
         return torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape)
 
     def give(self, tensors: list[torch.Tensor]) -> None:
         """Keep the storages of `tensors` (their owner is done with them) for later searches: the `KEPT` largest."""
-        self.free.extend(t.untyped_storage() for t in tensors)
-        self.free = sorted(self.free, key=lambda s: s.nbytes(), reverse=True)[: self.KEPT]
+        with self.lock:
+            self.free.extend(t.untyped_storage() for t in tensors)
+            self.free.sort(key=lambda s: s.nbytes(), reverse=True)
+            del self.free[self.KEPT :]
 
 
 _POOL: ContextVar[BufferPool | None] = ContextVar("aiayn_buffer_pool", default=None)
@@ -53,8 +64,8 @@ _POOL: ContextVar[BufferPool | None] = ContextVar("aiayn_buffer_pool", default=N
 
 @contextmanager
 def reusing_buffers() -> Iterator[BufferPool]:
-    """Inside the block, searches hand their caches on to the next (in this thread or task); on leaving, the
-    buffers are released. Nested blocks share the outer one's pool."""
+    """Inside the block, searches hand their caches on to the next (in this context: see the module docstring); on
+    leaving, the buffers are released. Nested blocks share the outer one's pool."""
     pool = _POOL.get()
     if pool is not None:
         yield pool
@@ -65,7 +76,8 @@ def reusing_buffers() -> Iterator[BufferPool]:
         yield pool
     finally:
         _POOL.reset(token)
-        pool.free.clear()
+        with pool.lock:
+            pool.free.clear()
 
 
 class Owned:
@@ -78,8 +90,8 @@ class Owned:
         if self.pool is not None:
             weakref.finalize(owner, self.pool.give, self.buffers)  # the list, not the owner: it must not keep it alive
 
-    def empty(self, *shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """`torch.empty(*shape)`, from the pool on a CPU inside `reusing_buffers()`."""
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """`torch.empty(shape)`, from the pool on a CPU inside `reusing_buffers()`."""
         if self.pool is None or torch.device(device).type != "cpu":
             return torch.empty(shape, dtype=dtype, device=device)
         tensor = self.pool.empty(shape, dtype, torch.device(device))

@@ -149,8 +149,8 @@ class StaticState:
         self.memory = [self._memory_side(layer.cross_attn, memory) for layer in self.layers]
         self.absorbed = [layer.cross_attn.absorb(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
                          else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
-        # Read by every step's cross-attention: as the bias SDPA adds, made once (checking and converting a bool mask
-        # cost a one-row step's cross-attention 3-4x its attention).
+        # Read by every step's cross-attention: as the bias SDPA adds, made once, instead of a bool mask checked and
+        # converted at every step (docs/notes.md, "Decoding").
         self.mask = attention_bias(self.mask, memory.dtype)
 
     def _prefill(self, model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, beams: int) -> None:
@@ -175,7 +175,7 @@ class StaticState:
         # Self-attention's keys and values of every layer, for the whole search: (n_layers, 2, N, h, length, d_k).
         # Taken from the buffers earlier searches gave back, inside `reusing_buffers()` (a file's batches).
         self.owned = Owned(self)
-        self.cache = self.owned.empty(len(self.layers), 2, rows, self.heads, length, self.d_k, dtype=dtype,
+        self.cache = self.owned.empty((len(self.layers), 2, rows, self.heads, length, self.d_k), dtype=dtype,
                                       device=device)
         # Reorder's target, as many rows as the search began with; swapped with the buffer that holds `cache`, which
         # is a view of its first rows once sentences have left.
@@ -259,7 +259,7 @@ class StaticState:
             if self.spare is not None:
                 self.owned.drop(self.spare)
             held = self.held
-            self.spare = self.owned.empty(*held.shape[:2], max(n, held.shape[2]), *held.shape[3:], dtype=held.dtype,
+            self.spare = self.owned.empty((*held.shape[:2], max(n, held.shape[2]), *held.shape[3:]), dtype=held.dtype,
                                           device=held.device)
         target = self.spare[:, :, :n]
         torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=target[:, :, :, :, :p])

@@ -247,6 +247,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     # softmax; let it attend everywhere and zero its output instead, so values and gradients
     # stay finite.
     # Done on the device whether or not such a row exists: asking would read a value back to the host.
+    if mask is not None and mask.dtype != torch.bool and not mask.is_floating_point():
+        raise TypeError(f"attend's mask must be bool (True = may attend) or the float bias attention_bias makes of "
+                        f"one, got {mask.dtype}")
     empty_rows = None
     if mask is not None and mask.dtype == torch.bool:  # a bias from `attention_bias` has no empty row
         empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)

@@ -71,8 +71,36 @@ def test_the_pool_keeps_the_largest_buffers_and_hands_out_the_smallest_that_fits
     assert sorted(s.nbytes() for s in pool.free) == [400, 1600]  # the two largest (float32: 4 bytes each)
     small = pool.empty((10, 5), torch.float32, cpu)  # 200 bytes: the 400-byte storage, not the 1,600
     assert small.shape == (10, 5) and small.untyped_storage().nbytes() == 400
-    large = pool.empty((1000,), torch.float32, cpu)  # nothing holds 4,000 bytes: new memory
-    assert large.untyped_storage().nbytes() == 4000 and [s.nbytes() for s in pool.free] == [1600]
+    large = pool.empty((1000,), torch.float32, cpu)  # nothing holds 4,000 bytes: new memory, the smaller let go
+    assert large.untyped_storage().nbytes() == 4000 and not pool.free
+
+
+@torch.no_grad()
+def test_a_search_larger_than_the_buffers_kept_lets_them_go_and_one_that_grows_its_rows_still_computes_the_same():
+    # Batches of a fixed number of sentences, sorted by length, grow: the buffers of the smaller search before are
+    # not held beside the new ones.
+    model = tiny()
+    with reusing_buffers() as pool:
+        small = start(model, sources(2, 5, 6), 6, beams=2)
+        small.step(torch.full((4, 1), 4))
+        small.reorder(torch.arange(4).flip(0))
+        given = max(t.untyped_storage().nbytes() for t in (small.held, small.spare))
+        del small
+        src = sources(2, 9, 7)
+        large, reference = start(model, src, 12, beams=2), ModuleState(model, src, beams=2)
+        assert large.held.untyped_storage().nbytes() > given and not pool.free  # too small: let go, not kept
+        # Rows that grow past the search's first (a reorder onto more rows) take a larger buffer and give the smaller
+        # one back, and the step still computes what the modules do.
+        tokens = torch.full((4, 1), 5)
+        for grow in (torch.tensor([0, 1, 2, 3, 2, 3]), torch.tensor([0, 1, 2, 3, 4, 5, 4, 5])):
+            torch.testing.assert_close(large.step(tokens), reference.step(tokens), rtol=1e-5, atol=1e-5)
+            large.reorder(grow, memory_rows=grow)
+            reference.reorder(grow, memory_rows=grow)
+            tokens = torch.full((grow.numel(), 1), 6)
+        torch.testing.assert_close(large.step(tokens), reference.step(tokens), rtol=1e-5, atol=1e-5)
+        # The outgrown buffer went back (and, too small for the larger one asked next, was let go): the state owns,
+        # and will give back, only the two it uses.
+        assert {id(t) for t in large.owned.buffers} == {id(large.held), id(large.spare)} and not pool.free
 
 
 def test_outside_the_block_nothing_is_kept():
@@ -80,5 +108,5 @@ def test_outside_the_block_nothing_is_kept():
         pass
     owner = Owner()
     owned = Owned(owner)
-    tensor = owned.empty(3, 4, dtype=torch.float32, device="cpu")
+    tensor = owned.empty((3, 4), dtype=torch.float32, device="cpu")
     assert tensor.shape == (3, 4) and owned.pool is None and not owned.buffers

@@ -68,3 +68,9 @@ def test_a_mask_with_a_query_that_sees_nothing_stays_a_mask():
     mask[1] = False  # an empty source: attend zeroes its output, which a bias cannot say
     assert attention_bias(mask, torch.float32) is mask
     assert attention_bias(None, torch.float32) is None
+
+
+def test_a_mask_neither_bool_nor_a_float_bias_is_refused():
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(TypeError, match="must be bool"):
+        attend(q, q, q, torch.ones(1, 1, 1, 3, dtype=torch.long), need_weights=True)
