@@ -65,6 +65,8 @@ class Backend:
             (`inference.steps.FixedState`; CUDA inference).
         int8_weights: (row class, shape kind) pairs where int8 weights were measured faster than the float32
             kernels (`calibrate.Choices.int8_weights`): int8 copies run them for layers over int8's tolerance.
+        int8_float32: (row class, shape kind) pairs where int8 products were measured slower than the float32
+            kernels at the model's widths (`calibrate.int8_kernels`): int8 copies run float32 there.
     """
 
     device: torch.device
@@ -79,6 +81,7 @@ class Backend:
     cuda_graphs: bool = False
     kernels: tuple[tuple[str, str, str], ...] | None = None
     int8_weights: tuple[tuple[str, str], ...] = ()
+    int8_float32: tuple[tuple[str, str], ...] = ()
 
     @property
     def plain(self) -> bool:
@@ -94,6 +97,9 @@ class Backend:
         tricks = [name for name, on in (("int8 layer by layer, by measured error", self.precision == "int8"),
                                         ("int8 weights where int8 cannot hold the activations",
                                          self.precision == "int8" and bool(self.int8_weights)),
+                                        ("float32 products where measured faster than int8 ("
+                                         + ", ".join(f"{rows} {kind}" for rows, kind in self.int8_float32) + ")",
+                                         self.precision == "int8" and bool(self.int8_float32)),
                                         (measured if self.prepack else "oneDNN", self.onednn),
                                         ("fused QKV", self.fused_qkv),
                                         ("PyTorch's fused encoder layers", self.torch_layers),
@@ -160,12 +166,17 @@ class Backend:
             fallback = self._packed
         else:
             fallback = _float32_layer
+        slower: dict[str, frozenset[str]] = {}  # shape kind -> the row classes where int8 runs float32
+        for row_class, kind in self.int8_float32:
+            slower[kind] = slower.get(kind, frozenset()) | {row_class}
+        float32 = int8.Float32Rows(slower, self._packed if self.kernels is not None else _float32_layer)
         with torch.no_grad():
             rows: dict[str, dict[str, bool]] = {}
             for row_class, kind in self.int8_weights:
                 rows.setdefault(row_class, {})[kind] = True
             choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
-                                    reduce_range=int8.int8_range() == "reduced", int8_weights_rows=rows)
+                                    reduce_range=int8.int8_range() == "reduced", int8_weights_rows=rows,
+                                    float32=float32 if slower else None)
         kinds = Counter(choice.kind for choice in choices)
         logger.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
         return prepared
@@ -304,7 +315,11 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
         pays = tuple((rows, kind) for rows, by_kind in calibrate.int8_weight_choices().items()
                      for kind, yes in by_kind.items() if yes)
-        return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays)
+        slower = ()  # where int8's per-call quantisation costs more than the float32 product (narrow models)
+        if inference_shape:
+            slower = tuple((rows, kind) for rows, by_kind in calibrate.int8_kernels(*inference_shape).items()
+                           for kind, int8_pays in by_kind.items() if not int8_pays)
+        return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays, int8_float32=slower)
     if mode == "train":
         onednn, fused_qkv = (calibrate.training_choices(*train_shape) if train_shape is not None
                              else (measured.train_onednn, measured.fused_qkv_train))

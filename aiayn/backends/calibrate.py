@@ -102,6 +102,9 @@ class Choices:
             widths (`training_choices`); measured the first time a run of that shape asks.
         inference_widths: by "d_model x d_ff x vocabulary", the inference kernels (as `inference`) for a model of
             those widths (`inference_kernels`); measured the first time a model of that shape is prepared.
+        int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, whether int8 products
+            (`int8.Int8Linear`) ran at least as fast as the float32 kernel chosen there (`int8_kernels`); measured
+            the first time an int8 copy of a model of that shape is prepared.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
@@ -118,6 +121,7 @@ class Choices:
     int8_weights: dict[str, dict[str, bool]] | None = None
     training: dict[str, list[bool]] | None = None
     inference_widths: dict[str, dict[str, dict[str, str]]] | None = None
+    int8_widths: dict[str, dict[str, dict[str, bool]]] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -152,7 +156,11 @@ class Choices:
                           + "; ".join(f"{name} row{'s' if name != 'one' else ''}: "
                                       + ", ".join(f"{kind} {kernel}" for kind, kernel in by_kind.items())
                                       for name, by_kind in found.items())
-                          for key, found in (self.inference_widths or {}).items()))
+                          for key, found in (self.inference_widths or {}).items())
+                + "".join(f"; int8 at {key}: float32 where faster ("
+                          + (", ".join(f"{name} {kind}" for name, by_kind in found.items()
+                                       for kind, int8_pays in by_kind.items() if not int8_pays) or "nowhere") + ")"
+                          for key, found in (self.int8_widths or {}).items()))
 
 
 @functools.cache
@@ -456,6 +464,52 @@ def inference_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) ->
         found = _kept(replace(found, inference_widths={**(found.inference_widths or {}), key: measured},
                               seconds=seconds, ratios=ratios))
     return found.inference_widths[key]
+
+
+def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],
+                   cold_bytes: int, seconds: dict[str, float], ratios: dict[str, list[float]], gen: torch.Generator,
+                   what: str) -> dict[str, dict[str, bool]]:
+    """Whether int8 products (activations quantised per call) run at least as fast as the float32 kernel chosen in
+    `inference`, by row class and shape kind: float32 replaces int8 only where clearly faster (`timing.pick`).
+    One- and few-row products over enough copies of each weight to hold `cold_bytes`."""
+    reduce_range = int8.int8_range() == "reduced"
+    pays: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES}
+    for kind, (w, b) in weights.items():
+        for name, rows in ROW_CLASSES:
+            copies = max(1, -(-cold_bytes // (w.numel() * w.element_size()))) if rows <= FEW_ROWS_MAX else 1
+            shaped = [w if c == 0 else w.clone() for c in range(copies)]
+            float32 = [cpu.PackedLinear(v, b, kernels=dict.fromkeys(("one", "few", "many"), inference[name][kind]))
+                       for v in shaped]
+            quantized = [int8.Int8Linear(v, b, reduce_range=reduce_range) for v in shaped]
+            x = torch.randn(rows, w.shape[1], generator=gen)
+            timed = timing.timed({"int8": lambda layers=quantized, x=x: [f(x) for f in layers],
+                                  "float32": lambda layers=float32, x=x: [f(x) for f in layers]})
+            timing.record(seconds, f"int8 {name} {kind}{what}", timed, plain="int8", ratios=ratios)
+            pays[name][kind] = timing.pick(timed, "int8") == "int8"
+            del float32, quantized, shaped
+    return pays
+
+
+def int8_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[str, dict[str, bool]]:
+    """By row class and shape kind, whether an int8 copy of a model of these widths runs its int8 products there
+    (else the float32 kernels of `inference_kernels`): fbgemm's int8 product quantises its input on every call, a
+    fixed cost that at few rows of a narrow model is more than the float32 product itself (docs/notes.md,
+    "Decoding"). Measured the first time an int8 copy of such a model is prepared, on its own shapes as
+    `inference_kernels` measures them, then kept in the cache (`Choices.int8_widths`)."""
+    inference = inference_kernels(d_model, d_ff, vocab, weight_bytes)
+    found = choices()
+    key = f"{d_model}x{d_ff}x{vocab}"
+    if key not in (found.int8_widths or {}):
+        seconds, ratios = dict(found.seconds), dict(found.ratios)
+        gen = torch.Generator().manual_seed(4)
+        weights = _shape_weights(gen, (("wide", (d_model, d_ff)), ("square", (d_model, d_model)),
+                                       ("narrow", (d_ff, d_model)), ("vocabulary", (d_model, vocab))))
+        with torch.inference_mode(False), torch.no_grad():
+            measured = _int8_products(weights, inference, min(weight_bytes, COLD_BYTES), seconds, ratios, gen,
+                                      f" {key}")
+        found = _kept(replace(found, int8_widths={**(found.int8_widths or {}), key: measured},
+                              seconds=seconds, ratios=ratios))
+    return found.int8_widths[key]
 
 
 def measure(description: dict[str, str] | None = None) -> Choices:

@@ -101,12 +101,23 @@ class Int8Linear(nn.Module):
         self.inv_smooth = None if smooth is None else (1.0 / smooth).contiguous()
         self.reduce_range = reduce_range
         self.smoothed = smooth is not None
+        self.float32: nn.Module | None = None  # the same map in float32, for the row classes of `float32_rows`
+        self.float32_rows: frozenset[str] = frozenset()
+
+    def on_float32(self, rows: frozenset[str], layer: nn.Module) -> Int8Linear:
+        """This layer, running `layer` (float32, the same weight and bias) on the row classes `rows`: where int8 was
+        measured slower than float32 (`calibrate.int8_kernels`). Returns the layer."""
+        self.float32_rows, self.float32 = rows, layer
+        return self
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, smoothed={self.smoothed}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, smoothed={self.smoothed}"
+                + (f", float32 rows={'/'.join(sorted(self.float32_rows))}" if self.float32 is not None else ""))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in_features) float32 -> (..., out_features) float32."""
+        if self.float32 is not None and row_class(x.numel() // max(self.in_features, 1)) in self.float32_rows:
+            return self.float32(x)
         x = x * self.inv_smooth if self.inv_smooth is not None else x.contiguous()
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
@@ -190,6 +201,23 @@ class Int8WeightsLinear(nn.Module):
 
 
 @dataclass(frozen=True)
+class Float32Rows:
+    """Where an int8 copy runs float32 products instead of int8 ones: `rows[kind]`, the row classes of each shape
+    kind (`shapes.shape_kind`) where int8 was measured slower (`calibrate.int8_kernels`), each run by
+    `layer(weight, bias)`."""
+
+    rows: dict[str, frozenset[str]]
+    layer: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]
+
+
+def _float32_where_faster(layer: Int8Linear, weight: torch.Tensor, bias: torch.Tensor | None,
+                          float32: Float32Rows | None) -> Int8Linear:
+    """`layer`, on float32 for the row classes `float32` gives its shape kind."""
+    rows = frozenset() if float32 is None else float32.rows.get(shape_kind(*reversed(weight.shape)), frozenset())
+    return layer.on_float32(rows, float32.layer(weight, bias)) if rows else layer
+
+
+@dataclass(frozen=True)
 class LayerChoice:
     """How one linear layer runs after `quantize`, and the relative error measured for int8."""
 
@@ -256,9 +284,11 @@ def relative_error(layer: nn.Module, x: torch.Tensor, expected: torch.Tensor) ->
 
 def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool, tolerance: float,
            fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None,
-           int8_weights_rows: dict[str, dict[str, bool]] | None = None) -> tuple[nn.Module, LayerChoice]:
-    """The layer to run in place of `module` (calibration inputs x (N, in)), and why: int8, else int8 weights where
-    `int8_weights_rows` (row class -> shape kind -> measured faster) says they pay, else `fallback`."""
+           int8_weights_rows: dict[str, dict[str, bool]] | None = None,
+           float32: Float32Rows | None = None) -> tuple[nn.Module, LayerChoice]:
+    """The layer to run in place of `module` (calibration inputs x (N, in)), and why: int8 (float32 on the row classes
+    `float32` says int8 is slower), else int8 weights where `int8_weights_rows` (row class -> shape kind -> measured
+    faster) says they pay, else `fallback`."""
     weight, bias = _weight_and_bias(module)
     with torch.no_grad():
         expected = F.linear(x, weight.float(), None if bias is None else bias.float())  # (N, out)
@@ -267,7 +297,8 @@ def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool,
     errors = {"int8": relative_error(plain, x, expected), "int8 smoothed": relative_error(smoothed, x, expected)}
     kind = min(errors, key=errors.get)
     if errors[kind] <= tolerance or fallback is None:
-        return (plain if kind == "int8" else smoothed), LayerChoice(name, kind, errors[kind])
+        layer = plain if kind == "int8" else smoothed
+        return _float32_where_faster(layer, weight, bias, float32), LayerChoice(name, kind, errors[kind])
     replacement = fallback(weight, bias)
     rows = frozenset(row_name for row_name, by_kind in (int8_weights_rows or {}).items()
                      if by_kind.get(shape_kind(*reversed(weight.shape))))
@@ -282,7 +313,8 @@ def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool,
 def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, reduce_range: bool,
              tolerance: float | None = None,
              fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None,
-             int8_weights_rows: dict[str, dict[str, bool]] | None = None) -> list[LayerChoice]:
+             int8_weights_rows: dict[str, dict[str, bool]] | None = None,
+             float32: Float32Rows | None = None) -> list[LayerChoice]:
     """Replace, in place, the linear layers of `model` that `run(model)` calls by int8 (or fallback) layers.
 
     Args:
@@ -294,6 +326,7 @@ def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, red
         int8_weights_rows: where int8 weights (`Int8WeightsLinear`) were measured faster than the fallback's
             float32 kernels, by row class and shape kind; such layers over the tolerance run them where their own
             error stays within `TOLERANCE`.
+        float32: where int8 layers run float32 products instead, by shape kind and row class (None: nowhere).
 
     Returns:
         What each replaced layer became.
@@ -314,9 +347,11 @@ def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, red
         module = layers[name]
         if name in inputs:
             replacement, choice = choose(name, module, inputs[name], reduce_range=reduce_range, tolerance=tolerance,
-                                         fallback=fallback, int8_weights_rows=int8_weights_rows)
+                                         fallback=fallback, int8_weights_rows=int8_weights_rows, float32=float32)
         else:
-            replacement = Int8Linear(*_weight_and_bias(module), reduce_range=reduce_range)
+            weight, bias = _weight_and_bias(module)
+            replacement = _float32_where_faster(Int8Linear(weight, bias, reduce_range=reduce_range), weight, bias,
+                                                float32)
             choice = LayerChoice(name, "int8", float("nan"))
         parent, _, child = name.rpartition(".")
         setattr(modules[parent] if parent else model, child, replacement)

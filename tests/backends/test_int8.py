@@ -200,3 +200,72 @@ def test_int8_weights_compute_the_product_and_leave_other_rows_to_the_fallback()
     ran, choice = choose("w", module, x, reduce_range=REDUCED, tolerance=0.0, fallback=float32,
                          int8_weights_rows={"one": {"narrow": False}})
     assert isinstance(ran, StackedLinear) and choice.kind == "StackedLinear"
+
+
+def test_an_int8_layer_runs_float32_on_the_rows_where_int8_was_measured_slower():
+    # fbgemm quantises its input on every call: at few rows of a narrow model that costs more than the float32
+    # product, and the calibration says where (`calibrate.int8_kernels`); there the layer runs float32.
+    from aiayn.backends.int8 import Float32Rows, choose
+
+    module = nn.Linear(64, 48)  # a narrowing product
+    x = torch.randn(256, 64)
+    float32 = lambda weight, bias: StackedLinear(weight, bias, F.linear)  # noqa: E731
+    layer, choice = choose("w", module, x, reduce_range=REDUCED, tolerance=1.0, fallback=None,
+                           float32=Float32Rows({"narrow": frozenset({"one", "few"}), "wide": frozenset({"many"})},
+                                               float32))
+    assert isinstance(layer, Int8Linear) and choice.kind.startswith("int8") and layer.float32_rows == {"one", "few"}
+    with torch.no_grad():
+        for rows in (1, 4):
+            one = torch.randn(rows, 64)
+            assert torch.equal(layer(one), F.linear(one, module.weight, module.bias))  # float32 itself
+        many = torch.randn(32, 64)
+        int8_out = layer(many)
+        assert not torch.equal(int8_out, F.linear(many, module.weight, module.bias))  # int8 there
+        assert rel_error(int8_out, F.linear(many, module.weight, module.bias)) < 0.05 * STEP_RATIO
+    plain, _ = choose("w", module, x, reduce_range=REDUCED, tolerance=1.0, fallback=None)
+    assert plain.float32 is None and "float32 rows" not in repr(plain)
+
+
+def test_select_runs_an_int8_copy_in_float32_where_its_widths_measured_int8_slower(monkeypatch):
+    from aiayn.backends import backend as backend_module
+    from aiayn.backends.backend import inference_shape
+
+    model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                                    n_decoder_layers=1, dropout=0.0, max_len=32)).eval()
+    measured = {"one": {"wide": False, "square": False, "narrow": True, "vocabulary": True},
+                "few": {"wide": True, "square": False, "narrow": True, "vocabulary": True},
+                "many": dict.fromkeys(("wide", "square", "narrow", "vocabulary"), True)}
+    asked = []
+    monkeypatch.setattr(backend_module.calibrate, "int8_kernels", lambda *shape: asked.append(shape) or measured)
+    backend = select("cpu", "inference", "int8", inference_shape=inference_shape(model))
+    assert asked == [inference_shape(model)]
+    assert set(backend.int8_float32) == {("one", "wide"), ("one", "square"), ("few", "square")}
+    assert "float32 products where measured faster than int8" in backend.describe()
+    prepared = backend.prepare(model)
+    qkv = prepared.decoder.layers[0].self_attn.qkv  # 32 -> 96: wide
+    out = prepared.decoder.layers[0].self_attn.out_proj  # square
+    if isinstance(qkv, Int8Linear):
+        assert qkv.float32_rows == {"one"}
+    if isinstance(out, Int8Linear):
+        assert out.float32_rows == {"one", "few"}
+    assert isinstance(qkv, Int8Linear) or isinstance(out, Int8Linear)  # at least one stayed int8 at this size
+    # the copy decodes as before: int8 copies without a measured shape run int8 everywhere
+    assert select("cpu", "inference", "int8").int8_float32 == ()
+
+
+def test_where_int8_products_pay_is_measured_once_at_a_models_widths(tmp_path, monkeypatch):
+    from aiayn.backends import calibrate, timing
+
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    pays = calibrate.int8_kernels(32, 64, 200, 1 << 20)
+    assert set(pays) == {"one", "few", "many"} and all(set(k) == {"wide", "square", "narrow", "vocabulary"}
+                                                       and all(isinstance(v, bool) for v in k.values())
+                                                       for k in pays.values())
+    found = calibrate.choices()
+    assert found.int8_widths == {"32x64x200": pays} and "int8 one square 32x64x200: float32" in found.ratios
+    assert "int8 at 32x64x200: float32 where faster" in found.describe()
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_int8_products", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert calibrate.int8_kernels(32, 64, 200, 1 << 20) == pays
