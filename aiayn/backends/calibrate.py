@@ -475,18 +475,19 @@ def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], infere
     reduce_range = int8.int8_range() == "reduced"
     pays: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES}
     for kind, (w, b) in weights.items():
+        shaped = [w if c == 0 else w.clone() for c in range(max(1, -(-cold_bytes // (w.numel() * w.element_size()))))]
+        quantized = [int8.Int8Linear(v, b, reduce_range=reduce_range) for v in shaped]  # for every row class
         for name, rows in ROW_CLASSES:
-            copies = max(1, -(-cold_bytes // (w.numel() * w.element_size()))) if rows <= FEW_ROWS_MAX else 1
-            shaped = [w if c == 0 else w.clone() for c in range(copies)]
+            copies = len(shaped) if rows <= FEW_ROWS_MAX else 1
             float32 = [cpu.PackedLinear(v, b, kernels=dict.fromkeys(("one", "few", "many"), inference[name][kind]))
-                       for v in shaped]
-            quantized = [int8.Int8Linear(v, b, reduce_range=reduce_range) for v in shaped]
+                       for v in shaped[:copies]]
             x = torch.randn(rows, w.shape[1], generator=gen)
-            timed = timing.timed({"int8": lambda layers=quantized, x=x: [f(x) for f in layers],
+            timed = timing.timed({"int8": lambda layers=quantized[:copies], x=x: [f(x) for f in layers],
                                   "float32": lambda layers=float32, x=x: [f(x) for f in layers]})
             timing.record(seconds, f"int8 {name} {kind}{what}", timed, plain="int8", ratios=ratios)
             pays[name][kind] = timing.pick(timed, "int8") == "int8"
-            del float32, quantized, shaped
+            del float32
+        del shaped, quantized
     return pays
 
 
