@@ -181,8 +181,29 @@ class StaticState:
         # is a view of its first rows once sentences have left.
         self.spare: torch.Tensor | None = None
         self.held = self.cache  # the whole buffer `cache` views
+        self._views()
         self.position = 0
         self.positions = None if embed.positions is None else embed.positions(length).to(dtype)  # (length, d)
+        self.plan = [self._layer_plan(i, layer) for i, layer in enumerate(self.layers)]
+        self.final_norm = None if self.final is None else self.final.forward
+
+    def _layer_plan(self, i: int, layer: nn.Module) -> list[tuple[bool, object, object, object]]:
+        """Layer i's sublayers as (norm first, norm, f, a), run as f(self, a, input), with the modules' `forward`s bound
+        once: a step calls them without `nn.Module`'s call and attribute machinery, a share of a small step (no hook
+        watches these modules: `runs`). Nothing here holds the state itself, so that it is freed (and its buffers
+        given back) as soon as its search ends."""
+        cls = type(self)
+        if isinstance(layer, DecoderLayer):
+            parts = [(layer.self_attn_sublayer, cls._self_attention, i),
+                     (layer.cross_attn_sublayer, cls._cross_attention, i)]
+        else:  # a decoder-only model's layer: self-attention, then the feed-forward network
+            parts = [(layer.attn_sublayer, cls._self_attention, i)]
+        parts.append((layer.ffn_sublayer, _feed_forward, layer.feed_forward.forward))
+        return [(connection.norm_first, connection.norm.forward, f, a) for connection, f, a in parts]
+
+    def _views(self) -> None:
+        """Each layer's keys and values, (N, h, length, d_k) views of the cache, made again when the cache moves."""
+        self.kv = [tuple(pair.unbind(0)) for pair in self.cache.unbind(0)]
 
     def _memory_side(self, attn: nn.Module, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         b, length, _ = memory.shape
@@ -211,15 +232,11 @@ class StaticState:
             x = x + embed.token_types.weight[0]
         if embed.norm is not None:
             x = embed.norm(x)
-        for i, layer in enumerate(self.layers):
-            if self.memory is None:  # a decoder-only model's layer: self-attention, then the feed-forward network
-                x = _sublayer(layer.attn_sublayer, x, lambda y, i=i: self._self_attention(i, y))
-            else:
-                x = _sublayer(layer.self_attn_sublayer, x, lambda y, i=i: self._self_attention(i, y))
-                x = _sublayer(layer.cross_attn_sublayer, x, lambda y, i=i: self._cross_attention(i, y))
-            x = _sublayer(layer.ffn_sublayer, x, layer.feed_forward.forward)
-        if self.final is not None:
-            x = self.final(x)
+        for sublayers in self.plan:
+            for norm_first, norm, f, a in sublayers:  # `SublayerConnection` at inference (dropout is the identity)
+                x = x + f(self, a, norm(x)) if norm_first else norm(x + f(self, a, x))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
         return self.head(x[:, 0]).float()  # (N, V)
 
     def _self_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
@@ -235,10 +252,10 @@ class StaticState:
         """Layer i's key and value of this position (N, h, 1, d_k) written into the cache; the keys and values
         to attend over (N, h, p + 1, d_k), the prefix and this position, and their mask (None: all of them)."""
         p = self.position
-        self.cache[i, 0, :, :, p : p + 1] = key
-        self.cache[i, 1, :, :, p : p + 1] = value
-        keys, values = self.cache[i, :, :, :, : p + 1]
-        return keys, values, None
+        keys, values = self.kv[i]  # (N, h, length, d_k) each
+        keys.narrow(2, p, 1).copy_(key)
+        values.narrow(2, p, 1).copy_(value)
+        return keys.narrow(2, 0, p + 1), values.narrow(2, 0, p + 1), None
 
     def _cross_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
         """y (N, 1, d_model) -> (N, 1, d_model): the `beams` rows of a sentence are the queries of its memory."""
@@ -264,6 +281,7 @@ class StaticState:
         target = self.spare[:, :, :n]
         torch.index_select(self.cache[:, :, :, :, :p], 2, rows, out=target[:, :, :, :, :p])
         self.cache, self.held, self.spare = target, self.spare, self.held
+        self._views()
         if memory_rows is None or self.memory is None:
             return
         sentences = self._sentences(memory_rows)
@@ -404,11 +422,9 @@ class FixedState(StaticState):
         self._map_memory(gathered_in_place)
 
 
-def _sublayer(connection: nn.Module, x: torch.Tensor, sublayer) -> torch.Tensor:
-    """`SublayerConnection.forward` at inference (dropout is the identity): post-LN or pre-LN."""
-    if connection.norm_first:
-        return x + sublayer(connection.norm(x))
-    return connection.norm(x + sublayer(x))
+def _feed_forward(state: StaticState, ffn, y: torch.Tensor) -> torch.Tensor:
+    """A feed-forward sublayer in a step's plan (`StaticState._layer_plan`): `ffn(y)`."""
+    return ffn(y)
 
 
 # -- the modules' own path ----------------------------------------------------------------------------------
