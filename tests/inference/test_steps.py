@@ -263,3 +263,24 @@ def test_a_reorder_to_more_rows_than_the_search_began_with_still_holds():
         state.step(tokens)
         state.reorder(torch.tensor([0, 1, 2, 2, 1]), memory_rows=torch.tensor([0, 1, 2, 2, 1]))
     torch.testing.assert_close(flat.step(torch.full((5, 1), 7)), modules.step(torch.full((5, 1), 7)))
+
+
+@torch.no_grad()
+def test_a_search_state_is_freed_as_soon_as_its_search_drops_it():
+    # Its cache is the largest thing a search holds (and, inside `reusing_buffers`, goes back to the pool when the
+    # state is freed): nothing in the state may point back at it, or the cache waits for the garbage collector.
+    import gc
+    import weakref
+
+    model = tiny(True)
+    gc.disable()
+    try:
+        for make in (lambda: start(model, source(), 6, beams=2), lambda: FixedState(model, source(), 6, capture=False)):
+            state = make()
+            state.step(torch.full((state.cache.shape[2], 1), 4))
+            state.reorder(torch.arange(state.cache.shape[2]).flip(0))
+            ref = weakref.ref(state)
+            del state
+            assert ref() is None
+    finally:
+        gc.enable()
