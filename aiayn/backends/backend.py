@@ -157,8 +157,6 @@ class Backend:
         prepared = shared_copy(model)
         if self.fused_qkv:
             prepared = fuse_qkv(prepared, product=F.linear, frozen=lambda w, b: StackedLinear(w, b, F.linear))
-        if self.absorbed_cross:  # over the float32 weights, read before quantize swaps the projections
-            absorb_cross_attention(prepared)
         prepared.eval()
         _without_dropout(prepared)
         fallback = None  # where int8 is too far: bf16 where the CPU has it natively, else float32
@@ -321,8 +319,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         if inference_shape:
             slower = tuple((rows, kind) for rows, by_kind in calibrate.int8_kernels(*inference_shape).items()
                            for kind, int8_pays in by_kind.items() if not int8_pays)
-        return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays, int8_float32=slower,
-                       absorbed_cross=True)
+        return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays, int8_float32=slower)
     if mode == "train":
         onednn, fused_qkv = (calibrate.training_choices(*train_shape) if train_shape is not None
                              else (measured.train_onednn, measured.fused_qkv_train))
