@@ -284,3 +284,18 @@ def test_a_search_state_is_freed_as_soon_as_its_search_drops_it():
             assert ref() is None
     finally:
         gc.enable()
+
+
+@pytest.mark.parametrize("how", ["fp32", "int8"])
+@torch.no_grad()
+def test_a_short_source_steps_as_the_modules_do_where_cross_attention_may_be_absorbed(how):
+    # One short sentence is where a float32 copy absorbs cross-attention into the memory: the flat step must still
+    # compute what the modules' path (recorded attention, hooks) computes, in float32 and in int8.
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=50, d_model=64, n_heads=2, d_ff=128, n_encoder_layers=1, n_decoder_layers=1,
+                      max_len=64, dropout=0.0)
+    model = prepared(build_model(cfg).eval(), how)
+    src = torch.tensor([[5, 9, 13, 7]])
+    flat, modules = start(model, src, 6, beams=2), ModuleState(model, src, beams=2)
+    tokens = torch.randint(4, 50, (2, 5), generator=torch.Generator().manual_seed(3))
+    step_together(flat, modules, tokens, 2, leave_after=99, atol=5e-2 if how == "int8" else 1e-5)
