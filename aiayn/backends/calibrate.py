@@ -401,6 +401,13 @@ def _shape_weights(gen: torch.Generator, kinds=SHAPE_KINDS) -> dict[str, tuple[t
             for kind, (n_in, n_out) in kinds}
 
 
+def _width_weights(gen: torch.Generator, d_model: int, d_ff: int,
+                   vocab: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """A weight and bias of each shape kind at a model's own widths (as `_shape_weights` at a base model's)."""
+    return _shape_weights(gen, (("wide", (d_model, d_ff)), ("square", (d_model, d_model)), ("narrow", (d_ff, d_model)),
+                                ("vocabulary", (d_model, vocab))))
+
+
 def int8_weight_choices() -> dict[str, dict[str, bool]]:
     """`Choices.int8_weights` of this machine: measured the first time int8 inference asks (about a second), then
     kept with the other choices in the cache."""
@@ -453,17 +460,23 @@ def inference_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) ->
     found = choices()
     if (d_model, d_ff) == dict(SHAPE_KINDS)["wide"]:
         return found.inference
-    key = f"{d_model}x{d_ff}x{vocab}"
-    if key not in (found.inference_widths or {}):
+    return _at_widths("inference_widths", (d_model, d_ff, vocab), weight_bytes, 3, _inference_kernels)
+
+
+def _at_widths(field: str, widths: tuple[int, int, int], weight_bytes: int, seed: int, measure: Callable) -> dict:
+    """`measure(weights, cold bytes, seconds, ratios, gen, what)` on the shapes of a model of `widths` (d_model, d_ff,
+    vocabulary), the first time they are asked for; then what the cache keeps under `Choices.<field>`."""
+    found = choices()
+    key = "x".join(map(str, widths))
+    kept = getattr(found, field) or {}
+    if key not in kept:
         seconds, ratios = dict(found.seconds), dict(found.ratios)
-        gen = torch.Generator().manual_seed(3)
-        weights = _shape_weights(gen, (("wide", (d_model, d_ff)), ("square", (d_model, d_model)),
-                                       ("narrow", (d_ff, d_model)), ("vocabulary", (d_model, vocab))))
+        gen = torch.Generator().manual_seed(seed)
         with torch.inference_mode(False), torch.no_grad():
-            measured = _inference_kernels(weights, min(weight_bytes, COLD_BYTES), seconds, ratios, gen, f" {key}")
-        found = _kept(replace(found, inference_widths={**(found.inference_widths or {}), key: measured},
-                              seconds=seconds, ratios=ratios))
-    return found.inference_widths[key]
+            measured = measure(_width_weights(gen, *widths), min(weight_bytes, COLD_BYTES), seconds, ratios, gen,
+                               f" {key}")
+        found = _kept(replace(found, **{field: {**kept, key: measured}}, seconds=seconds, ratios=ratios))
+    return getattr(found, field)[key]
 
 
 def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],
@@ -498,19 +511,8 @@ def int8_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict
     "Decoding"). Measured the first time an int8 copy of such a model is prepared, on its own shapes as
     `inference_kernels` measures them, then kept in the cache (`Choices.int8_widths`)."""
     inference = inference_kernels(d_model, d_ff, vocab, weight_bytes)
-    found = choices()
-    key = f"{d_model}x{d_ff}x{vocab}"
-    if key not in (found.int8_widths or {}):
-        seconds, ratios = dict(found.seconds), dict(found.ratios)
-        gen = torch.Generator().manual_seed(4)
-        weights = _shape_weights(gen, (("wide", (d_model, d_ff)), ("square", (d_model, d_model)),
-                                       ("narrow", (d_ff, d_model)), ("vocabulary", (d_model, vocab))))
-        with torch.inference_mode(False), torch.no_grad():
-            measured = _int8_products(weights, inference, min(weight_bytes, COLD_BYTES), seconds, ratios, gen,
-                                      f" {key}")
-        found = _kept(replace(found, int8_widths={**(found.int8_widths or {}), key: measured},
-                              seconds=seconds, ratios=ratios))
-    return found.int8_widths[key]
+    return _at_widths("int8_widths", (d_model, d_ff, vocab), weight_bytes, 4,
+                      lambda weights, *rest: _int8_products(weights, inference, *rest))
 
 
 def measure(description: dict[str, str] | None = None) -> Choices:
