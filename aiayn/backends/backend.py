@@ -166,17 +166,13 @@ class Backend:
             fallback = self._packed
         else:
             fallback = _float32_layer
-        slower: dict[str, frozenset[str]] = {}  # shape kind -> the row classes where int8 runs float32
-        for row_class, kind in self.int8_float32:
-            slower[kind] = slower.get(kind, frozenset()) | {row_class}
-        float32 = int8.Float32Rows(slower, self._packed if self.kernels is not None else _float32_layer)
+        float32 = int8.Float32Rows(_by_rows(self.int8_float32), self._packed if self.kernels is not None
+                                   else _float32_layer)
         with torch.no_grad():
-            rows: dict[str, dict[str, bool]] = {}
-            for row_class, kind in self.int8_weights:
-                rows.setdefault(row_class, {})[kind] = True
             choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
-                                    reduce_range=int8.int8_range() == "reduced", int8_weights_rows=rows,
-                                    float32=float32 if slower else None)
+                                    reduce_range=int8.int8_range() == "reduced",
+                                    int8_weights_rows=_by_rows(self.int8_weights),
+                                    float32=float32 if self.int8_float32 else None)
         kinds = Counter(choice.kind for choice in choices)
         logger.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
         return prepared
@@ -201,6 +197,20 @@ def _row_kernels(kernels: tuple[tuple[str, str, str], ...]) -> list[str]:
         by_rows.setdefault(rows, []).append((kind, kernel))
     return [f"{rows} {kinds[0][1]}" if len({k for _, k in kinds}) == 1
             else f"{rows} " + "/".join(f"{kind} {k}" for kind, k in kinds) for rows, kinds in by_rows.items()]
+
+
+def _pairs(by_rows: dict[str, dict[str, bool]], value: bool) -> tuple[tuple[str, str], ...]:
+    """The (row class, shape kind) pairs where a measurement by row class and shape kind is `value`."""
+    return tuple((rows, kind) for rows, by_kind in by_rows.items() for kind, measured in by_kind.items()
+                 if measured == value)
+
+
+def _by_rows(pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, bool]]:
+    """(row class, shape kind) pairs as row class -> shape kind -> True, as `int8.row_classes` reads them."""
+    by_rows: dict[str, dict[str, bool]] = {}
+    for rows, kind in pairs:
+        by_rows.setdefault(rows, {})[kind] = True
+    return by_rows
 
 
 def _float32_layer(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
@@ -313,12 +323,9 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     by_width = calibrate.inference_kernels(*inference_shape) if inference_shape and mode == "inference" else None
     kernels = cpu.kernel_triples(by_width or measured.inference)
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
-        pays = tuple((rows, kind) for rows, by_kind in calibrate.int8_weight_choices().items()
-                     for kind, yes in by_kind.items() if yes)
-        slower = ()  # where int8's per-call quantisation costs more than the float32 product (narrow models)
-        if inference_shape:
-            slower = tuple((rows, kind) for rows, by_kind in calibrate.int8_kernels(*inference_shape).items()
-                           for kind, int8_pays in by_kind.items() if not int8_pays)
+        pays = _pairs(calibrate.int8_weight_choices(), True)
+        # where int8's per-call quantisation costs more than the float32 product (narrow models)
+        slower = _pairs(calibrate.int8_kernels(*inference_shape), False) if inference_shape else ()
         return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays, int8_float32=slower)
     if mode == "train":
         onednn, fused_qkv = (calibrate.training_choices(*train_shape) if train_shape is not None

@@ -200,20 +200,25 @@ class Int8WeightsLinear(nn.Module):
         return int8_weights_product(x, self.q, self.scales, self.bias)
 
 
+def row_classes(by_rows: dict[str, dict[str, bool]] | None, weight: torch.Tensor) -> frozenset[str]:
+    """The row classes where `by_rows` (row class -> shape kind -> measured so) holds for `weight`'s shape kind."""
+    kind = shape_kind(*reversed(weight.shape))
+    return frozenset(name for name, by_kind in (by_rows or {}).items() if by_kind.get(kind))
+
+
 @dataclass(frozen=True)
 class Float32Rows:
-    """Where an int8 copy runs float32 products instead of int8 ones: `rows[kind]`, the row classes of each shape
-    kind (`shapes.shape_kind`) where int8 was measured slower (`calibrate.int8_kernels`), each run by
-    `layer(weight, bias)`."""
+    """Where an int8 copy runs float32 products instead of int8 ones: `rows` (row class -> shape kind -> True) where
+    int8 was measured slower (`calibrate.int8_kernels`), each run by `layer(weight, bias)`."""
 
-    rows: dict[str, frozenset[str]]
+    rows: dict[str, dict[str, bool]]
     layer: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]
 
 
 def _float32_where_faster(layer: Int8Linear, weight: torch.Tensor, bias: torch.Tensor | None,
                           float32: Float32Rows | None) -> Int8Linear:
     """`layer`, on float32 for the row classes `float32` gives its shape kind."""
-    rows = frozenset() if float32 is None else float32.rows.get(shape_kind(*reversed(weight.shape)), frozenset())
+    rows = frozenset() if float32 is None else row_classes(float32.rows, weight)
     return layer.on_float32(rows, float32.layer(weight, bias)) if rows else layer
 
 
@@ -300,8 +305,7 @@ def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool,
         layer = plain if kind == "int8" else smoothed
         return _float32_where_faster(layer, weight, bias, float32), LayerChoice(name, kind, errors[kind])
     replacement = fallback(weight, bias)
-    rows = frozenset(row_name for row_name, by_kind in (int8_weights_rows or {}).items()
-                     if by_kind.get(shape_kind(*reversed(weight.shape))))
+    rows = row_classes(int8_weights_rows, weight)
     if rows:  # int8 weights where measured faster, if they keep the full range's tolerance (see the class)
         weights_only = Int8WeightsLinear(weight, bias, rows=rows, fallback=replacement)
         error = relative_error(weights_only.product, x, expected)
