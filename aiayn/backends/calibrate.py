@@ -297,7 +297,7 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
         return {}
     faster: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES[:2]}
     for kind, (w, b) in weights.items():
-        copies = [w if c == 0 else w.clone() for c in range(-(-COLD_BYTES // (w.numel() * w.element_size())))]
+        copies = [w if c == 0 else w.clone() for c in range(_cold_copies(w, COLD_BYTES))]
         quantized = [int8.int8_weights(v) for v in copies]  # once per kind, for both row classes
         for name, rows in ROW_CLASSES[:2]:
             x = torch.randn(rows, w.shape[1], generator=gen)
@@ -394,6 +394,12 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
     return onednn, fused
 
 
+def _cold_copies(weight: torch.Tensor, cold_bytes: int) -> int:
+    """How many copies of `weight` hold `cold_bytes` (at least one): one- and few-row products are timed cycling
+    through them, each read from memory, not from the cache a repeat left it in."""
+    return max(1, -(-cold_bytes // (weight.numel() * weight.element_size())))
+
+
 def _shape_weights(gen: torch.Generator, kinds=SHAPE_KINDS) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """A weight (out, in) and bias (out,) of each shape kind, (kind, (in, out)) pairs: a base model's by default, as
     `measure` times them."""
@@ -431,7 +437,7 @@ def _inference_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], co
     for name, rows in ROW_CLASSES:
         inference[name] = {}
         for kind, (w, b) in weights.items():
-            copies = max(1, -(-cold_bytes // (w.numel() * w.element_size()))) if rows <= FEW_ROWS_MAX else 1
+            copies = _cold_copies(w, cold_bytes) if rows <= FEW_ROWS_MAX else 1
             shaped = [(w if c == 0 else w.clone(), b) for c in range(copies)]
             xs = [torch.randn(rows, w.shape[1], generator=gen) for w, _ in shaped]
             layers = {"dense": [lambda x, w=w, b=b: F.linear(x, w, b) for w, b in shaped]}
@@ -488,7 +494,7 @@ def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], infere
     reduce_range = int8.int8_range() == "reduced"
     pays: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES}
     for kind, (w, b) in weights.items():
-        shaped = [w if c == 0 else w.clone() for c in range(max(1, -(-cold_bytes // (w.numel() * w.element_size()))))]
+        shaped = [w if c == 0 else w.clone() for c in range(_cold_copies(w, cold_bytes))]
         quantized = [int8.Int8Linear(v, b, reduce_range=reduce_range) for v in shaped]  # for every row class
         for name, rows in ROW_CLASSES:
             copies = len(shaped) if rows <= FEW_ROWS_MAX else 1

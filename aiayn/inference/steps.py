@@ -168,7 +168,7 @@ class StaticState:
     def _allocate(self, model: nn.Module, embed: nn.Module, rows: int, length: int, dtype: torch.dtype) -> None:
         """The parts a step runs, and the cache of `length` positions for `rows` rows."""
         cfg = model.config
-        self.embed, self.head, self.final = embed, model.head, model.decoder.final_norm
+        self.embed, self.head = embed, model.head
         self.layers = list(model.decoder.layers)
         self.heads, self.d_k = cfg.n_heads, cfg.d_model // cfg.n_heads
         device = embed.tokens.weight.device
@@ -185,7 +185,8 @@ class StaticState:
         self.position = 0
         self.positions = None if embed.positions is None else embed.positions(length).to(dtype)  # (length, d)
         self.plan = [self._layer_plan(i, layer) for i, layer in enumerate(self.layers)]
-        self.final_norm = None if self.final is None else self.final.forward
+        final = model.decoder.final_norm
+        self.final_norm = None if final is None else final.forward
 
     def _layer_plan(self, i: int, layer: nn.Module) -> list[tuple[bool, object, object, object]]:
         """Layer i's sublayers as (norm first, norm, f, a), run as f(self, a, input), with the modules' `forward`s bound

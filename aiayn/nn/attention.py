@@ -250,13 +250,14 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if mask is not None and mask.dtype != torch.bool and not mask.is_floating_point():
         raise TypeError(f"attend's mask must be bool (True = may attend) or the float bias attention_bias makes of "
                         f"one, got {mask.dtype}")
+    boolean = mask is not None and mask.dtype == torch.bool  # else a bias from `attention_bias`: no empty row
     empty_rows = None
-    if mask is not None and mask.dtype == torch.bool:  # a bias from `attention_bias` has no empty row
+    if boolean:
         empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)
         mask = mask | empty_rows
     if need_weights:
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L_q, L_k)
-        if mask is not None and mask.dtype == torch.bool:
+        if boolean:
             scores = scores.masked_fill(~mask, float("-inf"))
         elif mask is not None:
             scores += mask  # 0 leaves a score as it is, -inf masks it: the same scores as masked_fill
