@@ -20,6 +20,8 @@ cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Ada
   gain little from a second thread; a second process computes its own batch. Timed after the others
   (separate processes), so a neighbour that comes or goes in between moves it alone. Then the layout
   `aiayn train` would take for these shapes under a time budget (`aiayn.training.layout`).
+On the CPU the process keeps the memory its steps free, as `aiayn train` does (`aiayn.backends.memory`); the
+setting is the process's, so the peers' steps run with it too.
 Batches are a real run's: sentence lengths drawn like short real sentences (source mean `--mean-len`
 tokens, the target 0.8-1.3 times as long), cut into batches of at most `--max-tokens` padded tokens by
 the trainer's own length bucketing, random ids; identical for every model. Model FLOPs count the
@@ -57,7 +59,8 @@ from torch import nn
 
 from aiayn.backends import select
 from aiayn.backends.cpu import onednn_product
-from aiayn.backends.devices import bf16_supported
+from aiayn.backends.devices import bf16_supported, resolve_device
+from aiayn.backends.memory import keep_freed_memory
 from aiayn.config import ModelConfig, preset
 from aiayn.data.batching import token_batches
 from aiayn.nn.embedding import sinusoidal_table
@@ -249,6 +252,7 @@ def data_parallel_rank(args: argparse.Namespace, cfg: ModelConfig) -> int:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    keep_freed_memory()
     rank, world = args.rank, int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.manual_seed(0)
@@ -480,6 +484,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if resolve_device(args.device).type == "cpu":
+        keep_freed_memory()  # as `aiayn train` does on the CPU (a process setting: the peers run with it too)
     torch.manual_seed(0)
     if args.recipe:
         args.preset, args.vocab, args.max_tokens, overrides = recipe_shapes()

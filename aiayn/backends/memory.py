@@ -1,0 +1,48 @@
+"""Freed memory kept in the process, so that a training step's tensors land on pages the step before mapped.
+
+A training step allocates and frees the same large tensors every step: activations, the vocabulary logits, their
+gradients (a few MiB to tens of MiB each at the recipe's shapes). glibc's `malloc` serves a block above its mmap
+threshold (128 KiB at first, raised to the size of the largest block freed so far) with new pages from the kernel,
+and hands the top of its heap back to the kernel when more than twice that threshold lies free there. Either way
+the next step writes into pages the kernel must map and zero again, one 4 KiB page fault at a time: thousands a
+step, about a tenth of a small model's step on one core (docs/notes.md, "Training").
+
+`keep_freed_memory` sets both thresholds for the process: blocks up to glibc's largest mmap threshold come from the
+heap, and freed memory stays with the process up to `trim_threshold`. The process then holds about its peak use
+until it exits, which a training run reaches at every step anyway. Blocks above 32 MiB are still mapped anew
+(glibc allows no higher threshold). The setting is the process's, not the library's: `aiayn.training` makes it
+when it trains on the CPU, as it sets the process's threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD = -1  # mallopt's parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest mmap threshold on a 64-bit system (DEFAULT_MMAP_THRESHOLD_MAX)
+TRIM_THRESHOLD = 1 << 30
+
+
+def keep_freed_memory(trim_threshold: int = TRIM_THRESHOLD) -> bool:
+    """Tell glibc's allocator to serve blocks up to 32 MiB from its heap and keep up to `trim_threshold` bytes of
+    freed memory instead of returning them to the system. Returns whether it was set (False where the C library is
+    not glibc: macOS, Windows, musl)."""
+    try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
+            return False
+    except (AttributeError, ValueError, OSError):  # no confstr (Windows), or not a GNU C library
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own C library
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1 and mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1
+    logger.debug("glibc keeps freed memory (mmap threshold 32 MiB, trim threshold %d bytes): %s", trim_threshold,
+                 done)
+    return done
