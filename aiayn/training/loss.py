@@ -10,31 +10,32 @@ IGNORE = -100
 class _SmoothedCrossEntropy(torch.autograd.Function):
     """Per-row (1 - eps) * NLL + eps * uniform cross-entropy, with a one-pass backward.
 
-    With log p = log_softmax(x) (one fused kernel): NLL = -log p[y], uniform = -mean(log p); the
-    gradient of the smoothed loss is softmax(x) - (1 - eps) onehot(y) - eps / C = exp(log p) - ...,
-    computed without a one-hot matrix.
+    The forward keeps p = softmax(x) (one fused kernel) for the backward, where the gradient of the
+    smoothed loss is p - (1 - eps) onehot(y) - eps / C: one pass over p, with no exponential to take
+    again and no one-hot matrix. The loss needs log p only at the label and on average, both from the
+    row's log-sum-exp: log p[y] = x[y] - lse, mean(log p) = mean(x) - lse, with lse = x[m] - log p[m]
+    at the row's most likely class m, whose probability (at least 1 / C) has a finite log.
     """
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float) -> tuple[torch.Tensor,
                                                                                               torch.Tensor]:
-        log_probs = torch.log_softmax(logits, dim=-1)  # (N, C)
-        nll = -log_probs.gather(1, labels[:, None])[:, 0]  # (N,)
-        loss = (1.0 - smoothing) * nll - smoothing * log_probs.mean(dim=-1) if smoothing > 0 else nll.clone()
-        ctx.save_for_backward(log_probs, labels)
+        probs = torch.softmax(logits, dim=-1)  # (N, C)
+        lse = logits.amax(dim=-1) - probs.amax(dim=-1).log()  # (N,): log sum_c exp(x_c), at the most likely class
+        nll = lse - logits.gather(1, labels[:, None])[:, 0]  # (N,): -log p[y]
+        loss = (1.0 - smoothing) * nll + smoothing * (lse - logits.mean(dim=-1)) if smoothing > 0 else nll.clone()
+        ctx.save_for_backward(probs, labels)
         ctx.smoothing = smoothing
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, grad_nll: torch.Tensor) -> tuple[torch.Tensor | None, None, None]:
-        log_probs, labels = ctx.saved_tensors
+        probs, labels = ctx.saved_tensors
         eps = ctx.smoothing
-        grad = torch.exp(log_probs)  # softmax (N, C)
-        if eps > 0:
-            grad.sub_(eps / log_probs.shape[-1])
-        grad.scatter_add_(1, labels[:, None], torch.full_like(grad_loss[:, None], -(1.0 - eps)))
-        return grad.mul_(grad_loss[:, None]), None, None
+        scale = grad_loss[:, None]  # (N, 1)
+        grad = torch.addcmul(scale * (-eps / probs.shape[-1]), probs, scale)  # (p - eps / C) * scale: (N, C)
+        return grad.scatter_add_(1, labels[:, None], scale * -(1.0 - eps)), None, None
 
 
 def label_smoothed_loss(logits: torch.Tensor, labels: torch.Tensor, *, smoothing: float) -> tuple[torch.Tensor,

@@ -98,6 +98,19 @@ def test_label_smoothed_loss_gradient_matches_torch(smoothing):
     torch.testing.assert_close(ours, expected)
 
 
+def test_label_smoothed_loss_stays_exact_where_the_label_is_improbable():
+    # The label's probability underflows float32 (exp(-300) = 0) and the logits sit far from 0: the loss is read
+    # from the log-sum-exp, not from the probability, so it stays finite and equal to torch's.
+    logits = torch.tensor([[0.0, -300.0, 5.0], [1e4, 1e4 - 1.0, 1e4 - 2.0]], requires_grad=True)
+    labels = torch.tensor([1, 2])
+    loss, nll = label_smoothed_loss(logits, labels, smoothing=0.1)
+    torch.testing.assert_close(loss, F.cross_entropy(logits, labels, label_smoothing=0.1, reduction="sum"))
+    torch.testing.assert_close(nll, F.cross_entropy(logits, labels, reduction="sum"))
+    (grad,) = torch.autograd.grad(loss, logits)
+    (expected,) = torch.autograd.grad(F.cross_entropy(logits, labels, label_smoothing=0.1, reduction="sum"), logits)
+    torch.testing.assert_close(grad, expected)
+
+
 def test_metrics():
     assert translation_scores(["ein haus", "zwei"], ["ein haus", "drei"])["exact_match"] == 50.0
     scores = accuracy_and_macro_f1([0, 0, 1, 1], [0, 1, 1, 1], 2)
