@@ -166,13 +166,15 @@ class Backend:
             fallback = self._packed
         else:
             fallback = _float32_layer
-        float32 = int8.Float32Rows(_by_rows(self.int8_float32), self._packed if self.kernels is not None
-                                   else _float32_layer)
+        float32 = None  # where int8 was measured slower than float32, float32 products
+        if self.int8_float32:
+            float32 = int8.Float32Rows(_by_rows(self.int8_float32),
+                                       self._packed if self.kernels is not None else _float32_layer)
         with torch.no_grad():
             choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
                                     reduce_range=int8.int8_range() == "reduced",
                                     int8_weights_rows=_by_rows(self.int8_weights),
-                                    float32=float32 if self.int8_float32 else None)
+                                    float32=float32)
         kinds = Counter(choice.kind for choice in choices)
         logger.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
         return prepared

@@ -301,8 +301,7 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
         quantized = [int8.int8_weights(v) for v in copies]  # once per kind, for both row classes
         for name, rows in ROW_CLASSES[:2]:
             x = torch.randn(rows, w.shape[1], generator=gen)
-            fp32 = [cpu.PackedLinear(v, b, kernels=dict.fromkeys(("one", "few", "many"), inference[name][kind]))
-                    for v in copies]
+            fp32 = [_on_kernel(v, b, inference[name][kind]) for v in copies]
             timed = timing.timed({"float32": lambda layers=fp32, x=x: [f(x) for f in layers],
                             "int8 weights": lambda qs=quantized, x=x, b=b: [int8.int8_weights_product(x, q, s, b)
                                                                              for q, s in qs]})
@@ -394,6 +393,11 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
     return onednn, fused
 
 
+def _on_kernel(weight: torch.Tensor, bias: torch.Tensor | None, kernel: str) -> cpu.PackedLinear:
+    """A float32 layer over `weight` running `kernel` (`cpu.KERNELS`) at every row class, to be timed."""
+    return cpu.PackedLinear(weight, bias, kernels=dict.fromkeys((name for name, _ in ROW_CLASSES), kernel))
+
+
 def _cold_copies(weight: torch.Tensor, cold_bytes: int) -> int:
     """How many copies of `weight` hold `cold_bytes` (at least one): one- and few-row products are timed cycling
     through them, each read from memory, not from the cache a repeat left it in."""
@@ -442,8 +446,7 @@ def _inference_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], co
             xs = [torch.randn(rows, w.shape[1], generator=gen) for w, _ in shaped]
             layers = {"dense": [lambda x, w=w, b=b: F.linear(x, w, b) for w, b in shaped]}
             if usable:
-                layers["packed"] = [cpu.PackedLinear(w, b, kernels=dict.fromkeys(("one", "few", "many"), "packed"))
-                                    for w, b in shaped]
+                layers["packed"] = [_on_kernel(w, b, "packed") for w, b in shaped]
             if name == "one":
                 columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
                 layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
@@ -498,8 +501,7 @@ def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], infere
         quantized = [int8.Int8Linear(v, b, reduce_range=reduce_range) for v in shaped]  # for every row class
         for name, rows in ROW_CLASSES:
             copies = len(shaped) if rows <= FEW_ROWS_MAX else 1
-            float32 = [cpu.PackedLinear(v, b, kernels=dict.fromkeys(("one", "few", "many"), inference[name][kind]))
-                       for v in shaped[:copies]]
+            float32 = [_on_kernel(v, b, inference[name][kind]) for v in shaped[:copies]]
             x = torch.randn(rows, w.shape[1], generator=gen)
             timed = timing.timed({"int8": lambda layers=quantized[:copies], x=x: [f(x) for f in layers],
                                   "float32": lambda layers=float32, x=x: [f(x) for f in layers]})

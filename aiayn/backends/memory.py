@@ -5,7 +5,7 @@ gradients (a few MiB to tens of MiB each at the recipe's shapes). glibc's `mallo
 threshold (128 KiB at first, raised to the size of the largest block freed so far) with new pages from the kernel,
 and hands the top of its heap back to the kernel when more than twice that threshold lies free there. Either way
 the next step writes into pages the kernel must map and zero again, one 4 KiB page fault at a time: thousands a
-step, about a tenth of a small model's step on one core (docs/notes.md, "Training").
+step, a share of a small model's step worth keeping (measured: docs/notes.md, "Training").
 
 `keep_freed_memory` sets both thresholds for the process: blocks up to glibc's largest mmap threshold come from the
 heap, and freed memory stays with the process up to `trim_threshold`. The process then holds about its peak use
