@@ -12,9 +12,17 @@ templates dropped, one translation per English source, seeded train / valid / te
   settings, learning-rate schedule and label smoothing, validated at the same steps (greedy BLEU; the best
   weights are kept, as aiayn keeps its best checkpoint), then decoded with the same beam and length penalty.
 
+aiayn trains in the layout `aiayn train` takes with the same config (`--layout train`, the default): where
+that is N processes of one thread (a time budget on a CPU where they were measured faster, or `processes=N`),
+the benchmark starts N processes of itself as `aiayn train` starts its own, and rank 0 reports. A step then
+holds N batches, so steps are not comparable across layouts: batches and tokens a second are. `--layout
+threads` keeps aiayn in this process, on the threads the peer has. The peer trains in this process on
+`--threads` threads, as its users run it.
+
 Reported for each: sacreBLEU and chrF on the test split (the raw references), training time (the
 optimizer steps only; validation, checkpoints and test decoding are timed apart) as wall-clock seconds and
-as this process's CPU seconds (which other jobs on the machine disturb less), and real tokens per second.
+as this process's CPU seconds (which other jobs on the machine disturb less), steps, batches, and real
+(source and target) tokens a second, each counted in its own tokenizer's tokens.
 
 Learning in time (`--budget 20m --curve 5m`): aiayn trains under `time_budget` (the whole run, its test
 decoding included, in the budget); the peer then trains for the training seconds aiayn had. Both validate
@@ -23,6 +31,7 @@ the same seconds of training, whatever validation costs. The peer keeps the shar
 fitted recipe (pre-LN at 3e-3 diverges post-LN): it gets its users' recipe, `PEER_RECIPE`.
 
     aiayn bench translate [--steps 1500 | --budget 20m --curve 5m] [--lang es | --corpus DIR] [--threads 2]
+                          [--layout threads]
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,9 +50,11 @@ from record import figure  # benchmarks/record.py
 
 from aiayn.data.batching import token_batches
 from aiayn.data.gettext import catalog_files, read_gettext
+from aiayn.rundir import atomic_write_text
 from aiayn.tasks.metrics import translation_scores
 from aiayn.training.budget import PROBE_STEPS, format_duration, parse_duration
 from aiayn.training.config import example_config, load_run_config
+from aiayn.training.layout import resolved
 from aiayn.training.loop import Trainer, get_lr
 from aiayn.training.recipe import fit_run
 from aiayn.training.schedule import resolve_recipe
@@ -63,6 +75,7 @@ LANGUAGES = {"fr": "French", "es": "Spanish", "it": "Italian", "de": "German", "
 # Adam (0.9, 0.98), inverse square root, label smoothing 0.1), its 4,000-step warmup fitted to a short run
 # as aiayn fits its own, and the peak rate of post-LN models that still trains (1e-3).
 PEER_RECIPE = ["recipe=paper", "lr=1e-3", "warmup=0", "warmup_fraction=0.3"]
+RANKS_RESULT = "aiayn-processes.json"  # what rank 0 of aiayn's training processes leaves for the launcher
 
 
 def language_name(corpus: Path, lang: str) -> str:
@@ -87,6 +100,7 @@ class TimedTrainer(Trainer):
         self.side_cpu, self.cpu_began = 0.0, time.process_time()
         self.curve_s = curve_s  # validate each time the training seconds pass a multiple of this (0: the run's)
         self.marks: list[tuple[float, int]] = []  # (training seconds, step) of each validation the curve asked for
+        self.tokens = 0  # real source and target tokens trained on, over all processes
 
     def training_seconds(self) -> float:
         """Wall seconds of the run so far less setup, validation, checkpoints and testing."""
@@ -99,8 +113,13 @@ class TimedTrainer(Trainer):
     def validation_due(self):
         if not self.curve_s:
             return super().validation_due()
-        self.due_at = self.training_seconds()
-        return self.due_at >= self.curve_s * (len(self.marks) + 1)
+        self.due_at = self.training_seconds()  # rank 0's clock decides for every process
+        return self.parallel.from_rank0(self.due_at >= self.curve_s * (len(self.marks) + 1))
+
+    def train_step(self, *args, **kwargs):
+        stats = super().train_step(*args, **kwargs)
+        self.tokens += int(stats["tokens"])
+        return stats
 
     def after_step(self):
         if self.last_validated_step != self.step:
@@ -128,12 +147,15 @@ class TimedTrainer(Trainer):
         return self._timed("test", super().evaluate_test, num_beams)
 
 
-def train_aiayn(run, run_dir: Path, curve_s: float = 0.0) -> dict:
-    """Train and test aiayn through its `Trainer`; BLEU, chrF, seconds, tokens."""
+def train_aiayn(run, run_dir: Path, curve_s: float = 0.0) -> dict | None:
+    """Train and test aiayn through its `Trainer`; BLEU, chrF, seconds, tokens (None on a process other than rank 0
+    of a run in processes)."""
     trainer = TimedTrainer(run, run_dir, report=lambda line: print(f"  aiayn: {line}", flush=True), curve_s=curve_s)
     start, cpu = time.perf_counter(), time.process_time()
     result = trainer.fit()
     total, total_cpu = time.perf_counter() - start, time.process_time() - cpu
+    if trainer.rank != 0:  # the other processes of a run in processes: rank 0 reports
+        return None
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     train_rows = [r for r in rows if r["split"] == "train"]
     side = sum(trainer.side_seconds.values())
@@ -141,7 +163,9 @@ def train_aiayn(run, run_dir: Path, curve_s: float = 0.0) -> dict:
     # Training time = the run minus data preparation (tokenizer training, encoding: the peer's is outside
     # its timing too), validation, checkpoints and the test decoding.
     return {"bleu": result.test["bleu"], "chrf": result.test["chrf"], "steps": result.step,
-            "train_s": total - side, "train_cpu_s": total_cpu - trainer.side_cpu, "side_s": side, "total_s": total,
+            "processes": trainer.world, "batches": result.step * trainer.run.train.global_batches,
+            "tokens": trainer.tokens, "train_s": total - side, "train_cpu_s": total_cpu - trainer.side_cpu,
+            "side_s": side, "total_s": total,
             "valid": [(r["step"], r.get("bleu")) for r in rows if r["split"] == "valid"],
             "curve": [(round(seconds, 1), bleu_at[step]) for seconds, step in trainer.marks],
             "budget": result.budget, "loss": train_rows[-1]["loss"] if train_rows else math.nan}
@@ -307,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
                                                      "training seconds aiayn had (default: --steps)")
     parser.add_argument("--curve", default="", help="validate both each time their training time passes a "
                                                     "multiple of this (5m): BLEU against training minutes")
+    parser.add_argument("--layout", choices=("train", "threads"), default="train",
+                        help="train: aiayn trains in the layout `aiayn train` takes (processes where measured "
+                             "faster, or as `processes=N` says); threads: in this process, on threads")
     parser.add_argument("overrides", nargs="*", help="aiayn config overrides, applied to both (KEY=VALUE)")
     args = parser.parse_args(argv)
     work = Path(args.work) if args.work else _new_dir(Path("runs"), "bench-translate")
@@ -330,12 +357,24 @@ def main(argv: list[str] | None = None) -> int:
     fitted, _ = fit_run(run, len(read_pairs(corpus / "train.tsv")))
     peer = load_run_config(None, [*PEER_RECIPE, *(i for i in overrides if i.split("=")[0] in ("lr", "warmup"))],
                            base=fitted.to_dict())
+    if "WORLD_SIZE" in os.environ:  # one of the processes `train_in_processes` started: train, rank 0 reports
+        rank_result = train_aiayn(run, work / "aiayn", curve_s)
+        if rank_result is not None:
+            atomic_write_text(work / RANKS_RESULT, json.dumps(rank_result, ensure_ascii=False))
+        return 0
     if run.train.threads:
         torch.set_num_threads(run.train.threads)
     results = {"config": run.to_dict(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     if not args.skip_aiayn:
         print("aiayn:", flush=True)
-        results["aiayn"] = train_aiayn(run, work / "aiayn", curve_s)
+        laid_out, layout = resolved(run) if args.layout == "train" else (run, None)
+        if laid_out.train.processes > 1:
+            results["aiayn"] = train_in_processes(args, laid_out.train.processes, work, corpus, layout)
+        else:
+            results["aiayn"] = train_aiayn(run, work / "aiayn", curve_s)
+        results["aiayn"]["layout"] = layout.why if layout is not None else (
+            f"{laid_out.train.processes} processes" if laid_out.train.processes > 1 else f"{torch.get_num_threads()} "
+                                                                                         "threads")
     if not args.skip_marian:
         print("Hugging Face MarianMTModel:", flush=True)
         seconds = results["aiayn"]["train_s"] if args.budget and "aiayn" in results else (
@@ -344,27 +383,38 @@ def main(argv: list[str] | None = None) -> int:
     (work / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     pair = f"English -> {language_name(corpus, args.lang)}"
     print(f"\n{pair}, gettext catalogs ({corpus}); {torch.get_num_threads()} threads; beam {run.train.num_beams}")
-    print(f"{'':8} {'steps':>6} {'BLEU':>6} {'chrF':>6} {'train s':>8} {'train CPU s':>12} {'valid+test s':>13}")
+    if "aiayn" in results:
+        print(f"aiayn trained as {results['aiayn']['layout']}; the peer on {results['threads']} threads")
+    print(f"{'':8} {'steps':>6} {'batches':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} {'train s':>8} "
+          f"{'train CPU s':>12} {'valid+test s':>13}")
     for name in ("aiayn", "marian"):
         if name in results:
             r = results[name]
-            print(f"{name:8} {r['steps']:>6} {r['bleu']:>6.2f} {r['chrf']:>6.2f} {r['train_s']:>8.0f} "
-                  f"{r['train_cpu_s']:>12.0f} {r['side_s']:>13.0f}")
+            print(f"{name:8} {r['steps']:>6} {r.get('batches', r['steps']):>8} {rate(r):>9.0f} {r['bleu']:>6.2f} "
+                  f"{r['chrf']:>6.2f} {r['train_s']:>8.0f} {r['train_cpu_s']:>12.0f} {r['side_s']:>13.0f}")
     if "aiayn" in results and "marian" in results:
         a, m = results["aiayn"], results["marian"]
         print(f"BLEU difference {a['bleu'] - m['bleu']:+.2f}; training time aiayn / Marian: wall "
-              f"{a['train_s'] / m['train_s']:.2f}, CPU {a['train_cpu_s'] / m['train_cpu_s']:.2f}")
+              f"{a['train_s'] / m['train_s']:.2f}, CPU {a['train_cpu_s'] / m['train_cpu_s']:.2f} (the CPU seconds of "
+              f"rank 0 where aiayn trains in processes); tokens a second aiayn / Marian {rate(a) / rate(m):.2f}")
     for name in ("aiayn", "marian"):
         if name in results:
             r = results[name]
             figure(name, r["bleu"], "BLEU", split="test")
             figure(name, r["chrf"], "chrF", split="test")
             figure(name, r["steps"], "steps")
+            figure(name, r.get("batches", r["steps"]), "batches")
+            figure(name, rate(r), "tokens/s")
             for seconds, bleu in r["curve"]:
                 figure(name, bleu, "BLEU", split="valid", minutes=round(seconds / 60, 2))
     if curve_s:
         print_curves(pair, results, curve_s)
     return 0
+
+
+def rate(result: dict) -> float:
+    """Real tokens trained a second of training time."""
+    return result["tokens"] / max(result["train_s"], 1e-9)
 
 
 def print_curves(pair: str, results: dict, curve_s: float) -> None:
@@ -379,6 +429,24 @@ def print_curves(pair: str, results: dict, curve_s: float) -> None:
     seconds = max(results[name]["train_s"] for name in curves)
     cells = " ".join(f"{ends.get(name, math.nan):>8.2f}" for name in curves)
     print(f"{'end ' + format_duration(seconds):>10} {cells}  (the last validation, after all training)")
+
+
+def train_in_processes(args: argparse.Namespace, processes: int, work: Path, corpus: Path, layout) -> dict:
+    """aiayn's side trained as `aiayn train` trains in processes: `processes` ranks of this benchmark, one thread
+    each, started as `aiayn train processes=N` starts its own; rank 0's figures."""
+    from aiayn.cli.processes import train_processes
+
+    if layout is not None:
+        print(f"  aiayn: training as {layout.why}", flush=True)
+    argv = ["bench", "translate", "--work", str(work), "--corpus", str(corpus), "--skip-marian",
+            *(["--config", args.config] if args.config else []), *(["--steps", str(args.steps)] if args.steps else []),
+            *(["--budget", args.budget] if args.budget else []), *(["--curve", args.curve] if args.curve else []),
+            *(o for o in args.overrides if o.split("=")[0] not in ("processes", "threads")),
+            f"processes={processes}", "threads=0"]  # the ranks do not decide again; the launcher gives one thread
+    code = train_processes(argv, processes, threads=0)
+    if code != 0:
+        raise SystemExit(f"aiayn's {processes} training processes failed (exit code {code}); see their output above")
+    return json.loads((work / RANKS_RESULT).read_text(encoding="utf-8"))
 
 
 def _new_dir(root: Path, stem: str) -> Path:

@@ -57,6 +57,24 @@ def test_bench_translate_curves_in_training_time_name_the_pair(tmp_path, capsys)
     assert results["marian"]["steps"] == results["aiayn"]["steps"] == 40
 
 
+def test_bench_translate_trains_aiayn_in_the_processes_train_takes(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    corpus = tiny_corpus(tmp_path)
+    code = main(["bench", "translate", "--corpus", str(corpus), "--work", str(tmp_path / "work"), "--steps", "4",
+                 "--curve", "0.02s", "--threads", "2", "processes=2", "vocab_size=60", "max_tokens=64",
+                 "model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_encoder_layers=1",
+                 "model.n_decoder_layers=1", "num_beams=1"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "aiayn trained as 2 processes; the peer on 2 threads" in out and "tokens a second aiayn / Marian" in out
+    results = json.loads((tmp_path / "work" / "results.json").read_text(encoding="utf-8"))
+    aiayn, marian = results["aiayn"], results["marian"]
+    # a step of 2 processes holds a batch of each; the tokens are both processes' (same batches, same count)
+    assert aiayn["processes"] == 2 and aiayn["steps"] == 4 and aiayn["batches"] == 8
+    assert marian["steps"] == 4 and aiayn["tokens"] > marian["tokens"] > 0
+    assert aiayn["curve"] and 0 <= aiayn["bleu"] <= 100
+
+
 @pytest.mark.skipif(not catalog_files("fr"), reason="this machine has no compiled French gettext catalogs")
 def test_gettext_corpus_has_no_templates_and_disjoint_sources():
     corpus = read_gettext("fr", n_valid=100, n_test=100)
