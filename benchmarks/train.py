@@ -122,8 +122,9 @@ def make_batches(cfg: ModelConfig, n: int, max_tokens: int, mean_len: float, see
     src_lens = src_lens.round().clamp(1, 128).long()
     tgt_lens = (src_lens * (0.8 + 0.5 * torch.rand(pairs, generator=gen))).round().clamp(1, 128).long()
     lengths = [max(int(s), int(t) + 1) for s, t in zip(src_lens, tgt_lens)]
+    ties = [int(s) - int(t) - 1 for s, t in zip(src_lens, tgt_lens)]  # as the trainer sorts a pair's two sides
     out = []
-    for indices in token_batches(lengths, max_tokens, seed=seed)[:n]:
+    for indices in token_batches(lengths, max_tokens, seed=seed, ties=ties)[:n]:
         s_lens, t_lens = src_lens[indices], tgt_lens[indices]
         width_s, width_t = int(s_lens.max()), int(t_lens.max()) + 1
         src = torch.randint(4, cfg.vocab_size, (len(indices), width_s), generator=gen)

@@ -230,10 +230,11 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
     keep = [i for i in range(len(train)) if len(src[i]) <= cfg.max_source_len and len(tgt[i]) <= cfg.max_target_len]
     src, tgt = [src[i] for i in keep], [tgt[i] for i in keep]
     lengths = [max(len(s), len(t)) for s, t in zip(src, tgt)]
+    ties = [len(s) - len(t) for s, t in zip(src, tgt)]  # as aiayn's batches: alike on both sides
     torch.manual_seed(cfg.seed)
     model_cfg = run.model_config(vocab_size=vocab)
     model = marian_model(model_cfg, vocab, pad, eos)
-    steps_per_epoch = len(token_batches(lengths, cfg.max_tokens, seed=cfg.seed, epoch=0))
+    steps_per_epoch = len(token_batches(lengths, cfg.max_tokens, seed=cfg.seed, epoch=0, ties=ties))
     total = cfg.max_steps or steps_per_epoch * cfg.epochs
     if seconds and not cfg.max_steps:  # planned again after PROBE_STEPS timed steps; the clock ends the run
         total = 1000
@@ -248,7 +249,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
     valid_refs = [t for _, t in valid][: cfg.valid_max_examples or None]
     marks: list[tuple[float, float]] = []
     while step < total or seconds:
-        for batch in token_batches(lengths, cfg.max_tokens, seed=cfg.seed, epoch=epoch):
+        for batch in token_batches(lengths, cfg.max_tokens, seed=cfg.seed, epoch=epoch, ties=ties):
             start, cpu = time.perf_counter(), time.process_time()
             model.train()
             width_s, width_t = max(len(src[i]) for i in batch), max(len(tgt[i]) for i in batch)

@@ -1,6 +1,6 @@
 """Token-count batching with length buckets (like fairseq's `--max-tokens`), shuffled per epoch from a seed.
 
-The batches of epoch `e` depend only on (lengths, max_tokens, seed, e), so a resumed run can
+The batches of epoch `e` depend only on (lengths, ties, max_tokens, seed, e), so a resumed run can
 rebuild them and skip the ones it has already trained on, and every process of a distributed run
 builds the same list; `shard_steps` deals them out to the processes step by step.
 """
@@ -16,11 +16,11 @@ logger = logging.getLogger(__name__)
 
 
 def token_batches(lengths: list[int], max_tokens: int, *, seed: int = 0, epoch: int = 0,
-                  shuffle: bool = True, max_sentences: int = 0) -> list[list[int]]:
+                  shuffle: bool = True, max_sentences: int = 0, ties: list[int] | None = None) -> list[list[int]]:
     """Group example indices into batches of at most `max_tokens` padded tokens.
 
-    Examples are sorted by length (ties broken by a seeded shuffle), cut into batches whose
-    `size x longest` stays within `max_tokens`, and the batch order is shuffled per epoch.
+    Examples are sorted by length, then by `ties` where given (remaining ties broken by a seeded shuffle), cut
+    into batches whose `size x longest` stays within `max_tokens`, and the batch order is shuffled per epoch.
 
     Args:
         lengths: padded length each example needs (for seq2seq, the longer of source and target).
@@ -29,6 +29,8 @@ def token_batches(lengths: list[int], max_tokens: int, *, seed: int = 0, epoch: 
         epoch: 0-based epoch number.
         shuffle: shuffle within length buckets and the batch order (False for evaluation).
         max_sentences: cap on examples per batch (0 = no cap).
+        ties: a second sort key among examples of one length (`EncodedSplit.ties`: for seq2seq the source's
+            length less the target's), so that a batch's shorter sides are alike in length too and pad less.
 
     Returns:
         Batches as lists of indices into `lengths`.
@@ -39,7 +41,10 @@ def token_batches(lengths: list[int], max_tokens: int, *, seed: int = 0, epoch: 
     rng = random.Random(seed * 1_000_003 + epoch)
     if shuffle:
         rng.shuffle(order)
-    order.sort(key=lambda i: lengths[i])  # stable: equal lengths keep the shuffled order
+    if ties:  # stable: equal keys keep the shuffled order
+        order.sort(key=lambda i: (lengths[i], ties[i]))
+    else:
+        order.sort(key=lambda i: lengths[i])
     batches: list[list[int]] = []
     batch: list[int] = []
     longest = 0

@@ -28,15 +28,20 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EncodedSplit:
-    """One split: raw examples (for references), encoded examples, and the padded length of each."""
+    """One split: raw examples (for references), encoded examples, the padded length of each, and the second key
+    its training batches are sorted by (`token_batches`' `ties`: the source's length less the target's, so that
+    pairs whose longer sides are equal are also grouped by their shorter sides; empty: none)."""
 
     raw: list
     items: list
     lengths: list[int]
+    ties: list[int] = field(default_factory=list)
 
     def head(self, most: int) -> EncodedSplit:
         """The first `most` examples (all of them when `most` is 0)."""
-        return EncodedSplit(self.raw[:most], self.items[:most], self.lengths[:most]) if most else self
+        if not most:
+            return self
+        return EncodedSplit(self.raw[:most], self.items[:most], self.lengths[:most], self.ties[:most])
 
 
 @dataclass
@@ -142,7 +147,7 @@ def vocabulary_note(tokenizer: Tokenizer, asked: int, side: str = "") -> str:
 def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str],
                  name: str, stats: ReadStats | None = None) -> EncodedSplit:
     """Encode one split; rows over the length limits are dropped and counted in `stats`."""
-    kept_raw, items, lengths = [], [], []
+    kept_raw, items, lengths, ties = [], [], [], []
     encoded, sizes = cfg.objective_task.encode(raw, source, target, labels, name)
     dropped = 0
     for example, item, (src_len, tgt_len) in zip(raw, encoded, sizes):
@@ -152,13 +157,14 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
         kept_raw.append(example)
         items.append(item)
         lengths.append(max(src_len, tgt_len))
+        ties.append(src_len - tgt_len)
     if stats is not None:
         stats.too_long += dropped
         stats.kept -= dropped
     if dropped:
         logger.warning("%s split: dropped %d of %d examples over the length limits (source %d, target %d tokens)",
                        name, dropped, len(raw), cfg.max_source_len, cfg.max_target_len)
-    return EncodedSplit(kept_raw, items, lengths)
+    return EncodedSplit(kept_raw, items, lengths, ties)
 
 
 def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = None,

@@ -85,7 +85,7 @@ class Trainer(RunState):
         with self.rows:
             while self.stopping is None:
                 batches = token_batches(self.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=self.epoch,
-                                        max_sentences=cfg.max_sentences)
+                                        max_sentences=cfg.max_sentences, ties=self.data.train.ties)
                 # A step takes `global_batches` batches, process r every world-th of them (None: an empty batch)
                 for next_batch, mine in shard_steps(len(batches), cfg.global_batches, rank=self.rank,
                                                     world=self.world, start=self.batch_index):

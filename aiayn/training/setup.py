@@ -231,5 +231,5 @@ def planned_steps(t: Any) -> int:
     if cfg.max_steps:
         return cfg.max_steps
     batches = token_batches(t.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=0,
-                            max_sentences=cfg.max_sentences)
+                            max_sentences=cfg.max_sentences, ties=t.data.train.ties)
     return math.ceil(len(batches) / cfg.global_batches) * cfg.epochs

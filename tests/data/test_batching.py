@@ -22,6 +22,23 @@ def test_token_batches_are_seeded_per_epoch():
     assert token_batches(lengths, 50, shuffle=False) == token_batches(lengths, 50, shuffle=False, seed=9)
 
 
+def test_token_batches_group_the_shorter_sides_by_their_ties():
+    # pairs of one longer side (20) whose sources run from 2 to 20 tokens, dealt in random order
+    rng = torch.Generator().manual_seed(0)
+    src = [int(n) for n in torch.randint(2, 21, (400,), generator=rng)]
+    tgt = [20 if s < 20 else int(n) for s, n in zip(src, torch.randint(2, 21, (400,), generator=rng))]
+    lengths, ties = [max(s, t) for s, t in zip(src, tgt)], [s - t for s, t in zip(src, tgt)]
+
+    def source_padding(batches):
+        return sum(len(b) * max(src[i] for i in b) - sum(src[i] for i in b) for b in batches)
+
+    plain, tied = token_batches(lengths, 200, seed=1), token_batches(lengths, 200, seed=1, ties=ties)
+    assert sorted(i for b in tied for i in b) == list(range(400)) and len(tied) == len(plain)
+    assert all(len(b) * max(lengths[i] for i in b) <= 200 for b in tied)  # the budget counts the longer side
+    assert source_padding(tied) < source_padding(plain) / 4
+    assert tied == token_batches(lengths, 200, seed=1, ties=ties)  # as seeded as without ties
+
+
 def _shards(n_batches, per_step, world, start=0):
     """{rank: [(next_batch, micro-batch indices), ...]} of `shard_steps` for every rank."""
     return {rank: list(shard_steps(n_batches, per_step, rank=rank, world=world, start=start)) for rank in range(world)}
