@@ -160,7 +160,8 @@ def plot_learning(records: list[dict], path: Path) -> Path:
             ax.plot([0, *(m for m, _ in points)], [0, *(b for _, b in points)], marker="o", label=name)
         ax.set_xlabel("training minutes")
         ax.set_ylabel("validation BLEU (greedy)")
-        ax.set_title(f"{(r['date'] or '')[:10]}, {machine(r).split(';')[0]}, {r['threads']} threads", fontsize=8)
+        threads = f"{r['threads']} thread{'' if r['threads'] == 1 else 's'}"
+        ax.set_title(f"{(r['date'] or '')[:10]}, {machine(r).split(';')[0]}, {threads}", fontsize=8)
         ax.legend(fontsize=8)
     return _save(fig, path)
 
