@@ -28,6 +28,13 @@ variables; a cache older than the backend's code, or measured while other work h
 measurement needed, is measured again. Measure again by hand with `choices(refresh=True)`,
 `aiayn verify --recalibrate` or `AIAYN_RECALIBRATE=1`; `aiayn verify` prints what was chosen, with
 each choice's median and lower-quartile speed-up.
+
+Only what is asked for is measured: a model narrower than a base one has its products, fused Q/K/V, encoder
+layers and int8 products measured at its own widths (`inference_kernels`, `inference_layers`,
+`int8_weight_choices`, `int8_kernels`, about a second each at a short recipe's widths), a training run its own
+shapes (`training_choices`); a base model's shapes (`choices`, a few seconds) are measured the first time a
+base-wide model or `aiayn verify` asks. A first
+`aiayn translate` with a small model does not wait for shapes it does not have.
 """
 
 from __future__ import annotations
@@ -90,10 +97,11 @@ class Choices:
         train_onednn: float32 training products (forward and backward) on oneDNN instead of F.linear.
         fused_qkv_inference, fused_qkv_train: Q, K and V as one stacked product, by mode.
         torch_layers_inference: encoder layers on many rows run PyTorch's fused layer (`fused.TorchEncoderLayer`).
+            These five, a base model's shapes, are None until something asks for them (`choices`).
         seconds: the best time of each candidate, by "what: kernel".
         machine: the description the cache key was made from.
-        load: the machine's 1-minute load average when it was measured (other work competing for the cores
-            skews the ratios: see `_measured_busy`).
+        load: how many cores other programs kept busy when it was measured (`timing.other_work`: other work
+            competing for the cores skews the ratios; see `timing.measured_busy`).
         int8_weights: by row class ("one", "few") and shape kind, whether a product over int8 weights
             (`int8.Int8WeightsLinear`) ran faster than the float32 kernel chosen there (int8 inference uses it for
             layers whose activations int8 cannot hold); None until int8 inference first asks
@@ -102,6 +110,11 @@ class Choices:
             widths (`training_choices`); measured the first time a run of that shape asks.
         inference_widths: by "d_model x d_ff x vocabulary", the inference kernels (as `inference`) for a model of
             those widths (`inference_kernels`); measured the first time a model of that shape is prepared.
+        inference_layers: by "d_model x d_ff x vocabulary", [Q/K/V stacked, PyTorch's fused encoder layer] for
+            inference on a model of those widths (`inference_layers`), as `fused_qkv_inference` and
+            `torch_layers_inference` at a base model's.
+        int8_weights_widths: by "d_model x d_ff x vocabulary", `int8_weights` for a model of those widths
+            (`int8_weight_choices` with its shape).
         int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, whether int8 products
             (`int8.Int8Linear`) ran at least as fast as the float32 kernel chosen there (`int8_kernels`); measured
             the first time an int8 copy of a model of that shape is prepared.
@@ -109,23 +122,27 @@ class Choices:
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
 
-    inference: dict[str, dict[str, str]]
-    train_onednn: bool
-    fused_qkv_inference: bool
-    fused_qkv_train: bool
-    seconds: dict[str, float]
-    machine: dict[str, str]
+    inference: dict[str, dict[str, str]] | None = None
+    train_onednn: bool | None = None
+    fused_qkv_inference: bool | None = None
+    fused_qkv_train: bool | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    machine: dict[str, str] = field(default_factory=dict)
     load: float = 0.0
-    torch_layers_inference: bool = False
+    torch_layers_inference: bool | None = None
     ratios: dict[str, list[float]] = field(default_factory=dict)
     int8_weights: dict[str, dict[str, bool]] | None = None
     training: dict[str, list[bool]] | None = None
     inference_widths: dict[str, dict[str, dict[str, str]]] | None = None
     int8_widths: dict[str, dict[str, dict[str, bool]]] | None = None
+    inference_layers: dict[str, list[bool]] | None = None
+    int8_weights_widths: dict[str, dict[str, dict[str, bool]]] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
         def ratio(what: str, chosen: str, plain: str) -> str:
+            if f"{what}: {plain}" not in self.seconds or f"{what}: {chosen}" not in self.seconds:
+                return "not timed"
             faster = self.seconds[f"{what}: {plain}"] / self.seconds[f"{what}: {chosen}"]
             return f"{faster:.2f}x" if faster > 0 else "unavailable"
 
@@ -138,16 +155,23 @@ class Choices:
             return ", ".join(f"{kind} {kernel}" + (f" ({margin(f'{name} {kind}', kernel, 'dense')})"
                                                    if kernel != "dense" else "") for kind, kernel in by_kind.items())
 
-        rows = "; ".join(f"{name} row{'s' if name != 'one' else ''}: {kinds(name, by_kind)}"
-                         for name, by_kind in self.inference.items())
-        train = "oneDNN" if self.train_onednn else "F.linear"
-        return (f"inference products: {rows}; training products: {train} "
-                f"({ratio('train', 'onednn', 'dense')} F.linear's speed); fused QKV: inference "
-                f"{'yes' if self.fused_qkv_inference else 'no'} (one row {ratio('qkv one', 'fused', 'separate')}, "
-                f"many {ratio('qkv', 'fused', 'separate')}), training "
-                f"{'yes' if self.fused_qkv_train else 'no'} ({ratio('qkv train', 'fused', 'separate')}); "
-                f"PyTorch's fused encoder layer: {'yes' if self.torch_layers_inference else 'no'} "
-                f"({ratio('encoder layer', 'torch', 'aiayn')})"
+        def yes(flag: bool) -> str:
+            return "yes" if flag else "no"
+
+        if self.inference is None:
+            base = "a base model's shapes: not measured (nothing has asked for them)"
+        else:
+            rows = "; ".join(f"{name} row{'s' if name != 'one' else ''}: {kinds(name, by_kind)}"
+                             for name, by_kind in self.inference.items())
+            train = "oneDNN" if self.train_onednn else "F.linear"
+            base = (f"inference products: {rows}; training products: {train} "
+                    f"({ratio('train', 'onednn', 'dense')} F.linear's speed); fused QKV: inference "
+                    f"{yes(self.fused_qkv_inference)} (one row {ratio('qkv one', 'fused', 'separate')}, "
+                    f"many {ratio('qkv', 'fused', 'separate')}), training "
+                    f"{yes(self.fused_qkv_train)} ({ratio('qkv train', 'fused', 'separate')}); "
+                    f"PyTorch's fused encoder layer: {yes(self.torch_layers_inference)} "
+                    f"({ratio('encoder layer', 'torch', 'aiayn')})")
+        return (base
                 + "".join(f"; training {key} (rows x d_model x d_ff): {'oneDNN' if onednn else 'F.linear'} "
                           f"({ratio(f'train {key}', 'onednn', 'dense')} F.linear's speed), fused QKV "
                           f"{'yes' if fused else 'no'} ({ratio(f'qkv train {key}', 'fused', 'separate')})"
@@ -157,6 +181,11 @@ class Choices:
                                       + ", ".join(f"{kind} {kernel}" for kind, kernel in by_kind.items())
                                       for name, by_kind in found.items())
                           for key, found in (self.inference_widths or {}).items())
+                + "".join(f"; at {key}: fused QKV {yes(fused)} "
+                          f"(one row {ratio(f'qkv one {key}', 'fused', 'separate')}, "
+                          f"many {ratio(f'qkv {key}', 'fused', 'separate')}), PyTorch's fused encoder layer "
+                          f"{yes(torch_layers)} ({ratio(f'encoder layer {key}', 'torch', 'aiayn')})"
+                          for key, (fused, torch_layers) in (self.inference_layers or {}).items())
                 + "".join(f"; int8 at {key}: float32 where faster ("
                           + (", ".join(f"{name} {kind}" for name, by_kind in found.items()
                                        for kind, int8_pays in by_kind.items() if not int8_pays) or "nowhere") + ")"
@@ -209,34 +238,66 @@ def _key(description: dict[str, str]) -> str:
     return json.dumps(description, sort_keys=True)
 
 
+BASE_FIELDS = ("inference", "train_onednn", "fused_qkv_inference", "fused_qkv_train", "torch_layers_inference")
+
+
 def choices(*, refresh: bool = False) -> Choices:
-    """This machine's choices (for its current thread count): from the cache, else measured (a few seconds) and
-    cached. `refresh=True` (or `AIAYN_RECALIBRATE=1`, once a process) measures again and replaces the cached
-    result."""
+    """This machine's choices (for its current thread count), a base model's shapes included: from the cache, else
+    measured (a few seconds) and cached. `refresh=True` (or `AIAYN_RECALIBRATE=1`, once a process) measures again
+    and replaces the cached result."""
     description = machine()
     key = _key(description)
-    if refresh or key not in _chosen:
-        again = refresh or bool(os.environ.get("AIAYN_RECALIBRATE"))
-        _chosen[key] = _load_or_measure(refresh=again, description=description)
+    so_far = _chosen.get(key)
+    if refresh or so_far is None or so_far.inference is None:
+        again = refresh or (so_far is None and bool(os.environ.get("AIAYN_RECALIBRATE")))
+        _chosen[key] = _load_or_measure(refresh=again, description=description,
+                                        so_far=None if refresh else so_far)
     return _chosen[key]
 
 
-def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None) -> Choices:
-    description = description or machine()
+def _measured_so_far() -> Choices:
+    """This machine's choices as far as they are measured, measuring nothing: this process's, else the cache's (with
+    `AIAYN_RECALIBRATE=1`, not read once a process), else none yet. What a model's own widths need is measured into
+    it (`_at_widths`, `training_choices`) without waiting for a base model's shapes."""
+    description = machine()
+    key = _key(description)
+    if key not in _chosen:
+        cached = None if os.environ.get("AIAYN_RECALIBRATE") else _cached(description)
+        _chosen[key] = cached or Choices(machine=description, load=timing.other_work())
+    return _chosen[key]
+
+
+def _cached(description: dict[str, str]) -> Choices | None:
+    """The cache file's choices for `description`, unless measured by older code or on a busier machine than now."""
     path = cache_path(description)
-    if not refresh:
-        try:
-            found = Choices(**json.loads(path.read_text(encoding="utf-8")))
-            if (found.machine == description and path.stat().st_mtime >= _library_time()
-                    and not timing.measured_busy(found.load, timing.load_average(), int(description["threads"]))):
-                return found
-        except (OSError, ValueError, TypeError):
-            pass
+    try:
+        found = Choices(**json.loads(path.read_text(encoding="utf-8")))
+        threads = int(description["threads"])
+        if found.machine == description and path.stat().st_mtime >= _library_time() and not (
+                timing.busy(found.load, threads) and timing.measured_busy(found.load, timing.other_work(), threads)):
+            return found
+    except (OSError, ValueError, TypeError):
+        pass
+    return None
+
+
+def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None,
+                     so_far: Choices | None = None) -> Choices:
+    """The choices with a base model's shapes measured: the cache's where it has them, else measured now and added
+    to what was measured so far (`so_far`, else the cache's; a model's widths are kept), then cached."""
+    description = description or machine()
+    found = so_far if so_far is not None else None if refresh else _cached(description)
+    if found is not None and found.inference is not None:
+        return found
+    load = timing.other_work()
     with torch.inference_mode(False):
-        found = replace(measure(description), load=timing.load_average())
-    _store(found)
-    logger.info("CPU products measured (%s): %s", path, found.describe())
-    return found
+        base = replace(measure(description), load=load)
+    if found is not None:
+        base = replace(found, **{name: getattr(base, name) for name in BASE_FIELDS}, load=base.load,
+                       seconds={**found.seconds, **base.seconds}, ratios={**found.ratios, **base.ratios})
+    _store(base)
+    logger.info("CPU products measured (%s): %s", cache_path(description), base.describe())
+    return base
 
 
 def _store(found: Choices) -> None:
@@ -262,7 +323,7 @@ def _library_time() -> float:
 
 
 def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, str]], seconds: dict[str, float],
-                         gen: torch.Generator) -> bool:
+                         gen: torch.Generator, cold_bytes: int = COLD_BYTES, what: str = "") -> bool:
     """Whether Q, K and V run faster as one stacked (3 d, d) product than as three (d, d) ones at inference.
 
     Each side runs the kernels just chosen for it (the stack is a wide product, each projection a square
@@ -272,7 +333,7 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
     faster, slower = [], []
     for name, rows in (ROW_CLASSES[0], ROW_CLASSES[-1]):
         kernels = {kind: dict.fromkeys(inference, inference[name][kind]) for kind in ("square", "wide")}
-        copies = -(-COLD_BYTES // (3 * square.numel() * square.element_size())) if rows <= FEW_ROWS_MAX else 1
+        copies = -(-cold_bytes // (3 * square.numel() * square.element_size())) if rows <= FEW_ROWS_MAX else 1
         separate, fused = [], []
         for _ in range(copies):
             qkv = [square.clone() for _ in range(3)]
@@ -281,7 +342,7 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
         x = torch.randn(rows, square.shape[1], generator=gen)
         timed = timing.timed({"separate": lambda layers=separate, x=x: [p(x) for three in layers for p in three],
                         "fused": lambda layers=fused, x=x: [p(x) for p in layers]})
-        timing.record(seconds, "qkv" if name == ROW_CLASSES[-1][0] else f"qkv {name}", timed)
+        timing.record(seconds, ("qkv" if name == ROW_CLASSES[-1][0] else f"qkv {name}") + what, timed)
         faster.append(timing.pick(timed, "separate") == "fused")
         slower.append(timing.pick(timed, "fused") == "separate")
         del separate, fused
@@ -289,15 +350,16 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
 
 
 def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],
-                  seconds: dict[str, float], ratios: dict[str, list[float]],
-                  gen: torch.Generator) -> dict[str, dict[str, bool]]:
-    """Whether a product over int8 weights (read as bytes, scaled inside the product) beats the float32 kernel just
-    chosen, by row class (one, few: decoding) and shape kind, over weights streamed from memory."""
+                  seconds: dict[str, float], ratios: dict[str, list[float]], gen: torch.Generator,
+                  cold_bytes: int = COLD_BYTES, what: str = "") -> dict[str, dict[str, bool]]:
+    """Whether a product over int8 weights (read as bytes, scaled inside the product) beats the float32 kernel
+    chosen in `inference`, by row class (one, few: decoding) and shape kind, over enough copies of each weight to
+    hold `cold_bytes` (streamed from memory), recorded as "int8 weights {row class} {kind}{what}"."""
     if not int8.int8_weights_usable():
         return {}
     faster: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES[:2]}
     for kind, (w, b) in weights.items():
-        copies = [w if c == 0 else w.clone() for c in range(_cold_copies(w, COLD_BYTES))]
+        copies = [w if c == 0 else w.clone() for c in range(_cold_copies(w, cold_bytes))]
         quantized = [int8.int8_weights(v) for v in copies]  # once per kind, for both row classes
         for name, rows in ROW_CLASSES[:2]:
             x = torch.randn(rows, w.shape[1], generator=gen)
@@ -305,24 +367,31 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
             timed = timing.timed({"float32": lambda layers=fp32, x=x: [f(x) for f in layers],
                             "int8 weights": lambda qs=quantized, x=x, b=b: [int8.int8_weights_product(x, q, s, b)
                                                                              for q, s in qs]})
-            timing.record(seconds, f"int8 weights {name} {kind}", timed, plain="float32", ratios=ratios)
+            timing.record(seconds, f"int8 weights {name} {kind}{what}", timed, plain="float32", ratios=ratios)
             faster[name][kind] = timing.pick(timed, "float32") == "int8 weights"
             del fp32
         del copies, quantized
     return faster
 
 
-def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: bool, seconds: dict[str, float]) -> bool:
-    """Whether PyTorch's fused encoder layer runs a base encoder layer on many rows (2 x 128 tokens) faster than
-    the layer written out on the kernels just chosen (and fused Q/K/V where chosen)."""
-    layer = build_encoder(preset("base").replace(dropout=0.0, n_encoder_layers=1)).layers[0].eval()
+def _torch_layers_inference(inference: dict[str, dict[str, str]], fused_qkv: bool, seconds: dict[str, float],
+                            widths: tuple[int, int] | None = None, what: str = "") -> bool:
+    """Whether PyTorch's fused encoder layer runs an encoder layer (a base model's, or of `widths` (d_model, d_ff))
+    on many rows (2 x 128 tokens) faster than the layer written out on the kernels just chosen (and fused Q/K/V
+    where chosen)."""
+    config = preset("base").replace(dropout=0.0, n_encoder_layers=1)
+    if widths is not None:  # heads of at least 32 wide, up to a base model's 8
+        d_model, d_ff = widths
+        heads = next(h for h in (8, 4, 2, 1) if d_model % h == 0 and (d_model // h >= 32 or h == 1))
+        config = config.replace(d_model=d_model, d_ff=d_ff, n_heads=heads)
+    layer = build_encoder(config).layers[0].eval()
     if not TorchEncoderLayer.runs(layer):
-        seconds.update({"encoder layer: aiayn": 1.0, "encoder layer: torch": float("inf")})
+        seconds.update({f"encoder layer{what}: aiayn": 1.0, f"encoder layer{what}: torch": float("inf")})
         return False
     written_out, fused = _written_out(layer, cpu.kernel_triples(inference), fused_qkv), TorchEncoderLayer(layer)
     x = torch.randn(2, 128, layer.self_attn.d_model, generator=torch.Generator().manual_seed(1))
     timed = timing.timed({"aiayn": lambda: written_out(x), "torch": lambda: fused(x)}, LAYER_REPEATS)
-    timing.record(seconds, "encoder layer", timed)
+    timing.record(seconds, f"encoder layer{what}", timed)
     ratio = statistics.median(t / p for t, p in zip(timed["torch"], timed["aiayn"]))
     return ratio < 1 - LAYER_MARGIN
 
@@ -380,7 +449,7 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
     A base model's widths (`train_onednn`, `fused_qkv_train`) do not decide for a narrow one: oneDNN's
     products that win at d_model 512 can lose at d_model 128 (docs/notes.md, "training on the recipe's
     shapes")."""
-    found = choices()
+    found = _measured_so_far()
     rows = min(rows, TRAIN_SHAPE_ROWS)
     key = f"{rows}x{d_model}x{d_ff}"
     if key not in (found.training or {}):
@@ -418,9 +487,19 @@ def _width_weights(gen: torch.Generator, d_model: int, d_ff: int,
                                 ("vocabulary", (d_model, vocab))))
 
 
-def int8_weight_choices() -> dict[str, dict[str, bool]]:
+def int8_weight_choices(*shape: int) -> dict[str, dict[str, bool]]:
     """`Choices.int8_weights` of this machine: measured the first time int8 inference asks (about a second), then
-    kept with the other choices in the cache."""
+    kept with the other choices in the cache. With the `shape` (d_model, d_ff, vocabulary, weight bytes) of a model
+    other than a base-wide one: measured on that model's widths against its kernels (`inference_kernels`), the
+    first time an int8 copy of such a model is prepared, and kept in `Choices.int8_weights_widths`."""
+    if shape and tuple(shape[:2]) != dict(SHAPE_KINDS)["wide"]:
+        kernels = inference_kernels(*shape)
+        d_model, d_ff, vocab, weight_bytes = shape
+
+        def measure_at_widths(weights, cold_bytes, seconds, ratios, gen, what) -> dict[str, dict[str, bool]]:
+            return _int8_weights(weights, kernels, seconds, ratios, gen, cold_bytes, what)
+
+        return _at_widths("int8_weights_widths", (d_model, d_ff, vocab), weight_bytes, 6, measure_at_widths)
     found = choices()
     if found.int8_weights is None:
         seconds, ratios = dict(found.seconds), dict(found.ratios)
@@ -466,16 +545,16 @@ def inference_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) ->
     (`Choices.inference_widths`, the first model of those widths deciding). A base model's widths do not decide
     for a narrow one: oneDNN's prepacked product, which streams a 512-wide weight from memory fastest, pays a
     fixed cost per call that is most of a 128-wide product (docs/notes.md, "Decoding")."""
-    found = choices()
     if (d_model, d_ff) == dict(SHAPE_KINDS)["wide"]:
-        return found.inference
+        return choices().inference
     return _at_widths("inference_widths", (d_model, d_ff, vocab), weight_bytes, 3, _inference_kernels)
 
 
 def _at_widths(field: str, widths: tuple[int, int, int], weight_bytes: int, seed: int, measure: Callable) -> dict:
     """`measure(weights, cold bytes, seconds, ratios, gen, what)` on the shapes of a model of `widths` (d_model, d_ff,
-    vocabulary), the first time they are asked for; then what the cache keeps under `Choices.<field>`."""
-    found = choices()
+    vocabulary), the first time they are asked for; then what the cache keeps under `Choices.<field>`. A base
+    model's shapes are not measured for it."""
+    found = _measured_so_far()
     key = "x".join(map(str, widths))
     kept = getattr(found, field) or {}
     if key not in kept:
@@ -486,6 +565,25 @@ def _at_widths(field: str, widths: tuple[int, int, int], weight_bytes: int, seed
                                f" {key}")
         found = _kept(replace(found, **{field: {**kept, key: measured}}, seconds=seconds, ratios=ratios))
     return getattr(found, field)[key]
+
+
+def inference_layers(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> tuple[bool, bool]:
+    """(Q/K/V as one stacked product, PyTorch's fused encoder layer) for inference on a model of these widths whose
+    weights hold `weight_bytes`: a base model's widths keep the machine's (`Choices.fused_qkv_inference`,
+    `Choices.torch_layers_inference`); others are measured as those are, on the model's own widths and its kernels
+    (`inference_kernels`), the first time a model of those widths is prepared, then kept in the cache
+    (`Choices.inference_layers`)."""
+    if (d_model, d_ff) == dict(SHAPE_KINDS)["wide"]:
+        found = choices()
+        return found.fused_qkv_inference, found.torch_layers_inference
+    kernels = inference_kernels(d_model, d_ff, vocab, weight_bytes)
+
+    def measure_layers(weights, cold_bytes, seconds, ratios, gen, what) -> list[bool]:
+        fused = _fused_qkv_inference(weights["square"][0], kernels, seconds, gen, cold_bytes, what)
+        return [fused, _torch_layers_inference(kernels, fused, seconds, (d_model, d_ff), what)]
+
+    fused, torch_layers = _at_widths("inference_layers", (d_model, d_ff, vocab), weight_bytes, 5, measure_layers)
+    return fused, torch_layers
 
 
 def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],

@@ -12,11 +12,53 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from aiayn.backends.devices import usable_cores
 
 MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
 REPEATS = 7
+SAMPLE_SECONDS = 0.2  # how long `other_work` watches the cores
+
+
+def other_work(seconds: float = SAMPLE_SECONDS) -> float:
+    """How many of this process's cores other programs keep busy: their CPU time over the next `seconds` (this
+    process asleep, its own CPU time taken out) on the cores it may run on, in cores. What a measurement started now
+    would compete with. The load average is not: it counts for a minute the commands that ran just before, so a
+    measurement right after another command would read as busy, and be repeated once the machine was quiet. Where
+    the system has no /proc/stat: the 1-minute load average."""
+    cores = _affinity()
+    before = _busy_seconds(cores)
+    if before is None:
+        return load_average()
+    own, start = time.process_time(), time.perf_counter()
+    time.sleep(seconds)
+    after = _busy_seconds(cores)
+    own, wall = time.process_time() - own, time.perf_counter() - start
+    if after is None:
+        return load_average()
+    return round(max(0.0, (after - before - own) / wall), 2)
+
+
+def _affinity() -> set[int]:
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def _busy_seconds(cores: set[int]) -> float | None:
+    """CPU seconds the `cores` have spent busy since boot (user, system, interrupts and the time a hypervisor took
+    from them), from /proc/stat; None where there is none."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, AttributeError):
+        return None
+    busy = 0
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+            busy += user + nice + system + irq + softirq + steal
+    return busy / ticks
 
 
 def load_average() -> float:
@@ -28,12 +70,14 @@ def load_average() -> float:
 
 
 def busy(load: float, threads: int) -> bool:
-    """Whether a 1-minute load of `load` left fewer than `threads` cores free (half a core to spare)."""
+    """Whether other work of `load` cores (`other_work`) left fewer than `threads` cores free (half a core to
+    spare)."""
     return load > usable_cores() - threads + 0.5
 
 
 def measured_busy(then: float, now: float, threads: int) -> bool:
-    """Whether choices measured with `threads` threads at load `then` should be measured again at load `now`:
+    """Whether choices measured with `threads` threads beside `then` cores of other work (`other_work`) should be
+    measured again beside `now`:
     other work held some of the cores the measurement needed (a busy measurement chose the wrong kernel for
     training once: docs/notes.md, "Encoder and CPU kernels"), and the
     machine is quieter now by half a core or more. Choices measured on a quiet machine stay until

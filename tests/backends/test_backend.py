@@ -339,18 +339,49 @@ def test_each_layer_runs_the_kernels_measured_for_its_shape_kind(monkeypatch):
     assert shape_kind(512, 37000) == "vocabulary" and shape_kind(768, 30522) == "vocabulary"
 
 
+def test_other_work_counts_other_programs_not_this_one():
+    """A program spinning on a core counts as a core of other work; this process's own threads do not, nor do
+    commands that ran a moment ago (which the load average would count for a minute)."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    quiet = timing.other_work(0.5)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        assert timing.other_work(0.5) > quiet + 0.5
+    finally:
+        spinner.kill()
+        spinner.wait()
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            pass
+
+    own = threading.Thread(target=spin)
+    own.start()
+    try:
+        assert timing.other_work(0.5) < quiet + 0.5
+    finally:
+        stop.set()
+        own.join()
+
+
 def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 1)
-    monkeypatch.setattr(timing, "load_average", lambda: 64.0)  # far more runnable work than cores
+    monkeypatch.setattr(timing, "other_work", lambda: 64.0)  # far more runnable work than cores
     busy = calibrate._load_or_measure(refresh=False)
     assert busy.load == 64.0
     assert calibrate._load_or_measure(refresh=False) == busy  # as busy now: kept
-    monkeypatch.setattr(timing, "load_average", lambda: 0.5)
+    monkeypatch.setattr(timing, "other_work", lambda: 0.5)
     quiet = calibrate._load_or_measure(refresh=False)  # quieter now: measured again, and cached as quiet
     assert quiet.load == 0.5
     monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("measured again"))
-    monkeypatch.setattr(timing, "load_average", lambda: 0.0)
+    monkeypatch.setattr(timing, "other_work", lambda: 0.0)
     assert calibrate._load_or_measure(refresh=False) == quiet
     monkeypatch.setattr(timing, "usable_cores", lambda: 2)
     assert not timing.measured_busy(1.0, 0.0, threads=1)  # a core was free for it: stays until --recalibrate
@@ -395,14 +426,16 @@ def test_int8_weights_are_measured_when_int8_first_asks_and_then_cached(tmp_path
 
 
 def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_path, monkeypatch):
-    """Each shape a run asks for is measured once, cached, and what `select` gives that run."""
+    """Each shape a run asks for is measured once, cached, and what `select` gives that run; a base model's shapes
+    are not measured for it."""
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 2)
     monkeypatch.setattr(calibrate, "_chosen", {})
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
     narrow = calibrate.training_choices(64, 32, 128)
-    assert calibrate.choices().training == {"64x32x128": list(narrow)}
-    assert "train 64x32x128: dense" in calibrate.choices().seconds
-    assert "training 64x32x128 (rows x d_model x d_ff)" in calibrate.choices().describe()
+    assert calibrate._measured_so_far().training == {"64x32x128": list(narrow)}
+    assert "train 64x32x128: dense" in calibrate._measured_so_far().seconds
+    assert "training 64x32x128 (rows x d_model x d_ff)" in calibrate._measured_so_far().describe()
     backend = select("cpu", "train", train_shape=(64, 32, 128))
     assert (backend.onednn, backend.fused_qkv) == (narrow[0] and onednn_usable(), narrow[1])
     monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
@@ -410,31 +443,50 @@ def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_pat
     assert calibrate.training_choices(64, 32, 128) == narrow
     monkeypatch.setattr(calibrate, "_training", lambda *args, **kwargs: (True, False))
     calibrate.training_choices(calibrate.TRAIN_SHAPE_ROWS * 2, 32, 128)  # a larger batch is timed at the cap
-    assert f"{calibrate.TRAIN_SHAPE_ROWS}x32x128" in calibrate.choices().training
+    assert f"{calibrate.TRAIN_SHAPE_ROWS}x32x128" in calibrate._measured_so_far().training
 
 
 def test_inference_products_are_chosen_at_the_widths_of_the_model_run(tmp_path, monkeypatch):
-    """A model narrower than a base one runs the kernels measured at its own shapes, measured once and cached; a base
-    model's widths keep the machine's."""
+    """A model narrower than a base one runs the kernels, Q/K/V and encoder layers measured at its own shapes,
+    measured once and cached, without waiting for a base model's shapes; a base model's widths keep the machine's."""
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 2)
     monkeypatch.setattr(calibrate, "_chosen", {})
+    base_measure = calibrate.measure
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
     model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
                                     n_decoder_layers=1, dropout=0.0, max_len=32))
     shape = inference_shape(model)
     assert shape[:3] == (32, 64, 200) and shape[3] == 4 * sum(p.numel() for p in model.parameters())
-    narrow = calibrate.inference_kernels(*shape)
-    assert calibrate.choices().inference_widths == {"32x64x200": narrow}
+    backend = select("cpu", "inference", inference_shape=shape)
+    so_far = calibrate._measured_so_far()
+    narrow, (fused, torch_layers) = so_far.inference_widths["32x64x200"], so_far.inference_layers["32x64x200"]
+    assert so_far.inference is None and set(so_far.inference_widths) == set(so_far.inference_layers) == {"32x64x200"}
+    assert (backend.kernels, backend.fused_qkv) == (cpu.kernel_triples(narrow), fused)
     assert set(narrow) == {"one", "few", "many"} and all(set(k) == {"wide", "square", "narrow", "vocabulary"}
                                                          for k in narrow.values())
-    assert "few square 32x64x200: dense" in calibrate.choices().seconds
-    assert "inference at 32x64x200 (d_model x d_ff x vocabulary)" in calibrate.choices().describe()
-    backend = select("cpu", "inference", inference_shape=shape)
-    assert backend.kernels == cpu.kernel_triples(narrow)
+    assert {"few square 32x64x200: dense", "qkv one 32x64x200: fused", "encoder layer 32x64x200: torch"} <= set(
+        so_far.seconds)
+    described = so_far.describe()
+    assert "a base model's shapes: not measured" in described
+    assert "inference at 32x64x200 (d_model x d_ff x vocabulary)" in described
+    assert "at 32x64x200: fused QKV" in described
     monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
-    monkeypatch.setattr(calibrate, "_inference_kernels", lambda *args, **kwargs: pytest.fail("measured again"))
-    assert calibrate.inference_kernels(*shape) == narrow
-    assert calibrate.inference_kernels(512, 2048, 37000, 1 << 28) == calibrate.choices().inference
+    for what in ("_inference_kernels", "_fused_qkv_inference", "_torch_layers_inference"):
+        monkeypatch.setattr(calibrate, what, lambda *args, **kwargs: pytest.fail("measured again"))
+    assert calibrate.inference_kernels(*shape) == narrow and calibrate.inference_layers(*shape) == (fused, torch_layers)
+    # a base model's shapes, measured when first asked for, join what the model's widths measured
+    monkeypatch.setattr(calibrate, "measure", base_measure)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    monkeypatch.setattr(calibrate, "_inference_kernels", lambda weights, *args, **kwargs: calibrate.by_shape(
+        dict.fromkeys(("one", "few", "many"), "dense")))
+    monkeypatch.setattr(calibrate, "_fused_qkv_inference", lambda *args, **kwargs: True)
+    monkeypatch.setattr(calibrate, "_torch_layers_inference", lambda *args, **kwargs: False)
+    full = calibrate.choices()
+    assert full.inference is not None and full.inference_widths == {"32x64x200": narrow}
+    assert full.inference_layers == {"32x64x200": [fused, torch_layers]} and "qkv one 32x64x200: fused" in full.seconds
+    assert calibrate.inference_kernels(512, 2048, 37000, 1 << 28) == full.inference
+    assert calibrate.inference_layers(512, 2048, 37000, 1 << 28) == (True, False)
 
 
 def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():

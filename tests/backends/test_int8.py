@@ -257,18 +257,28 @@ def test_select_runs_an_int8_copy_in_float32_where_its_widths_measured_int8_slow
 
 
 def test_where_int8_products_pay_is_measured_once_at_a_models_widths(tmp_path, monkeypatch):
-    from aiayn.backends import calibrate, timing
+    """int8 products and products over int8 weights are timed at a narrow model's own widths, once, without a base
+    model's shapes."""
+    from aiayn.backends import calibrate, int8, timing
 
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 2)
     monkeypatch.setattr(calibrate, "_chosen", {})
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
     pays = calibrate.int8_kernels(32, 64, 200, 1 << 20)
     assert set(pays) == {"one", "few", "many"} and all(set(k) == {"wide", "square", "narrow", "vocabulary"}
                                                        and all(isinstance(v, bool) for v in k.values())
                                                        for k in pays.values())
-    found = calibrate.choices()
+    weights = calibrate.int8_weight_choices(32, 64, 200, 1 << 20)
+    found = calibrate._measured_so_far()
     assert found.int8_widths == {"32x64x200": pays} and "int8 one square 32x64x200: float32" in found.ratios
     assert "int8 at 32x64x200: float32 where faster" in found.describe()
+    assert found.int8_weights_widths == {"32x64x200": weights} and found.int8_weights is None
+    if int8.int8_weights_usable():
+        assert set(weights) == {"one", "few"} and "int8 weights one square 32x64x200: float32" in found.seconds
+    select("cpu", "inference", "int8", inference_shape=(32, 64, 200, 1 << 20))  # measures nothing more
     monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
     monkeypatch.setattr(calibrate, "_int8_products", lambda *args, **kwargs: pytest.fail("measured again"))
+    monkeypatch.setattr(calibrate, "_int8_weights", lambda *args, **kwargs: pytest.fail("measured again"))
     assert calibrate.int8_kernels(32, 64, 200, 1 << 20) == pays
+    assert calibrate.int8_weight_choices(32, 64, 200, 1 << 20) == weights

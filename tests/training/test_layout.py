@@ -20,7 +20,7 @@ def two_quiet_cores(monkeypatch):
     monkeypatch.setattr(layout, "usable_cores", lambda: 2)
     monkeypatch.setattr(timing, "usable_cores", lambda: 2)
     monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(timing, "load_average", lambda: 0.1)
+    monkeypatch.setattr(timing, "other_work", lambda: 0.1)
     monkeypatch.setattr(layout, "measured_rates", lambda model, rows, threads: (rates["one"], rates["many"]))
     return rates
 
@@ -88,7 +88,7 @@ def test_a_run_that_gives_processes_keeps_them_and_a_chosen_layout_runs_one_thre
 
 def test_the_rates_are_measured_once_per_machine_and_shape(monkeypatch, tmp_path):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(timing, "load_average", lambda: 0.0)
+    monkeypatch.setattr(timing, "other_work", lambda: 0.0)
     one, many = measured_rates(TINY, 64, 2)
     assert one > 0 and many > 0
     [cached] = tmp_path.glob("train-layout-*.json")
@@ -96,7 +96,7 @@ def test_the_rates_are_measured_once_per_machine_and_shape(monkeypatch, tmp_path
     monkeypatch.setattr(layout, "step_rates", lambda *args: pytest.fail("measured again"))
     assert measured_rates(TINY, 64, 2) == (one, many)
     # measured while other work held the cores: used, not kept
-    monkeypatch.setattr(timing, "load_average", lambda: 5.0)
+    monkeypatch.setattr(timing, "other_work", lambda: 5.0)
     monkeypatch.setattr(layout, "step_rates", lambda *args: (1.0, 2.0))
     assert measured_rates(TINY, 32, 2) == (1.0, 2.0) and len(list(tmp_path.glob("train-layout-*.json"))) == 1
 
