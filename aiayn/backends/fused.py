@@ -26,9 +26,11 @@ Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tens
 Frozen = Callable[[torch.Tensor, torch.Tensor | None], nn.Module]  # (stacked weight, bias) -> an inference layer
 ROLES = {"self_attn": "self", "cross_attn": "cross"}  # the layers' attribute names in aiayn.nn.layers
 # One-query attention runs written out from this many rows x heads, over keys of at least this many floats a head
-# (keys x d_k); below either, SDPA's flash kernel is the faster (measured, CPU: docs/notes.md, "Decoding").
+# (keys x d_k); below either, SDPA's flash kernel is the faster (measured, CPU: docs/notes.md, "Decoding"). Below
+# 400 multiply-adds a matrix PyTorch's batched product runs its own unvectorised loop instead of MKL's (its
+# `bmm_out_or_baddbmm_`): one query over keys of fewer floats than that is 2-2.5x slower written out.
 SINGLE_QUERY_WRITTEN_OUT = 128
-SINGLE_QUERY_WRITTEN_OUT_KEYS = 640
+SINGLE_QUERY_WRITTEN_OUT_KEYS = 400
 # PyTorch's fused encoder layer writes out the attention scores of every row and head (B x h x L x L floats);
 # for sequences longer than this, or scores of more bytes (32 base-model sentences of 181 tokens), the layer
 # written out, whose attention is blocked (never an L x L matrix), runs instead.
