@@ -33,8 +33,8 @@ Only what is asked for is measured: a model narrower than a base one has its pro
 layers and int8 products measured at its own widths (`inference_kernels`, `inference_layers`,
 `int8_weight_choices`, `int8_kernels`, about a second each at a short recipe's widths), a training run its own
 shapes (`training_choices`); a base model's shapes (`choices`, a few seconds) are measured the first time a
-base-wide model or `aiayn verify` asks. A first
-`aiayn translate` with a small model does not wait for shapes it does not have.
+base-wide model or `aiayn verify` asks. A first `aiayn translate` with a small model does not wait for shapes it
+does not have.
 """
 
 from __future__ import annotations

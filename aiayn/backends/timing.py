@@ -48,17 +48,15 @@ def _busy_seconds(cores: set[int]) -> float | None:
     """CPU seconds the `cores` have spent busy since boot (user, system, interrupts and the time a hypervisor took
     from them), from /proc/stat; None where there is none."""
     try:
-        lines = Path("/proc/stat").read_text().splitlines()
-        ticks = os.sysconf("SC_CLK_TCK")
+        busy = 0
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *fields = line.split() or [""]
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
+                user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in (fields + ["0"] * 8)[:8])
+                busy += user + nice + system + irq + softirq + steal
+        return busy / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, AttributeError):
         return None
-    busy = 0
-    for line in lines:
-        name, *fields = line.split()
-        if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cores:
-            user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
-            busy += user + nice + system + irq + softirq + steal
-    return busy / ticks
 
 
 def load_average() -> float:
