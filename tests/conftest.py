@@ -67,6 +67,25 @@ def force_choices(monkeypatch, *, one: str = "columns", few: str = "packed", man
 
 
 @pytest.fixture
+def other_work(monkeypatch):
+    """`other_work(cores)`: from then on, every reading of the other programs' work on this process's cores
+    (`timing.other_work` now, `timing.competing` around a measurement) says `cores`."""
+    from contextlib import contextmanager
+
+    from aiayn.backends import timing
+
+    def reads(cores: float) -> None:
+        @contextmanager
+        def competing():
+            yield timing.Competition(cores)
+
+        monkeypatch.setattr(timing, "competing", competing)
+        monkeypatch.setattr(timing, "other_work", lambda seconds=timing.SAMPLE_SECONDS: cores)
+
+    return reads
+
+
+@pytest.fixture
 def measured(monkeypatch):
     """`measured(one=..., few=..., many=..., train_onednn=..., fused_qkv=...)`: see `force_choices`."""
     return lambda **choices: force_choices(monkeypatch, **choices)

@@ -100,8 +100,9 @@ class Choices:
             These five, a base model's shapes, are None until something asks for them (`choices`).
         seconds: the best time of each candidate, by "what: kernel".
         machine: the description the cache key was made from.
-        load: how many cores other programs kept busy when it was measured (`timing.other_work`: other work
-            competing for the cores skews the ratios; see `timing.measured_busy`).
+        load: how many cores other programs kept busy while it was measured (`timing.competing`), the most of any
+            of its measurements: other work competing for the cores skews the ratios, and a file measured busy is
+            measured again once the machine is quieter (`timing.measured_busy`).
         int8_weights: by row class ("one", "few") and shape kind, whether a product over int8 weights
             (`int8.Int8WeightsLinear`) ran faster than the float32 kernel chosen there (int8 inference uses it for
             layers whose activations int8 cannot hold); None until int8 inference first asks
@@ -263,7 +264,7 @@ def _measured_so_far() -> Choices:
     key = _key(description)
     if key not in _chosen:
         cached = None if os.environ.get("AIAYN_RECALIBRATE") else _cached(description)
-        _chosen[key] = cached or Choices(machine=description, load=timing.other_work())
+        _chosen[key] = cached or Choices(machine=description)
     return _chosen[key]
 
 
@@ -273,12 +274,22 @@ def _cached(description: dict[str, str]) -> Choices | None:
     try:
         found = Choices(**json.loads(path.read_text(encoding="utf-8")))
         threads = int(description["threads"])
-        if found.machine == description and path.stat().st_mtime >= _library_time() and not (
+        if _well_formed(found) and found.machine == description and path.stat().st_mtime >= _library_time() and not (
                 timing.busy(found.load, threads) and timing.measured_busy(found.load, timing.other_work(), threads)):
             return found
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
     return None
+
+
+def _well_formed(found: Choices) -> bool:
+    """Whether cached choices have the types this code writes (a file of the right keys edited by hand may not)."""
+    tables = (found.inference, found.int8_weights, found.training, found.inference_widths, found.int8_widths,
+              found.inference_layers, found.int8_weights_widths)
+    pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
+    return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
+            and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))
+            and all(isinstance(pair, list) and len(pair) == 2 for pair in pairs))
 
 
 def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None,
@@ -289,11 +300,10 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
     found = so_far if so_far is not None else None if refresh else _cached(description)
     if found is not None and found.inference is not None:
         return found
-    load = timing.other_work()
-    with torch.inference_mode(False):
-        base = replace(measure(description), load=load)
-    if found is not None:
-        base = replace(found, **{name: getattr(base, name) for name in BASE_FIELDS}, load=base.load,
+    with torch.inference_mode(False), timing.competing() as competition:
+        base = replace(measure(description), load=competition.cores)
+    if found is not None:  # the busiest measurement in the file decides whether it is measured again
+        base = replace(found, **{name: getattr(base, name) for name in BASE_FIELDS}, load=max(found.load, base.load),
                        seconds={**found.seconds, **base.seconds}, ratios={**found.ratios, **base.ratios})
     _store(base)
     logger.info("CPU products measured (%s): %s", cache_path(description), base.describe())
@@ -454,10 +464,10 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
     key = f"{rows}x{d_model}x{d_ff}"
     if key not in (found.training or {}):
         seconds, ratios = dict(found.seconds), dict(found.ratios)
-        with torch.inference_mode(False):
+        with torch.inference_mode(False), timing.competing() as competition:
             measured = _training(rows, d_model, d_ff, seconds, ratios, torch.Generator().manual_seed(2), f" {key}")
         found = _kept(replace(found, training={**(found.training or {}), key: list(measured)}, seconds=seconds,
-                              ratios=ratios))
+                              ratios=ratios, load=max(found.load, competition.cores)))
     onednn, fused = found.training[key]  # a list in the cache's JSON
     return onednn, fused
 
@@ -504,9 +514,10 @@ def int8_weight_choices(*shape: int) -> dict[str, dict[str, bool]]:
     if found.int8_weights is None:
         seconds, ratios = dict(found.seconds), dict(found.ratios)
         gen = torch.Generator().manual_seed(1)
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), timing.competing() as competition:
             measured = _int8_weights(_shape_weights(gen), found.inference, seconds, ratios, gen)
-        found = _kept(replace(found, int8_weights=measured, seconds=seconds, ratios=ratios))
+        found = _kept(replace(found, int8_weights=measured, seconds=seconds, ratios=ratios,
+                              load=max(found.load, competition.cores)))
     return found.int8_weights
 
 
@@ -560,10 +571,11 @@ def _at_widths(field: str, widths: tuple[int, int, int], weight_bytes: int, seed
     if key not in kept:
         seconds, ratios = dict(found.seconds), dict(found.ratios)
         gen = torch.Generator().manual_seed(seed)
-        with torch.inference_mode(False), torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad(), timing.competing() as competition:
             measured = measure(_width_weights(gen, *widths), min(weight_bytes, COLD_BYTES), seconds, ratios, gen,
                                f" {key}")
-        found = _kept(replace(found, **{field: {**kept, key: measured}}, seconds=seconds, ratios=ratios))
+        found = _kept(replace(found, **{field: {**kept, key: measured}}, seconds=seconds, ratios=ratios,
+                              load=max(found.load, competition.cores)))
     return getattr(found, field)[key]
 
 

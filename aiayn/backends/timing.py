@@ -11,33 +11,51 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiayn.backends.devices import usable_cores
 
 MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
 REPEATS = 7
-SAMPLE_SECONDS = 0.2  # how long `other_work` watches the cores
+SAMPLE_SECONDS = 0.2  # how long `other_work` watches the cores (where no measurement is running to watch)
+
+
+@dataclass
+class Competition:
+    """What `competing` read: how many of this process's cores other programs kept busy, on average."""
+
+    cores: float = 0.0
+
+
+@contextmanager
+def competing() -> Iterator[Competition]:
+    """Around a measurement: other programs' CPU time on the cores this process may run on while the block runs, this
+    process's own (all its threads) taken out, in cores (`Competition.cores`, set when the block ends). What the
+    measurement competed with. The load average is not: it counts for a minute the commands that ran just before,
+    so a measurement right after another command would read as busy, and be repeated once the machine was quiet.
+    Where the system has no /proc/stat: the 1-minute load average."""
+    reading, cores = Competition(), _affinity()
+    before, own, start = _busy_seconds(cores), time.process_time(), time.perf_counter()
+    try:
+        yield reading
+    finally:
+        after = _busy_seconds(cores)
+        own, wall = time.process_time() - own, time.perf_counter() - start
+        if before is None or after is None or wall <= 0:
+            reading.cores = load_average()
+        else:
+            reading.cores = round(max(0.0, (after - before - own) / wall), 2)
 
 
 def other_work(seconds: float = SAMPLE_SECONDS) -> float:
-    """How many of this process's cores other programs keep busy: their CPU time over the next `seconds` (this
-    process asleep, its own CPU time taken out) on the cores it may run on, in cores. What a measurement started now
-    would compete with. The load average is not: it counts for a minute the commands that ran just before, so a
-    measurement right after another command would read as busy, and be repeated once the machine was quiet. Where
-    the system has no /proc/stat: the 1-minute load average."""
-    cores = _affinity()
-    before = _busy_seconds(cores)
-    if before is None:
-        return load_average()
-    own, start = time.process_time(), time.perf_counter()
-    time.sleep(seconds)
-    after = _busy_seconds(cores)
-    own, wall = time.process_time() - own, time.perf_counter() - start
-    if after is None:
-        return load_average()
-    return round(max(0.0, (after - before - own) / wall), 2)
+    """How many of this process's cores other programs keep busy now: `competing` over `seconds` of this process
+    asleep."""
+    with competing() as reading:
+        time.sleep(seconds)
+    return reading.cores
 
 
 def _affinity() -> set[int]:

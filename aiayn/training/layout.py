@@ -142,9 +142,10 @@ def measured_rates(model: ModelConfig, rows: int, threads: int) -> tuple[float, 
         return float(found["one"]), float(found["many"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    load = timing.other_work()
-    one, many = step_rates(model, rows, threads)
-    if not timing.busy(max(load, timing.other_work()), threads):
+    with timing.competing() as competition:
+        one, many = step_rates(model, rows, threads)
+    load = competition.cores
+    if not timing.busy(load, threads):
         try:
             atomic_write_text(path, json.dumps({"one": one, "many": many, "load": load, **description}, indent=1))
         except OSError as err:  # a read-only home costs measuring again next time

@@ -1,6 +1,7 @@
 """The backend layer: it picks what this machine can use, prepares a model once, and stays equal to the plain path."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -370,23 +371,54 @@ def test_other_work_counts_other_programs_not_this_one():
         own.join()
 
 
-def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch):
+def test_choices_measured_on_a_busy_machine_are_measured_again_once_it_is_quieter(tmp_path, monkeypatch, other_work):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 1)
-    monkeypatch.setattr(timing, "other_work", lambda: 64.0)  # far more runnable work than cores
+    other_work(64.0)  # far more work than cores
     busy = calibrate._load_or_measure(refresh=False)
     assert busy.load == 64.0
     assert calibrate._load_or_measure(refresh=False) == busy  # as busy now: kept
-    monkeypatch.setattr(timing, "other_work", lambda: 0.5)
+    other_work(0.5)
     quiet = calibrate._load_or_measure(refresh=False)  # quieter now: measured again, and cached as quiet
     assert quiet.load == 0.5
     monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("measured again"))
-    monkeypatch.setattr(timing, "other_work", lambda: 0.0)
+    other_work(0.0)
     assert calibrate._load_or_measure(refresh=False) == quiet
     monkeypatch.setattr(timing, "usable_cores", lambda: 2)
     assert not timing.measured_busy(1.0, 0.0, threads=1)  # a core was free for it: stays until --recalibrate
     assert timing.measured_busy(1.99, 1.3, threads=2)  # two threads beside another job: measured again
     assert not timing.measured_busy(0.3, 0.0, threads=2)
+
+
+def test_a_models_widths_measured_on_a_busy_machine_mark_the_whole_cache_busy(tmp_path, monkeypatch, other_work):
+    """A measurement added to a cache measured quietly carries its own competition into it, and a quiet measurement
+    after it does not hide it: a busy file is measured again once the machine is quieter."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 1)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    other_work(0.0)
+    calibrate.inference_kernels(32, 64, 200, 1 << 20)
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process reads the quiet file, then measures beside work
+    other_work(64.0)
+    calibrate.training_choices(64, 32, 128)
+    assert calibrate._measured_so_far().load == 64.0
+    other_work(0.0)
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: calibrate.Choices(
+        inference=calibrate.by_shape(dict.fromkeys(("one", "few", "many"), "dense")), train_onednn=False,
+        fused_qkv_inference=True, fused_qkv_train=False, torch_layers_inference=False, machine=description))
+    full = calibrate.choices()  # a base model's shapes, measured quietly
+    assert full.inference is not None and full.training and full.load == 64.0
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process on a quiet machine: the file is no cache
+    assert calibrate._cached(calibrate.machine()) is None
+
+
+def test_a_cache_file_of_the_wrong_types_is_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    path = calibrate.cache_path(calibrate.machine())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for edited in ({"seconds": None}, {"inference_layers": {"32x64x200": [True]}}):
+        path.write_text(json.dumps({"machine": calibrate.machine(), **edited}))
+        assert calibrate._cached(calibrate.machine()) is None
 
 
 def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(tmp_path, monkeypatch):

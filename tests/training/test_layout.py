@@ -14,13 +14,13 @@ TINY = ModelConfig(vocab_size=40, d_model=16, n_heads=2, d_ff=32, n_encoder_laye
 
 
 @pytest.fixture
-def two_quiet_cores(monkeypatch):
+def two_quiet_cores(monkeypatch, other_work):
     """A quiet 2-core CPU machine whose measured rates the test sets: {"one": tokens/s, "many": tokens/s}."""
     rates = {"one": 100.0, "many": 150.0}
     monkeypatch.setattr(layout, "usable_cores", lambda: 2)
     monkeypatch.setattr(timing, "usable_cores", lambda: 2)
     monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(timing, "other_work", lambda: 0.1)
+    other_work(0.1)
     monkeypatch.setattr(layout, "measured_rates", lambda model, rows, threads: (rates["one"], rates["many"]))
     return rates
 
@@ -86,9 +86,9 @@ def test_a_run_that_gives_processes_keeps_them_and_a_chosen_layout_runs_one_thre
     assert chosen == Layout(1, chosen.why) and run.train.processes == 1 and run.train.threads == 0
 
 
-def test_the_rates_are_measured_once_per_machine_and_shape(monkeypatch, tmp_path):
+def test_the_rates_are_measured_once_per_machine_and_shape(monkeypatch, tmp_path, other_work):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(timing, "other_work", lambda: 0.0)
+    other_work(0.0)
     one, many = measured_rates(TINY, 64, 2)
     assert one > 0 and many > 0
     [cached] = tmp_path.glob("train-layout-*.json")
@@ -96,7 +96,7 @@ def test_the_rates_are_measured_once_per_machine_and_shape(monkeypatch, tmp_path
     monkeypatch.setattr(layout, "step_rates", lambda *args: pytest.fail("measured again"))
     assert measured_rates(TINY, 64, 2) == (one, many)
     # measured while other work held the cores: used, not kept
-    monkeypatch.setattr(timing, "other_work", lambda: 5.0)
+    other_work(5.0)
     monkeypatch.setattr(layout, "step_rates", lambda *args: (1.0, 2.0))
     assert measured_rates(TINY, 32, 2) == (1.0, 2.0) and len(list(tmp_path.glob("train-layout-*.json"))) == 1
 
