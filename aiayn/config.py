@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn.rundir import atomic_write_text, load_json
-from aiayn.tasks.names import ENCODER_OBJECTIVES, LABELLED
+from aiayn.tasks.names import ENCODER_OBJECTIVES, LABELLED, MASKED_LM
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh")
 POSITIONALS = ("sinusoidal", "learned", "none")
@@ -109,6 +109,12 @@ class ModelConfig:
     def architecture(self) -> str:
         """"encoder-decoder", "encoder-only" or "decoder-only" (`causal`): the shape `build_model` gives."""
         return "decoder-only" if self.causal else "encoder-decoder" if self.n_decoder_layers else "encoder-only"
+
+    @property
+    def projects_to_vocabulary(self) -> bool:
+        """True when the model ends in a projection onto its vocabulary: a decoder's (encoder-decoder or
+        decoder-only) or a masked-LM head's. An encoder giving hidden states or labels has none."""
+        return self.causal or self.n_decoder_layers > 0 or self.head == MASKED_LM
 
     @property
     def has_cross_attention(self) -> bool:

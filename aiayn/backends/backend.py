@@ -274,10 +274,12 @@ def _attention_off_cudnn() -> None:
 
 
 def inference_shape(model: nn.Module) -> tuple[int, int, int, int]:
-    """(d_model, d_ff, vocabulary, weight bytes) of `model`, for `select(..., inference_shape=...)`."""
+    """(d_model, d_ff, vocabulary, weight bytes) of `model`, for `select(..., inference_shape=...)`; the vocabulary
+    is 0 where the model has no projection onto it (an encoder giving hidden states or labels), so that no
+    calibration times a product it never runs."""
     cfg = model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    return cfg.d_model, cfg.d_ff, cfg.target_vocab_size, weight_bytes
+    return cfg.d_model, cfg.d_ff, cfg.target_vocab_size if cfg.projects_to_vocabulary else 0, weight_bytes
 
 
 def select(device: str | torch.device | None = None, mode: str = "inference", precision: str | None = None, *,

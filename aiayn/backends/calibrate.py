@@ -492,9 +492,11 @@ def _shape_weights(gen: torch.Generator, kinds=SHAPE_KINDS) -> dict[str, tuple[t
 
 def _width_weights(gen: torch.Generator, d_model: int, d_ff: int,
                    vocab: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """A weight and bias of each shape kind at a model's own widths (as `_shape_weights` at a base model's)."""
-    return _shape_weights(gen, (("wide", (d_model, d_ff)), ("square", (d_model, d_model)), ("narrow", (d_ff, d_model)),
-                                ("vocabulary", (d_model, vocab))))
+    """A weight and bias of each shape kind at a model's own widths (as `_shape_weights` at a base model's); no
+    vocabulary projection where `vocab` is 0 (a model without one: its layers of that kind keep
+    `cpu.DEFAULT_KERNELS`, and there are none)."""
+    kinds = (("wide", (d_model, d_ff)), ("square", (d_model, d_model)), ("narrow", (d_ff, d_model)))
+    return _shape_weights(gen, kinds + ((("vocabulary", (d_model, vocab)),) if vocab else ()))
 
 
 def int8_weight_choices(*shape: int) -> dict[str, dict[str, bool]]:

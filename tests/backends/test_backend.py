@@ -521,6 +521,24 @@ def test_inference_products_are_chosen_at_the_widths_of_the_model_run(tmp_path, 
     assert calibrate.inference_layers(512, 2048, 37000, 1 << 28) == (True, False)
 
 
+def test_a_model_without_a_vocabulary_projection_does_not_time_one(tmp_path, monkeypatch):
+    """An encoder giving hidden states (an embedder) or labels never runs a vocabulary product: none is timed for
+    it; a masked-LM head, an encoder-decoder and a decoder-only model have one."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    encoder = ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=0,
+                          dropout=0.0, max_len=32)
+    assert inference_shape(build_model(encoder))[2] == 0
+    assert inference_shape(build_model(encoder.replace(head="masked_lm")))[2] == 200
+    assert inference_shape(build_model(encoder.replace(causal=True)))[2] == 200
+    backend = select("cpu", "inference", inference_shape=inference_shape(build_model(encoder)))
+    narrow = calibrate._measured_so_far().inference_widths["32x64x0"]
+    assert all(set(by_kind) == {"wide", "square", "narrow"} for by_kind in narrow.values())
+    assert backend.kernels == cpu.kernel_triples(narrow)
+    assert not any("vocabulary" in what for what in calibrate._measured_so_far().seconds)
+
+
 def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
     assert timing.pick({"dense": [1.0] * 3, "packed": [0.97] * 3}, "dense") == "dense"  # within MARGIN
     assert timing.pick({"dense": [1.0] * 3, "packed": [0.5] * 3, "columns": [0.7] * 3}, "dense") == "packed"
