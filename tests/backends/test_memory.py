@@ -27,11 +27,13 @@ print(sum(faults[2:]), 3 * 4 * (8 << 20) // 4096)
 
 @pytest.mark.skipif(not GLIBC.startswith("glibc"), reason="the setting is glibc's allocator's")
 def test_tensors_freed_and_allocated_again_fault_few_new_pages():
-    out = subprocess.run([sys.executable, "-c", ROUNDS], capture_output=True, text=True, check=True).stdout
-    faults, pages = map(int, out.split())
-    # At most a block's pages fault again (where the kernel places the heap varies from run to run). By default glibc
-    # hands the freed top of its heap back, and most of the pages fault in every round.
-    assert faults < pages // 4, (faults, pages)
+    # Where the kernel places the heap varies from process to process, and now and then a process's blocks fault
+    # again (seen: 0 or one block's 2,048 pages in most, four blocks' once): the fewest of three processes. By default
+    # glibc hands the freed top of its heap back, and most of the pages fault in every round of every process.
+    runs = [tuple(map(int, subprocess.run([sys.executable, "-c", ROUNDS], capture_output=True, text=True,
+                                          check=True).stdout.split())) for _ in range(3)]
+    faults, pages = min(runs)
+    assert faults < pages // 4, runs
 
 
 def test_another_c_library_is_left_alone(monkeypatch):
