@@ -322,24 +322,25 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     if device.type != "cpu" or precision == "bf16":
         graphs = device.type == "cuda" and mode == "inference" and not compile
         return replace(backend, fused_qkv=True, compile=compile, cuda_graphs=graphs)
+    if mode == "train":  # a model's own shapes where given, else a base model's
+        if train_shape is not None:
+            onednn, fused_qkv = calibrate.training_choices(*train_shape)
+        else:
+            measured = _measured()
+            onednn, fused_qkv = measured.train_onednn, measured.fused_qkv_train
+        return replace(backend, onednn=onednn and cpu.onednn_usable(), fused_qkv=fused_qkv, compile=compile)
+    # Inference: measured at the model's own widths where given (a narrow model does not wait for a base one's
+    # shapes), else at a base model's.
+    measured = None if inference_shape else _measured()
+    kernels = cpu.kernel_triples(calibrate.inference_kernels(*inference_shape) if inference_shape
+                                 else measured.inference)
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
-        kernels = cpu.kernel_triples(calibrate.inference_kernels(*inference_shape) if inference_shape
-                                     else _measured().inference)
         pays = _pairs(calibrate.int8_weight_choices(*inference_shape or ()), True)
         # where int8's per-call quantisation costs more than the float32 product (narrow models)
         slower = _pairs(calibrate.int8_kernels(*inference_shape), False) if inference_shape else ()
         return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays, int8_float32=slower)
-    if mode == "train":  # a model's own shapes where given, else a base model's
-        measured = calibrate.training_choices(*train_shape) if train_shape is not None else None
-        onednn, fused_qkv = measured or (_measured().train_onednn, _measured().fused_qkv_train)
-        return replace(backend, onednn=onednn and cpu.onednn_usable(), fused_qkv=fused_qkv, compile=compile)
-    if inference_shape:  # measured at the model's own widths: a narrow model does not wait for a base one's shapes
-        kernels = cpu.kernel_triples(calibrate.inference_kernels(*inference_shape))
-        fused_qkv, torch_layers = calibrate.inference_layers(*inference_shape)
-    else:
-        measured = _measured()
-        kernels = cpu.kernel_triples(measured.inference)
-        fused_qkv, torch_layers = measured.fused_qkv_inference, measured.torch_layers_inference
+    fused_qkv, torch_layers = (calibrate.inference_layers(*inference_shape) if inference_shape
+                               else (measured.fused_qkv_inference, measured.torch_layers_inference))
     # Cross-attention absorbed into the memory reads less wherever it applies (a rule measured on both CPU kinds).
     return replace(with_kernels(backend, kernels, fused_qkv=fused_qkv,
                                 torch_layers=torch_layers), absorbed_cross=True, compile=compile)
