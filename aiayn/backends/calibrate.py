@@ -326,6 +326,18 @@ def _kept(found: Choices) -> Choices:
     return found
 
 
+def _with_measured(found: Choices, field: str, key: str | None, measure: Callable[[dict, dict], object]) -> Choices:
+    """`found` with what `measure(seconds, ratios)` returns (writing its timings into the two) kept under
+    `Choices.<field>` (under `[key]` of it where `key` is given), and the competition it met (`timing.competing`)
+    in its load where that is the busiest yet; kept for this process and in the cache (`_kept`)."""
+    seconds, ratios = dict(found.seconds), dict(found.ratios)
+    with torch.inference_mode(False), torch.no_grad(), timing.competing() as competition:
+        measured = measure(seconds, ratios)
+    value = measured if key is None else {**(getattr(found, field) or {}), key: measured}
+    return _kept(replace(found, **{field: value}, seconds=seconds, ratios=ratios,
+                         load=max(found.load, competition.cores)))
+
+
 def _library_time() -> float:
     """When the code that measures and runs the kernels last changed (its newest file in `aiayn.backends`): choices
     cached before that were measured by other code, and are measured again (the torch version is in the key)."""
@@ -462,12 +474,9 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
     found = _measured_so_far()
     rows = min(rows, TRAIN_SHAPE_ROWS)
     key = f"{rows}x{d_model}x{d_ff}"
-    if key not in (found.training or {}):
-        seconds, ratios = dict(found.seconds), dict(found.ratios)
-        with torch.inference_mode(False), timing.competing() as competition:
-            measured = _training(rows, d_model, d_ff, seconds, ratios, torch.Generator().manual_seed(2), f" {key}")
-        found = _kept(replace(found, training={**(found.training or {}), key: list(measured)}, seconds=seconds,
-                              ratios=ratios, load=max(found.load, competition.cores)))
+    if key not in (found.training or {}):  # `_training` turns gradients on for itself
+        found = _with_measured(found, "training", key, lambda seconds, ratios: list(_training(
+            rows, d_model, d_ff, seconds, ratios, torch.Generator().manual_seed(2), f" {key}")))
     onednn, fused = found.training[key]  # a list in the cache's JSON
     return onednn, fused
 
@@ -514,12 +523,9 @@ def int8_weight_choices(*shape: int) -> dict[str, dict[str, bool]]:
         return _at_widths("int8_weights_widths", (d_model, d_ff, vocab), weight_bytes, 6, measure_at_widths)
     found = choices()
     if found.int8_weights is None:
-        seconds, ratios = dict(found.seconds), dict(found.ratios)
         gen = torch.Generator().manual_seed(1)
-        with torch.inference_mode(False), torch.no_grad(), timing.competing() as competition:
-            measured = _int8_weights(_shape_weights(gen), found.inference, seconds, ratios, gen)
-        found = _kept(replace(found, int8_weights=measured, seconds=seconds, ratios=ratios,
-                              load=max(found.load, competition.cores)))
+        found = _with_measured(found, "int8_weights", None, lambda seconds, ratios: _int8_weights(
+            _shape_weights(gen), found.inference, seconds, ratios, gen))
     return found.int8_weights
 
 
@@ -569,15 +575,10 @@ def _at_widths(field: str, widths: tuple[int, int, int], weight_bytes: int, seed
     model's shapes are not measured for it."""
     found = _measured_so_far()
     key = "x".join(map(str, widths))
-    kept = getattr(found, field) or {}
-    if key not in kept:
-        seconds, ratios = dict(found.seconds), dict(found.ratios)
+    if key not in (getattr(found, field) or {}):
         gen = torch.Generator().manual_seed(seed)
-        with torch.inference_mode(False), torch.no_grad(), timing.competing() as competition:
-            measured = measure(_width_weights(gen, *widths), min(weight_bytes, COLD_BYTES), seconds, ratios, gen,
-                               f" {key}")
-        found = _kept(replace(found, **{field: {**kept, key: measured}}, seconds=seconds, ratios=ratios,
-                              load=max(found.load, competition.cores)))
+        found = _with_measured(found, field, key, lambda seconds, ratios: measure(
+            _width_weights(gen, *widths), min(weight_bytes, COLD_BYTES), seconds, ratios, gen, f" {key}"))
     return getattr(found, field)[key]
 
 
