@@ -116,6 +116,7 @@ class StaticState:
     """A search's state for the flat decoding step (see the module docstring)."""
 
     attention = None  # never recorded here: `start` takes `ModuleState` for that
+    GROWTH = 16  # positions the cache first makes room for beyond those filled (`_capacity`)
 
     @staticmethod
     def runs(model: nn.Module) -> bool:
@@ -155,7 +156,8 @@ class StaticState:
 
     def _prefill(self, model: DecoderOnlyModel, prompts: torch.Tensor, steps: int, beams: int) -> None:
         filled = prompts.shape[1] - 1
-        self._allocate(model, model.embed, prompts.shape[0] * beams, filled + steps, model.embed.tokens.weight.dtype)
+        self._allocate(model, model.embed, prompts.shape[0] * beams, filled + steps, model.embed.tokens.weight.dtype,
+                       filled=filled)
         self.memory, self.mask, self.absorbed, self.beams = None, None, [], beams  # no cross-attention
         if filled:
             caches = model.new_caches()
@@ -165,18 +167,22 @@ class StaticState:
                 self.cache[i, 1, :, :, :filled] = cache.value.repeat_interleave(beams, dim=0)
         self.position = filled
 
-    def _allocate(self, model: nn.Module, embed: nn.Module, rows: int, length: int, dtype: torch.dtype) -> None:
-        """The parts a step runs, and the cache of `length` positions for `rows` rows."""
+    def _allocate(self, model: nn.Module, embed: nn.Module, rows: int, length: int, dtype: torch.dtype, *,
+                  filled: int = 0) -> None:
+        """The parts a step runs, and the cache of a search of `length` positions for `rows` rows, with room for the
+        `filled` ones written first."""
         cfg = model.config
         self.embed, self.head = embed, model.head
         self.layers = list(model.decoder.layers)
         self.heads, self.d_k = cfg.n_heads, cfg.d_model // cfg.n_heads
         device = embed.tokens.weight.device
-        # Self-attention's keys and values of every layer, for the whole search: (n_layers, 2, N, h, length, d_k).
-        # Taken from the buffers earlier searches gave back, inside `reusing_buffers()` (a file's batches).
+        # Self-attention's keys and values of every layer: (n_layers, 2, N, h, capacity, d_k), room for `capacity` of
+        # the search's `length` positions (`_capacity`), more made as the search goes on (`_grow`). Taken from the
+        # buffers earlier searches gave back, inside `reusing_buffers()` (a file's batches).
+        self.length = length
         self.owned = Owned(self)
-        self.cache = self.owned.empty((len(self.layers), 2, rows, self.heads, length, self.d_k), dtype=dtype,
-                                      device=device)
+        self.cache = self.owned.empty((len(self.layers), 2, rows, self.heads, self._capacity(filled), self.d_k),
+                                      dtype=dtype, device=device)
         # Reorder's target, as many rows as the search began with; swapped with the buffer that holds `cache`, which
         # is a view of its first rows once sentences have left.
         self.spare: torch.Tensor | None = None
@@ -202,6 +208,27 @@ class StaticState:
         parts.append((layer.ffn_sublayer, _feed_forward, layer.feed_forward.forward))
         return [(connection.norm_first, connection.norm.forward, f, a) for connection, f, a in parts]
 
+    def _capacity(self, filled: int) -> int:
+        """The positions the cache makes room for while `filled` are written: `GROWTH` more, doubled as it grows, up
+        to the search's length. A search's length is a limit most sentences end far before (the source's length + 50
+        by default); each of a row's heads keeps its positions together, so a cache made for the whole length spreads
+        a short sentence's keys over many more memory pages than they fill, each mapped on its first write (page
+        faults: docs/notes.md, "Decoding")."""
+        return min(self.length, max(self.GROWTH, 2 * filled))
+
+    def _grow(self) -> None:
+        """Move the cache's filled positions into a buffer with room for more (`_capacity`)."""
+        p, held = self.position, self.cache
+        cache = self.owned.empty((*held.shape[:4], self._capacity(p), held.shape[5]), dtype=held.dtype,
+                                 device=held.device)
+        cache[:, :, :, :, :p] = held[:, :, :, :, :p]
+        for old in (self.held, self.spare):
+            if old is not None:
+                self.owned.drop(old)
+        self.cache = self.held = cache
+        self.spare = None
+        self._views()
+
     def _views(self) -> None:
         """Each layer's keys and values, (N, h, length, d_k) views of the cache, made again when the cache moves."""
         self.kv = [tuple(pair.unbind(0)) for pair in self.cache.unbind(0)]
@@ -213,6 +240,8 @@ class StaticState:
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Newest token ids (N, 1) -> logits (N, V) in float32; the keys and values of this position are kept."""
+        if self.position == self.cache.shape[4]:
+            self._grow()
         logits = self._forward(tokens)
         self.position += 1
         return logits
@@ -273,10 +302,10 @@ class StaticState:
         p, n = self.position, rows.numel()
         # Into the first n rows of a buffer kept for the whole search: a buffer allocated anew at each retirement
         # costs its pages' first writes (page faults, about 10x the copy: docs/notes.md, "Decoding").
+        held = self.held
         if self.spare is None or self.spare.shape[2] < n:  # more rows than the search began with: a new buffer
             if self.spare is not None:
                 self.owned.drop(self.spare)
-            held = self.held
             self.spare = self.owned.empty((*held.shape[:2], max(n, held.shape[2]), *held.shape[3:]), dtype=held.dtype,
                                           device=held.device)
         target = self.spare[:, :, :n]
@@ -334,6 +363,9 @@ class FixedState(StaticState):
     """
 
     WARMUP = 2  # eager runs before capture, on a side stream: the allocator and each kernel's first use
+
+    def _capacity(self, filled: int) -> int:
+        return self.length  # the graph reads one buffer for the whole search
 
     def __init__(self, model: EncoderDecoderModel | DecoderOnlyModel, ids: torch.Tensor, steps: int, *,
                  beams: int = 1, capture: bool | None = None):

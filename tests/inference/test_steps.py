@@ -153,13 +153,49 @@ def test_hooks_keep_every_step_on_the_modules():
 
 
 @torch.no_grad()
-def test_the_static_cache_is_allocated_once_for_the_search():
+def test_the_static_cache_is_allocated_once_for_a_short_search():
     model = tiny(False)
     state = start(model, source(), 6)
     cache = state.cache
     for t in range(6):
         state.step(torch.full((3, 1), 4 + t))
     assert state.cache is cache and cache.shape == (2, 2, 3, 4, 6, 8)  # (layers, K/V, rows, heads, steps, d_k)
+
+
+@torch.no_grad()
+def test_a_long_search_s_cache_makes_room_as_it_goes_never_past_the_search_s_length():
+    # A cache made for the whole length spread a short sentence's keys over pages it never filled: it starts with
+    # room for GROWTH positions and doubles.
+    model = tiny(False)
+    state = start(model, source(), 40)
+    capacities = []
+    for t in range(40):
+        state.step(torch.full((3, 1), 4 + t % 40))
+        capacities.append(state.cache.shape[4])
+    assert capacities == [16] * 16 + [32] * 16 + [40] * 8
+    fixed = FixedState(model, source(), 40, capture=False)  # a graph reads one buffer: all of it from the start
+    assert fixed.cache.shape[4] == 40
+
+
+@pytest.mark.parametrize("how", ["fp32", "int8"])
+@torch.no_grad()
+def test_a_cache_that_grows_between_reorders_and_leaving_rows_steps_as_the_modules_do(monkeypatch, how):
+    monkeypatch.setattr(StaticState, "GROWTH", 2)  # room made at positions 2 and 4 (after rows left at 3) and 8
+    model = prepared(tiny(True, "gelu"), how)
+    src, beams = source(), 2
+    tokens = torch.randint(4, 50, (src.shape[0] * beams, 10), generator=torch.Generator().manual_seed(2))
+    flat, modules = start(model, src, 12, beams=beams), ModuleState(model, src, beams=beams)
+    step_together(flat, modules, tokens, beams, leave_after=3, atol=5e-2 if how == "int8" else 1e-5)
+    assert flat.cache.shape[4] == 12
+    # A decoder-only model's prompt, longer than the room first made beyond it
+    lm = prepared(tiny_lm(False), how)
+    prompts = torch.randint(4, 50, (3, 7), generator=torch.Generator().manual_seed(1))
+    steps_lm = torch.randint(4, 50, (3, 8), generator=torch.Generator().manual_seed(3))
+    steps_lm[:, 0] = prompts[:, -1]
+    flat, modules = StaticState(lm, prompts, 8), CausalState(lm, prompts)
+    assert flat.position == 6 and flat.cache.shape[4] == 12
+    step_together(flat, modules, steps_lm, 1, leave_after=2, atol=5e-2 if how == "int8" else 1e-5)
+    assert flat.cache.shape[4] == 14  # room made at position 12, up to the search's length
 
 
 @torch.no_grad()
