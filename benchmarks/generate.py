@@ -87,7 +87,9 @@ def piece_name(i: int) -> str:
 
 def _contenders(engines: dict, src: torch.Tensor, beam: int, new_tokens: int) -> dict[str, Callable[[], None]]:
     """One call per contender decoding `src` with `beam` to exactly `new_tokens` tokens (checked)."""
-    config = GenerationConfig(max_new_tokens=new_tokens, min_len=new_tokens, num_beams=beam, length_penalty=0.6)
+    # No scores asked of greedy search: CTranslate2's `translate_batch` and Hugging Face's `generate` compute none
+    config = GenerationConfig(max_new_tokens=new_tokens, min_len=new_tokens, num_beams=beam, length_penalty=0.6,
+                              return_scores=False)
     pieces = [[piece_name(i) for i in row] for row in src.tolist()]
     fns: dict[str, Callable[[], None]] = {}
     for name, engine in engines.items():

@@ -90,7 +90,7 @@ def _generation_config(args: argparse.Namespace):
         num_beams=1 if args.sample else args.num_beams, length_penalty=args.alpha, do_sample=args.sample,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
         repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-        return_attention=bool(args.show_attention),
+        return_attention=bool(args.show_attention), return_scores=args.scores,
     )
 
 

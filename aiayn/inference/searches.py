@@ -57,6 +57,10 @@ class GenerationConfig:
         no_repeat_ngram_size: no n-gram of this size occurs twice in an output (0 is off).
         seed: seeds the sampling generator; None draws from torch's global generator.
         return_attention: also return the cross-attention weights of the chosen outputs.
+        return_scores: score each output (the sum of its tokens' log-probabilities; beam search's, divided by
+            its length ** `length_penalty`). False spares greedy decoding and sampling the log-softmax over the
+            vocabulary at every step, which only the score reads (a twentieth of a small model's greedy step):
+            their scores come back as NaN. Beam search searches by the scores and always returns them.
         max_len: the old spelling of `max_new_tokens` (the model's `max_len` is its position table), so
             that code written before still runs; `max_len=n` becomes `max_new_tokens=n` (and `max_len`
             None), and errors name the setting as the caller spelled it.
@@ -79,6 +83,7 @@ class GenerationConfig:
     no_repeat_ngram_size: int = 0
     seed: int | None = None
     return_attention: bool = False
+    return_scores: bool = True
     max_len: int | None = field(default=None, repr=False)
     beam_size: int | None = field(default=None, repr=False)
 
@@ -249,14 +254,16 @@ def _greedy_or_sample(begin: Begin, start: torch.Tensor, limits: torch.Tensor, e
         sampler = torch.Generator(device=device).manual_seed(config.seed)
     out = torch.full((batch, steps), eos_id, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    scores = torch.zeros(batch, device=device)
+    scoring = config.return_scores
+    scores = torch.zeros(batch, device=device) if scoring else torch.full((batch,), float("nan"), device=device)
     weights: list[torch.Tensor] = []
     next_input = start[:, -1:]
     sentences = torch.arange(batch, device=device)  # (B,) each row's sentence in the first batch
     retired: dict[int, tuple[list[int], float]] = {}  # sentence -> its tokens and score, once it left the batch
     for step in range(steps):
         logits, step_weights = state.step(next_input), state.attention  # (B, V), (B, n_layers, h, S) or None
-        log_probs = F.log_softmax(logits, dim=-1)  # (B, V): the score counts the model's own probabilities
+        # (B, V): the score counts the model's own probabilities, before the constraints
+        log_probs = F.log_softmax(logits, dim=-1) if scoring else None
         history = torch.cat([start, out[:, :step]], dim=1) if _uses_history(config) else None
         logits = _constrain(logits, history, step, eos_id, config)
         if config.do_sample:
@@ -265,7 +272,8 @@ def _greedy_or_sample(begin: Begin, start: torch.Tensor, limits: torch.Tensor, e
         else:
             best = argmax_rows(logits)  # (B,)
         best = best.masked_fill(finished, eos_id)
-        scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(finished, 0.0)
+        if scoring:
+            scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(finished, 0.0)
         out[:, step] = best
         if step_weights is not None:
             weights.append(step_weights)

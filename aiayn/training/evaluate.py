@@ -115,7 +115,8 @@ def _search(options: EvalOptions) -> Callable[..., list[list[int]]]:
     def search(model: nn.Module, inputs: torch.Tensor, *, bos_id: int, eos_id: int) -> list[list[int]]:
         from aiayn.inference.generation import GenerationConfig, generate
 
-        config = GenerationConfig(num_beams=options.num_beams, length_penalty=options.length_penalty)
+        config = GenerationConfig(num_beams=options.num_beams, length_penalty=options.length_penalty,
+                                  return_scores=False)
         return generate(model, inputs, bos_id=bos_id, eos_id=eos_id, config=config).tokens
 
     return search

@@ -70,6 +70,7 @@ def test_translate_reads_a_file_or_stdin(run_dir, capsys, monkeypatch, tmp_path)
     code, scored, _ = _run(capsys, "--run", str(run_dir), "--input", str(source), "--max-new-tokens", "5",
                            "--num-beams", "1", "--scores")
     assert [line.split("\t", 1)[1] for line in scored] == from_file
+    assert all(float(line.split("\t", 1)[0]) <= 0 for line in scored)  # log-probabilities (NaN fails), when asked for
 
 
 def test_old_option_spellings_still_work(run_dir, capsys):

@@ -371,3 +371,25 @@ def test_beam_search_keeps_searching_while_its_best_beam_runs(beam):
     assert GenerationConfig().early_stopping is False
     assert search(False) == [3, 4, 5, 6]
     assert search(True) != [3, 4, 5, 6]  # the rule the default replaced: a shorter, worse sentence
+
+
+@torch.no_grad()
+def test_scores_not_asked_for_leave_the_search_as_it_was_and_come_back_as_nan(monkeypatch):
+    model = make_model(3)
+    src = padded_sources()
+    asked = []
+    original = torch.nn.functional.log_softmax
+    monkeypatch.setattr(torch.nn.functional, "log_softmax", lambda *a, **k: (asked.append(1), original(*a, **k))[1])
+    for settings in (dict(), dict(do_sample=True, temperature=1.5, seed=5), dict(repetition_penalty=1.3, min_len=4)):
+        scored = generate(model, src, bos_id=BOS, eos_id=EOS, config=GenerationConfig(max_new_tokens=12, **settings))
+        assert asked and not scored.scores.isnan().any()
+        asked.clear()
+        unscored = generate(model, src, bos_id=BOS, eos_id=EOS,
+                            config=GenerationConfig(max_new_tokens=12, return_scores=False, **settings))
+        assert not asked, "no log-softmax over the vocabulary without scores"
+        assert unscored.tokens == scored.tokens and unscored.scores.isnan().all()
+    # Beam search searches by its scores: it returns them whatever was asked
+    beams = [generate(model, src, bos_id=BOS, eos_id=EOS,
+                      config=GenerationConfig(max_new_tokens=12, num_beams=3, return_scores=scoring)) for scoring in (True, False)]
+    assert beams[0].tokens == beams[1].tokens
+    torch.testing.assert_close(beams[0].scores, beams[1].scores)
