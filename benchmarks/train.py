@@ -20,7 +20,7 @@ cross-entropy 0.1, backward, Adam(0.9, 0.98, 1e-9) step, the trainer's fused Ada
   gain little from a second thread; a second process computes its own batch. Timed after the others
   (separate processes), so a neighbour that comes or goes in between moves it alone. Then the layout
   `aiayn train` would take for these shapes under a time budget (`aiayn.training.layout`).
-On the CPU the process keeps the memory its steps free, as `aiayn train` does (`aiayn.backends.memory`); the
+On the CPU the process keeps the memory its steps free, as `aiayn train` does (`aiayn.memory`); the
 setting is the process's, so the peers' steps run with it too.
 Batches are a real run's: sentence lengths drawn like short real sentences (source mean `--mean-len`
 tokens, the target 0.8-1.3 times as long), cut into batches of at most `--max-tokens` padded tokens by
@@ -60,7 +60,7 @@ from torch import nn
 from aiayn.backends import select
 from aiayn.backends.cpu import onednn_product
 from aiayn.backends.devices import bf16_supported, resolve_device
-from aiayn.backends.memory import keep_freed_memory
+from aiayn.memory import keep_freed_memory
 from aiayn.config import ModelConfig, preset
 from aiayn.data.batching import token_batches
 from aiayn.nn.embedding import sinusoidal_table

@@ -7,7 +7,6 @@ path this machine can use against the plain one and the oracles.
 
 The modules import one way: `shapes` (row classes and shape kinds) and `hooks` -> the kernels (`cpu`,
 `fused`, `int8`, `absorbed`) -> `calibrate` (times the kernels) -> `backend` (`Backend`, `select`).
-`memory` (the process's allocator, told to keep what training steps free) stands apart.
 """
 
 from aiayn.backends.backend import (

@@ -18,6 +18,7 @@ import threading
 import traceback
 
 from aiayn import __version__
+from aiayn.memory import keep_freed_memory
 from aiayn.cli.errors import BAD_INPUT, INTERRUPT_SIGNALS, INTERRUPTED, NON_FINITE, UserError, describe, one_line
 from aiayn.cli.options import check_numbers
 from aiayn.cli.streams import Stdout, silence_stdout
@@ -103,6 +104,7 @@ def _exit_rank(code: int) -> None:
 
 def _run(argv: list[str] | None) -> int:
     _openmp_waits_passively()
+    keep_freed_memory()  # the process's allocator keeps what a step frees for the next (aiayn.memory)
     previous = {}
     _signalled.clear()
     _started.clear()

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from aiayn.backends import select
-from aiayn.backends.memory import keep_freed_memory
+from aiayn.memory import keep_freed_memory
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import PreparedData, load_labels, prepare_data, read_examples, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers
@@ -107,7 +107,7 @@ def setup(t: Any) -> None:
         import matplotlib.pyplot  # noqa: F401  (imported now, its seconds are measured, not guessed at the end)
     if cfg.threads:
         torch.set_num_threads(usable_threads(cfg.threads))
-    if t.device.type == "cpu":  # each step's tensors on pages the step before mapped (aiayn.backends.memory)
+    if t.device.type == "cpu":  # each step's tensors on pages the step before mapped (aiayn.memory)
         keep_freed_memory()
     t.rank, t.world = init_distributed(t.device)
     main = t.rank == 0
