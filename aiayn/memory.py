@@ -1,12 +1,13 @@
-"""Freed memory kept in the process, so that a training step's tensors land on pages the step before mapped.
+"""Freed memory kept in the process, so that a step's tensors land on pages the step before mapped.
 
 A training step allocates and frees the same large tensors every step: activations, the vocabulary logits, their
 gradients (a few MiB to tens of MiB each at the recipe's shapes); so does a decoding step over a large batch (a
-4,096-token batch of short sentences: its logits, each layer's activations). glibc's `malloc` serves a block above its mmap
-threshold (128 KiB at first, raised to the size of the largest block freed so far) with new pages from the kernel,
-and hands the top of its heap back to the kernel when more than twice that threshold lies free there. Either way
-the next step writes into pages the kernel must map and zero again, one 4 KiB page fault at a time: thousands a
-step, a share of a small model's step worth keeping (measured: docs/notes.md, "Training" and "Decoding").
+4,096-token batch of short sentences: its logits, each layer's activations), smaller each time sentences leave.
+glibc's `malloc` serves a block above its mmap threshold (128 KiB at first, raised to the size of the largest block
+freed so far) with new pages from the kernel, and hands the top of its heap back to the kernel when more than twice
+that threshold lies free there. Either way the next step writes into pages the kernel must map and zero again, one
+4 KiB page fault at a time: thousands a step, a share of a small model's step worth keeping (measured:
+docs/notes.md, "Training" and "Decoding").
 
 `keep_freed_memory` sets both thresholds for the process: blocks up to glibc's largest mmap threshold come from the
 heap, and freed memory stays with the process up to `trim_threshold`. The process then holds about its peak use

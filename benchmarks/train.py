@@ -60,9 +60,9 @@ from torch import nn
 from aiayn.backends import select
 from aiayn.backends.cpu import onednn_product
 from aiayn.backends.devices import bf16_supported, resolve_device
-from aiayn.memory import keep_freed_memory
 from aiayn.config import ModelConfig, preset
 from aiayn.data.batching import token_batches
+from aiayn.memory import keep_freed_memory
 from aiayn.nn.embedding import sinusoidal_table
 from aiayn.nn.model import build_model
 from aiayn.tasks import SEQ2SEQ, get_task

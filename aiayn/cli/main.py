@@ -18,10 +18,10 @@ import threading
 import traceback
 
 from aiayn import __version__
-from aiayn.memory import keep_freed_memory
 from aiayn.cli.errors import BAD_INPUT, INTERRUPT_SIGNALS, INTERRUPTED, NON_FINITE, UserError, describe, one_line
 from aiayn.cli.options import check_numbers
 from aiayn.cli.streams import Stdout, silence_stdout
+from aiayn.memory import keep_freed_memory
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
 COMMAND_MODULES = ("core", "data", "train", "translate", "generate", "predict", "encoders", "export", "serve", "verify",

@@ -151,7 +151,7 @@ class Translator(ModelRunner):
                                    early_stopping=early_stopping, do_sample=do_sample, temperature=temperature,
                                    top_k=top_k, top_p=top_p, seed=seed)
         single = isinstance(texts, str)
-        settings = dataclasses.replace(settings, return_scores=False)  # the texts only: no scores to compute (`translations`)
+        settings = dataclasses.replace(settings, return_scores=False)  # texts only: no scores (`translations` has them)
         results = self.translations(text_list(texts), settings, max_tokens=max_tokens,
                                     max_sentences=max_sentences, truncate=truncate, progress=progress)
         return results[0].text if single else [r.text for r in results]

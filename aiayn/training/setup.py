@@ -16,10 +16,10 @@ import torch
 from torch import nn
 
 from aiayn.backends import select
-from aiayn.memory import keep_freed_memory
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import PreparedData, load_labels, prepare_data, read_examples, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers
+from aiayn.memory import keep_freed_memory
 from aiayn.nn.model import build_model
 from aiayn.nn.sizes import check_memory, describe, largest_part, training_bytes
 from aiayn.rundir import MODEL, RUN, TRAIN_CONFIG, check_path_given, inspect_dir, no_model_hint, open_run_dir

@@ -390,6 +390,7 @@ def test_scores_not_asked_for_leave_the_search_as_it_was_and_come_back_as_nan(mo
         assert unscored.tokens == scored.tokens and unscored.scores.isnan().all()
     # Beam search searches by its scores: it returns them whatever was asked
     beams = [generate(model, src, bos_id=BOS, eos_id=EOS,
-                      config=GenerationConfig(max_new_tokens=12, num_beams=3, return_scores=scoring)) for scoring in (True, False)]
+                      config=GenerationConfig(max_new_tokens=12, num_beams=3, return_scores=scoring))
+             for scoring in (True, False)]
     assert beams[0].tokens == beams[1].tokens
     torch.testing.assert_close(beams[0].scores, beams[1].scores)
