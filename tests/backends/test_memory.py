@@ -9,9 +9,9 @@ import pytest
 GLIBC = (os.confstr("CS_GNU_LIBC_VERSION") or "") if hasattr(os, "confstr") else ""
 
 # Four tensors alive at once, freed together, eight times over, each time smaller: a batch whose finished rows
-# leave, a training step's activations at the next batch's length. Prints the minor page faults of the rounds after
+# leave, a training step's activations at the next batch's length. Prints the minor page faults of the passes after
 # the first and the pages the first wrote.
-ROUNDS = """
+PASSES = """
 import resource, sys
 from aiayn.memory import keep_freed_memory
 if sys.argv[1] == "first":  # as the aiayn command sets it: before the process imports torch
@@ -35,8 +35,8 @@ print(sum(faults[1:]), 4 * (12 << 20) // 4096)
 def test_tensors_freed_and_allocated_again_fault_few_new_pages(when):
     # Where the kernel places the heap varies from process to process, and now and then a process's blocks fault
     # again: the fewest of three processes. By default glibc hands the freed top of its heap back, and the second
-    # round faults in about as many pages as the first wrote.
-    runs = [tuple(map(int, subprocess.run([sys.executable, "-c", ROUNDS, when], capture_output=True, text=True,
+    # pass faults in about as many pages as the first wrote.
+    runs = [tuple(map(int, subprocess.run([sys.executable, "-c", PASSES, when], capture_output=True, text=True,
                                           check=True).stdout.split())) for _ in range(3)]
     faults, pages = min(runs)
     assert faults < pages // 4, runs
