@@ -46,13 +46,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue each prompt; print one line per prompt."""
+    from aiayn.inference.generation import GenerationConfig
     from aiayn.inference.generator import Generator
 
     if args.sample and args.num_beams > 1:
         raise ValueError("--sample draws one continuation a prompt: leave --num-beams at 1")
     generator = Generator.from_pretrained(args.run, device=args.device, precision=args.precision)
     prompts = input_lines(args, "prompts")
-    completions = generator.generate(prompts, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+    completions = generator.generate(prompts, GenerationConfig(return_scores=False),  # texts only: no scores
+                                     max_new_tokens=args.max_new_tokens, do_sample=args.sample,
                                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                      num_beams=args.num_beams, repetition_penalty=args.repetition_penalty,
                                      no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed,
