@@ -1,7 +1,7 @@
 """Buffers that the searches of one call hand on to each other: `with reusing_buffers(): ...`.
 
-A search's largest allocation is its self-attention cache (`steps.StaticState`), rows x heads x the search's
-whole length. Memory that large comes from the operating system fresh for every search and goes back when the
+A search's largest allocation is its self-attention cache (`steps.StaticState`), rows x heads x the positions
+it has made room for. Memory that large comes from the operating system fresh for every search and goes back when the
 search ends, and each of its pages costs a fault on its first write (measured: docs/notes.md, "Decoding").
 Inside `reusing_buffers()` a search takes its cache from the buffers the searches before it gave back, so a
 file's batches write into memory already mapped.

@@ -8,11 +8,12 @@ small protocol, so any model that implements it is searched the same way:
     state.reorder(parents)                       # beam search: rows continue other rows' prefixes
 
 An encoder-decoder's states (`start`), two implementations:
-- `StaticState`, the fast one: every layer's self-attention keys and values in one buffer allocated for the
-  whole search (`steps` positions), the memory's keys and values projected and kept once per sentence (the beams
-  of a sentence attend to them together, as the queries of one product), and each step one flat function over
-  the layers' own parts (their projections as the backend prepared them, `attend`, the layer norms): about
-  fifteen tensor operations a layer, no per-step allocation of the cache, no branching on data. Cross-attention
+- `StaticState`, the fast one: every layer's self-attention keys and values in one buffer with room for 16
+  positions beyond those filled, doubled when full, up to the search's `steps`; the memory's keys and values
+  projected and kept once per sentence (the beams of a sentence attend to them together, as the queries of one
+  product); and each step one flat function over the layers' own parts (their projections as the backend
+  prepared them, `attend`, the layer norms): about fifteen tensor operations a layer, no per-step allocation of
+  the cache, no branching on data. Cross-attention
   is absorbed into the memory where the backend chose that (`backends.absorbed`).
 - `FixedState`, the flat step at one fixed shape, which a CUDA graph captures once per search and replays per
   token where the backend chose graphs (`Backend.cuda_graphs`): on a GPU a step is otherwise bound by
@@ -218,11 +219,11 @@ class StaticState:
 
     def _grow(self) -> None:
         """Move the cache's filled positions into a buffer with room for more (`_capacity`)."""
-        p, held = self.position, self.cache
-        cache = self.owned.empty((*held.shape[:4], self._capacity(p), held.shape[5]), dtype=held.dtype,
-                                 device=held.device)
-        cache[:, :, :, :, :p] = held[:, :, :, :, :p]
-        for old in (self.held, self.spare):
+        p, filled = self.position, self.cache
+        cache = self.owned.empty((*filled.shape[:4], self._capacity(p), filled.shape[5]), dtype=filled.dtype,
+                                 device=filled.device)
+        cache[:, :, :, :, :p] = filled[:, :, :, :, :p]
+        for old in (self.held, self.spare):  # the buffers the cache moved between, both too short now
             if old is not None:
                 self.owned.drop(old)
         self.cache = self.held = cache
@@ -300,12 +301,12 @@ class StaticState:
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
         """See `DecodingState.reorder`; only the filled positions of the cache are copied."""
         p, n = self.position, rows.numel()
-        # Into the first n rows of a buffer kept for the whole search: a buffer allocated anew at each retirement
+        # Into the first n rows of a buffer kept until the cache grows: a buffer allocated anew at each retirement
         # costs its pages' first writes (page faults, about 10x the copy: docs/notes.md, "Decoding").
-        held = self.held
         if self.spare is None or self.spare.shape[2] < n:  # more rows than the search began with: a new buffer
             if self.spare is not None:
                 self.owned.drop(self.spare)
+            held = self.held
             self.spare = self.owned.empty((*held.shape[:2], max(n, held.shape[2]), *held.shape[3:]), dtype=held.dtype,
                                           device=held.device)
         target = self.spare[:, :, :n]
