@@ -12,8 +12,12 @@ similar length, a small model and vocabulary (what a run of minutes trains). In 
 - translates the file's sources with each engine in turn, in a rotating order, `--repeats` times: both batch by
   padded source tokens (`--max-tokens`, aiayn's default; CTranslate2's `max_batch_size` with `batch_type`
   tokens), beam search with length penalty 0.6, outputs up to the longest source + 50 tokens (at most the
-  model's positions);
-- prints each engine's seconds for the file (best repeat), sentences a second, the ratio of aiayn's speed to
+  model's positions). CTranslate2 runs twice: on the whole file in one call, batched its own way, its outputs
+  up to the file's longest source + 50 tokens; and on aiayn's own batches, one call each, outputs up to each
+  batch's longest source + 50, as aiayn bounds each sentence by its own source + 50. The second is the same work
+  on both sides: with the file's limit for every sentence, CTranslate2 decodes the sentences that never end
+  further (a third more output tokens on a small model's test file, docs/notes.md, "Decoding");
+- prints each engine's seconds for the file (best repeat), sentences a second, the ratios of aiayn's speed to
   CTranslate2's at the same precision (median of per-repeat ratios), and each output's BLEU and chrF against
   the file's references (sacrebleu), since the two searches may stop differently.
 
@@ -66,11 +70,13 @@ def aiayn_engine(translator, max_tokens: int):
     return translate
 
 
-def ctranslate2_engine(translator, directory: Path, precision: str, threads: int, max_tokens: int):
-    """A function that translates a list of texts with the run's CTranslate2 export (the export's pieces in,
-    the target tokenizer's text out)."""
+def ctranslate2_engines(translator, directory: Path, precision: str, threads: int, max_tokens: int):
+    """Two functions that translate a list of texts with the run's CTranslate2 export (the export's pieces in, the
+    target tokenizer's text out): the whole list in one call, batched CTranslate2's way, and aiayn's batches one
+    call each."""
     import ctranslate2
 
+    from aiayn.data.batching import token_batches
     from aiayn.interop.ctranslate2 import source_tokens, to_ctranslate2
 
     to_ctranslate2(translator.model, translator.source_tokenizer, directory,
@@ -79,14 +85,29 @@ def ctranslate2_engine(translator, directory: Path, precision: str, threads: int
                                     else "float32", intra_threads=threads, inter_threads=1)
     target, limit = translator.target_tokenizer, translator.model.config.max_len  # aiayn's limits: the same
 
-    def translate(texts: list[str], beam: int) -> list[str]:
+    def longest(pieces: list[list[str]]) -> int:
+        return min(max(map(len, pieces)) + 50, limit)
+
+    def translate(texts: list[str], beam: int, batches: list[list[int]] | None = None) -> list[str]:
         pieces = [source_tokens(translator.source_tokenizer, text) for text in texts]
-        longest = min(max(map(len, pieces)) + 50, limit)
-        results = engine.translate_batch(pieces, beam_size=beam, length_penalty=0.6, max_batch_size=max_tokens,
-                                         batch_type="tokens", max_decoding_length=longest)
+        if batches is None:
+            results = engine.translate_batch(pieces, beam_size=beam, length_penalty=0.6, max_batch_size=max_tokens,
+                                             batch_type="tokens", max_decoding_length=longest(pieces))
+        else:
+            results = [None] * len(texts)
+            for batch in batches:
+                group = [pieces[i] for i in batch]
+                found = engine.translate_batch(group, beam_size=beam, length_penalty=0.6,
+                                               max_decoding_length=longest(group))
+                for i, result in zip(batch, found):
+                    results[i] = result
         return target.decode_batch([[target.hf.token_to_id(p) for p in r.hypotheses[0]] for r in results])
 
-    return translate
+    def on_aiayns_batches(texts: list[str], beam: int) -> list[str]:
+        lengths = [len(ids) for ids in translator.encode(texts)]  # as `Translator.translations` batches them
+        return translate(texts, beam, [list(b) for b in token_batches(lengths, max_tokens, shuffle=False)])
+
+    return translate, on_aiayns_batches
 
 
 def scores(outputs: list[str], references: list[str] | None) -> str:
@@ -120,8 +141,9 @@ def main(argv: list[str] | None = None) -> int:
             translator = Translator.from_pretrained(args.run, device="cpu", precision=precision)
             engines[f"aiayn {precision}"] = aiayn_engine(translator, args.max_tokens)
             if ctranslate2 is not None:
-                engines[f"CTranslate2 {precision}"] = ctranslate2_engine(translator, Path(tmp) / precision, precision,
-                                                                         threads, args.max_tokens)
+                own, same = ctranslate2_engines(translator, Path(tmp) / precision, precision, threads, args.max_tokens)
+                engines[f"CTranslate2 {precision}"] = own
+                engines[f"CTranslate2 {precision}, aiayn's batches"] = same
         cfg = translator.model.config
         words = sum(len(s.split()) for s in sources)
         print(f"{args.run}: d_model {cfg.d_model}, {cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, vocabulary "
@@ -138,15 +160,18 @@ def main(argv: list[str] | None = None) -> int:
             times = interleaved(fns, args.repeats)
             for name in engines:
                 best = min(times[name])
-                print(f"{search:<7} {name:<17} {best:8.2f} s  {len(sources) / best:8.1f} sentences/s  "
+                print(f"{search:<7} {name:<33} {best:8.2f} s  {len(sources) / best:8.1f} sentences/s  "
                       f"{scores(outputs[name], references)}", flush=True)
                 figure(name, len(sources) / best, "sentences/s", search=search)
             for precision in precisions:
-                ours, theirs = f"aiayn {precision}", f"CTranslate2 {precision}"
-                if theirs in times:
-                    ratio = statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
-                    print(f"{search:<7} aiayn / CTranslate2, {precision}: {ratio:.2f}x", flush=True)
-                    figure(f"aiayn / CTranslate2, {precision}", ratio, "x", search=search)
+                ours = f"aiayn {precision}"
+                for theirs, what in ((f"CTranslate2 {precision}", f"aiayn / CTranslate2, {precision}"),
+                                     (f"CTranslate2 {precision}, aiayn's batches",
+                                      f"aiayn / CTranslate2 on aiayn's batches, {precision}")):
+                    if theirs in times:
+                        ratio = statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
+                        print(f"{search:<7} {what}: {ratio:.2f}x", flush=True)
+                        figure(what, ratio, "x", search=search)
     return 0
 
 
