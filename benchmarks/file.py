@@ -83,18 +83,18 @@ def ctranslate2_engines(translator, directory: Path, precision: str, threads: in
                    target_tokenizer=translator.target_tokenizer, quantization="int8" if precision == "int8" else None)
     engine = ctranslate2.Translator(str(directory), device="cpu", compute_type="int8" if precision == "int8"
                                     else "float32", intra_threads=threads, inter_threads=1)
-    target, limit = translator.target_tokenizer, translator.model.config.max_len  # aiayn's limits: the same
+    source, target = translator.source_tokenizer, translator.target_tokenizer
+    limit = translator.model.config.max_len  # aiayn's limits: the same
 
     def longest(pieces: list[list[str]]) -> int:
         return min(max(map(len, pieces)) + 50, limit)
 
-    def translate(texts: list[str], beam: int, batches: list[list[int]] | None = None) -> list[str]:
-        pieces = [source_tokens(translator.source_tokenizer, text) for text in texts]
+    def translate(pieces: list[list[str]], beam: int, batches: list[list[int]] | None = None) -> list[str]:
         if batches is None:
             results = engine.translate_batch(pieces, beam_size=beam, length_penalty=0.6, max_batch_size=max_tokens,
                                              batch_type="tokens", max_decoding_length=longest(pieces))
         else:
-            results = [None] * len(texts)
+            results = [None] * len(pieces)
             for batch in batches:
                 group = [pieces[i] for i in batch]
                 found = engine.translate_batch(group, beam_size=beam, length_penalty=0.6,
@@ -103,11 +103,17 @@ def ctranslate2_engines(translator, directory: Path, precision: str, threads: in
                     results[i] = result
         return target.decode_batch([[target.hf.token_to_id(p) for p in r.hypotheses[0]] for r in results])
 
-    def on_aiayns_batches(texts: list[str], beam: int) -> list[str]:
-        lengths = [len(ids) for ids in translator.encode(texts)]  # as `Translator.translations` batches them
-        return translate(texts, beam, [list(b) for b in token_batches(lengths, max_tokens, shuffle=False)])
+    def whole(texts: list[str], beam: int) -> list[str]:
+        return translate([source_tokens(source, text) for text in texts], beam)
 
-    return translate, on_aiayns_batches
+    def on_aiayns_batches(texts: list[str], beam: int) -> list[str]:
+        ids = translator.encode(texts)  # aiayn's source ids, batched as `Translator.translations` batches them
+        pieces = [[source.id_to_token(i) for i in row] or source_tokens(source, text)  # an empty text: `</s>`
+                  for row, text in zip(ids, texts)]
+        return translate(pieces, beam, [list(b) for b in token_batches([len(row) for row in ids], max_tokens,
+                                                                       shuffle=False)])
+
+    return whole, on_aiayns_batches
 
 
 def scores(outputs: list[str], references: list[str] | None) -> str:
