@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from aiayn.cli.options import add_device_argument, add_precision_argument, input_lines, integer, number
@@ -46,14 +47,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue each prompt; print one line per prompt."""
-    from aiayn.inference.generation import GenerationConfig
-    from aiayn.inference.generator import Generator
+    from aiayn.inference.generator import DEFAULT_SEARCH, Generator
 
     if args.sample and args.num_beams > 1:
         raise ValueError("--sample draws one continuation a prompt: leave --num-beams at 1")
     generator = Generator.from_pretrained(args.run, device=args.device, precision=args.precision)
     prompts = input_lines(args, "prompts")
-    completions = generator.generate(prompts, GenerationConfig(return_scores=False),  # texts only: no scores
+    texts_only = dataclasses.replace(DEFAULT_SEARCH, return_scores=False)  # the completions' texts: no scores
+    completions = generator.generate(prompts, texts_only,
                                      max_new_tokens=args.max_new_tokens, do_sample=args.sample,
                                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                      num_beams=args.num_beams, repetition_penalty=args.repetition_penalty,

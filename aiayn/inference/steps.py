@@ -13,8 +13,8 @@ An encoder-decoder's states (`start`), two implementations:
   projected and kept once per sentence (the beams of a sentence attend to them together, as the queries of one
   product); and each step one flat function over the layers' own parts (their projections as the backend
   prepared them, `attend`, the layer norms): about fifteen tensor operations a layer, no per-step allocation of
-  the cache, no branching on data. Cross-attention
-  is absorbed into the memory where the backend chose that (`backends.absorbed`).
+  the cache, no branching on data. Cross-attention is absorbed into the memory where the backend chose that
+  (`backends.absorbed`).
 - `FixedState`, the flat step at one fixed shape, which a CUDA graph captures once per search and replays per
   token where the backend chose graphs (`Backend.cuda_graphs`): on a GPU a step is otherwise bound by
   launching its hundred-odd kernels, not by running them.
