@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="TSV of source<TAB>reference (or one source per line)")
     p.add_argument("--threads", type=int, default=None, help="torch and CTranslate2 threads (default: torch's)")
     p.add_argument("--searches", default="greedy,beam-4", help="greedy, beam-4 or both (default)")
-    p.add_argument("--precisions", default="fp32", help="comma-separated: fp32, int8 (default fp32)")
+    p.add_argument("--precisions", default="fp32",
+                   help="comma-separated: fp32, int8, bf16 (default fp32; bf16 beside CTranslate2 fp32, which has no "
+                        "bf16 on CPU)")
     p.add_argument("--repeats", type=int, default=2, help="timed translations of the file per engine (2)")
     p.add_argument("--limit", type=int, default=0, help="the first N sentences only (0: all)")
     p.add_argument("--max-tokens", type=int, default=4096, help="padded source tokens per batch (4096)")
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         for precision in precisions:
             translator = Translator.from_pretrained(args.run, device="cpu", precision=precision)
             engines[f"aiayn {precision}"] = aiayn_engine(translator, args.max_tokens)
-            if ctranslate2 is not None:
+            if ctranslate2 is not None and precision != "bf16":  # CTranslate2 has no bf16 on CPU: fp32 is its peer
                 own, same = ctranslate2_engines(translator, Path(tmp) / precision, precision, threads, args.max_tokens)
                 engines[f"CTranslate2 {precision}"] = own
                 engines[f"CTranslate2 {precision}, aiayn's batches"] = same
@@ -170,10 +172,13 @@ def main(argv: list[str] | None = None) -> int:
                       f"{scores(outputs[name], references)}", flush=True)
                 figure(name, len(sources) / best, "sentences/s", search=search)
             for precision in precisions:
-                ours = f"aiayn {precision}"
-                for theirs, what in ((f"CTranslate2 {precision}", f"aiayn / CTranslate2, {precision}"),
-                                     (f"CTranslate2 {precision}, aiayn's batches",
-                                      f"aiayn / CTranslate2 on aiayn's batches, {precision}")):
+                ours, peer = f"aiayn {precision}", "fp32" if precision == "bf16" else precision
+                for theirs, what in ((f"CTranslate2 {peer}", f"aiayn {precision} / CTranslate2 {peer}"),
+                                     (f"CTranslate2 {peer}, aiayn's batches",
+                                      f"aiayn {precision} / CTranslate2 {peer} on aiayn's batches"),
+                                     ("aiayn fp32", f"aiayn {precision} / aiayn fp32")):
+                    if theirs == ours:
+                        continue
                     if theirs in times:
                         ratio = statistics.median(t / o for o, t in zip(times[ours], times[theirs]))
                         print(f"{search:<7} {what}: {ratio:.2f}x", flush=True)

@@ -8,9 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
-from aiayn.backends import available_devices, calibrate, cpu, inference_shape, resolve_device, select, timing
+from aiayn.backends import (
+    available_devices,
+    bf16_supported,
+    calibrate,
+    cpu,
+    inference_shape,
+    resolve_device,
+    select,
+    timing,
+)
 from aiayn.backends.cpu import OneDnnLinear, PackedFeedForward, PackedLinear, onednn_linear, onednn_usable
-from aiayn.backends.fused import FusedQKVAttention
+from aiayn.backends.fused import FusedQKVAttention, stacked_away
 from aiayn.backends.shapes import row_class, shape_kind
 from aiayn.config import ModelConfig, preset
 from aiayn.inference import GenerationConfig, generate
@@ -263,6 +272,28 @@ def test_lower_precisions_stay_close(precision):
         expected, actual = model(ids), prepared(ids).float()
     cosine = F.cosine_similarity(actual.flatten(1), expected.flatten(1))
     assert cosine.min() > 0.98 and not torch.equal(actual, expected)
+
+
+@pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
+                    reason="this CPU computes no bf16 natively")
+def test_bf16_inference_on_a_cpu_with_native_bf16_runs_every_product_on_prepacked_bf16_weights():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(**TINY)).eval()
+    prepared = select("cpu", "inference", "bf16").prepare(model)
+    layers = [m for m in prepared.modules() if isinstance(m, PackedLinear)]
+    unused = stacked_away(prepared)  # the projections fused Q/K/V replaced, kept but never called
+    assert layers and not any(type(m) is torch.nn.Linear and id(m) not in unused for m in prepared.modules())
+    for layer in layers:  # at one row too, where float32 may take MKL: half the bytes to stream
+        assert set(layer.kernels.values()) == {"packed"} and layer.weight is None and layer.columns is None
+        assert layer.packed.dtype == torch.bfloat16
+    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 5))
+    with torch.no_grad():
+        expected, actual = model(src, tgt), prepared(src, tgt).float()
+    assert F.cosine_similarity(actual.flatten(1), expected.flatten(1)).min() > 0.99
+    config = GenerationConfig(max_new_tokens=6, min_len=6)
+    with torch.no_grad():
+        output = generate(prepared, src, bos_id=1, eos_id=2, config=config)
+    assert len(output.tokens) == 2 and all(len(row) >= 6 for row in output.tokens)
 
 
 @needs_onednn

@@ -237,7 +237,7 @@ def test_bench_file_translates_a_test_file_with_the_run_and_its_ctranslate2_expo
         assert "CTranslate2 not installed" in out
         return
     assert re.search(r"greedy +CTranslate2 fp32 +[\d.]+ s .*BLEU", out)
-    assert re.search(r"beam-4 +aiayn / CTranslate2, fp32: [\d.]+x", out)
+    assert re.search(r"beam-4 +aiayn fp32 / CTranslate2 fp32: [\d.]+x", out)
     # the same engine on aiayn's own batches, one call a batch
     assert re.search(r"greedy +CTranslate2 fp32, aiayn's batches +[\d.]+ s .*BLEU", out)
-    assert re.search(r"beam-4 +aiayn / CTranslate2 on aiayn's batches, fp32: [\d.]+x", out)
+    assert re.search(r"beam-4 +aiayn fp32 / CTranslate2 fp32 on aiayn's batches: [\d.]+x", out)
