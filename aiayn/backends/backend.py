@@ -34,7 +34,7 @@ from aiayn.backends import calibrate, cpu, int8
 from aiayn.backends.absorbed import absorb_cross_attention
 from aiayn.backends.devices import bf16_supported, resolve_device
 from aiayn.backends.fused import StackedLinear, fuse_qkv, stacked_away, use_torch_encoder_layers
-from aiayn.backends.shapes import ROW_CLASSES, SHAPE_KINDS
+from aiayn.backends.shapes import SHAPE_KINDS
 
 logger = logging.getLogger(__name__)
 
@@ -322,9 +322,11 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         return backend
     if device.type == "cpu" and precision == "bf16" and mode == "inference" and bf16_supported(device) \
             and cpu.onednn_usable():
-        # Every product on oneDNN over its weight prepacked in bf16, at every number of rows: at one row it streams
-        # half float32's bytes; PyTorch's own bf16 product repacks the weight on every call (docs/notes.md).
-        return replace(with_kernels(backend, BF16_KERNELS, fused_qkv=True), absorbed_cross=True, compile=compile)
+        # bf16 weights, half float32's bytes to stream, each product on the kernel measured fastest for its rows and
+        # shape: oneDNN over the weight prepacked in bf16, or PyTorch's own product (a bf16 F.linear would take
+        # oneDNN over the unpacked weight, repacking it on every call: docs/notes.md, "Decoding").
+        kernels = cpu.kernel_triples(calibrate.bf16_kernels(*(inference_shape or BASE_INFERENCE_SHAPE)))
+        return replace(with_kernels(backend, kernels, fused_qkv=True), absorbed_cross=True, compile=compile)
     if device.type != "cpu" or precision == "bf16":
         graphs = device.type == "cuda" and mode == "inference" and not compile
         return replace(backend, fused_qkv=True, compile=compile, cuda_graphs=graphs)
@@ -352,8 +354,9 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
                                 torch_layers=torch_layers), absorbed_cross=True, compile=compile)
 
 
-# bf16 inference on a CPU that computes it natively: oneDNN over prepacked weights for every row class and shape kind.
-BF16_KERNELS = tuple((rows, kind, "packed") for rows, _ in ROW_CLASSES for kind, _ in SHAPE_KINDS)
+# The shape `select` measures bf16 products at where it is given none: a base model's widths and vocabulary
+# (`shapes.SHAPE_KINDS`), its weights as many bytes as one- and few-row products are timed over.
+BASE_INFERENCE_SHAPE = (*dict(SHAPE_KINDS)["wide"], dict(SHAPE_KINDS)["vocabulary"][1], calibrate.COLD_BYTES)
 
 
 def _measured() -> calibrate.Choices:

@@ -14,9 +14,12 @@ kernel unless another is at least `timing.MARGIN` faster (median of per-repeat r
     "dense"     F.linear over W as stored (out, in): PyTorch's default, the plain path
     "columns"   torch.mm over a copy of W transposed, (in, out) contiguous (MKL's matrix-vector product)
     "packed"    oneDNN over W reordered once into its blocked layout (`torch.ops.mkldnn`)
+    "aten"      F.linear over W as stored with oneDNN off: PyTorch's own kernels (bf16 inference only, where a
+                bf16 F.linear would otherwise go to oneDNN over the unpacked weight)
 
 Inference products are chosen per number of rows (`shapes.ROW_CLASSES`: one, a few, many) and per shape
-kind (`shapes.shape_kind`: wide, square, narrow, vocabulary); training
+kind (`shapes.shape_kind`: wide, square, narrow, vocabulary), in float32 and, on a CPU with native bf16, in bf16
+(`bf16_kernels`); training
 products (forward and backward) are oneDNN or F.linear; fused Q/K/V (one stacked product instead of
 three) is kept only where measured faster, in each mode.
 
@@ -116,6 +119,9 @@ class Choices:
             `torch_layers_inference` at a base model's.
         int8_weights_widths: by "d_model x d_ff x vocabulary", `int8_weights` for a model of those widths
             (`int8_weight_choices` with its shape).
+        bf16_widths: by "d_model x d_ff x vocabulary", the bf16 inference kernel ("packed" or "aten") by row class
+            and shape kind for a model of those widths (`bf16_kernels`); measured the first time a bf16 copy of a
+            model of that shape is prepared.
         int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, whether int8 products
             (`int8.Int8Linear`) ran at least as fast as the float32 kernel chosen there (`int8_kernels`); measured
             the first time an int8 copy of a model of that shape is prepared.
@@ -138,6 +144,7 @@ class Choices:
     int8_widths: dict[str, dict[str, dict[str, bool]]] | None = None
     inference_layers: dict[str, list[bool]] | None = None
     int8_weights_widths: dict[str, dict[str, dict[str, bool]]] | None = None
+    bf16_widths: dict[str, dict[str, dict[str, str]]] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -182,6 +189,14 @@ class Choices:
                                       + ", ".join(f"{kind} {kernel}" for kind, kernel in by_kind.items())
                                       for name, by_kind in found.items())
                           for key, found in (self.inference_widths or {}).items())
+                + "".join(f"; bf16 at {key}: "
+                          + "; ".join(f"{name} row{'s' if name != 'one' else ''}: "
+                                      + ", ".join(f"{kind} {kernel}"
+                                                  + (f" ({margin(f'bf16 {name} {kind} {key}', kernel, 'packed')})"
+                                                     if kernel != "packed" else "")
+                                                  for kind, kernel in by_kind.items())
+                                      for name, by_kind in found.items())
+                          for key, found in (self.bf16_widths or {}).items())
                 + "".join(f"; at {key}: fused QKV {yes(fused)} "
                           f"(one row {ratio(f'qkv one {key}', 'fused', 'separate')}, "
                           f"many {ratio(f'qkv {key}', 'fused', 'separate')}), PyTorch's fused encoder layer "
@@ -285,7 +300,7 @@ def _cached(description: dict[str, str]) -> Choices | None:
 def _well_formed(found: Choices) -> bool:
     """Whether cached choices have the types this code writes (a file of the right keys edited by hand may not)."""
     tables = (found.inference, found.int8_weights, found.training, found.inference_widths, found.int8_widths,
-              found.inference_layers, found.int8_weights_widths)
+              found.inference_layers, found.int8_weights_widths, found.bf16_widths)
     pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
     return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
             and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))
@@ -482,7 +497,7 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
 
 
 def _on_kernel(weight: torch.Tensor, bias: torch.Tensor | None, kernel: str) -> cpu.PackedLinear:
-    """A float32 layer over `weight` running `kernel` (`cpu.KERNELS`) at every row class, to be timed."""
+    """A layer over `weight` (float32 or bf16) running `kernel` (`cpu.KERNELS`) at every row class, to be timed."""
     return cpu.PackedLinear(weight, bias, kernels=dict.fromkeys((name for name, _ in ROW_CLASSES), kernel))
 
 
@@ -599,6 +614,45 @@ def inference_layers(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> 
 
     fused, torch_layers = _at_widths("inference_layers", (d_model, d_ff, vocab), weight_bytes, 5, measure_layers)
     return fused, torch_layers
+
+
+# The row classes whose bf16 products are timed both ways; many rows stay on oneDNN, where a product is bound by its
+# arithmetic, which PyTorch's own bf16 kernels do not run on the CPU's bf16 instructions.
+BF16_TIMED_ROWS = ("one", "few")
+
+
+def _bf16_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], cold_bytes: int,
+                  seconds: dict[str, float], ratios: dict[str, list[float]], gen: torch.Generator,
+                  what: str) -> dict[str, dict[str, str]]:
+    """The bf16 kernel of each row class and shape kind: oneDNN over the weight prepacked in bf16 ("packed"), or
+    PyTorch's own product ("aten") where that is faster in three repeats of four (`timing.pick`). Timed as
+    `_inference_kernels` times float32's: over enough copies of each weight to hold `cold_bytes`."""
+    kernels: dict[str, dict[str, str]] = {name: {} for name, _ in ROW_CLASSES}
+    for name, rows in ROW_CLASSES:
+        for kind, (w, b) in weights.items():
+            if name not in BF16_TIMED_ROWS:
+                kernels[name][kind] = "packed"
+                continue
+            w, b = w.bfloat16(), b.bfloat16()
+            shaped = [w if c == 0 else w.clone() for c in range(_cold_copies(w, cold_bytes))]
+            x = torch.randn(rows, w.shape[1], generator=gen).bfloat16()
+            layers = {kernel: [_on_kernel(v, b, kernel) for v in shaped] for kernel in ("packed", "aten")}
+            timed = timing.timed({k: (lambda fs=fs, x=x: [f(x) for f in fs]) for k, fs in layers.items()})
+            timing.record(seconds, f"bf16 {name} {kind}{what}", timed, plain="packed", ratios=ratios)
+            # Neither is PyTorch's default for a bf16 product (oneDNN over the unpacked weight, slower than both), so
+            # no margin is kept for one of them: the faster in three repeats of four is taken.
+            kernels[name][kind] = timing.pick(timed, "packed", margin=0.0)
+            del layers, shaped
+    return kernels
+
+
+def bf16_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[str, dict[str, str]]:
+    """The bf16 inference kernel by row class and shape kind (as `Choices.inference` for float32) for a model of
+    these widths whose weights hold `weight_bytes`, on a CPU with native bf16: measured the first time a bf16 copy of
+    a model of those widths is prepared (about a second), then kept in the cache (`Choices.bf16_widths`). At one row
+    PyTorch's own bf16 matrix-vector product streams a weight from memory faster than oneDNN's on some CPUs, and not
+    on others (docs/notes.md, "Decoding")."""
+    return _at_widths("bf16_widths", (d_model, d_ff, vocab), weight_bytes, 7, _bf16_kernels)
 
 
 def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],

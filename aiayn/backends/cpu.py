@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable
 
 import torch
@@ -29,7 +30,7 @@ from aiayn.nn.feedforward import PositionwiseFeedForward
 logger = logging.getLogger(__name__)
 
 
-KERNELS = ("packed", "columns", "dense")  # see aiayn.backends.calibrate
+KERNELS = ("packed", "columns", "dense", "aten")  # see aiayn.backends.calibrate
 # What a PackedLinear runs where no measurement says otherwise: oneDNN, but MKL for one row.
 DEFAULT_KERNELS = {"one": "columns", "few": "packed", "many": "packed"}
 
@@ -128,8 +129,10 @@ class PackedLinear(nn.Module):
 
     `kernels` maps each row class of `shapes.ROW_CLASSES` ("one", "few", "many") to a kernel:
     "packed" (oneDNN over the weight reordered once into its blocked layout), "columns" (MKL over
-    the weight transposed, (in, out) contiguous, made on first use) or "dense" (F.linear over the
-    weight as given, shared with the model). Only the forms some row class uses are held. The packed
+    the weight transposed, (in, out) contiguous, made on first use), "dense" (F.linear over the
+    weight as given, shared with the model) or "aten" (the same with oneDNN off: PyTorch's own kernels, whose bf16
+    matrix-vector product streams a weight faster than oneDNN's, where a bf16 F.linear would take oneDNN's). Only
+    the forms some row class uses are held. The packed
     and transposed forms are copies taken when the layer is built: they have no gradient and do not
     follow later changes of the original weight (prepare the model again after training it further).
     """
@@ -145,7 +148,7 @@ class PackedLinear(nn.Module):
         used = set(self.kernels.values())
         with torch.no_grad():
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if "packed" in used else None
-        self.weight = weight.detach() if "dense" in used else None  # (out, in), shared with the model
+        self.weight = weight.detach() if used & {"dense", "aten"} else None  # (out, in), shared with the model
         self.bias = None if bias is None else bias.detach().clone()
         self.columns: torch.Tensor | None = None  # (in, out): the weight transposed, made on first use
         if "columns" in used and self.packed is None and self.weight is None:
@@ -178,7 +181,10 @@ class PackedLinear(nn.Module):
         if kernel == "packed":
             name, algorithm, _ = POST_OPS[self.activation] if self.activation else ("none", "", None)
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, name, [], algorithm)
-        out = self._by_columns(x) if kernel == "columns" else F.linear(x, self.weight, self.bias)
+        if kernel == "aten":
+            out = _without_onednn(x, self.weight, self.bias)
+        else:
+            out = self._by_columns(x) if kernel == "columns" else F.linear(x, self.weight, self.bias)
         return POST_OPS[self.activation][2](out) if self.activation is not None else out
 
     def _by_columns(self, x: torch.Tensor) -> torch.Tensor:
@@ -189,6 +195,39 @@ class PackedLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)  # (N, in)
         out = torch.mm(rows, self.columns) if self.bias is None else torch.addmm(self.bias, rows, self.columns)
         return out.view(*x.shape[:-1], self.out_features)  # (..., out)
+
+
+class _OneDnnOff:
+    """PyTorch's oneDNN switch (`torch.backends.mkldnn.enabled`) off while any thread is inside, then as it was.
+
+    The switch is process-wide: a plain product another thread runs meanwhile takes PyTorch's own kernel too (the
+    same result up to rounding; aiayn's prepared layers call oneDNN directly, whatever the switch says). Counted, so
+    that threads entering and leaving in any order leave it as they found it."""
+
+    def __init__(self):
+        self.lock, self.inside, self.was = threading.Lock(), 0, True
+
+    def __enter__(self) -> None:
+        with self.lock:
+            if self.inside == 0:
+                self.was = torch.backends.mkldnn.enabled
+                torch.backends.mkldnn.enabled = False
+            self.inside += 1
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.inside -= 1
+            if self.inside == 0:
+                torch.backends.mkldnn.enabled = self.was
+
+
+_onednn_off = _OneDnnOff()
+
+
+def _without_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear` on PyTorch's own kernels, oneDNN off for the call (`_OneDnnOff`)."""
+    with _onednn_off:
+        return F.linear(x, weight, bias)
 
 
 class PackedFeedForward(nn.Module):

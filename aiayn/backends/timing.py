@@ -129,15 +129,15 @@ def speedups(times: dict[str, list[float]], name: str, plain: str) -> list[float
     return [statistics.median(ratios), lower]
 
 
-def pick(times: dict[str, list[float]], plain: str) -> str:
-    """The candidate with the highest median speed-up over `plain` among those faster by more than `MARGIN` in at
+def pick(times: dict[str, list[float]], plain: str, margin: float = MARGIN) -> str:
+    """The candidate with the highest median speed-up over `plain` among those faster by more than `margin` in at
     least three repeats out of four (their lower quartile); else `plain`.
 
     Ratios taken within a repeat cancel the load that drifts between repeats; requiring the lower quartile to win,
     not the median, keeps a choice only where it wins by more than its own spread, so that a busy moment on a
     shared machine cannot make a slower kernel look faster.
     """
-    winners = [name for name in times if name != plain and speedups(times, name, plain)[1] > 1 / (1 - MARGIN)]
+    winners = [name for name in times if name != plain and speedups(times, name, plain)[1] > 1 / (1 - margin)]
     return max(winners, key=lambda name: speedups(times, name, plain)[0]) if winners else plain
 
 

@@ -283,9 +283,11 @@ def test_bf16_inference_on_a_cpu_with_native_bf16_runs_every_product_on_prepacke
     layers = [m for m in prepared.modules() if isinstance(m, PackedLinear)]
     unused = stacked_away(prepared)  # the projections fused Q/K/V replaced, kept but never called
     assert layers and not any(type(m) is torch.nn.Linear and id(m) not in unused for m in prepared.modules())
-    for layer in layers:  # at one row too, where float32 may take MKL: half the bytes to stream
-        assert set(layer.kernels.values()) == {"packed"} and layer.weight is None and layer.columns is None
-        assert layer.packed.dtype == torch.bfloat16
+    for layer in layers:  # bf16 weights at every row class: half float32's bytes to stream
+        assert set(layer.kernels.values()) <= {"packed", "aten"} and layer.kernels["many"] == "packed"
+        assert layer.packed.dtype == torch.bfloat16 and layer.columns is None
+        assert (layer.weight is not None) == ("aten" in layer.kernels.values())
+        assert layer.weight is None or layer.weight.dtype == torch.bfloat16
     src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 5))
     with torch.no_grad():
         expected, actual = model(src, tgt), prepared(src, tgt).float()
@@ -318,7 +320,7 @@ def test_generate_runs_the_model_as_given_the_plain_path_when_asked(measured):
 
 
 @needs_onednn
-@pytest.mark.parametrize("kernel", ["packed", "columns", "dense"])
+@pytest.mark.parametrize("kernel", ["packed", "columns", "dense", "aten"])
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
 def test_every_measured_kernel_computes_f_linear(kernel, activation):
     weight, bias = torch.randn(48, 32), torch.randn(48)
@@ -329,6 +331,30 @@ def test_every_measured_kernel_computes_f_linear(kernel, activation):
             x = torch.randn(*shape)
             torch.testing.assert_close(layer(x), act(F.linear(x, weight, bias)), atol=1e-5, rtol=0)
     assert (layer.packed is None) == (kernel != "packed")
+    assert torch.backends.mkldnn.enabled  # "aten" turns oneDNN off for its call only
+
+
+def test_threads_leaving_the_aten_kernel_in_any_order_leave_onednn_as_they_found_it():
+    from aiayn.backends.cpu import _onednn_off
+
+    _onednn_off.__enter__()  # one thread enters
+    _onednn_off.__enter__()  # a second enters while the first is inside
+    _onednn_off.__exit__(None, None, None)  # the first leaves
+    assert not torch.backends.mkldnn.enabled  # the second is still inside
+    _onednn_off.__exit__(None, None, None)
+    assert torch.backends.mkldnn.enabled
+
+
+def test_the_aten_kernel_turns_onednn_off_for_its_call_only_even_a_failed_one(monkeypatch):
+    layer = PackedLinear(torch.randn(6, 4).bfloat16(), None, kernels=dict.fromkeys(("one", "few", "many"), "aten"))
+    seen, linear = [], F.linear
+    monkeypatch.setattr(F, "linear", lambda *args: seen.append(torch.backends.mkldnn.enabled) or linear(*args))
+    with torch.no_grad():
+        layer(torch.randn(1, 4).bfloat16())
+        assert seen == [False] and torch.backends.mkldnn.enabled
+        with pytest.raises(RuntimeError):
+            layer(torch.randn(1, 5).bfloat16())  # the wrong width
+    assert torch.backends.mkldnn.enabled
 
 
 def test_a_layer_holds_only_the_weight_forms_its_kernels_use():
@@ -550,6 +576,29 @@ def test_inference_products_are_chosen_at_the_widths_of_the_model_run(tmp_path, 
     assert full.inference_layers == {"32x64x200": [fused, torch_layers]} and "qkv one 32x64x200: fused" in full.seconds
     assert calibrate.inference_kernels(512, 2048, 37000, 1 << 28) == full.inference
     assert calibrate.inference_layers(512, 2048, 37000, 1 << 28) == (True, False)
+
+
+@pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
+                    reason="this CPU computes no bf16 natively")
+def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
+    model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                                    n_decoder_layers=1, dropout=0.0, max_len=32))
+    shape = inference_shape(model)
+    backend = select("cpu", "inference", "bf16", inference_shape=shape)
+    so_far = calibrate._measured_so_far()
+    found = so_far.bf16_widths["32x64x200"]
+    assert backend.kernels == cpu.kernel_triples(found) and backend.prepack
+    assert all(kernel in ("packed", "aten") for by_kind in found.values() for kernel in by_kind.values())
+    assert set(found["many"].values()) == {"packed"}  # not timed: oneDNN's bf16 arithmetic
+    assert {"bf16 one square 32x64x200: aten", "bf16 few vocabulary 32x64x200: packed"} <= set(so_far.seconds)
+    assert "bf16 at 32x64x200: one row: wide " in so_far.describe()
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_bf16_kernels", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert calibrate.bf16_kernels(*shape) == found
 
 
 def test_a_model_without_a_vocabulary_projection_does_not_time_one(tmp_path, monkeypatch):
