@@ -125,7 +125,7 @@ class OneDnnLinear(nn.Linear):
 
 
 class PackedLinear(nn.Module):
-    """An inference-only float32 CPU linear layer whose product runs the kernel measured fastest for its rows.
+    """An inference-only CPU linear layer (float32 or bf16) whose product runs the kernel measured fastest for its rows.
 
     `kernels` maps each row class of `shapes.ROW_CLASSES` ("one", "few", "many") to a kernel:
     "packed" (oneDNN over the weight reordered once into its blocked layout), "columns" (MKL over
