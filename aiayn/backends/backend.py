@@ -294,8 +294,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         precision: "fp32", "bf16" or "int8"; None picks per device (`default_precision`): bf16 on a CUDA GPU
             that has it (for training, on models at least 512 wide), else fp32.
         plain: run the modules as written (only the device and precision apply).
-        compile: also `torch.compile` the prepared model (CUDA and CPU, where it keeps its plain weights; off by
-            default).
+        compile: also `torch.compile` the prepared model (CUDA and CPU; off by default).
         train_shape: (batch tokens, d_model, d_ff) of the model to train: its products and Q/K/V are chosen by
             what was measured at those widths (`calibrate.training_choices`); None: at a base model's.
         inference_shape: (d_model, d_ff, vocabulary, weight bytes) of the model to run (`inference_shape` of a
@@ -321,10 +320,6 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     backend = Backend(device, mode, precision)
     if plain:
         return backend
-    if device.type == "cpu" and mode == "inference" and compile and precision != "int8":
-        # Compiled, the model keeps its plain weights: Inductor cannot lower a product over a weight prepacked
-        # outside it (`mkldnn._linear_pointwise`), and packs the weights it freezes itself.
-        return replace(backend, fused_qkv=True, compile=True)
     if device.type == "cpu" and precision == "bf16" and mode == "inference" and bf16_supported(device) \
             and cpu.onednn_usable():
         # bf16 weights, half float32's bytes to stream, each product on the kernel measured fastest for its rows and

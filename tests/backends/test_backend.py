@@ -262,16 +262,6 @@ def test_the_inference_encoder_never_holds_an_l_by_l_matrix(padded):
     assert any("flash_attention" in event.name for event in prof.events())
 
 
-def test_a_compiled_inference_copy_on_cpu_runs_and_equals_the_model():
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(**TINY, dropout=0.0)).eval()
-    backend = select("cpu", "inference", "fp32", compile=True)
-    assert backend.compile and not backend.prepack  # Inductor cannot lower a product over a prepacked weight
-    src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 5))
-    with torch.no_grad():
-        torch.testing.assert_close(backend.prepare(model)(src, tgt), model(src, tgt), atol=1e-4, rtol=1e-4)
-
-
 @pytest.mark.parametrize("precision", ["bf16", "int8"])
 def test_lower_precisions_stay_close(precision):
     torch.manual_seed(0)
