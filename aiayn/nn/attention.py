@@ -263,15 +263,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
             scores += mask  # 0 leaves a score as it is, -inf masks it: the same scores as masked_fill
         weights = scores.softmax(dim=-1)  # (B, h, L_q, L_k), rows sum to 1
         out = (F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights) @ v  # (B, h, L_q, d_k)
-    elif q.dtype == torch.bfloat16 and q.device.type == "cpu" and torch.is_grad_enabled() \
-            and torch.is_autocast_enabled("cpu"):
-        # bf16 autocast training on a CPU: PyTorch's bf16 flash-attention backward there ran several times slower
-        # than float32's (docs/notes.md, "Training"), so the attention alone runs in float32.
-        with torch.autocast("cpu", enabled=False):
-            bias = mask if mask is None or mask.dtype == torch.bool else mask.float()
-            out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=bias,
-                                                 dropout_p=dropout_p).to(q.dtype)
-        weights = None
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         weights = None
