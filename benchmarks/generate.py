@@ -168,15 +168,17 @@ def _engines(plain, args, workdir: Path) -> tuple[dict, str]:
         except ImportError:
             notes.append("CTranslate2 not installed (pip install 'aiayn[ctranslate2]')")
         else:
+            where = "cuda" if device.type == "cuda" else "cpu"
+            supported = ctranslate2.get_supported_compute_types(where)  # no bfloat16 on a CPU
             for precision in precisions:
                 quantization = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}[precision]
+                if quantization not in supported:
+                    notes.append(f"CTranslate2 has no {quantization} on {where}")
+                    continue
                 path = ctranslate2_export(plain, workdir, quantization)
-                try:
-                    engines[f"CTranslate2 {precision}"] = ctranslate2.Translator(
-                        str(path), device="cuda" if device.type == "cuda" else "cpu", compute_type=quantization,
-                        intra_threads=torch.get_num_threads(), inter_threads=1)
-                except ValueError as err:  # bfloat16 on a CPU: CTranslate2 has no bf16 CPU kernels
-                    notes.append(f"CTranslate2 {precision}: {err}")
+                engines[f"CTranslate2 {precision}"] = ctranslate2.Translator(
+                    str(path), device=where, compute_type=quantization, intra_threads=torch.get_num_threads(),
+                    inter_threads=1)
             notes.append(f"CTranslate2 {ctranslate2.__version__}")
     if "hf" in peers:
         import transformers
