@@ -159,9 +159,14 @@ class Choices:
             return (f"{spread[0]:.2f}x {plain}, at least {spread[1]:.2f}x in 3 of 4 repeats" if spread
                     else f"{ratio(what, chosen, plain)} {plain}")
 
-        def kinds(name: str, by_kind: dict[str, str]) -> str:
-            return ", ".join(f"{kind} {kernel}" + (f" ({margin(f'{name} {kind}', kernel, 'dense')})"
-                                                   if kernel != "dense" else "") for kind, kernel in by_kind.items())
+        def kinds(name: str, by_kind: dict[str, str], plain: str = "dense", prefix: str = "", suffix: str = "") -> str:
+            """Each shape kind's kernel, with its margin over `plain` recorded as "{prefix}{name} {kind}{suffix}"."""
+            return ", ".join(f"{kind} {kernel}" + (f" ({margin(f'{prefix}{name} {kind}{suffix}', kernel, plain)})"
+                                                   if kernel != plain else "") for kind, kernel in by_kind.items())
+
+        def by_rows(table: dict[str, dict[str, str]], **how: str) -> str:
+            return "; ".join(f"{name} row{'s' if name != 'one' else ''}: {kinds(name, by_kind, **how)}"
+                             for name, by_kind in table.items())
 
         def yes(flag: bool) -> str:
             return "yes" if flag else "no"
@@ -169,8 +174,7 @@ class Choices:
         if self.inference is None:
             base = "a base model's shapes: not measured (nothing has asked for them)"
         else:
-            rows = "; ".join(f"{name} row{'s' if name != 'one' else ''}: {kinds(name, by_kind)}"
-                             for name, by_kind in self.inference.items())
+            rows = by_rows(self.inference)
             train = "oneDNN" if self.train_onednn else "F.linear"
             base = (f"inference products: {rows}; training products: {train} "
                     f"({ratio('train', 'onednn', 'dense')} F.linear's speed); fused QKV: inference "
@@ -189,13 +193,7 @@ class Choices:
                                       + ", ".join(f"{kind} {kernel}" for kind, kernel in by_kind.items())
                                       for name, by_kind in found.items())
                           for key, found in (self.inference_widths or {}).items())
-                + "".join(f"; bf16 at {key}: "
-                          + "; ".join(f"{name} row{'s' if name != 'one' else ''}: "
-                                      + ", ".join(f"{kind} {kernel}"
-                                                  + (f" ({margin(f'bf16 {name} {kind} {key}', kernel, 'packed')})"
-                                                     if kernel != "packed" else "")
-                                                  for kind, kernel in by_kind.items())
-                                      for name, by_kind in found.items())
+                + "".join(f"; bf16 at {key}: {by_rows(found, plain='packed', prefix='bf16 ', suffix=f' {key}')}"
                           for key, found in (self.bf16_widths or {}).items())
                 + "".join(f"; at {key}: fused QKV {yes(fused)} "
                           f"(one row {ratio(f'qkv one {key}', 'fused', 'separate')}, "
