@@ -9,12 +9,15 @@ that threshold lies free there. Either way the next step writes into pages the k
 4 KiB page fault at a time: thousands a step, a share of a small model's step worth keeping (measured:
 docs/notes.md, "Training" and "Decoding").
 
-`keep_freed_memory` sets both thresholds for the process: blocks up to glibc's largest mmap threshold come from the
-heap, and freed memory stays with the process up to `trim_threshold`. The process then holds about its peak use
-until it exits, which a training run reaches at every step anyway. Blocks above 32 MiB are still mapped anew
-(glibc allows no higher threshold). The setting is the process's, not the library's: the `aiayn` command makes it
-for every command it runs, and `aiayn.training` when it trains on the CPU, as it sets the process's threads; a
-program that translates through the Python API may call it once itself.
+`keep_freed_memory` sets both thresholds for the process: blocks up to `MMAP_THRESHOLD` (1 GiB) come from the heap
+where glibc takes so high a threshold (2.36 does), else up to its largest default one (32 MiB, which older versions
+hold to), and freed memory stays with the process up to `trim_threshold`. Above 32 MiB are a large batch's logits:
+a beam search over a 4,096-token batch of short sentences projects 2,728 rows onto the vocabulary, 46 MiB at 4,256
+pieces, mapped anew at every step under the 32 MiB threshold (measured: docs/notes.md, "Decoding"). The process then
+holds about its peak use until it exits, which a training run reaches at every step anyway. The setting is the
+process's, not the library's: the `aiayn` command makes it for every command it runs, and `aiayn.training` when it
+trains on the CPU, as it sets the process's threads; a program that translates through the Python API may call it
+once itself.
 """
 
 from __future__ import annotations
@@ -27,14 +30,16 @@ logger = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # mallopt's parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest mmap threshold on a 64-bit system (DEFAULT_MMAP_THRESHOLD_MAX)
+MMAP_THRESHOLD = 1 << 30  # blocks up to this size from the heap, where glibc takes a threshold this high
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest default mmap threshold on a 64-bit system (DEFAULT_MMAP_THRESHOLD_MAX)
 TRIM_THRESHOLD = 1 << 30
+mmap_threshold: int | None = None  # the threshold `keep_freed_memory` set, None before it did
 
 
 def keep_freed_memory(trim_threshold: int = TRIM_THRESHOLD) -> bool:
-    """Tell glibc's allocator to serve blocks up to 32 MiB from its heap and keep up to `trim_threshold` bytes of
-    freed memory instead of returning them to the system. Returns whether it was set (False where the C library is
-    not glibc: macOS, Windows, musl)."""
+    """Tell glibc's allocator to serve blocks up to `MMAP_THRESHOLD` from its heap (up to 32 MiB where it refuses a
+    threshold above its default largest) and keep up to `trim_threshold` bytes of freed memory instead of returning
+    them to the system. Returns whether it was set (False where the C library is not glibc: macOS, Windows, musl)."""
     try:
         if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):
             return False
@@ -45,7 +50,10 @@ def keep_freed_memory(trim_threshold: int = TRIM_THRESHOLD) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1 and mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1
-    logger.debug("glibc keeps freed memory (mmap threshold 32 MiB, trim threshold %d bytes): %s", trim_threshold,
-                 done)
+    threshold = next((t for t in (MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) if mallopt(M_MMAP_THRESHOLD, t) == 1), None)
+    done = threshold is not None and mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1
+    global mmap_threshold
+    mmap_threshold = threshold if done else None
+    logger.debug("glibc keeps freed memory (mmap threshold %s bytes, trim threshold %d bytes): %s", threshold,
+                 trim_threshold, done)
     return done

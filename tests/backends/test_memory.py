@@ -42,6 +42,37 @@ def test_tensors_freed_and_allocated_again_fault_few_new_pages(when):
     assert faults < pages // 4, runs
 
 
+# Blocks above glibc's default largest mmap threshold (32 MiB): a beam search's logits over a large batch. Prints the
+# minor page faults of the passes after the first and the pages the first wrote; "refused" where this glibc takes no
+# threshold so high.
+LARGE = """
+import resource
+from aiayn import memory
+assert memory.keep_freed_memory()
+if memory.mmap_threshold < memory.MMAP_THRESHOLD:
+    print("refused")
+    raise SystemExit
+import torch
+faults = []
+for r in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    tensors = [torch.ones((48 - 2 * r) << 18) for _ in range(2)]  # 2 x (48 - 2r) MiB, every page written
+    del tensors
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(sum(faults[1:]), 2 * (48 << 20) // 4096)
+"""
+
+
+@pytest.mark.skipif(not GLIBC.startswith("glibc"), reason="the setting is glibc's allocator's")
+def test_blocks_above_32_mib_are_kept_too_where_glibc_takes_the_threshold():
+    outputs = [subprocess.run([sys.executable, "-c", LARGE], capture_output=True, text=True, check=True).stdout
+               for _ in range(3)]
+    if outputs[0].strip() == "refused":
+        pytest.skip(f"{GLIBC} takes no mmap threshold above 32 MiB")
+    faults, pages = min(tuple(map(int, out.split())) for out in outputs)
+    assert faults < pages // 4, outputs
+
+
 def test_another_c_library_is_left_alone(monkeypatch):
     from aiayn import memory
 
