@@ -39,7 +39,7 @@ lint: $(VENV)/.dev
 AVX2_ENV   := ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 AIAYN_INT8_RANGE=reduced
 AVX2_TESTS := tests/backends/test_backend.py tests/backends/test_int8.py tests/inference/test_embeddings.py tests/test_verify.py \
               tests/inference/test_host_reads.py tests/backends/test_fused.py tests/backends/test_absorbed.py \
-              tests/inference/test_steps.py
+              tests/inference/test_steps.py tests/inference/test_precision.py
 
 test: $(VENV)/.dev lint
 	$(VENV)/bin/pytest

@@ -122,6 +122,10 @@ class Choices:
         bf16_widths: by "d_model x d_ff x vocabulary", the bf16 inference kernel ("packed" or "aten") by row class
             and shape kind for a model of those widths (`bf16_kernels`); measured the first time a bf16 copy of a
             model of that shape is prepared.
+        bf16_faster_widths: by "d_model x d_ff x vocabulary", by row class, whether a decoding step's products ran
+            faster in bf16 (on the kernels of `bf16_widths`) than in float32 (on those of `inference_widths`) by
+            more than their spread (`bf16_faster`); measured the first time the precision of such a model is left
+            to the machine on a CPU with native bf16.
         int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, whether int8 products
             (`int8.Int8Linear`) ran at least as fast as the float32 kernel chosen there (`int8_kernels`); measured
             the first time an int8 copy of a model of that shape is prepared.
@@ -145,6 +149,7 @@ class Choices:
     inference_layers: dict[str, list[bool]] | None = None
     int8_weights_widths: dict[str, dict[str, dict[str, bool]]] | None = None
     bf16_widths: dict[str, dict[str, dict[str, str]]] | None = None
+    bf16_faster_widths: dict[str, dict[str, bool]] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -195,6 +200,11 @@ class Choices:
                           for key, found in (self.inference_widths or {}).items())
                 + "".join(f"; bf16 at {key}: {by_rows(found, plain='packed', prefix='bf16 ', suffix=f' {key}')}"
                           for key, found in (self.bf16_widths or {}).items())
+                + "".join(f"; a step's products in bf16 at {key}: "
+                          + ", ".join(f"{name} row{'s' if name != 'one' else ''} "
+                                      f"{margin(f'bf16 step {name} {key}', 'bf16', 'float32')}"
+                                      + ("" if faster else " (float32 kept)") for name, faster in found.items())
+                          for key, found in (self.bf16_faster_widths or {}).items())
                 + "".join(f"; at {key}: fused QKV {yes(fused)} "
                           f"(one row {ratio(f'qkv one {key}', 'fused', 'separate')}, "
                           f"many {ratio(f'qkv {key}', 'fused', 'separate')}), PyTorch's fused encoder layer "
@@ -298,7 +308,7 @@ def _cached(description: dict[str, str]) -> Choices | None:
 def _well_formed(found: Choices) -> bool:
     """Whether cached choices have the types this code writes (a file of the right keys edited by hand may not)."""
     tables = (found.inference, found.int8_weights, found.training, found.inference_widths, found.int8_widths,
-              found.inference_layers, found.int8_weights_widths, found.bf16_widths)
+              found.inference_layers, found.int8_weights_widths, found.bf16_widths, found.bf16_faster_widths)
     pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
     return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
             and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))
@@ -651,6 +661,45 @@ def bf16_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict
     PyTorch's own bf16 matrix-vector product streams a weight from memory faster than oneDNN's on some CPUs, and not
     on others (docs/notes.md, "Decoding")."""
     return _at_widths("bf16_widths", (d_model, d_ff, vocab), weight_bytes, 7, _bf16_kernels)
+
+
+# A decoding step's products by shape kind, as `bf16_faster` times them: a decoder layer's square ones (self-attention's
+# query, key and value, and the output projections), its feed-forward network's two, and the vocabulary's.
+STEP_PRODUCTS = {"square": 4, "wide": 1, "narrow": 1, "vocabulary": 1}
+
+
+def _bf16_step(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], float32: dict[str, dict[str, str]],
+               bf16: dict[str, dict[str, str]], cold_bytes: int, seconds: dict[str, float],
+               ratios: dict[str, list[float]], gen: torch.Generator, what: str) -> dict[str, bool]:
+    """By row class, whether `STEP_PRODUCTS` ran faster in bf16 on the kernels `bf16` chose than in float32 on those
+    `float32` chose, by more than their spread (`timing.pick`): one and few rows over enough copies of each weight to
+    hold `cold_bytes`, as a step reads them from memory."""
+    faster: dict[str, bool] = {}
+    for name, rows in ROW_CLASSES:
+        calls: dict[str, list] = {"float32": [], "bf16": []}
+        for kind, (w, b) in weights.items():
+            copies = max(STEP_PRODUCTS[kind], _cold_copies(w, cold_bytes) if rows <= FEW_ROWS_MAX else 1)
+            x = torch.randn(rows, w.shape[1], generator=gen)
+            for c in range(copies):
+                v = w if c == 0 else w.clone()
+                calls["float32"].append((_on_kernel(v, b, float32[name][kind]), x))
+                calls["bf16"].append((_on_kernel(v.bfloat16(), b.bfloat16(), bf16[name][kind]), x.bfloat16()))
+        timed = timing.timed({precision: (lambda run=run: [f(x) for f, x in run]) for precision, run in calls.items()})
+        timing.record(seconds, f"bf16 step {name}{what}", timed, plain="float32", ratios=ratios)
+        faster[name] = timing.pick(timed, "float32") == "bf16"
+        del calls
+    return faster
+
+
+def bf16_faster(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[str, bool]:
+    """By row class ("one", "few", "many"), whether a decoding step's products (`STEP_PRODUCTS`) of a model of these
+    widths run faster in bf16 than in float32 on this CPU, each precision on the kernels chosen for it
+    (`bf16_kernels`, `inference_kernels`): measured the first time such a model's precision is left to the machine
+    on a CPU with native bf16 (a second or two), then kept in the cache (`Choices.bf16_faster_widths`)."""
+    float32 = inference_kernels(d_model, d_ff, vocab, weight_bytes)
+    bf16 = bf16_kernels(d_model, d_ff, vocab, weight_bytes)
+    return _at_widths("bf16_faster_widths", (d_model, d_ff, vocab), weight_bytes, 8,
+                      lambda weights, *rest: _bf16_step(weights, float32, bf16, *rest))
 
 
 def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],

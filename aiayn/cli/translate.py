@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="'all' (one panel per layer), 'mean' (mean over layers) or a layer number; heads averaged")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_argument(p)
-    add_precision_argument(p)
+    add_precision_argument(p, measured=True)
     p.set_defaults(func=cmd_translate)
 
 

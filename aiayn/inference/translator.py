@@ -35,6 +35,40 @@ DEFAULT_SEARCH = GenerationConfig(num_beams=4, length_penalty=0.6)
 # Other names for `GenerationConfig` fields: Hugging Face's `min_new_tokens`, and the old spellings `beam_size` (of
 # `num_beams`) and `max_len` (of `max_new_tokens`).
 _FIELD_NAMES = {"min_new_tokens": "min_len", "beam_size": "num_beams", "max_len": "max_new_tokens"}
+# How far below float32's a model's bf16 test BLEU may be for it to decode in bf16 when its precision is left open
+# (`measured_precision`).
+BF16_BLEU_TOLERANCE = 0.3
+
+
+def measured_precision(directory: Path, model: nn.Module,
+                       device: str | torch.device | None = None) -> tuple[str | None, str]:
+    """The precision a translation model decodes in where its caller leaves it open, and why.
+
+    bf16 on a CPU that computes it natively, where both were measured: the model's run decoded its test split in
+    bf16 too, to a BLEU at most `BF16_BLEU_TOLERANCE` below float32's (`eval.json`, written by the trainer:
+    `aiayn.training.finish.bf16_test`), and a decoding step's products of the model's widths ran faster in bf16
+    here at every row class (`calibrate.bf16_faster`, measured once and cached). Else None: the device's default
+    (`aiayn.backends.select`: bf16 on a GPU that has it, float32 elsewhere).
+    """
+    from aiayn.backends import bf16_supported, calibrate, inference_shape, resolve_device
+    from aiayn.rundir import EVAL, load_json
+
+    where = resolve_device(device)
+    if where.type != "cpu":
+        return None, f"the default on {where.type}"
+    if not bf16_supported(where):
+        return None, "this CPU computes bf16 only by emulation"
+    try:
+        record = load_json((directory / EVAL).read_text(encoding="utf-8"))
+        bleu, bf16 = float(record["bleu"]), float(record["bf16"]["bleu"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None, f"no bf16 test score in {directory / EVAL} (the trainer writes one on a CPU with native bf16)"
+    if bf16 < bleu - BF16_BLEU_TOLERANCE:
+        return None, f"its test BLEU in bf16, {bf16:.2f}, is more than {BF16_BLEU_TOLERANCE} below float32's {bleu:.2f}"
+    slower = [rows for rows, faster in calibrate.bf16_faster(*inference_shape(model)).items() if not faster]
+    if slower:
+        return None, f"its products ran no faster in bf16 on this CPU at {', '.join(slower)} rows"
+    return "bf16", f"test BLEU {bf16:.2f} in bf16 against {bleu:.2f} in float32, and faster products here"
 
 
 @dataclass
@@ -97,7 +131,8 @@ class Translator(ModelRunner):
     @classmethod
     def from_pretrained(cls, directory: str | Path, *, device: str | torch.device | None = None,
                         precision: str | None = "fp32") -> Translator:
-        """The translator of a run or model directory (config.json, model.safetensors, tokenizer(s))."""
+        """The translator of a run or model directory (config.json, model.safetensors, tokenizer(s)). `precision`
+        None: the one measured best for this model here (`measured_precision`), as `aiayn translate` decodes."""
         from aiayn.io import load_model, load_tokenizers
 
         model = load_model(directory)
@@ -105,6 +140,9 @@ class Translator(ModelRunner):
             hint = " (continue text with aiayn generate)" if model.config.causal else ""
             raise ValueError(f"{directory}'s model is {model.config.architecture}; translate "
                              f"needs an encoder-decoder{hint} (aiayn.load picks the right object for any directory)")
+        if precision is None:
+            precision, why = measured_precision(Path(directory), model, device)
+            logger.info("%s decodes in %s: %s", directory, precision or "the device's default precision", why)
         return cls(model, *load_tokenizers(directory), device=device, precision=precision)
 
     def save_pretrained(self, directory: str | Path, *, force: bool = False) -> Path:

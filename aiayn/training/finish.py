@@ -13,6 +13,7 @@ from aiayn.data.prepare import save_data_artifacts
 from aiayn.io import atomic_write_bytes, save_model
 from aiayn.rundir import CURVES, EVAL, METRICS_CSV
 from aiayn.training import pacing, saves
+from aiayn.training.budget import FINISH_S
 from aiayn.training.checkpoint import latest_checkpoint
 from aiayn.training.evaluate import EvalOptions, evaluate
 from aiayn.training.logbook import plot_curves
@@ -80,13 +81,38 @@ def evaluate_test(t: Any, num_beams: int | None = None) -> dict[str, Any]:
         if num_beams is not None:
             options = replace(options, num_beams=num_beams)
         result = evaluate(t.model, t.data, t.data.test, options, progress=bar.update)
+    seconds = time.perf_counter() - began
     if t.budget is not None:
-        t.budget.record("test", time.perf_counter() - began)
+        t.budget.record("test", seconds)
     if result:
         if num_beams is not None:
             result["num_beams"] = num_beams
+        bf16 = bf16_test(t, options, result, seconds)
+        if bf16 is not None:
+            result["bf16"] = bf16
         row = {k: v for k, v in result.items() if k != "examples"}
         t.log.append({"split": "test", "step": t.step, "epoch": t.epoch, **row, "time_s": t.elapsed()})
         atomic_write_bytes(t.run_dir / EVAL, (json.dumps({"split": "test", "step": t.step, **result},
                                                          indent=2) + "\n").encode())
     return result
+
+
+def bf16_test(t: Any, options: EvalOptions, result: dict[str, Any], seconds: float) -> dict[str, Any] | None:
+    """The test split's scores with the model decoding in bf16, beside float32's `result`, where the end of the run
+    decodes it again (`pacing.decodes_test_in_bf16`: a generating task on a CPU that computes bf16 natively, its test
+    in float32), for a task scored by BLEU: what `aiayn translate` reads to decode in bf16 by default where that is
+    as good (`aiayn.inference.translator.measured_precision`). None elsewhere, or where a time budget has less left
+    than the float32 test took (`seconds`; the budget keeps time for both: `pacing.end_reserve`)."""
+    if "bleu" not in result or not pacing.decodes_test_in_bf16(t):
+        return None
+    if t.budget is not None and not t.budget.fits(seconds, FINISH_S):
+        t.report(f"time budget: the test is not decoded again in bf16 ({max(t.budget.left(), 0.0):.0f} s left, the "
+                 f"float32 test took {seconds:.0f} s); aiayn translate decodes this model in float32 by default")
+        return None
+    began = time.perf_counter()
+    scores = evaluate(t.model, t.data, t.data.test, replace(options, precision="bf16", examples=0))
+    if t.budget is not None:
+        t.budget.record("test", time.perf_counter() - began)
+    bf16 = {k: v for k, v in scores.items() if k != "examples"}
+    t.report(f"test in bf16: BLEU {bf16['bleu']:.2f} (float32 {result['bleu']:.2f})")
+    return bf16

@@ -22,7 +22,20 @@ def end_reserve(t: Any) -> float:
     valid = budget.valid_estimate() if t.data.valid.items else 0.0
     checkpoint = budget.spent["checkpoint"] / max(t.saves, 1) if t.saves else 1.0
     test = budget.end_test_estimate(len(t.data.test.items), cfg.num_beams if generated else 1, generated)
+    if decodes_test_in_bf16(t):
+        test *= 2  # float32's test, then bf16's (no slower where bf16 is native)
     return END_MARGIN * (valid + test) + checkpoint + FINISH_S
+
+
+def decodes_test_in_bf16(t: Any) -> bool:
+    """Whether the end of the run decodes the test split again in bf16 (`finish.bf16_test`): a task whose outputs are
+    generated, on a CPU that computes bf16 natively, where the test itself decodes in float32."""
+    from aiayn.backends import bf16_supported
+    from aiayn.backends.backend import default_precision
+
+    device = t.backend.device
+    return bool(t.data.task.generates and device.type == "cpu" and bf16_supported(device)
+                and (t.cfg.precision or default_precision(device, "inference")) == "fp32")
 
 
 def allows(t: Any, seconds: float) -> bool:

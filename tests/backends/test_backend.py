@@ -601,6 +601,30 @@ def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp
     assert calibrate.bf16_kernels(*shape) == found
 
 
+@pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
+                    reason="bf16 is compared with float32 only where it is native")
+def test_a_steps_products_are_timed_in_bf16_against_float32_at_the_model_widths_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
+    model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                                    n_decoder_layers=1, dropout=0.0, max_len=32))
+    shape = inference_shape(model)
+    faster = calibrate.bf16_faster(*shape)
+    assert set(faster) == {"one", "few", "many"} and all(isinstance(f, bool) for f in faster.values())
+    so_far = calibrate._measured_so_far()
+    assert so_far.bf16_faster_widths == {"32x64x200": faster}
+    assert {f"bf16 step {rows} 32x64x200: {p}" for rows in faster for p in ("float32", "bf16")} <= set(so_far.seconds)
+    assert "bf16 step one 32x64x200: bf16" in so_far.ratios  # the margin `aiayn verify` prints
+    assert "a step's products in bf16 at 32x64x200: one row " in so_far.describe()
+    # each precision on its own kernels, measured at the same widths on the way
+    assert "32x64x200" in so_far.bf16_widths and "32x64x200" in so_far.inference_widths
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_bf16_step", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert calibrate.bf16_faster(*shape) == faster
+
+
 def test_a_model_without_a_vocabulary_projection_does_not_time_one(tmp_path, monkeypatch):
     """An encoder giving hidden states (an embedder) or labels never runs a vocabulary product: none is timed for
     it; a masked-LM head, an encoder-decoder and a decoder-only model have one."""

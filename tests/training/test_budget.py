@@ -102,3 +102,37 @@ def test_an_undecoded_validation_sizes_an_undecoded_test_only():
     budget.record_validation(1.0, 50, decoded=False)  # a classifier's validation: 0.02 s an example
     assert budget.test_estimate(200, 1, decoded=False) == pytest.approx(4.0)
     assert budget.test_estimate(200, 4, decoded=True) <= 0.15 * 100  # a decoded test is still a guess
+
+
+def test_the_test_is_decoded_again_in_bf16_only_where_bf16_is_native_and_the_budget_has_the_time(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    import aiayn.backends
+    from aiayn.training import finish
+    from aiayn.training.evaluate import EvalOptions
+
+    native = [True]
+    monkeypatch.setattr(aiayn.backends, "bf16_supported", lambda device: native[0])
+    calls = []
+    monkeypatch.setattr(finish, "evaluate", lambda model, data, split, options: calls.append(options) or {
+        "bleu": 29.9, "chrf": 55.0, "examples": [("a", "b", "c")]})
+    reports, room = [], [True]
+    budget = SimpleNamespace(fits=lambda seconds, reserve: room[0], left=lambda: 3.0, record=lambda *a: None)
+    t = SimpleNamespace(backend=SimpleNamespace(device=torch.device("cpu")), budget=budget, report=reports.append,
+                        model=None, data=SimpleNamespace(test=None, task=SimpleNamespace(generates=True)),
+                        cfg=SimpleNamespace(precision=None))
+    fp32 = {"bleu": 30.0}
+    assert finish.bf16_test(t, EvalOptions(), fp32, 12.0) == {"bleu": 29.9, "chrf": 55.0}
+    assert calls[-1].precision == "bf16" and "BLEU 29.90 (float32 30.00)" in reports[-1]
+    room[0] = False  # less left than the float32 test took
+    assert finish.bf16_test(t, EvalOptions(), fp32, 12.0) is None and "not decoded again in bf16" in reports[-1]
+    room[0] = True
+    t.cfg.precision = "bf16"
+    assert finish.bf16_test(t, EvalOptions(precision="bf16"), fp32, 12.0) is None  # the test ran in bf16
+    t.cfg.precision = None
+    assert finish.bf16_test(t, EvalOptions(), {"accuracy": 90.0}, 12.0) is None  # no BLEU to compare
+    native[0] = False
+    assert finish.bf16_test(t, EvalOptions(), fp32, 12.0) is None
+    assert len(calls) == 1
