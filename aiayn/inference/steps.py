@@ -118,6 +118,9 @@ class StaticState:
 
     attention = None  # never recorded here: `start` takes `ModuleState` for that
     GROWTH = 16  # positions the cache first makes room for beyond those filled (`_capacity`)
+    # A row's cached keys and values of at least this many bytes are reordered in place, a row at a time
+    # (`_moved_in_place`): below it, one gather of every row is the cheaper (measured: docs/notes.md, "Decoding").
+    ROW_COPY_BYTES = 128 << 10
 
     @staticmethod
     def runs(model: nn.Module) -> bool:
@@ -301,6 +304,8 @@ class StaticState:
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
         """See `DecodingState.reorder`; only the filled positions of the cache are copied."""
         p, n = self.position, rows.numel()
+        if memory_rows is None and n == self.cache.shape[2] and self._moved_in_place(rows):
+            return
         # Into the first n rows of a buffer kept until the cache grows: a buffer allocated anew at each retirement
         # costs its pages' first writes (page faults, about 10x the copy: docs/notes.md, "Decoding").
         if self.spare is None or self.spare.shape[2] < n:  # more rows than the search began with: a new buffer
@@ -320,6 +325,25 @@ class StaticState:
             self._memory_per_row()
             sentences = memory_rows
         self._map_memory(lambda t: t.index_select(0, sentences))
+
+    def _moved_in_place(self, rows: torch.Tensor) -> bool:
+        """Beam search's reorder of every row (none leaving) in the cache itself, moving only the rows that continue
+        another row's prefix (about half of them at each step: the rest continue their own), where a row's keys and
+        values are large enough (`ROW_COPY_BYTES`) that a call per row costs less than gathering every row into the
+        spare buffer. A row whose prefix another row continues is kept aside before it is written. Returns whether
+        it moved them."""
+        cache, p = self.cache, self.position
+        row_bytes = cache[:, :, 0, :, :p].numel() * cache.element_size()
+        if cache.device.type != "cpu" or row_bytes < self.ROW_COPY_BYTES:
+            return False
+        parents = rows.tolist()
+        moved = [i for i, parent in enumerate(parents) if parent != i]
+        filled = cache[:, :, :, :, :p]  # (n_layers, 2, N, h, p, d_k)
+        written = set(moved)
+        kept = {parent: filled[:, :, parent].clone() for parent in {parents[i] for i in moved} if parent in written}
+        for i in moved:
+            filled[:, :, i].copy_(kept.get(parents[i], filled[:, :, parents[i]]))
+        return True
 
     def _map_memory(self, fn) -> None:
         """Replace each tensor kept per sentence (the memory's keys and values, their absorbed forms, the source mask)

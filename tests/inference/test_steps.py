@@ -303,6 +303,37 @@ def test_a_reorder_to_more_rows_than_the_search_began_with_still_holds():
     torch.testing.assert_close(flat.step(torch.full((5, 1), 7)), modules.step(torch.full((5, 1), 7)))
 
 
+# Swaps, a cycle, a parent of several rows, no move at all, and every row moving.
+@pytest.mark.parametrize("parents", [[1, 0, 3, 2, 5, 4], [2, 0, 1, 3, 4, 5], [0, 0, 0, 3, 3, 5], [0, 1, 2, 3, 4, 5],
+                                     [5, 5, 4, 4, 0, 0]])
+@pytest.mark.parametrize("how", ["fp32", "bf16"])
+@torch.no_grad()
+def test_a_reorder_in_place_gives_each_row_its_parent_s_prefix_as_a_gather_does(monkeypatch, parents, how):
+    # A row whose prefix another row continues is read before it is written; the rows continuing their own stay.
+    monkeypatch.setattr(StaticState, "ROW_COPY_BYTES", 0)  # in place at any size
+    flat = start(prepared(tiny(False), how), source(), 8, beams=2)
+    for token in (5, 9, 13):
+        flat.step(torch.full((6, 1), token) + torch.arange(6)[:, None])
+    filled = flat.cache[:, :, :, :, :flat.position]
+    expected = filled.index_select(2, torch.tensor(parents))
+    buffer = flat.cache.untyped_storage().data_ptr()
+    flat.reorder(torch.tensor(parents))
+    assert flat.cache.untyped_storage().data_ptr() == buffer
+    assert torch.equal(flat.cache[:, :, :, :, :flat.position], expected)
+
+
+@pytest.mark.parametrize("how", ["fp32", "int8"])
+def test_beam_search_reordering_in_place_finds_what_gathering_finds(monkeypatch, how):
+    model = prepared(tiny(False), how)
+    config = GenerationConfig(max_new_tokens=12, num_beams=3, length_penalty=0.6)
+    found = {}
+    for name, row_bytes in (("gathered", 1 << 60), ("in place", 0)):
+        monkeypatch.setattr(StaticState, "ROW_COPY_BYTES", row_bytes)
+        found[name] = generate(model, source(), bos_id=1, eos_id=2, config=config)
+    assert found["in place"].tokens == found["gathered"].tokens
+    torch.testing.assert_close(found["in place"].scores, found["gathered"].scores, rtol=0, atol=0)
+
+
 @torch.no_grad()
 def test_a_search_state_is_freed_as_soon_as_its_search_drops_it():
     # Its cache is the largest thing a search holds (and, inside `reusing_buffers`, goes back to the pool when the
