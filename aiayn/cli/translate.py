@@ -130,8 +130,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         with atomic_open(output, "w") as handle:  # a failure leaves an earlier file whole
             handle.writelines(row + "\n" for row in rows)
     if output is not None or show_progress(len(lines), quiet=args.quiet):
-        print(f"translated {len(lines)} lines in {seconds:.1f} s ({len(lines) / max(seconds, 1e-9):.1f} sentences/s)"
-              + (f"; wrote {output}" if output is not None else ""), file=sys.stderr)
+        print(f"translated {len(lines)} lines in {seconds:.1f} s ({len(lines) / max(seconds, 1e-9):.1f} sentences/s, "
+              f"{translator.backend.precision})" + (f"; wrote {output}" if output is not None else ""), file=sys.stderr)
     shown = [i for i, r in enumerate(results) if r.attention is not None][:1] if args.show_attention else []
     for i in shown:  # the first sentence that was not empty
         first = results[i]
