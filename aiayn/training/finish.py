@@ -13,7 +13,7 @@ from aiayn.data.prepare import save_data_artifacts
 from aiayn.io import atomic_write_bytes, save_model
 from aiayn.rundir import CURVES, EVAL, METRICS_CSV
 from aiayn.training import pacing, saves
-from aiayn.training.budget import FINISH_S
+from aiayn.training.budget import BEAM_OVERRUN, FINISH_S
 from aiayn.training.checkpoint import latest_checkpoint
 from aiayn.training.evaluate import EvalOptions, evaluate
 from aiayn.training.logbook import plot_curves
@@ -101,11 +101,13 @@ def bf16_test(t: Any, options: EvalOptions, result: dict[str, Any], seconds: flo
     """The test split's scores with the model decoding in bf16, beside float32's `result`, where the end of the run
     decodes it again (`pacing.decodes_test_in_bf16`: a generating task on a CPU that computes bf16 natively, its test
     in float32), for a task scored by BLEU: what `aiayn translate` reads to decode in bf16 by default where that is
-    as good (`aiayn.inference.translator.measured_precision`). None elsewhere, or where a time budget has less left
-    than the float32 test took (`seconds`; the budget keeps time for both: `pacing.end_reserve`)."""
+    as good (`aiayn.inference.translator.measured_precision`). None elsewhere, or where a time budget would end later
+    than a beam test may (`budget.BEAM_OVERRUN`) were it to take as long as the float32 test took (`seconds`; the
+    plan keeps time for both: `pacing.end_reserve`)."""
     if "bleu" not in result or not pacing.decodes_test_in_bf16(t):
         return None
-    if t.budget is not None and not t.budget.fits(seconds, FINISH_S):
+    # It may end the run as late as a beam test may (`pacing.test_beam`): the plan keeps room for it, to a few seconds
+    if t.budget is not None and not t.budget.fits(seconds, FINISH_S - BEAM_OVERRUN * t.budget.seconds):
         t.report(f"time budget: the test is not decoded again in bf16 ({max(t.budget.left(), 0.0):.0f} s left, the "
                  f"float32 test took {seconds:.0f} s); aiayn translate decodes this model in float32 by default")
         return None

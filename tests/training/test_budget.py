@@ -119,7 +119,8 @@ def test_the_test_is_decoded_again_in_bf16_only_where_bf16_is_native_and_the_bud
     monkeypatch.setattr(finish, "evaluate", lambda model, data, split, options: calls.append(options) or {
         "bleu": 29.9, "chrf": 55.0, "examples": [("a", "b", "c")]})
     reports, room = [], [True]
-    budget = SimpleNamespace(fits=lambda seconds, reserve: room[0], left=lambda: 3.0, record=lambda *a: None)
+    budget = SimpleNamespace(fits=lambda seconds, reserve: room[0], left=lambda: 3.0, record=lambda *a: None,
+                             seconds=600.0)
     t = SimpleNamespace(backend=SimpleNamespace(device=torch.device("cpu")), budget=budget, report=reports.append,
                         model=None, data=SimpleNamespace(test=None, task=SimpleNamespace(generates=True)),
                         cfg=SimpleNamespace(precision=None))
