@@ -578,16 +578,21 @@ def test_inference_products_are_chosen_at_the_widths_of_the_model_run(tmp_path, 
     assert calibrate.inference_layers(512, 2048, 37000, 1 << 28) == (True, False)
 
 
-@pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
-                    reason="this CPU computes no bf16 natively")
-def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp_path, monkeypatch):
+def _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch) -> tuple[int, int, int, int]:
+    """The `inference_shape` of a 32-wide model, its machine's cache empty (in `tmp_path`) and quick to fill: what is
+    measured for its widths alone, a base model's shapes never."""
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 2)
     monkeypatch.setattr(calibrate, "_chosen", {})
     monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
-    model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
-                                    n_decoder_layers=1, dropout=0.0, max_len=32))
-    shape = inference_shape(model)
+    return inference_shape(build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
+                                                   n_decoder_layers=1, dropout=0.0, max_len=32)))
+
+
+@pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
+                    reason="this CPU computes no bf16 natively")
+def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp_path, monkeypatch):
+    shape = _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch)
     backend = select("cpu", "inference", "bf16", inference_shape=shape)
     so_far = calibrate._measured_so_far()
     found = so_far.bf16_widths["32x64x200"]
@@ -604,13 +609,7 @@ def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp
 @pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
                     reason="bf16 is compared with float32 only where it is native")
 def test_a_steps_products_are_timed_in_bf16_against_float32_at_the_model_widths_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(timing, "REPEATS", 2)
-    monkeypatch.setattr(calibrate, "_chosen", {})
-    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
-    model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
-                                    n_decoder_layers=1, dropout=0.0, max_len=32))
-    shape = inference_shape(model)
+    shape = _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch)
     faster = calibrate.bf16_faster(*shape)
     assert set(faster) == {"one", "few", "many"} and all(isinstance(f, bool) for f in faster.values())
     so_far = calibrate._measured_so_far()
