@@ -161,7 +161,7 @@ class Backend:
         prepared.eval()
         _without_dropout(prepared)
         fallback = None  # where int8 is too far: bf16 where the CPU has it natively, else float32
-        if bf16_supported(self.device) and cpu.onednn_usable():
+        if native_bf16_cpu(self.device):
             fallback = int8.Bf16Linear
         elif self.kernels is not None:
             fallback = self._packed
@@ -253,6 +253,13 @@ def weights_version(model: nn.Module) -> tuple | None:
 CUDA_BF16_TRAIN_MIN_WIDTH = 512
 
 
+def native_bf16_cpu(device: torch.device) -> bool:
+    """Whether `device` is a CPU that computes bf16 natively and runs oneDNN's products: where bf16 inference runs
+    over weights prepacked in bf16 (`select`), and may be chosen for a model by measurement
+    (`aiayn.inference.translator.measured_precision`)."""
+    return device.type == "cpu" and bf16_supported(device) and cpu.onednn_usable()
+
+
 def default_precision(device: torch.device, mode: str, train_shape: tuple[int, int, int] | None = None) -> str:
     """bf16 on a CUDA GPU that computes it natively (for training, a model at least `CUDA_BF16_TRAIN_MIN_WIDTH`
     wide; `train_shape` None is a base model), else fp32."""
@@ -320,8 +327,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     backend = Backend(device, mode, precision)
     if plain:
         return backend
-    if device.type == "cpu" and precision == "bf16" and mode == "inference" and bf16_supported(device) \
-            and cpu.onednn_usable():
+    if precision == "bf16" and mode == "inference" and native_bf16_cpu(device):
         # bf16 weights, half float32's bytes to stream, each product on the kernel measured fastest for its rows and
         # shape: oneDNN over the weight prepacked in bf16, or PyTorch's own product (a bf16 F.linear would take
         # oneDNN over the unpacked weight, repacking it on every call: docs/notes.md, "Decoding").

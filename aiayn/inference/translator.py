@@ -50,14 +50,15 @@ def measured_precision(directory: Path, model: nn.Module,
     here at every row class (`calibrate.bf16_faster`, measured once and cached). Else None: the device's default
     (`aiayn.backends.select`: bf16 on a GPU that has it, float32 elsewhere).
     """
-    from aiayn.backends import bf16_supported, calibrate, inference_shape, resolve_device
+    from aiayn.backends import calibrate, inference_shape, resolve_device
+    from aiayn.backends.backend import native_bf16_cpu
     from aiayn.rundir import EVAL, load_json
 
     where = resolve_device(device)
     if where.type != "cpu":
         return None, f"the default on {where.type}"
-    if not bf16_supported(where):
-        return None, "this CPU computes bf16 only by emulation"
+    if not native_bf16_cpu(where):
+        return None, "this CPU computes bf16 only by emulation (or runs no oneDNN products)"
     try:
         record = load_json((directory / EVAL).read_text(encoding="utf-8"))
         bleu, bf16 = float(record["bleu"]), float(record["bf16"]["bleu"])

@@ -29,12 +29,11 @@ def end_reserve(t: Any) -> float:
 
 def decodes_test_in_bf16(t: Any) -> bool:
     """Whether the end of the run decodes the test split again in bf16 (`finish.bf16_test`): a task whose outputs are
-    generated, on a CPU that computes bf16 natively, where the test itself decodes in float32."""
-    from aiayn.backends import bf16_supported
-    from aiayn.backends.backend import default_precision
+    generated, on a CPU that computes bf16 natively (`native_bf16_cpu`), where the test itself decodes in float32."""
+    from aiayn.backends.backend import default_precision, native_bf16_cpu
 
     device = t.backend.device
-    return bool(t.data.task.generates and device.type == "cpu" and bf16_supported(device)
+    return bool(t.data.task.generates and native_bf16_cpu(device)
                 and (t.cfg.precision or default_precision(device, "inference")) == "fp32")
 
 

@@ -6,12 +6,13 @@ import json
 import pytest
 import torch
 
-import aiayn.backends
-from aiayn.backends import bf16_supported, calibrate
+import aiayn.backends.backend
+from aiayn.backends import calibrate
+from aiayn.backends.backend import native_bf16_cpu
 from aiayn.inference.translator import BF16_BLEU_TOLERANCE, Translator, measured_precision
 from aiayn.io import load_model
 
-NATIVE = bf16_supported(torch.device("cpu"))
+NATIVE = native_bf16_cpu(torch.device("cpu"))
 ALL_FASTER = {"one": True, "few": True, "many": True}
 
 
@@ -44,7 +45,7 @@ def test_the_trainer_scores_its_test_split_in_bf16_too_on_a_cpu_that_computes_bf
 def test_bf16_is_chosen_only_where_its_test_bleu_and_its_speed_here_were_measured(
         translation_run, tmp_path, monkeypatch, native, bleu, bf16, faster, chosen, why):
     measured = []
-    monkeypatch.setattr(aiayn.backends, "bf16_supported", lambda device: native)
+    monkeypatch.setattr(aiayn.backends.backend, "native_bf16_cpu", lambda device: native)
     monkeypatch.setattr(calibrate, "bf16_faster", lambda *shape: measured.append(shape) or faster)
     model = load_model(translation_run)
     precision, reason = measured_precision(_scored(tmp_path / "run", bleu, bf16), model, "cpu")

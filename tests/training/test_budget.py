@@ -109,12 +109,12 @@ def test_the_test_is_decoded_again_in_bf16_only_where_bf16_is_native_and_the_bud
 
     import torch
 
-    import aiayn.backends
+    import aiayn.backends.backend
     from aiayn.training import finish
     from aiayn.training.evaluate import EvalOptions
 
     native = [True]
-    monkeypatch.setattr(aiayn.backends, "bf16_supported", lambda device: native[0])
+    monkeypatch.setattr(aiayn.backends.backend, "native_bf16_cpu", lambda device: native[0])
     calls = []
     monkeypatch.setattr(finish, "evaluate", lambda model, data, split, options: calls.append(options) or {
         "bleu": 29.9, "chrf": 55.0, "examples": [("a", "b", "c")]})
