@@ -124,9 +124,16 @@ def test_the_test_is_decoded_again_in_bf16_only_where_bf16_is_native_and_the_bud
     t = SimpleNamespace(backend=SimpleNamespace(device=torch.device("cpu")), budget=budget, report=reports.append,
                         model=None, data=SimpleNamespace(test=None, task=SimpleNamespace(generates=True)),
                         cfg=SimpleNamespace(precision=None))
+    from aiayn.backends import calibrate
+
+    timed = []
+    monkeypatch.setattr(calibrate, "bf16_faster", lambda *shape: timed.append(shape) or {"one": True, "many": False})
+    monkeypatch.setattr("aiayn.backends.inference_shape", lambda model: (128, 512, 4000, 1 << 22))
     fp32 = {"bleu": 30.0}
     assert finish.bf16_test(t, EvalOptions(), fp32, 12.0) == {"bleu": 29.9, "chrf": 55.0}
     assert calls[-1].precision == "bf16" and "BLEU 29.90 (float32 30.00)" in reports[-1]
+    # the step's products timed in both precisions now, for translate's first call on this machine
+    assert timed == [(128, 512, 4000, 1 << 22)] and "faster at one, no faster at many" in reports[-1]
     room[0] = False  # less left than the float32 test took
     assert finish.bf16_test(t, EvalOptions(), fp32, 12.0) is None and "not decoded again in bf16" in reports[-1]
     room[0] = True
