@@ -168,8 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                   "pip install 'aiayn[serve]'") from None
     import torch
 
-    import aiayn
     from aiayn.backends import usable_cores
+    from aiayn.inference.loading import load_to_serve
     from aiayn.serve.models import batched_call
     from aiayn.serve.workers import WorkerPool
 
@@ -180,7 +180,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     access = _access(args, args.host)
     _open_files_for(args.max_connections)
     torch.set_num_threads(args.threads)
-    objects = {name: aiayn.load(source, device=args.device) for name, source in sources.items()}
+    objects = {name: load_to_serve(source, device=args.device) for name, source in sources.items()}
     sock = _listen(args.host, args.port)
     on_cpu = all(obj.device.type == "cpu" for obj in objects.values())
     # On a GPU one pass at a time: its batch fills the device, and passes in threads would take turns at it anyway.

@@ -98,3 +98,10 @@ def load(path_or_name: str | Path, *, device: str | torch.device | None = None) 
     """
     cls = loaded_class(path_or_name)
     return cls.from_pretrained(path_or_name, device=device)
+
+
+def load_to_serve(path_or_name: str | Path, *, device: str | torch.device | None = None) -> ModelRunner:
+    """`load`, each object as its class serves it (`ModelRunner.to_serve`: a translator decodes in the precision
+    measured best for it on this machine, as `aiayn translate` does): what `aiayn serve` answers with, in its own
+    process and in each worker process."""
+    return loaded_class(path_or_name).to_serve(path_or_name, device=device)

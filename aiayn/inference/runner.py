@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
@@ -72,6 +74,11 @@ class ModelRunner:
         self.backend = select(device, "inference", precision, plain=plain, inference_shape=inference_shape(model))
         self.model = model.to(self.backend.device).eval()
         self._prepared: tuple[tuple | None, nn.Module] | None = None  # (weights' version, prepared model)
+
+    @classmethod
+    def to_serve(cls, path: str | Path, *, device: str | torch.device | None = None) -> ModelRunner:
+        """The object `aiayn serve` answers with for `path`: `from_pretrained`'s, as `aiayn.load` gives it."""
+        return cls.from_pretrained(path, device=device)  # type: ignore[attr-defined]
 
     @property
     def device(self) -> torch.device:

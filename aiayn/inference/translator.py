@@ -146,6 +146,11 @@ class Translator(ModelRunner):
             logger.info("%s decodes in %s: %s", directory, precision or "the device's default precision", why)
         return cls(model, *load_tokenizers(directory), device=device, precision=precision)
 
+    @classmethod
+    def to_serve(cls, path: str | Path, *, device: str | torch.device | None = None) -> Translator:
+        """A server's translator decodes as `aiayn translate` does: in the precision measured best for it here."""
+        return cls.from_pretrained(path, device=device, precision=None)
+
     def save_pretrained(self, directory: str | Path, *, force: bool = False) -> Path:
         """Write the model and tokenizer(s) as a model directory `from_pretrained` loads (a new or empty
         directory, or one aiayn saved before, unless `force`)."""

@@ -182,10 +182,10 @@ def _work(connection: Connection, sources: Mapping[str, str], batched_call: Call
     try:
         import torch
 
-        import aiayn
+        from aiayn.inference.loading import load_to_serve
 
         torch.set_num_threads(threads)
-        objects = {name: aiayn.load(source, device=device) for name, source in sources.items()}
+        objects = {name: load_to_serve(source, device=device) for name, source in sources.items()}
         for obj in objects.values():
             batched_call(obj, [WARM_UP_TEXT])
     except Exception as err:  # noqa: BLE001 - sent to the server, which names it

@@ -99,7 +99,7 @@ def evaluate_test(t: Any, num_beams: int | None = None) -> dict[str, Any]:
 
 def bf16_test(t: Any, options: EvalOptions, result: dict[str, Any], seconds: float) -> dict[str, Any] | None:
     """The test split's scores with the model decoding in bf16, beside float32's `result`, where the end of the run
-    decodes it again (`pacing.decodes_test_in_bf16`: a generating task on a CPU that computes bf16 natively, its test
+    decodes it again (`pacing.bf16_test_due`: a generating task on a CPU that computes bf16 natively, its test
     in float32), for a task scored by BLEU: what `aiayn translate` reads to decode in bf16 by default where that is
     as good (`aiayn.inference.translator.measured_precision`). None elsewhere, or where a time budget would end later
     than a beam test may (`budget.BEAM_OVERRUN`) were it to take as long as the float32 test took (`seconds`; the
@@ -107,7 +107,7 @@ def bf16_test(t: Any, options: EvalOptions, result: dict[str, Any], seconds: flo
     model's widths (`calibrate.bf16_faster`), which the translator's choice reads from the machine's cache."""
     from aiayn.backends import calibrate, inference_shape
 
-    if "bleu" not in result or not pacing.decodes_test_in_bf16(t):
+    if "bleu" not in result or not pacing.bf16_test_due(t):
         return None
     # It may end the run as late as a beam test may (`pacing.test_beam`): the plan keeps room for it, to a few seconds
     if t.budget is not None and not t.budget.fits(seconds, FINISH_S - BEAM_OVERRUN * t.budget.seconds):

@@ -22,12 +22,12 @@ def end_reserve(t: Any) -> float:
     valid = budget.valid_estimate() if t.data.valid.items else 0.0
     checkpoint = budget.spent["checkpoint"] / max(t.saves, 1) if t.saves else 1.0
     test = budget.end_test_estimate(len(t.data.test.items), cfg.num_beams if generated else 1, generated)
-    if decodes_test_in_bf16(t):
+    if bf16_test_due(t):
         test *= 2  # float32's test, then bf16's (no slower where bf16 is native)
     return END_MARGIN * (valid + test) + checkpoint + FINISH_S
 
 
-def decodes_test_in_bf16(t: Any) -> bool:
+def bf16_test_due(t: Any) -> bool:
     """Whether the end of the run decodes the test split again in bf16 (`finish.bf16_test`): a task whose outputs are
     generated, on a CPU that computes bf16 natively (`native_bf16_cpu`), where the test itself decodes in float32."""
     from aiayn.backends.backend import default_precision, native_bf16_cpu

@@ -78,3 +78,14 @@ def test_a_translator_left_to_choose_decodes_in_bf16_where_measured_better_and_i
     assert Translator.from_pretrained(run).backend.precision == "fp32"  # the Python default: float32, exact
     monkeypatch.setattr(calibrate, "bf16_faster", lambda *shape: {**ALL_FASTER, "one": False})
     assert Translator.from_pretrained(run, precision=None).backend.precision == "fp32"
+
+
+def test_a_server_loads_a_translator_to_decode_as_aiayn_translate_does(translation_run, monkeypatch):
+    from aiayn.inference.loading import load_to_serve
+
+    asked = []
+    original = Translator.from_pretrained.__func__
+    monkeypatch.setattr(Translator, "from_pretrained", classmethod(
+        lambda cls, path, **options: asked.append(options) or original(cls, path, **options)))
+    served = load_to_serve(translation_run)
+    assert isinstance(served, Translator) and asked == [{"device": None, "precision": None}]
