@@ -207,10 +207,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _announce(app, sock: socket.socket, passes: int, threads: int, cores: int, in_workers: bool, access) -> None:
-    """The first line on stderr (where it listens, what it serves, how it uses the cores), and warnings."""
+    """The first line on stderr (where it listens, what it serves and in which precision, how it uses the cores), and
+    warnings."""
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    names = ", ".join(f"{m.name} ({m.kind})" for m in app.state.models)
+    names = ", ".join(f"{m.name} ({m.kind}, {m.obj.backend.precision})" for m in app.state.models)
     where = f"{passes} worker processes" if in_workers else f"{passes} passes in threads"
     print(f"aiayn serve: http://{shown}:{port} serving {names}; {where} x {threads} torch threads "
           f"on {cores} cores", file=sys.stderr, flush=True)

@@ -157,9 +157,15 @@ def test_listening_beyond_this_machine_without_a_key_warns(capsys):
     _announce(app, Bound("0.0.0.0"), 1, 1, 1, False, Access())
     _announce(app, Bound("0.0.0.0"), 1, 1, 1, False, Access(api_key="k"))
     _announce(app, Bound("127.0.0.1"), 1, 1, 1, False, Access())
-    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if "warning" in line]
     assert warnings == ["aiayn serve: warning: listening on 0.0.0.0, beyond this machine, with no API key: anyone "
                         "who reaches it can use it; set --api-key or $AIAYN_API_KEY"]
+    # what it serves, in the precision each object decodes in (a translator's is measured: aiayn translate's)
+    served = SimpleNamespace(name="en-fr", kind="translate", obj=SimpleNamespace(backend=SimpleNamespace(
+        precision="bf16")))
+    _announce(SimpleNamespace(state=SimpleNamespace(models=[served])), Bound("127.0.0.1"), 1, 1, 1, False, Access())
+    assert "serving en-fr (translate, bf16); 1 passes in threads" in capsys.readouterr().err
 
 
 # -- connections -----------------------------------------------------------------------------------------------
