@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,6 +63,8 @@ def measured_precision(directory: Path, model: nn.Module,
     try:
         record = load_json((directory / EVAL).read_text(encoding="utf-8"))
         bleu, bf16 = float(record["bleu"]), float(record["bf16"]["bleu"])
+        if not (math.isfinite(bleu) and math.isfinite(bf16)):
+            raise ValueError("a score that is not a number")
     except (OSError, ValueError, KeyError, TypeError):
         return None, f"no bf16 test score in {directory / EVAL} (the trainer writes one on a CPU with native bf16)"
     if bf16 < bleu - BF16_BLEU_TOLERANCE:
