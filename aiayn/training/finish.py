@@ -90,7 +90,9 @@ def evaluate_test(t: Any, num_beams: int | None = None) -> dict[str, Any]:
         bf16 = bf16_test(t, options, result, seconds)
         if bf16 is not None:
             result["bf16"] = bf16
-        row = {k: v for k, v in result.items() if k != "examples"}
+        row = {k: v for k, v in result.items() if k not in ("examples", "bf16")}
+        # bf16's scores as columns of their own in the metrics CSV (eval.json keeps them together)
+        row.update({f"bf16_{k}": v for k, v in result.get("bf16", {}).items() if isinstance(v, (int, float))})
         t.log.append({"split": "test", "step": t.step, "epoch": t.epoch, **row, "time_s": t.elapsed()})
         atomic_write_bytes(t.run_dir / EVAL, (json.dumps({"split": "test", "step": t.step, **result},
                                                          indent=2) + "\n").encode())
