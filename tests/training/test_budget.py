@@ -118,12 +118,13 @@ def test_the_test_is_decoded_again_in_bf16_only_where_bf16_is_native_and_the_bud
     calls = []
     monkeypatch.setattr(finish, "evaluate", lambda model, data, split, options: calls.append(options) or {
         "bleu": 29.9, "chrf": 55.0, "examples": [("a", "b", "c")]})
-    reports, room = [], [True]
+    reports, room, estimate = [], [True], [9.0]  # the recipe's 10 minutes: a 9 s test
     budget = SimpleNamespace(fits=lambda seconds, reserve: room[0], left=lambda: 3.0, record=lambda *a: None,
-                             seconds=600.0)
+                             seconds=600.0, end_test_estimate=lambda examples, beams, decoded: estimate[0])
     t = SimpleNamespace(backend=SimpleNamespace(device=torch.device("cpu")), budget=budget, report=reports.append,
-                        model=None, data=SimpleNamespace(test=None, task=SimpleNamespace(generates=True)),
-                        cfg=SimpleNamespace(precision=None))
+                        model=None, data=SimpleNamespace(test=SimpleNamespace(items=[0] * 20),
+                                                         task=SimpleNamespace(generates=True)),
+                        cfg=SimpleNamespace(precision=None, num_beams=4))
     from aiayn.backends import calibrate
 
     timed = []
@@ -137,6 +138,9 @@ def test_the_test_is_decoded_again_in_bf16_only_where_bf16_is_native_and_the_bud
     room[0] = False  # less left than the float32 test took
     assert finish.bf16_test(t, EvalOptions(), fp32, 12.0) is None and "not decoded again in bf16" in reports[-1]
     room[0] = True
+    estimate[0] = 31.0  # a test of more than 5% of the budget: a short budget keeps its time for training
+    assert finish.bf16_test(t, EvalOptions(), fp32, 12.0) is None
+    estimate[0] = 9.0
     t.cfg.precision = "bf16"
     assert finish.bf16_test(t, EvalOptions(precision="bf16"), fp32, 12.0) is None  # the test ran in bf16
     t.cfg.precision = None
