@@ -169,9 +169,12 @@ class Choices:
             return ", ".join(f"{kind} {kernel}" + (f" ({margin(f'{prefix}{name} {kind}{suffix}', kernel, plain)})"
                                                    if kernel != plain else "") for kind, kernel in by_kind.items())
 
+        def rows(name: str) -> str:
+            """A row class as the text names it: "one row", "few rows", "many rows"."""
+            return f"{name} row{'s' if name != 'one' else ''}"
+
         def by_rows(table: dict[str, dict[str, str]], **how: str) -> str:
-            return "; ".join(f"{name} row{'s' if name != 'one' else ''}: {kinds(name, by_kind, **how)}"
-                             for name, by_kind in table.items())
+            return "; ".join(f"{rows(name)}: {kinds(name, by_kind, **how)}" for name, by_kind in table.items())
 
         def yes(flag: bool) -> str:
             return "yes" if flag else "no"
@@ -179,9 +182,8 @@ class Choices:
         if self.inference is None:
             base = "a base model's shapes: not measured (nothing has asked for them)"
         else:
-            rows = by_rows(self.inference)
             train = "oneDNN" if self.train_onednn else "F.linear"
-            base = (f"inference products: {rows}; training products: {train} "
+            base = (f"inference products: {by_rows(self.inference)}; training products: {train} "
                     f"({ratio('train', 'onednn', 'dense')} F.linear's speed); fused QKV: inference "
                     f"{yes(self.fused_qkv_inference)} (one row {ratio('qkv one', 'fused', 'separate')}, "
                     f"many {ratio('qkv', 'fused', 'separate')}), training "
@@ -194,15 +196,14 @@ class Choices:
                           f"{'yes' if fused else 'no'} ({ratio(f'qkv train {key}', 'fused', 'separate')})"
                           for key, (onednn, fused) in (self.training or {}).items())
                 + "".join(f"; inference at {key} (d_model x d_ff x vocabulary): "
-                          + "; ".join(f"{name} row{'s' if name != 'one' else ''}: "
+                          + "; ".join(f"{rows(name)}: "
                                       + ", ".join(f"{kind} {kernel}" for kind, kernel in by_kind.items())
                                       for name, by_kind in found.items())
                           for key, found in (self.inference_widths or {}).items())
                 + "".join(f"; bf16 at {key}: {by_rows(found, plain='packed', prefix='bf16 ', suffix=f' {key}')}"
                           for key, found in (self.bf16_widths or {}).items())
                 + "".join(f"; a step's products in bf16 at {key}: "
-                          + ", ".join(f"{name} row{'s' if name != 'one' else ''} "
-                                      f"{margin(f'bf16 step {name} {key}', 'bf16', 'float32')}"
+                          + ", ".join(f"{rows(name)} {margin(f'bf16 step {name} {key}', 'bf16', 'float32')}"
                                       + ("" if faster else " (float32 kept)") for name, faster in found.items())
                           for key, found in (self.bf16_faster_widths or {}).items())
                 + "".join(f"; at {key}: fused QKV {yes(fused)} "
