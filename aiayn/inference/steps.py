@@ -342,7 +342,8 @@ class StaticState:
         written = set(moved)
         kept = {parent: filled[:, :, parent].clone() for parent in {parents[i] for i in moved} if parent in written}
         for i in moved:
-            filled[:, :, i].copy_(kept.get(parents[i], filled[:, :, parents[i]]))
+            parent = parents[i]
+            filled[:, :, i].copy_(kept[parent] if parent in kept else filled[:, :, parent])
         return True
 
     def _map_memory(self, fn) -> None:
