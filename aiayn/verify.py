@@ -11,7 +11,8 @@ from an oracle computed in float32 on the CPU (float64 for the NumPy reference):
 - where `transformers` is installed, the whole model against `MarianMTModel` and `BertModel` with
   the same weights, and greedy and beam-4 decoding against Marian's `generate()`;
 - decoding on the key/value cache against recomputing every step;
-- on training paths, the loss and every gradient against plain autograd.
+- on training paths, the loss and every gradient against plain autograd (the largest difference in float32; in bf16,
+  all gradients as one vector, the L2 norm of the difference relative to theirs).
 
 Tolerances: float32 as the tests use them; bf16 and int8 paths are approximate by design and may
 differ by a fraction of the largest expected value (`RELATIVE_FLOOR`, set for int8's full activation
@@ -393,10 +394,19 @@ def _gradient_checks(backend: Backend) -> Iterator[tuple[str, float, float]]:
     plain_loss, plain_grads = step(model, torch.device("cpu"), torch.autocast("cpu", enabled=False))
     loss, grads = step(backend.prepare(model).train(), backend.device, backend.autocast())
     model.cpu()
-    scale = max(float(g.abs().max()) for g in plain_grads.values())
     yield "training loss = plain autograd on the CPU", (abs(loss - plain_loss), abs(plain_loss)), 1e-5
-    worst = max(_compare(grads[n], g)[0] for n, g in plain_grads.items()) / scale
-    yield "training gradients = plain autograd on the CPU (relative to the largest)", (worst, 1.0), 1e-5
+    if backend.precision == "fp32":
+        scale = max(float(g.abs().max()) for g in plain_grads.values())
+        worst = max(_compare(grads[n], g)[0] for n, g in plain_grads.items()) / scale
+        yield "training gradients = plain autograd on the CPU (relative to the largest)", (worst, 1.0), 1e-5
+        return
+    # Under autocast a ReLU whose input rounds across zero moves single gradient entries by several percent of the
+    # largest (bf16's plain path: 2-7% over 12 seeded models, docs/notes.md, "Training"): the gradients are held
+    # together, as one vector, to the floor.
+    expected = torch.cat([g.double().flatten() for g in plain_grads.values()])
+    actual = torch.cat([grads[n].double().flatten() for n in plain_grads])
+    relative = float((actual - expected).norm() / expected.norm())
+    yield "training gradients = plain autograd on the CPU (L2 distance relative to theirs)", (relative, 1.0), 1e-5
 
 
 def format_checks(checks: list[Check]) -> str:

@@ -35,6 +35,7 @@ from aiayn.backends.absorbed import absorb_cross_attention
 from aiayn.backends.devices import bf16_supported, resolve_device
 from aiayn.backends.fused import StackedLinear, fuse_qkv, stacked_away, use_torch_encoder_layers
 from aiayn.backends.shapes import SHAPE_KINDS
+from aiayn.nn.attention import MultiHeadAttention
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,8 @@ class Backend:
             kernels (`calibrate.Choices.int8_weights`): int8 copies run them for layers over int8's tolerance.
         int8_float32: (row class, shape kind) pairs where int8 products were measured slower than the float32
             kernels at the model's widths (`calibrate.int8_kernels`): int8 copies run float32 there.
+        float32_attention: bf16 training computes attention itself in float32 (`MultiHeadAttention.float32_attention`),
+            where its bf16 kernel was measured the slower forward and backward (`calibrate.bf16_training_attention`).
     """
 
     device: torch.device
@@ -83,12 +86,13 @@ class Backend:
     kernels: tuple[tuple[str, str, str], ...] | None = None
     int8_weights: tuple[tuple[str, str], ...] = ()
     int8_float32: tuple[tuple[str, str], ...] = ()
+    float32_attention: bool = False
 
     @property
     def plain(self) -> bool:
         """True when the model's modules run as written (no trick applied)."""
         return not (self.onednn or self.prepack or self.fused_qkv or self.torch_layers or self.absorbed_cross
-                    or self.compile or self.cuda_graphs)
+                    or self.compile or self.cuda_graphs or self.float32_attention)
 
     def describe(self) -> str:
         """A short label: device, mode, precision and tricks
@@ -105,6 +109,7 @@ class Backend:
                                         ("fused QKV", self.fused_qkv),
                                         ("PyTorch's fused encoder layers", self.torch_layers),
                                         ("cross-attention absorbed into short memories", self.absorbed_cross),
+                                        ("attention in float32 (faster here than bf16's)", self.float32_attention),
                                         ("torch.compile", self.compile),
                                         ("decoding steps in CUDA graphs", self.cuda_graphs)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
@@ -145,6 +150,10 @@ class Backend:
             cpu.use_onednn(prepared, prepack=self._packed if self.prepack else None, skip=stacked_away(prepared))
             if self.prepack:
                 prepared = cpu.fuse_activations(prepared)
+        if self.float32_attention and self.mode == "train":
+            for module in prepared.modules():
+                if isinstance(module, MultiHeadAttention):
+                    module.float32_attention = True
         prepared.train(self.mode == "train")
         if self.mode == "inference" and not self.plain:
             _without_dropout(prepared)
@@ -333,6 +342,11 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         # oneDNN over the unpacked weight, repacking it on every call: docs/notes.md, "Decoding").
         kernels = cpu.kernel_triples(calibrate.bf16_kernels(*(inference_shape or BASE_INFERENCE_SHAPE)))
         return replace(with_kernels(backend, kernels, fused_qkv=True), absorbed_cross=True, compile=compile)
+    if device.type == "cpu" and precision == "bf16" and mode == "train":
+        # autocast over the products; the attention kernel in whichever precision ran faster at the model's width
+        rows, d_model = train_shape[:2] if train_shape is not None else (calibrate.TRAIN_SHAPE_ROWS, BASE_WIDTH)
+        return replace(backend, fused_qkv=True, compile=compile,
+                       float32_attention=calibrate.bf16_training_attention(rows, d_model))
     if device.type != "cpu" or precision == "bf16":
         graphs = device.type == "cuda" and mode == "inference" and not compile
         return replace(backend, fused_qkv=True, compile=compile, cuda_graphs=graphs)
@@ -362,6 +376,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
 
 # The shape `select` measures bf16 products at where it is given none: a base model's widths and vocabulary
 # (`shapes.SHAPE_KINDS`), its weights as many bytes as one- and few-row products are timed over.
+BASE_WIDTH = dict(SHAPE_KINDS)["square"][0]  # a base model's d_model
 BASE_INFERENCE_SHAPE = (*dict(SHAPE_KINDS)["wide"], dict(SHAPE_KINDS)["vocabulary"][1], calibrate.COLD_BYTES)
 
 

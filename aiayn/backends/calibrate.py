@@ -126,6 +126,9 @@ class Choices:
             faster in bf16 (on the kernels of `bf16_widths`) than in float32 (on those of `inference_widths`) by
             more than their spread (`bf16_faster`); measured the first time the precision of such a model is left
             to the machine on a CPU with native bf16.
+        bf16_attention: by "rows x d_model", whether bf16 training computes attention in float32 (its inputs cast up)
+            because forward and backward ran faster so than in bf16 (`bf16_training_attention`); measured the first
+            time a bf16 run of that shape asks.
         int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, whether int8 products
             (`int8.Int8Linear`) ran at least as fast as the float32 kernel chosen there (`int8_kernels`); measured
             the first time an int8 copy of a model of that shape is prepared.
@@ -150,6 +153,7 @@ class Choices:
     int8_weights_widths: dict[str, dict[str, dict[str, bool]]] | None = None
     bf16_widths: dict[str, dict[str, dict[str, str]]] | None = None
     bf16_faster_widths: dict[str, dict[str, bool]] | None = None
+    bf16_attention: dict[str, bool] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -206,6 +210,9 @@ class Choices:
                           + ", ".join(f"{rows(name)} {margin(f'bf16 step {name} {key}', 'bf16', 'float32')}"
                                       + ("" if faster else " (float32 kept)") for name, faster in found.items())
                           for key, found in (self.bf16_faster_widths or {}).items())
+                + "".join(f"; bf16 training at {key} (rows x d_model): attention in "
+                          f"{'float32' if up else 'bf16'} ({margin(f'bf16 attention {key}', 'float32', 'bf16')})"
+                          for key, up in (self.bf16_attention or {}).items())
                 + "".join(f"; at {key}: fused QKV {yes(fused)} "
                           f"(one row {ratio(f'qkv one {key}', 'fused', 'separate')}, "
                           f"many {ratio(f'qkv {key}', 'fused', 'separate')}), PyTorch's fused encoder layer "
@@ -309,7 +316,8 @@ def _cached(description: dict[str, str]) -> Choices | None:
 def _well_formed(found: Choices) -> bool:
     """Whether cached choices have the types this code writes (a file of the right keys edited by hand may not)."""
     tables = (found.inference, found.int8_weights, found.training, found.inference_widths, found.int8_widths,
-              found.inference_layers, found.int8_weights_widths, found.bf16_widths, found.bf16_faster_widths)
+              found.inference_layers, found.int8_weights_widths, found.bf16_widths, found.bf16_faster_widths,
+              found.bf16_attention)
     pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
     return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
             and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))
@@ -503,6 +511,46 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
             rows, d_model, d_ff, seconds, ratios, torch.Generator().manual_seed(2), f" {key}")))
     onednn, fused = found.training[key]  # a list in the cache's JSON
     return onednn, fused
+
+
+# The sequences `bf16_training_attention` times its batch as: a typical sentence's length in tokens.
+ATTENTION_LENGTH = 32
+
+
+def _bf16_attention(rows: int, d_model: int, seconds: dict[str, float], ratios: dict[str, list[float]],
+                    gen: torch.Generator, what: str) -> bool:
+    """Whether causal self-attention over `rows` tokens (sequences of `ATTENTION_LENGTH`, heads of 64 or one head
+    of d_model) ran forward and backward faster in float32, its bf16 inputs cast up and its output down, than in
+    bf16 (recorded as "bf16 attention{what}")."""
+    heads = max(1, d_model // 64)
+    shape = (max(1, rows // ATTENTION_LENGTH), heads, ATTENTION_LENGTH, d_model // heads)
+    with torch.enable_grad():
+        q, k, v = (torch.randn(shape, generator=gen).bfloat16().requires_grad_() for _ in range(3))
+        grad = torch.randn(shape, generator=gen).bfloat16()
+
+        def bf16() -> None:
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+        def float32() -> None:
+            F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True).bfloat16().backward(grad)
+
+        timed = timing.timed({"bf16": bf16, "float32": float32})
+    timing.record(seconds, f"bf16 attention{what}", timed, plain="bf16", ratios=ratios)
+    return timing.pick(timed, "bf16") == "float32"
+
+
+def bf16_training_attention(rows: int, d_model: int) -> bool:
+    """Whether bf16 training of a model `d_model` wide on batches of about `rows` tokens (timed on at most
+    `TRAIN_SHAPE_ROWS`) computes attention in float32: where `scaled_dot_product_attention`'s bf16 backward is the
+    slower (on an AVX-512 AMD EPYC, 1.7-5x float32's: docs/notes.md, "Training"). Measured the first time a run of
+    that shape asks (well under a second), then kept in the cache (`Choices.bf16_attention`)."""
+    found = _measured_so_far()
+    rows = min(rows, TRAIN_SHAPE_ROWS)
+    key = f"{rows}x{d_model}"
+    if key not in (found.bf16_attention or {}):
+        found = _with_measured(found, "bf16_attention", key, lambda seconds, ratios: _bf16_attention(
+            rows, d_model, seconds, ratios, torch.Generator().manual_seed(7), f" {key}"))
+    return bool(found.bf16_attention[key])
 
 
 def _on_kernel(weight: torch.Tensor, bias: torch.Tensor | None, kernel: str) -> cpu.PackedLinear:

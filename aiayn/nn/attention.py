@@ -124,6 +124,11 @@ class MultiHeadAttention(nn.Module):
     outside by `aiayn.backends`.
     """
 
+    # Under autocast, softmax(Q K^T / sqrt(d_k)) V itself in float32, its bf16 (or fp16) inputs cast up and its
+    # output down, the projections still in the lower precision: set on a prepared copy by `aiayn.backends` where
+    # the attention kernel's bf16 backward was measured the slower (`calibrate.bf16_training_attention`).
+    float32_attention = False
+
     def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True):
         super().__init__()
         if d_model % n_heads:
@@ -175,20 +180,28 @@ class MultiHeadAttention(nn.Module):
         if key_value is not None:
             self._check_input("key_value", key_value, batch=query.shape[0])
         q, k, v, offset = self._heads(query, key_value, cache, static_kv)  # (B, h, L_q|L_k, d_k)
-        q_len, k_len = q.shape[2], k.shape[2]
-        dropout_p = self.dropout if self.training else 0.0
-        if is_causal and mask is None and offset == 0 and q_len == k_len and not need_weights:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-            weights = None
+        if self.float32_attention and q.dtype in (torch.bfloat16, torch.float16):
+            with torch.autocast(q.device.type, enabled=False):  # else autocast would cast them down again
+                out, weights = self._equation(q.float(), k.float(), v.float(), mask, is_causal, offset, need_weights)
+            out, weights = out.to(q.dtype), None if weights is None else weights.to(q.dtype)
         else:
-            # One new query after its whole prefix (a cached decoding step) sees every key: no mask to build.
-            if is_causal and not (q_len == 1 and offset + 1 >= k_len):
-                causal = causal_mask(q_len, q.device, offset=offset)  # (1, 1, L_q, L_k)
-                mask = causal if mask is None else mask & causal
-            out, weights = self.attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
+            out, weights = self._equation(q, k, v, mask, is_causal, offset, need_weights)
         b, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(b, length, self.d_model)  # (B, L_q, d_model): heads concatenated
         return self.out_proj(out), weights
+
+    def _equation(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, is_causal: bool,
+                  offset: int, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`forward`'s attention on split heads (B, h, L, d_k), the look-ahead mask included where asked."""
+        q_len, k_len = q.shape[2], k.shape[2]
+        dropout_p = self.dropout if self.training else 0.0
+        if is_causal and mask is None and offset == 0 and q_len == k_len and not need_weights:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
+        # One new query after its whole prefix (a cached decoding step) sees every key: no mask to build.
+        if is_causal and not (q_len == 1 and offset + 1 >= k_len):
+            causal = causal_mask(q_len, q.device, offset=offset)  # (1, 1, L_q, L_k)
+            mask = causal if mask is None else mask & causal
+        return self.attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *,
                dropout_p: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -535,6 +535,67 @@ def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_pat
     assert f"{calibrate.TRAIN_SHAPE_ROWS}x32x128" in calibrate._measured_so_far().training
 
 
+def test_bf16_training_times_attention_in_both_precisions_at_its_width_once(tmp_path, monkeypatch):
+    """A bf16 training run asks whether attention runs faster in float32 at its width: timed once, cached, read back
+    in a new process, printed with its margin; the backend carries the answer into the prepared copy only."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
+    up = calibrate.bf16_training_attention(256, 64)
+    so_far = calibrate._measured_so_far()
+    assert so_far.bf16_attention == {"256x64": up}
+    assert {"bf16 attention 256x64: bf16", "bf16 attention 256x64: float32"} <= set(so_far.seconds)
+    assert "bf16 attention 256x64: float32" in so_far.ratios
+    assert "bf16 training at 256x64 (rows x d_model): attention in " in so_far.describe()
+    backend = select("cpu", "train", "bf16", train_shape=(256, 64, 128))
+    assert backend.float32_attention == up and backend.fused_qkv
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_bf16_attention", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert calibrate.bf16_training_attention(256, 64) == up
+    monkeypatch.setattr(calibrate, "_bf16_attention", lambda *args, **kwargs: True)
+    assert calibrate.bf16_training_attention(calibrate.TRAIN_SHAPE_ROWS * 2, 64)  # a larger batch: timed at the cap
+    assert f"{calibrate.TRAIN_SHAPE_ROWS}x64" in calibrate._measured_so_far().bf16_attention
+
+
+@pytest.mark.parametrize("chosen", [True, False])
+def test_bf16_training_runs_attention_in_the_precision_measured_and_learns_the_same(chosen, monkeypatch):
+    """Where float32 attention was measured faster, the prepared copy's attention receives float32 inputs under
+    autocast (its projections stay bf16) and returns bf16; the user's model is untouched; loss and gradients stay
+    within bf16's rounding of the bf16 path's."""
+    monkeypatch.setattr(calibrate, "bf16_training_attention", lambda rows, d_model: chosen)
+    torch.manual_seed(0)
+    cfg = preset("tiny").replace(vocab_size=50, d_model=32, n_heads=4, d_ff=64, dropout=0.0)
+    model = build_model(cfg).train()
+    backend = select("cpu", "train", "bf16", train_shape=(64, 32, 64))
+    assert backend.float32_attention == chosen
+    assert ("attention in float32" in backend.describe()) == chosen and not backend.plain
+    prepared = backend.prepare(model)
+    flags = [m.float32_attention for m in prepared.modules() if isinstance(m, MultiHeadAttention)]
+    assert len(flags) == 6 and set(flags) == {chosen}
+    assert not any(m.float32_attention for m in model.modules() if isinstance(m, MultiHeadAttention))
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda q, *a, **k: seen.append(q.dtype) or sdpa(q, *a, **k))
+    batch = seq2seq_batch(cfg)
+
+    def step(module) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        with backend.autocast():
+            logits, kept = forward(module, batch, "seq2seq")
+        loss, _ = label_smoothed_loss(logits.float(), kept, smoothing=0.1)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = step(prepared)
+    assert set(seen) == {torch.float32 if chosen else torch.bfloat16} and len(seen) == len(flags)
+    plain_loss, plain_grads = step(select("cpu", "train", "bf16", plain=True).prepare(model))
+    torch.testing.assert_close(loss, plain_loss, rtol=2e-2, atol=0)
+    scale = max(float(g.abs().max()) for g in plain_grads.values())
+    for name, grad in plain_grads.items():  # bf16 keeps 8 bits of mantissa: within a few of its steps
+        torch.testing.assert_close(grads[name], grad, rtol=0.1, atol=0.05 * scale, msg=name)
+
+
 def test_inference_products_are_chosen_at_the_widths_of_the_model_run(tmp_path, monkeypatch):
     """A model narrower than a base one runs the kernels, Q/K/V and encoder layers measured at its own shapes,
     measured once and cached, without waiting for a base model's shapes; a base model's widths keep the machine's."""
