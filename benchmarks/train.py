@@ -533,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     print_ratios(seconds, ("Hugging Face Marian", MARIAN_BF16, "torch.nn.Transformer"))
     threads = torch.get_num_threads()
     if threads > 1 and device.type == "cpu" and args.steps >= threads:
-        rate = data_parallel_rate(_rank_argv(args), threads)
+        rate = data_parallel_rate(_rank_argv(args, backend.precision), threads)
         name = f"aiayn, {threads} processes x 1 thread (DDP)"
         print(f"  {name:22s} {rate:10.0f} tokens/s (timed after the rows above)")
         figure(name, rate, "tokens/s")
@@ -548,12 +548,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _rank_argv(args: argparse.Namespace) -> list[str]:
-    """The arguments a data-parallel process needs to build the same model and batches."""
+def _rank_argv(args: argparse.Namespace, precision: str) -> list[str]:
+    """The arguments a data-parallel process needs to build the same model and batches, in the precision the
+    threads' row trained in (each process would otherwise time the precisions again, both at once)."""
     argv = ["--recipe"] if args.recipe else []
     argv += ["--preset", args.preset, "--vocab", str(args.vocab), "--max-tokens", str(args.max_tokens),
             "--mean-len", str(args.mean_len), "--steps", str(args.steps), "--warmup", str(args.warmup)]
-    return argv + (["--precision", args.precision] if args.precision else [])
+    return argv + ["--precision", precision]
 
 
 if __name__ == "__main__":

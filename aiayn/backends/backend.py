@@ -271,7 +271,16 @@ def native_bf16_cpu(device: torch.device) -> bool:
 
 def default_precision(device: torch.device, mode: str, train_shape: tuple[int, int, int] | None = None) -> str:
     """bf16 on a CUDA GPU that computes it natively (for training, a model at least `CUDA_BF16_TRAIN_MIN_WIDTH`
-    wide; `train_shape` None is a base model), else fp32."""
+    wide; `train_shape` None is a base model); for training on a CPU with native bf16, bf16 where a step of the
+    model's widths was measured faster so (`calibrate.bf16_training_faster`); else fp32."""
+    if mode == "train" and native_bf16_cpu(device):
+        rows, d_model, d_ff = train_shape or (calibrate.TRAIN_SHAPE_ROWS, BASE_WIDTH, 4 * BASE_WIDTH)
+
+        def prepare(precision: str, model: nn.Module) -> tuple:
+            backend = select(device, "train", precision, train_shape=(rows, d_model, d_ff))
+            return backend.prepare(model), backend.autocast
+
+        return "bf16" if calibrate.bf16_training_faster(rows, d_model, d_ff, prepare) else "fp32"
     if device.type != "cuda" or not bf16_supported(device):
         return "fp32"
     if mode == "train" and train_shape is not None and train_shape[1] < CUDA_BF16_TRAIN_MIN_WIDTH:
@@ -308,7 +317,8 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         device: "cpu", "cuda", "mps" (or "cuda:1"), None for the best available.
         mode: "train" or "inference".
         precision: "fp32", "bf16" or "int8"; None picks per device (`default_precision`): bf16 on a CUDA GPU
-            that has it (for training, on models at least 512 wide), else fp32.
+            that has it (for training, on models at least 512 wide), bf16 training on a CPU with native bf16 where
+            measured faster at the model's widths, else fp32.
         plain: run the modules as written (only the device and precision apply).
         compile: also `torch.compile` the prepared model (CUDA and CPU; off by default).
         train_shape: (batch tokens, d_model, d_ff) of the model to train: its products and Q/K/V are chosen by

@@ -61,8 +61,8 @@ from torch import nn
 from aiayn.backends import cpu, int8, timing
 from aiayn.backends.fused import TorchEncoderLayer, fuse_qkv, stacked_away
 from aiayn.backends.shapes import FEW_ROWS_MAX, ROW_CLASSES, SHAPE_KINDS
-from aiayn.config import preset
-from aiayn.nn.model import build_encoder
+from aiayn.config import ModelConfig, preset
+from aiayn.nn.model import build_encoder, build_model
 from aiayn.rundir import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -129,6 +129,9 @@ class Choices:
         bf16_attention: by "rows x d_model", whether bf16 training computes attention in float32 (its inputs cast up)
             because forward and backward ran faster so than in bf16 (`bf16_training_attention`); measured the first
             time a bf16 run of that shape asks.
+        bf16_training: by "rows x d_model x d_ff", whether a training step ran faster under bf16 autocast than in
+            float32, each as `select` prepares it (`bf16_training_faster`): what training on a CPU with native bf16
+            takes where its precision is left to the machine; measured the first time such a run asks.
         int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, whether int8 products
             (`int8.Int8Linear`) ran at least as fast as the float32 kernel chosen there (`int8_kernels`); measured
             the first time an int8 copy of a model of that shape is prepared.
@@ -154,6 +157,7 @@ class Choices:
     bf16_widths: dict[str, dict[str, dict[str, str]]] | None = None
     bf16_faster_widths: dict[str, dict[str, bool]] | None = None
     bf16_attention: dict[str, bool] | None = None
+    bf16_training: dict[str, bool] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -213,6 +217,9 @@ class Choices:
                 + "".join(f"; bf16 training at {key} (rows x d_model): attention in "
                           f"{'float32' if up else 'bf16'} ({margin(f'bf16 attention {key}', 'float32', 'bf16')})"
                           for key, up in (self.bf16_attention or {}).items())
+                + "".join(f"; training at {key} (rows x d_model x d_ff): "
+                          f"{'bf16' if faster else 'float32'} ({margin(f'bf16 training {key}', 'bf16', 'float32')})"
+                          for key, faster in (self.bf16_training or {}).items())
                 + "".join(f"; at {key}: fused QKV {yes(fused)} "
                           f"(one row {ratio(f'qkv one {key}', 'fused', 'separate')}, "
                           f"many {ratio(f'qkv {key}', 'fused', 'separate')}), PyTorch's fused encoder layer "
@@ -317,7 +324,7 @@ def _well_formed(found: Choices) -> bool:
     """Whether cached choices have the types this code writes (a file of the right keys edited by hand may not)."""
     tables = (found.inference, found.int8_weights, found.training, found.inference_widths, found.int8_widths,
               found.inference_layers, found.int8_weights_widths, found.bf16_widths, found.bf16_faster_widths,
-              found.bf16_attention)
+              found.bf16_attention, found.bf16_training)
     pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
     return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
             and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))
@@ -551,6 +558,59 @@ def bf16_training_attention(rows: int, d_model: int) -> bool:
         found = _with_measured(found, "bf16_attention", key, lambda seconds, ratios: _bf16_attention(
             rows, d_model, seconds, ratios, torch.Generator().manual_seed(7), f" {key}"))
     return bool(found.bf16_attention[key])
+
+
+# The pieces of the one-layer model `bf16_training_faster` times (the recipe's vocabulary: its output projection a
+# step's largest product, as in a real run's).
+TRAINING_VOCABULARY = 4000
+
+
+def _training_steps(rows: int, d_model: int, d_ff: int, prepare: Callable[[str, nn.Module], tuple],
+                    gen: torch.Generator) -> dict[str, Callable[[], None]]:
+    """A training step (forward, cross-entropy, backward; no optimizer) of a one-layer encoder-decoder of these widths
+    over `rows` tokens (source and target sequences of `ATTENTION_LENGTH`), in float32 and in bf16: each run on the copy
+    `prepare(precision, model)` gives with its autocast, (prepared module, context factory)."""
+    heads = max(1, d_model // 64)
+    cfg = ModelConfig(vocab_size=TRAINING_VOCABULARY, d_model=d_model, n_heads=heads, d_ff=d_ff, n_encoder_layers=1,
+                      n_decoder_layers=1, dropout=0.0, max_len=ATTENTION_LENGTH)
+    model = build_model(cfg).train()
+    shape = (max(1, rows // (2 * ATTENTION_LENGTH)), ATTENTION_LENGTH)
+    src, tgt = (torch.randint(4, cfg.vocab_size, shape, generator=gen) for _ in range(2))
+
+    def step(precision: str) -> Callable[[], None]:
+        module, autocast = prepare(precision, model)
+
+        def run() -> None:
+            model.zero_grad(set_to_none=True)
+            with torch.enable_grad(), autocast():
+                logits = module(src, tgt)
+            with torch.enable_grad():
+                F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten()).backward()
+
+        return run
+
+    return {"float32": step("fp32"), "bf16": step("bf16")}
+
+
+def bf16_training_faster(rows: int, d_model: int, d_ff: int, prepare: Callable[[str, nn.Module], tuple]) -> bool:
+    """Whether training a model of these widths on batches of about `rows` tokens (timed on at most
+    `TRAIN_SHAPE_ROWS`) runs faster under bf16 autocast than in float32 by more than its spread (`timing.pick`), a
+    one-layer model's step timed in both as `prepare(precision, model)` prepares it (`_training_steps`). Measured the
+    first time a run of that shape asks (a second or two), then kept in the cache (`Choices.bf16_training`)."""
+    rows = min(rows, TRAIN_SHAPE_ROWS)
+    key = f"{rows}x{d_model}x{d_ff}"
+    found = _measured_so_far()
+    if key not in (found.bf16_training or {}):
+        # prepared first: preparing measures what each precision's backend chooses, and keeps that in the cache
+        steps = _training_steps(rows, d_model, d_ff, prepare, torch.Generator().manual_seed(8))
+
+        def measure(seconds: dict[str, float], ratios: dict[str, list[float]]) -> bool:
+            timed = timing.timed(steps)
+            timing.record(seconds, f"bf16 training {key}", timed, plain="float32", ratios=ratios)
+            return timing.pick(timed, "float32") == "bf16"
+
+        found = _with_measured(_measured_so_far(), "bf16_training", key, measure)
+    return bool(found.bf16_training[key])
 
 
 def _on_kernel(weight: torch.Tensor, bias: torch.Tensor | None, kernel: str) -> cpu.PackedLinear:

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from aiayn.backends import select
+from aiayn.backends.backend import default_precision, native_bf16_cpu
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import PreparedData, load_labels, prepare_data, read_examples, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers
@@ -138,7 +139,22 @@ def setup(t: Any) -> None:
     # The train step runs a prepared copy sharing the model's parameters (see aiayn.backends).
     # Its products are chosen by what was measured at this model's widths and batch size.
     mcfg = t.model.config
-    t.backend = select(t.device, "train", cfg.precision, train_shape=(cfg.max_tokens, mcfg.d_model, mcfg.d_ff))
+    shape = (cfg.max_tokens, mcfg.d_model, mcfg.d_ff)
+    # Left to the machine (bf16 where measured faster) in several processes: rank 0 measures it alone, here, and sends
+    # it once past its barrier below; each timing it at once would time a busy machine, and could answer differently.
+    precision, shared = cfg.precision, cfg.precision is None and t.world > 1 and t.device.type == "cpu"
+    if shared and main:
+        precision = default_precision(t.device, "train", shape)
+    elif shared:
+        received = [None]
+        with peers_watched(t.world):
+            torch.distributed.broadcast_object_list(received, src=0)
+        precision = received[0]
+    t.backend = select(t.device, "train", precision, train_shape=shape)
+    if main and cfg.precision is None and native_bf16_cpu(t.device):
+        t.report(f"precision {t.backend.precision}: a training step at this model's widths measured "
+                 + ("faster in bf16 than in fp32 on this CPU (precision=fp32 keeps float32)"
+                    if t.backend.precision == "bf16" else "no faster in bf16 than in fp32 on this CPU"))
     t.prepared = t.backend.prepare(t.model)
     t.recipe, notes = resolve_recipe(cfg, total_steps=planned_steps(t), d_model=t.model.config.d_model)
     if main and t.budget is None:  # under a budget, the plan after the first steps reports the recipe
@@ -154,6 +170,8 @@ def setup(t: Any) -> None:
     if main and t.world > 1:
         with peers_watched(t.world):
             torch.distributed.barrier()
+            if shared:
+                torch.distributed.broadcast_object_list([precision], src=0)
         if cfg.global_batches % t.world:
             t.report(f"{t.world} processes share {cfg.global_batches} batches a step (global_batches): "
                      "some train an empty batch at each step")

@@ -18,6 +18,7 @@ from aiayn.backends import (
     select,
     timing,
 )
+from aiayn.backends import backend as backend_module
 from aiayn.backends.cpu import OneDnnLinear, PackedFeedForward, PackedLinear, onednn_linear, onednn_usable
 from aiayn.backends.fused import FusedQKVAttention, stacked_away
 from aiayn.backends.shapes import row_class, shape_kind
@@ -28,6 +29,7 @@ from aiayn.nn.model import build_encoder, build_model
 from aiayn.training.loss import label_smoothed_loss
 from aiayn.training.objectives import forward
 
+BF16_TRAINING_FASTER = calibrate.bf16_training_faster  # as collected: tests/conftest.py fixes it for each test
 needs_onednn = pytest.mark.skipif(not onednn_usable(), reason="this build or CPU does not run oneDNN's products")
 TINY = dict(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, max_len=32)
 
@@ -558,6 +560,37 @@ def test_bf16_training_times_attention_in_both_precisions_at_its_width_once(tmp_
     assert f"{calibrate.TRAIN_SHAPE_ROWS}x64" in calibrate._measured_so_far().bf16_attention
 
 
+def test_training_on_a_cpu_with_native_bf16_takes_bf16_where_a_step_measured_faster(tmp_path, monkeypatch):
+    """Left to the machine, a CPU run trains in bf16 only where native and where a step at its widths ran faster so:
+    timed once (both precisions as `select` prepares them), cached, read back in a new process, printed with its
+    margin; an explicit precision is never measured, a CPU without native bf16 never asks."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
+    monkeypatch.setattr(backend_module, "native_bf16_cpu", lambda device: True)
+    monkeypatch.setattr(calibrate, "bf16_training_faster", BF16_TRAINING_FASTER)
+    backend = select("cpu", "train", train_shape=(256, 32, 64))
+    so_far = calibrate._measured_so_far()
+    faster = so_far.bf16_training["256x32x64"]
+    assert backend.precision == ("bf16" if faster else "fp32")
+    assert {"bf16 training 256x32x64: float32", "bf16 training 256x32x64: bf16"} <= set(so_far.seconds)
+    assert "bf16 training 256x32x64: bf16" in so_far.ratios
+    assert "training at 256x32x64 (rows x d_model x d_ff): " in so_far.describe()
+    assert "256x32" in so_far.bf16_attention  # the bf16 copy it timed was prepared as a bf16 run's
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_training_steps", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert select("cpu", "train", train_shape=(256, 32, 64)).precision == backend.precision
+    assert select("cpu", "train", "fp32", train_shape=(128, 32, 64)).precision == "fp32"  # asked for: not timed
+    for faster in (True, False):
+        monkeypatch.setattr(calibrate, "bf16_training_faster", lambda *args, faster=faster: faster)
+        assert select("cpu", "train", train_shape=(256, 32, 64)).precision == ("bf16" if faster else "fp32")
+    monkeypatch.setattr(backend_module, "native_bf16_cpu", lambda device: False)
+    monkeypatch.setattr(calibrate, "bf16_training_faster", lambda *args: pytest.fail("timed without native bf16"))
+    assert select("cpu", "train", train_shape=(256, 32, 64)).precision == "fp32"
+    assert backend_module.default_precision(torch.device("cpu"), "inference") == "fp32"
+
+
 @pytest.mark.parametrize("chosen", [True, False])
 def test_bf16_training_runs_attention_in_the_precision_measured_and_learns_the_same(chosen, monkeypatch):
     """Where float32 attention was measured faster, the prepared copy's attention receives float32 inputs under
@@ -746,8 +779,6 @@ def test_an_unwritable_cache_only_costs_a_measurement(tmp_path, monkeypatch):
 
 
 def test_the_default_precision_is_bf16_on_a_gpu_that_has_it_and_for_training_only_on_wide_models(monkeypatch):
-    from aiayn.backends import backend as backend_module
-
     cuda = torch.device("cuda")
     monkeypatch.setattr(backend_module, "bf16_supported", lambda device: True)
     assert backend_module.default_precision(cuda, "inference") == "bf16"
