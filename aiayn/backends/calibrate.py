@@ -520,7 +520,7 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
     return onednn, fused
 
 
-# The sequences `bf16_training_attention` times its batch as: a typical sentence's length in tokens.
+# The length of the sequences the bf16 training measurements cut their batch into: a typical sentence's, in tokens.
 ATTENTION_LENGTH = 32
 
 
@@ -582,9 +582,9 @@ def _training_steps(rows: int, d_model: int, d_ff: int, prepare: Callable[[str, 
 
         def run() -> None:
             model.zero_grad(set_to_none=True)
-            with torch.enable_grad(), autocast():
-                logits = module(src, tgt)
-            with torch.enable_grad():
+            with torch.enable_grad():  # timed under `_with_measured`'s no_grad
+                with autocast():
+                    logits = module(src, tgt)
                 F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten()).backward()
 
         return run
