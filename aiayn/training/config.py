@@ -90,7 +90,8 @@ class TrainConfig:
         label_smoothing: epsilon_ls (0.1, section 5.4).
         clip_norm: clip the gradient norm to this (0 = off).
         precision: "fp32" or "bf16" (bfloat16 autocast for the forward pass); unset (null): the device's
-            choice, bf16 on a CUDA GPU that has it, else fp32 (see `aiayn.backends.select`).
+            choice, bf16 on a CUDA GPU that has it (models at least 512 wide) and on a CPU with native bf16 where a
+            step at the model's widths measured faster so, else fp32 (see `aiayn.backends.select`).
         bf16: the old spelling of `precision="bf16"`, so that config files and runs saved before `precision`
             still load; `bf16=true` becomes `precision="bf16"` (and `bf16` false), and is not saved.
         mlm_probability: share of tokens masked for masked-LM (0.15, as BERT).
