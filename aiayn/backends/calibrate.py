@@ -524,12 +524,18 @@ def training_choices(rows: int, d_model: int, d_ff: int) -> tuple[bool, bool]:
 ATTENTION_LENGTH = 32
 
 
+def _heads(d_model: int) -> int:
+    """The heads the bf16 training measurements give a model `d_model` wide: of 64 (the paper's d_k), or one of
+    d_model where narrower."""
+    return max(1, d_model // 64)
+
+
 def _bf16_attention(rows: int, d_model: int, seconds: dict[str, float], ratios: dict[str, list[float]],
                     gen: torch.Generator, what: str) -> bool:
-    """Whether causal self-attention over `rows` tokens (sequences of `ATTENTION_LENGTH`, heads of 64 or one head
-    of d_model) ran forward and backward faster in float32, its bf16 inputs cast up and its output down, than in
-    bf16 (recorded as "bf16 attention{what}")."""
-    heads = max(1, d_model // 64)
+    """Whether causal self-attention over `rows` tokens (sequences of `ATTENTION_LENGTH`, `_heads`) ran forward and
+    backward faster in float32, its bf16 inputs cast up and its output down, than in bf16 (recorded as
+    "bf16 attention{what}")."""
+    heads = _heads(d_model)
     shape = (max(1, rows // ATTENTION_LENGTH), heads, ATTENTION_LENGTH, d_model // heads)
     with torch.enable_grad():
         q, k, v = (torch.randn(shape, generator=gen).bfloat16().requires_grad_() for _ in range(3))
@@ -570,9 +576,8 @@ def _training_steps(rows: int, d_model: int, d_ff: int, prepare: Callable[[str, 
     """A training step (forward, cross-entropy, backward; no optimizer) of a one-layer encoder-decoder of these widths
     over `rows` tokens (source and target sequences of `ATTENTION_LENGTH`), in float32 and in bf16: each run on the copy
     `prepare(precision, model)` gives with its autocast, (prepared module, context factory)."""
-    heads = max(1, d_model // 64)
-    cfg = ModelConfig(vocab_size=TRAINING_VOCABULARY, d_model=d_model, n_heads=heads, d_ff=d_ff, n_encoder_layers=1,
-                      n_decoder_layers=1, dropout=0.0, max_len=ATTENTION_LENGTH)
+    cfg = ModelConfig(vocab_size=TRAINING_VOCABULARY, d_model=d_model, n_heads=_heads(d_model), d_ff=d_ff,
+                      n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=ATTENTION_LENGTH)
     model = build_model(cfg).train()
     shape = (max(1, rows // (2 * ATTENTION_LENGTH)), ATTENTION_LENGTH)
     src, tgt = (torch.randint(4, cfg.vocab_size, shape, generator=gen) for _ in range(2))

@@ -71,6 +71,16 @@ def peers_watched(world: int) -> Iterator[None]:
                                          "has stopped, its own output says why") from err
 
 
+def from_rank0(value: T, world: int) -> T:
+    """Rank 0's `value` on every process of `world` (a decision only rank 0 can take, a message that must agree); a
+    collective: every process calls it at the same point, the others with any value."""
+    if world == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 class ObjectiveForward(nn.Module):
     """The task's forward as a module, for DDP and FSDP to wrap (their hooks run around a module's call):
     batch -> (logits, labels)."""
@@ -130,12 +140,8 @@ class Replicas:
         return summed.tolist()
 
     def from_rank0(self, value: T) -> T:
-        """Rank 0's `value` on every process (a decision only rank 0 can take, a message that must agree)."""
-        if self.world == 1:
-            return value
-        box = [value]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
+        """Rank 0's `value` on every process (`from_rank0`)."""
+        return from_rank0(value, self.world)
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip the gradients' global norm to `max_norm`; returns the norm before clipping (equal on every process)."""

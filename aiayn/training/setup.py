@@ -27,7 +27,7 @@ from aiayn.rundir import MODEL, RUN, TRAIN_CONFIG, check_path_given, inspect_dir
 from aiayn.training import saves
 from aiayn.training.budget import Budget, parse_duration
 from aiayn.training.config import RunConfig, load_run_config
-from aiayn.training.distributed import data_parallel, init_distributed, peers_watched
+from aiayn.training.distributed import data_parallel, from_rank0, init_distributed, peers_watched
 from aiayn.training.optim import make_optimizer
 from aiayn.training.recipe import fit_run, uses_fit
 from aiayn.training.schedule import resolve_recipe
@@ -146,10 +146,8 @@ def setup(t: Any) -> None:
     if shared and main:
         precision = default_precision(t.device, "train", shape)
     elif shared:
-        received = [None]
         with peers_watched(t.world):
-            torch.distributed.broadcast_object_list(received, src=0)
-        precision = received[0]
+            precision = from_rank0(None, t.world)
     t.backend = select(t.device, "train", precision, train_shape=shape)
     if main and cfg.precision is None and native_bf16_cpu(t.device):
         t.report(f"precision {t.backend.precision}: a training step at this model's widths measured "
@@ -171,7 +169,7 @@ def setup(t: Any) -> None:
         with peers_watched(t.world):
             torch.distributed.barrier()
             if shared:
-                torch.distributed.broadcast_object_list([precision], src=0)
+                from_rank0(precision, t.world)
         if cfg.global_batches % t.world:
             t.report(f"{t.world} processes share {cfg.global_batches} batches a step (global_batches): "
                      "some train an empty batch at each step")
