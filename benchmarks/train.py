@@ -543,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
                 ratio = rate / (tokens / sum(seconds[peer]))
                 print(f"  {name} / {peer} ({threads} threads): {ratio:.2f}x tokens/s")
                 figure(f"aiayn, processes (DDP) / {peer}", ratio, "x", processes=threads)
-        chosen = measured_layout(cfg, args.max_tokens, threads)
+        chosen = measured_layout(cfg, args.max_tokens, threads, backend.precision)
         print(f"  `aiayn train threads={threads}` under a time budget would train as {chosen.why}")
     return 0
 

@@ -19,7 +19,9 @@ processes trained 1.21x the tokens a second of 2 threads at the fitted recipe's 
 - on at most `MAX_PROCESSES` cores (measured with 2).
 
 Such a run times a training step of its own model at one thread and at N threads (`step_rates`, a few seconds,
-interleaved; cached per machine and shape in `calibrate.cache_dir()` unless the machine was busy), and trains as
+interleaved; cached per machine, shape and precision in `calibrate.cache_dir()` unless the machine was busy), the
+model prepared as the trainer prepares it in the precision the run will train in (`precision`, else the
+machine's choice: `backend.default_precision`), and trains as
 N processes of one thread where N x the one-thread rate x `DDP_EFFICIENCY` beats the N-thread rate by more than
 `timing.MARGIN`. Any other run, and a run given `processes=N`, keeps what it was given. A busy machine does not
 change the answer: with another program holding one of 2 cores, 2 processes still trained ~1.3x the tokens a
@@ -37,6 +39,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from aiayn.backends import timing
+from aiayn.backends.backend import default_precision, select
 from aiayn.backends.calibrate import cache_dir, machine
 from aiayn.backends.devices import resolve_device, usable_cores
 from aiayn.config import ModelConfig
@@ -55,7 +58,7 @@ MIN_BUDGET_S = 300.0
 # (docs/notes.md, "training on the recipe's shapes").
 DDP_EFFICIENCY = 0.94
 MAX_PROCESSES = 4  # measured with 2: beyond a few, N copies of the data and model and N-batch steps are untried
-FORMAT = 1  # of the cached rates: bump when `step_rates` times something else
+FORMAT = 2  # of the cached rates: bump when `step_rates` times something else
 MEASURE_ROWS = 1024  # tokens a batch when timing: the ratio of the two layouts holds beyond it, and it is quick
 MEASURE_LENGTH = 32
 REPEATS = 5
@@ -116,25 +119,35 @@ def choose(run: RunConfig, *, device: str | None = None, fitted: Callable[[], Ru
     model = shaped.model_config(vocab_size=shaped.train.vocab_size, **task.shape_before_data(shaped.train))
     if not task.trains(model):  # a shape the objective refuses: it says why once, in one process
         return Layout(1, f"{cores} threads: {t.objective} does not train this model; one process")
-    return measured_layout(model, shaped.train.max_tokens, cores)
+    batch_tokens = shaped.train.max_tokens
+    # The precision the trainer will take: measured once here, read from the cache there.
+    precision = t.precision or default_precision(torch.device("cpu"), "train",
+                                                 (batch_tokens, model.d_model, model.d_ff))
+    return measured_layout(model, batch_tokens, cores, precision)
 
 
-def measured_layout(model: ModelConfig, batch_tokens: int, cores: int) -> Layout:
-    """Threads or processes for training `model` on batches of `batch_tokens` over `cores` cores, by `measured_rates`
-    (what `choose` decides once a run qualifies; `aiayn bench train` prints it too)."""
-    one, many = measured_rates(model, min(batch_tokens, MEASURE_ROWS), cores)
+def measured_layout(model: ModelConfig, batch_tokens: int, cores: int, precision: str = "fp32") -> Layout:
+    """Threads or processes for training `model` in `precision` on batches of `batch_tokens` over `cores` cores, by
+    `measured_rates` (what `choose` decides once a run qualifies; `aiayn bench train` prints it too)."""
+    one, many = measured_rates(model, batch_tokens, cores, precision)
     gain = cores * one * DDP_EFFICIENCY / many
+    what = "" if precision == "fp32" else f" in {precision}"
     if gain > 1 + timing.MARGIN:
-        return Layout(cores, f"{cores} processes of one thread: at this model's widths they should train {gain:.2f}x "
-                             f"the tokens a second of {cores} threads (measured; processes=1 keeps threads)")
-    return Layout(1, f"{cores} threads: {cores} processes would train {gain:.2f}x their tokens a second (measured)")
+        return Layout(cores, f"{cores} processes of one thread: at this model's widths{what} they should train "
+                             f"{gain:.2f}x the tokens a second of {cores} threads (measured; processes=1 keeps "
+                             "threads)")
+    return Layout(1, f"{cores} threads: {cores} processes would train {gain:.2f}x their tokens a second{what} "
+                     "(measured)")
 
 
-def measured_rates(model: ModelConfig, rows: int, threads: int) -> tuple[float, float]:
-    """(tokens a second at one thread, at `threads`) of a training step of `model`: from the cache, else
-    `step_rates` (cached unless the machine was busy while it measured)."""
+def measured_rates(model: ModelConfig, batch_tokens: int, threads: int,
+                   precision: str = "fp32") -> tuple[float, float]:
+    """(tokens a second at one thread, at `threads`) of a training step of `model` in `precision` on batches of
+    `batch_tokens` (timed on at most `MEASURE_ROWS`): from the cache, else `step_rates` (cached unless the machine
+    was busy while it measured)."""
+    rows = min(batch_tokens, MEASURE_ROWS)
     description = {**machine(), "threads": str(threads), "model": json.dumps(model.to_dict(), sort_keys=True),
-                   "rows": str(rows), "format": str(FORMAT)}
+                   "rows": str(rows), "precision": precision, "format": str(FORMAT)}
     digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"train-layout-{digest}.json"
     try:
@@ -143,7 +156,7 @@ def measured_rates(model: ModelConfig, rows: int, threads: int) -> tuple[float, 
     except (OSError, ValueError, KeyError, TypeError):
         pass
     with timing.competing() as competition:
-        one, many = step_rates(model, rows, threads)
+        one, many = step_rates(model, batch_tokens, threads, precision=precision)
     load = competition.cores
     if not timing.busy(load, threads):
         try:
@@ -153,15 +166,22 @@ def measured_rates(model: ModelConfig, rows: int, threads: int) -> tuple[float, 
     return one, many
 
 
-def step_rates(model: ModelConfig, rows: int, threads: int, repeats: int = REPEATS) -> tuple[float, float]:
-    """Tokens a second of a training step (forward, backward, AdamW) of a model built from `model` on random
-    batches of about `rows` tokens, at one thread and at `threads`, timed interleaved (best repeat each)."""
+def step_rates(model: ModelConfig, batch_tokens: int, threads: int, repeats: int = REPEATS,
+               precision: str = "fp32") -> tuple[float, float]:
+    """Tokens a second of a training step (forward, backward, AdamW) of a model built from `model`, prepared as the
+    trainer prepares it in `precision` for batches of `batch_tokens`, on random batches of about
+    min(`batch_tokens`, `MEASURE_ROWS`) tokens, at one thread and at `threads`, timed interleaved (best repeat
+    each)."""
+    backend = select("cpu", "train", precision, train_shape=(batch_tokens, model.d_model, model.d_ff))
     with torch.random.fork_rng():  # the caller's random state stays as it was (init, dropout)
         torch.manual_seed(0)
-        return _step_rates(build_model(model).train(), rows, threads, repeats)
+        net = build_model(model).train()
+        return _step_rates(net, backend.prepare(net), backend.autocast, min(batch_tokens, MEASURE_ROWS), threads,
+                           repeats)
 
 
-def _step_rates(net: torch.nn.Module, rows: int, threads: int, repeats: int) -> tuple[float, float]:
+def _step_rates(net: torch.nn.Module, prepared: torch.nn.Module, autocast: Callable, rows: int, threads: int,
+                repeats: int) -> tuple[float, float]:
     previous = torch.get_num_threads()
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
     length = min(MEASURE_LENGTH, net.config.max_len)
@@ -170,7 +190,8 @@ def _step_rates(net: torch.nn.Module, rows: int, threads: int, repeats: int) -> 
 
     def step(n: int) -> None:
         torch.set_num_threads(n)
-        out = net(*inputs)
+        with autocast():
+            out = prepared(*inputs)
         out.float().logsumexp(-1).mean().backward()  # a softmax over the outputs, as the loss takes one
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

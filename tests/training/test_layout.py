@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from aiayn.backends import timing
+from aiayn.backends.backend import Backend
 from aiayn.config import ModelConfig
 from aiayn.training import layout, load_run_config
 from aiayn.training.layout import Layout, choose, measured_rates, resolved, step_rates
@@ -21,7 +22,8 @@ def two_quiet_cores(monkeypatch, other_work):
     monkeypatch.setattr(timing, "usable_cores", lambda: 2)
     monkeypatch.setattr(layout.torch, "get_num_threads", lambda: 2)
     other_work(0.1)
-    monkeypatch.setattr(layout, "measured_rates", lambda model, rows, threads: (rates["one"], rates["many"]))
+    monkeypatch.setattr(layout, "measured_rates",
+                        lambda model, rows, threads, precision="fp32": (rates["one"], rates["many"]))
     return rates
 
 
@@ -58,7 +60,8 @@ def test_no_budget_a_short_one_one_core_or_a_pretrained_start_keep_one_process(t
 
 def test_a_language_model_is_timed_as_the_decoder_only_stack_it_trains(two_quiet_cores, monkeypatch):
     timed = []
-    monkeypatch.setattr(layout, "measured_rates", lambda model, rows, threads: timed.append(model) or (100.0, 150.0))
+    monkeypatch.setattr(layout, "measured_rates",
+                        lambda model, rows, threads, precision="fp32": timed.append(model) or (100.0, 150.0))
     chosen = choose(load_run_config(None, ["dataset=counting", "objective=causal_lm", "time_budget=10m"]), device="cpu")
     [model] = timed
     assert chosen.processes == 2 and model.causal and model.n_decoder_layers == 0
@@ -93,12 +96,54 @@ def test_the_rates_are_measured_once_per_machine_and_shape(monkeypatch, tmp_path
     assert one > 0 and many > 0
     [cached] = tmp_path.glob("train-layout-*.json")
     assert json.loads(cached.read_text())["one"] == one
-    monkeypatch.setattr(layout, "step_rates", lambda *args: pytest.fail("measured again"))
+    monkeypatch.setattr(layout, "step_rates", lambda *args, **kwargs: pytest.fail("measured again"))
     assert measured_rates(TINY, 64, 2) == (one, many)
     # measured while other work held the cores: used, not kept
     other_work(5.0)
-    monkeypatch.setattr(layout, "step_rates", lambda *args: (1.0, 2.0))
+    monkeypatch.setattr(layout, "step_rates", lambda *args, **kwargs: (1.0, 2.0))
     assert measured_rates(TINY, 32, 2) == (1.0, 2.0) and len(list(tmp_path.glob("train-layout-*.json"))) == 1
+
+
+def test_the_layout_is_timed_in_the_precision_the_run_will_train_in(two_quiet_cores, monkeypatch):
+    asked = []
+    monkeypatch.setattr(layout, "measured_rates",
+                        lambda model, rows, threads, precision="fp32": asked.append(precision) or (100.0, 150.0))
+    monkeypatch.setattr(layout, "default_precision", lambda device, mode, shape: asked.append(shape) or "bf16")
+    chosen = choose(_run("time_budget=10m"), device="cpu")  # left to the machine: what it would train in
+    shape, precision = asked
+    assert precision == "bf16" and " in bf16 " in chosen.why and shape[0] == _run().train.max_tokens
+    asked.clear()
+    chosen = choose(_run("time_budget=10m", "precision=fp32"), device="cpu")  # given: never asked of the machine
+    assert asked == ["fp32"] and " in " not in chosen.why.split(":")[1]
+
+
+def test_the_rates_of_each_precision_are_kept_apart(monkeypatch, tmp_path, other_work):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    other_work(0.0)
+    timed = []
+    monkeypatch.setattr(layout, "step_rates", lambda model, rows, threads, precision: timed.append(precision) or (
+        1.0, 2.0))
+    assert measured_rates(TINY, 64, 2) == measured_rates(TINY, 64, 2, "bf16") == (1.0, 2.0)
+    assert measured_rates(TINY, 64, 2, "bf16") == (1.0, 2.0) and timed == ["fp32", "bf16"]
+    assert len(list(tmp_path.glob("train-layout-*.json"))) == 2
+
+
+def test_a_bf16_step_is_timed_on_the_copy_the_trainer_prepares_under_its_autocast(monkeypatch):
+    autocast = []  # the autocast dtype each forward of the timed copy ran under (None: autocast off)
+    real_prepare = Backend.prepare
+
+    def prepare(self, model):
+        copy = real_prepare(self, model)
+        copy.register_forward_pre_hook(lambda module, inputs: autocast.append(
+            torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None))
+        return copy
+
+    monkeypatch.setattr(Backend, "prepare", prepare)
+    one, many = step_rates(TINY, 64, 2, repeats=1, precision="bf16")
+    assert one > 0 and many > 0 and autocast and set(autocast) == {torch.bfloat16}
+    autocast.clear()
+    step_rates(TINY, 64, 2, repeats=1)
+    assert autocast and set(autocast) == {None}
 
 
 def test_step_rates_time_a_training_step_of_each_architecture_and_leave_threads_and_seed_alone():
