@@ -281,7 +281,7 @@ def train_marian(run, corpus: Path, *, seconds: float = 0.0, curve_s: float = 0.
                 print(f"  marian: {train_s / step:.3g} s a step: about {total} steps; {recipe.describe()}", flush=True)
             tokens += int((ids != pad).sum()) + n
             if step % cfg.log_every == 0:
-                print(f"  marian: step {step} loss {float(loss):.3f} lr {get_lr(step, recipe, model_cfg.d_model):.2e} "
+                print(f"  marian: step {step} loss {loss.item():.3f} lr {get_lr(step, recipe, model_cfg.d_model):.2e} "
                       f"{tokens / train_s:.0f} tokens/s", flush=True)
             out_of_time = bool(seconds) and train_s >= seconds
             due = (train_s >= curve_s * (len(marks) + 1) if curve_s else cfg.eval_every and step % cfg.eval_every == 0)
