@@ -18,7 +18,7 @@ processes trained 1.21x the tokens a second of 2 threads at the fitted recipe's 
   labels from the data, and masked-LM runs were not measured),
 - on at most `MAX_PROCESSES` cores (measured with 2).
 
-Such a run times a training step of its own model at one thread and at N threads (`step_rates`, a few seconds,
+Such a run times a training step of its own model at one thread and at N threads (`step_rates`, 2-18 s,
 interleaved; cached per machine, shape and precision in `calibrate.cache_dir()` unless the machine was busy), the
 model prepared as the trainer prepares it in the precision the run will train in (`precision`, else the
 machine's choice: `backend.default_precision`), and trains as
