@@ -1,5 +1,6 @@
 """Shared fixtures: every test starts from a fixed seed and uses few threads."""
 
+import os
 import struct
 from pathlib import Path
 
@@ -9,6 +10,9 @@ import torch
 # Tiny test models spend more time waking a second OpenMP thread than computing, and on a busy
 # two-core machine each parallel op then waits milliseconds: one thread is ~100x faster here.
 torch.set_num_threads(1)
+# CPU training draws dropout's masks as random integers where that measured faster than `F.dropout`: a timing, and
+# other masks. Tests, and the runs they launch, keep `F.dropout`'s (tests/backends/test_dropout.py checks the choice).
+os.environ["AIAYN_DROPOUT"] = "bernoulli"
 
 
 @pytest.fixture(autouse=True)

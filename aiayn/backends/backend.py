@@ -33,6 +33,7 @@ from torch import nn
 from aiayn.backends import calibrate, cpu, int8
 from aiayn.backends.absorbed import absorb_cross_attention
 from aiayn.backends.devices import bf16_supported, resolve_device
+from aiayn.backends.dropout import use_bits_dropout
 from aiayn.backends.fused import StackedLinear, fuse_qkv, stacked_away, use_torch_encoder_layers
 from aiayn.backends.shapes import SHAPE_KINDS
 from aiayn.nn.attention import MultiHeadAttention
@@ -71,6 +72,8 @@ class Backend:
             kernels at the model's widths (`calibrate.int8_kernels`): int8 copies run float32 there.
         float32_attention: bf16 training computes attention itself in float32 (`MultiHeadAttention.float32_attention`),
             where its bf16 kernel was measured the slower forward and backward (`calibrate.bf16_training_attention`).
+        bits_dropout: CPU training draws dropout's masks as random integers (`dropout.BitsDropout`), where that was
+            measured faster than `F.dropout`'s `bernoulli_` (`calibrate.bits_dropout_faster`).
     """
 
     device: torch.device
@@ -87,12 +90,13 @@ class Backend:
     int8_weights: tuple[tuple[str, str], ...] = ()
     int8_float32: tuple[tuple[str, str], ...] = ()
     float32_attention: bool = False
+    bits_dropout: bool = False
 
     @property
     def plain(self) -> bool:
         """True when the model's modules run as written (no trick applied)."""
         return not (self.onednn or self.prepack or self.fused_qkv or self.torch_layers or self.absorbed_cross
-                    or self.compile or self.cuda_graphs or self.float32_attention)
+                    or self.compile or self.cuda_graphs or self.float32_attention or self.bits_dropout)
 
     def describe(self) -> str:
         """A short label: device, mode, precision and tricks
@@ -110,6 +114,8 @@ class Backend:
                                         ("PyTorch's fused encoder layers", self.torch_layers),
                                         ("cross-attention absorbed into short memories", self.absorbed_cross),
                                         ("attention in float32 (faster here than bf16's)", self.float32_attention),
+                                        ("dropout masks from random bits (faster here than bernoulli's)",
+                                         self.bits_dropout),
                                         ("torch.compile", self.compile),
                                         ("decoding steps in CUDA graphs", self.cuda_graphs)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
@@ -154,6 +160,8 @@ class Backend:
             for module in prepared.modules():
                 if isinstance(module, MultiHeadAttention):
                     module.float32_attention = True
+        if self.bits_dropout and self.mode == "train":
+            use_bits_dropout(prepared)
         prepared.train(self.mode == "train")
         if self.mode == "inference" and not self.plain:
             _without_dropout(prepared)
@@ -355,7 +363,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
     if device.type == "cpu" and precision == "bf16" and mode == "train":
         # autocast over the products; the attention kernel in whichever precision ran faster at the model's width
         rows, d_model = train_shape[:2] if train_shape is not None else (calibrate.TRAIN_SHAPE_ROWS, BASE_WIDTH)
-        return replace(backend, fused_qkv=True, compile=compile,
+        return replace(backend, fused_qkv=True, compile=compile, bits_dropout=calibrate.bits_dropout_faster(),
                        float32_attention=calibrate.bf16_training_attention(rows, d_model))
     if device.type != "cpu" or precision == "bf16":
         graphs = device.type == "cuda" and mode == "inference" and not compile
@@ -366,7 +374,8 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         else:
             measured = _measured()
             onednn, fused_qkv = measured.train_onednn, measured.fused_qkv_train
-        return replace(backend, onednn=onednn and cpu.onednn_usable(), fused_qkv=fused_qkv, compile=compile)
+        return replace(backend, onednn=onednn and cpu.onednn_usable(), fused_qkv=fused_qkv, compile=compile,
+                       bits_dropout=calibrate.bits_dropout_faster())
     # Inference: measured at the model's own widths where given (a narrow model does not wait for a base one's
     # shapes), else at a base model's.
     measured = None if inference_shape else _measured()

@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.backends import cpu, int8, timing
+from aiayn.backends import cpu, dropout, int8, timing
 from aiayn.backends.fused import TorchEncoderLayer, fuse_qkv, stacked_away
 from aiayn.backends.shapes import FEW_ROWS_MAX, ROW_CLASSES, SHAPE_KINDS
 from aiayn.config import ModelConfig, preset
@@ -135,6 +135,9 @@ class Choices:
         int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, whether int8 products
             (`int8.Int8Linear`) ran at least as fast as the float32 kernel chosen there (`int8_kernels`); measured
             the first time an int8 copy of a model of that shape is prepared.
+        bits_dropout: whether training dropout ran faster with its masks drawn as random integers
+            (`dropout.BitsDropout`) than by `F.dropout`'s `bernoulli_`, forward and backward
+            (`bits_dropout_faster`); None until a CPU training run first asks.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
@@ -158,6 +161,7 @@ class Choices:
     bf16_faster_widths: dict[str, dict[str, bool]] | None = None
     bf16_attention: dict[str, bool] | None = None
     bf16_training: dict[str, bool] | None = None
+    bits_dropout: bool | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -225,6 +229,9 @@ class Choices:
                           f"many {ratio(f'qkv {key}', 'fused', 'separate')}), PyTorch's fused encoder layer "
                           f"{yes(torch_layers)} ({ratio(f'encoder layer {key}', 'torch', 'aiayn')})"
                           for key, (fused, torch_layers) in (self.inference_layers or {}).items())
+                + ("" if self.bits_dropout is None else
+                   f"; training dropout: {'random bits' if self.bits_dropout else 'bernoulli'} "
+                   f"({margin('dropout', 'bits', 'bernoulli')})")
                 + "".join(f"; int8 at {key}: float32 where faster ("
                           + (", ".join(f"{name} {kind}" for name, by_kind in found.items()
                                        for kind, int8_pays in by_kind.items() if not int8_pays) or "nowhere") + ")"
@@ -564,6 +571,41 @@ def bf16_training_attention(rows: int, d_model: int) -> bool:
         found = _with_measured(found, "bf16_attention", key, lambda seconds, ratios: _bf16_attention(
             rows, d_model, seconds, ratios, torch.Generator().manual_seed(7), f" {key}"))
     return bool(found.bf16_attention[key])
+
+
+# Training dropout is timed on this many elements (a 4,096-token batch of a 256-wide model), at dropout 0.1.
+DROPOUT_ELEMENTS = 4096 * 256
+DROPOUT_P = 0.1
+
+
+def _dropouts(seconds: dict[str, float], ratios: dict[str, list[float]], gen: torch.Generator) -> bool:
+    """Whether dropout forward and backward ran faster with `dropout.bits_dropout`'s masks than `F.dropout`'s
+    (recorded as "dropout")."""
+    with torch.enable_grad():
+        x = torch.randn(DROPOUT_ELEMENTS, generator=gen).requires_grad_()
+        grad = torch.randn(DROPOUT_ELEMENTS, generator=gen)
+        timed = timing.timed({"bernoulli": lambda: F.dropout(x, DROPOUT_P, training=True).backward(grad),
+                              "bits": lambda: dropout.bits_dropout(x, DROPOUT_P).backward(grad)})
+    timing.record(seconds, "dropout", timed, plain="bernoulli", ratios=ratios)
+    return timing.pick(timed, "bernoulli") == "bits"
+
+
+def bits_dropout_faster() -> bool:
+    """Whether CPU training draws its dropout masks as random integers (`dropout.BitsDropout`): where forward and
+    backward ran faster so than `F.dropout`'s `bernoulli_` (3x slower on an AMD EPYC, where PyTorch does not give
+    it to MKL). Measured the first time a CPU training run asks (under a second), then kept in the cache
+    (`Choices.bits_dropout`). `AIAYN_DROPOUT=bernoulli` (or `bits`) decides without measuring: `F.dropout`'s own
+    masks, for runs that must draw as PyTorch draws."""
+    forced = os.environ.get("AIAYN_DROPOUT", "")
+    if forced:
+        if forced not in ("bits", "bernoulli"):
+            raise ValueError(f"AIAYN_DROPOUT must be bits or bernoulli (or unset: measured), got {forced!r}")
+        return forced == "bits"
+    found = _measured_so_far()
+    if found.bits_dropout is None:
+        found = _with_measured(found, "bits_dropout", None, lambda seconds, ratios: _dropouts(
+            seconds, ratios, torch.Generator().manual_seed(9)))
+    return bool(found.bits_dropout)
 
 
 # The pieces of the one-layer model `bf16_training_faster` times (the recipe's vocabulary: its output projection a

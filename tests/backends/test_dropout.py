@@ -1,0 +1,132 @@
+"""Training dropout with its masks drawn as random integers: `F.dropout`'s distribution and arithmetic, seeded;
+swapped into a CPU training copy where measured faster, nowhere else."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.backends import calibrate, select, timing
+from aiayn.backends.dropout import BitsDropout, bits_dropout, use_bits_dropout
+from aiayn.config import preset
+from aiayn.nn.model import build_model
+from aiayn.training.objectives import forward
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_an_element_is_dropped_with_probability_p(p):
+    """Over a million elements the dropped share is p within 5 standard deviations, and the mean is kept."""
+    n = 1 << 20
+    out = bits_dropout(torch.ones(n), p)
+    dropped = float((out == 0).float().mean())
+    assert abs(dropped - p) < 5 * math.sqrt(p * (1 - p) / n)
+    assert abs(float(out.mean()) - 1.0) < 5 * math.sqrt(p / (1 - p) / n)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_a_kept_element_is_scaled_as_f_dropout_scales_it_and_its_gradient_too(dtype):
+    """Kept: x / (1 - p) to the last bit of F.dropout's own result (the scale rounded to the input's type, then one
+    product); dropped: 0. The gradient is the same mask; the output keeps the input's type."""
+    p = 0.1
+    x = (torch.randn(4096, 64) * 3).to(dtype).requires_grad_()
+    ours, theirs = bits_dropout(x, p), F.dropout(x, p, training=True)
+    assert ours.dtype == dtype
+    both = (ours != 0) & (theirs != 0)
+    assert both.sum() > 0.7 * x.numel()
+    assert torch.equal(ours[both], theirs[both])
+    grad = torch.randn_like(ours)
+    ours.backward(grad)
+    scale = torch.tensor(1 / (1 - p), dtype=dtype)
+    assert torch.equal(x.grad, torch.where(ours != 0, grad * scale, torch.zeros((), dtype=dtype)))
+
+
+def test_masks_follow_the_seed():
+    x = torch.ones(10_000)
+    torch.manual_seed(3)
+    first = bits_dropout(x, 0.3)
+    torch.manual_seed(3)
+    assert torch.equal(bits_dropout(x, 0.3), first)
+    assert not torch.equal(bits_dropout(x, 0.3), first)  # the generator moved on
+
+
+def test_the_module_is_nn_dropout_outside_cpu_training_at_p_strictly_between_0_and_1():
+    """Evaluation and p = 0 return the input; p = 1 gives zeros; in place writes the input; a CPU training call at
+    0 < p < 1 draws by `bits_dropout` (same seed, same mask)."""
+    x = torch.randn(64, 8)
+    module = BitsDropout(0.2).eval()
+    assert module(x) is x
+    assert BitsDropout(0.0).train()(x) is x
+    assert torch.equal(BitsDropout(1.0).train()(x), torch.zeros_like(x))
+    torch.manual_seed(5)
+    expected = bits_dropout(x, 0.2)
+    torch.manual_seed(5)
+    assert torch.equal(BitsDropout(0.2).train()(x), expected)
+    y = x.clone()
+    torch.manual_seed(5)
+    assert BitsDropout(0.2, inplace=True).train()(y) is y
+    assert torch.equal(y, expected)
+
+
+def test_every_dropout_of_a_copy_is_swapped_with_its_p():
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.3), nn.Sequential(nn.Dropout(0.1, inplace=True), nn.ReLU()))
+    assert use_bits_dropout(model) is model
+    swapped = [m for m in model.modules() if isinstance(m, nn.Dropout)]
+    assert [type(m) for m in swapped] == [BitsDropout, BitsDropout]
+    assert [(m.p, m.inplace) for m in swapped] == [(0.3, False), (0.1, True)]
+
+
+@pytest.mark.parametrize("chosen", [True, False])
+def test_a_cpu_training_copy_draws_dropout_as_measured_and_the_model_is_untouched(chosen, monkeypatch):
+    """The backend carries the choice into training copies (fp32 and bf16), never into inference ones; the user's
+    model keeps its modules; one seeded training step runs the same twice."""
+    monkeypatch.setattr(calibrate, "bits_dropout_faster", lambda: chosen)
+    cfg = preset("tiny").replace(vocab_size=50, d_model=32, n_heads=4, d_ff=64, dropout=0.2)
+    model = build_model(cfg).train()
+    for precision in ("fp32", "bf16"):
+        backend = select("cpu", "train", precision, train_shape=(64, 32, 64))
+        assert backend.bits_dropout == chosen
+        assert ("dropout masks from random bits" in backend.describe()) == chosen
+        kinds = {type(m) for m in backend.prepare(model).modules() if isinstance(m, nn.Dropout)}
+        assert kinds == ({BitsDropout} if chosen else {nn.Dropout})
+    assert {type(m) for m in model.modules() if isinstance(m, nn.Dropout)} == {nn.Dropout}
+    assert not select("cpu", "inference", "fp32").bits_dropout
+    prepared = select("cpu", "train", "fp32", train_shape=(64, 32, 64)).prepare(model)
+    src, tgt = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 7))
+    batch = {"src": src, "tgt_in": tgt[:, :-1], "labels": tgt[:, 1:]}
+    torch.manual_seed(1)
+    first, _ = forward(prepared, batch, "seq2seq")
+    torch.manual_seed(1)
+    again, _ = forward(prepared, batch, "seq2seq")
+    assert torch.equal(first, again)
+
+
+def test_the_choice_is_timed_once_kept_and_printed_with_its_margin(tmp_path, monkeypatch):
+    """Timed against `F.dropout` forward and backward the first time a CPU training run asks, cached, read back in a
+    new process, printed by `aiayn verify`'s description with its margin."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(timing, "REPEATS", 2)
+    monkeypatch.setattr(calibrate, "_chosen", {})
+    monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
+    monkeypatch.delenv("AIAYN_DROPOUT")  # tests/conftest.py keeps F.dropout's masks for the rest
+    faster = calibrate.bits_dropout_faster()
+    so_far = calibrate._measured_so_far()
+    assert so_far.bits_dropout is faster
+    assert {"dropout: bernoulli", "dropout: bits"} <= set(so_far.seconds) and "dropout: bits" in so_far.ratios
+    assert f"training dropout: {'random bits' if faster else 'bernoulli'} (" in so_far.describe()
+    assert select("cpu", "train", "fp32", train_shape=(64, 32, 64)).bits_dropout is faster
+    monkeypatch.setattr(calibrate, "_chosen", {})  # a new process: read from the cache file
+    monkeypatch.setattr(calibrate, "_dropouts", lambda *args, **kwargs: pytest.fail("measured again"))
+    assert calibrate.bits_dropout_faster() is faster
+
+
+def test_the_environment_decides_without_measuring(monkeypatch):
+    monkeypatch.setattr(calibrate, "_dropouts", lambda *args, **kwargs: pytest.fail("measured"))
+    for value, bits in (("bits", True), ("bernoulli", False)):
+        monkeypatch.setenv("AIAYN_DROPOUT", value)
+        assert calibrate.bits_dropout_faster() is bits
+        assert select("cpu", "train", "fp32", train_shape=(64, 32, 64)).bits_dropout is bits
+    monkeypatch.setenv("AIAYN_DROPOUT", "fast")
+    with pytest.raises(ValueError, match="AIAYN_DROPOUT must be bits or bernoulli"):
+        calibrate.bits_dropout_faster()
