@@ -592,7 +592,7 @@ def _dropouts(seconds: dict[str, float], ratios: dict[str, list[float]], gen: to
 
 def bits_dropout_faster() -> bool:
     """Whether CPU training draws its dropout masks as random integers (`dropout.BitsDropout`): where forward and
-    backward ran faster so than `F.dropout`'s `bernoulli_` (3x slower on an AMD EPYC, where PyTorch does not give
+    backward ran faster so than `F.dropout`'s `bernoulli_` (1.9x slower on an AMD EPYC, where PyTorch does not give
     it to MKL). Measured the first time a CPU training run asks (under a second), then kept in the cache
     (`Choices.bits_dropout`). `AIAYN_DROPOUT=bernoulli` (or `bits`) decides without measuring: `F.dropout`'s own
     masks, for runs that must draw as PyTorch draws."""
