@@ -3,12 +3,12 @@
 `F.dropout` on CPU draws its mask with `bernoulli_`, one draw of PyTorch's Mersenne Twister an element, then
 multiplies. On CPUs where PyTorch does not hand `bernoulli_` to MKL (it does on Intel's only), that loop takes
 6-9 ns an element on one core whatever the thread count: about 7 ms forward and backward over a 4,096-token batch
-of a 256-wide model, 17 times a step in the small preset. Here one 64-bit draw (`random_` on int64, the same generator) gives
-four elements 16 random bits each, and an element is kept where its bits are at least p 2^16: kept with
-probability 1 - p to within 2^-17 (FlashAttention's dropout, which PyTorch runs for attention on GPUs, rounds p
-to 8 bits). The arithmetic after is `F.dropout`'s own: the mask in the input's type divided by 1 - p, then one
-product. Runs stay seeded by `torch.manual_seed`; the masks are other draws than `F.dropout`'s. Measured:
-docs/notes.md, "Training".
+of a 256-wide model, 17 times a step in the small preset. Here one 64-bit draw (`random_` on int64, the same
+generator) gives four elements 16 random bits each, and an element is kept where its bits are at least p 2^16:
+kept with probability 1 - p to within 2^-17 (FlashAttention's dropout, which PyTorch runs for attention on GPUs,
+rounds p to 8 bits). The arithmetic after is `F.dropout`'s own: the mask in the input's type divided by 1 - p,
+then one product. Runs stay seeded by `torch.manual_seed`; the masks are other draws than `F.dropout`'s.
+Measured: docs/notes.md, "Training".
 
 `calibrate.bits_dropout_faster` times both once per machine; `Backend.prepare` swaps a training copy's
 `nn.Dropout` modules for `BitsDropout` where it chose so.
