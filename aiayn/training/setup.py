@@ -153,6 +153,9 @@ def setup(t: Any) -> None:
         t.report(f"precision {t.backend.precision}: a training step at this model's widths measured "
                  + ("faster in bf16 than in fp32 on this CPU (precision=fp32 keeps float32)"
                     if t.backend.precision == "bf16" else "no faster in bf16 than in fp32 on this CPU"))
+    if main and t.backend.bits_dropout and any(type(m) is nn.Dropout and m.p > 0 for m in t.model.modules()):
+        t.report("dropout: masks from random integers, measured faster than F.dropout's bernoulli_ on this CPU "
+                 "(AIAYN_DROPOUT=bernoulli keeps F.dropout's)")
     t.prepared = t.backend.prepare(t.model)
     t.recipe, notes = resolve_recipe(cfg, total_steps=planned_steps(t), d_model=t.model.config.d_model)
     if main and t.budget is None:  # under a budget, the plan after the first steps reports the recipe

@@ -115,3 +115,17 @@ def test_tensorboard_missing_is_one_line_before_anything_is_written(tmp_path, ca
     assert "pip install tensorboard" in capsys.readouterr().err and not (tmp_path / "run").exists()
     assert main(["train", "dataset=copy", "log_to=wandb", "--run", str(tmp_path / "run")]) == 2
     assert "log_to must be one of tensorboard" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("choice", ["bits", "bernoulli"])
+def test_a_run_says_when_its_dropout_draws_masks_from_random_integers(tmp_path, monkeypatch, choice):
+    """The trainer names the dropout it took where it is not F.dropout's, and how to keep F.dropout's; a model without
+    dropout hears nothing of it."""
+    monkeypatch.setenv("AIAYN_DROPOUT", choice)
+    for dropout, run_name in ((0.1, "with"), (0.0, "without")):
+        lines = []
+        run = load_run_config(None, [*TINY, "max_steps=2", f"model.dropout={dropout}"])
+        Trainer(run, tmp_path / run_name, report=lines.append).fit()
+        said = [line for line in lines if line.startswith("dropout:")]
+        assert said == (["dropout: masks from random integers, measured faster than F.dropout's bernoulli_ on this "
+                         "CPU (AIAYN_DROPOUT=bernoulli keeps F.dropout's)"] if choice == "bits" and dropout else [])
