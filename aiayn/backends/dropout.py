@@ -11,13 +11,17 @@ then one product. Runs stay seeded by `torch.manual_seed`; the masks are other d
 Measured: docs/notes.md, "Training".
 
 `calibrate.bits_dropout_faster` times both once per machine; `Backend.prepare` swaps a training copy's
-`nn.Dropout` modules for `BitsDropout` where it chose so.
+`nn.Dropout` modules for `BitsDropout` where it chose so, and has its attention draw the dropout on its weights
+(`attention_dropout`) the same way: on a CPU, `scaled_dot_product_attention` with dropout writes the equation out
+itself and draws with `bernoulli_` (its flash kernel takes no dropout), so the layer writes it out instead.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from aiayn.nn.attention import MultiHeadAttention
 
 BITS = 16  # random bits an element: a 64-bit draw viewed as four 16-bit integers
 
@@ -43,9 +47,18 @@ class BitsDropout(nn.Dropout):
 
 def use_bits_dropout(model: nn.Module) -> nn.Module:
     """Every `nn.Dropout` of `model` (a training copy `Backend.prepare` made) replaced by a `BitsDropout` of the same
-    p, in place; returns `model`."""
+    p, and every attention's dropout on its weights drawn by `bits_dropout`, in place; returns `model`."""
     for module in list(model.modules()):
+        if isinstance(module, MultiHeadAttention):
+            module.weights_dropout = bits_dropout
         for name, child in module.named_children():
             if type(child) is nn.Dropout:
                 setattr(module, name, BitsDropout(child.p, inplace=child.inplace))
     return model
+
+
+def draws_bits(model: nn.Module) -> bool:
+    """Whether some dropout of `model` (p above 0) draws its masks by `bits_dropout`."""
+    return any((isinstance(m, BitsDropout) and m.p > 0)
+               or (isinstance(m, MultiHeadAttention) and m.weights_dropout is bits_dropout and m.dropout > 0)
+               for m in model.modules())

@@ -11,7 +11,7 @@ Masks follow `aiayn.nn.masks`: bool, True = may attend.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -128,6 +128,11 @@ class MultiHeadAttention(nn.Module):
     # output down, the projections still in the lower precision: set on a prepared copy by `aiayn.backends` where
     # the attention kernel's bf16 backward was measured the slower (`calibrate.bf16_training_attention`).
     float32_attention = False
+    # In training, a function (weights, p) -> dropped weights that drops attention weights instead of SDPA's own
+    # dropout, the equation then written out: on a CPU, SDPA with dropout runs its written-out equation anyway (its
+    # flash kernel takes no dropout) and draws the mask with `bernoulli_`. Set on a prepared copy by `aiayn.backends`
+    # where masks drawn as random integers were measured faster (`dropout.use_bits_dropout`).
+    weights_dropout: Callable[[torch.Tensor, float], torch.Tensor] | None = None
 
     def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, bias: bool = True):
         super().__init__()
@@ -195,7 +200,8 @@ class MultiHeadAttention(nn.Module):
         """`forward`'s attention on split heads (B, h, L, d_k), the look-ahead mask included where asked."""
         q_len, k_len = q.shape[2], k.shape[2]
         dropout_p = self.dropout if self.training else 0.0
-        if is_causal and mask is None and offset == 0 and q_len == k_len and not need_weights:
+        if (is_causal and mask is None and offset == 0 and q_len == k_len and not need_weights
+                and self._drop(q, dropout_p) is None):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True), None
         # One new query after its whole prefix (a cached decoding step) sees every key: no mask to build.
         if is_causal and not (q_len == 1 and offset + 1 >= k_len):
@@ -207,7 +213,11 @@ class MultiHeadAttention(nn.Module):
                dropout_p: float, need_weights: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Equation 1 on split heads by `attend` (see there): this layer's attention, also called by the decoding
         step (`aiayn.inference.steps`), which runs the layer's parts without its `forward`."""
-        return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
+        return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights, drop=self._drop(q, dropout_p))
+
+    def _drop(self, q: torch.Tensor, dropout_p: float) -> Callable[[torch.Tensor, float], torch.Tensor] | None:
+        """`weights_dropout` where it applies: dropout on, on a CPU."""
+        return self.weights_dropout if dropout_p > 0 and q.device.type == "cpu" else None
 
     def _heads(self, query: torch.Tensor, key_value: torch.Tensor | None, cache: AttentionCache | None,
                static_kv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -242,7 +252,8 @@ class MultiHeadAttention(nn.Module):
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, *, dropout_p: float = 0.0,
-           need_weights: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+           need_weights: bool = False, drop: Callable[[torch.Tensor, float], torch.Tensor] | None = None,
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V per head (equation 1 of the paper).
 
     Args:
@@ -252,6 +263,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
         dropout_p: dropout on the weights.
         need_weights: write the equation out and return the weights; otherwise PyTorch's
             `scaled_dot_product_attention` computes the same without them.
+        drop: a function (weights, p) -> dropped weights in place of `F.dropout`; with dropout_p above 0 the
+            equation is written out, since SDPA cannot take it.
 
     Returns:
         (output (B, h, L_q, d_k), weights (B, h, L_q, L_k) or None).
@@ -268,14 +281,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     if boolean:
         empty_rows = ~mask.any(dim=-1, keepdim=True)  # (B|1, h|1, L_q|1, 1)
         mask = mask | empty_rows
-    if need_weights:
+    if need_weights or (drop is not None and dropout_p > 0):
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, h, L_q, L_k)
         if boolean:
             scores = scores.masked_fill(~mask, float("-inf"))
         elif mask is not None:
             scores += mask  # 0 leaves a score as it is, -inf masks it: the same scores as masked_fill
         weights = scores.softmax(dim=-1)  # (B, h, L_q, L_k), rows sum to 1
-        out = (F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights) @ v  # (B, h, L_q, d_k)
+        out = ((drop or F.dropout)(weights, dropout_p) if dropout_p > 0 else weights) @ v  # (B, h, L_q, d_k)
+        if not need_weights:
+            weights = None
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         weights = None

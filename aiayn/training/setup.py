@@ -17,7 +17,7 @@ from torch import nn
 
 from aiayn.backends import select
 from aiayn.backends.backend import default_precision, native_bf16_cpu
-from aiayn.backends.dropout import BitsDropout
+from aiayn.backends.dropout import draws_bits
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import PreparedData, load_labels, prepare_data, read_examples, save_data_artifacts
 from aiayn.io import atomic_write_bytes, load_model, load_tokenizers
@@ -155,7 +155,7 @@ def setup(t: Any) -> None:
                  + ("faster in bf16 than in fp32 on this CPU (precision=fp32 keeps float32)"
                     if t.backend.precision == "bf16" else "no faster in bf16 than in fp32 on this CPU"))
     t.prepared = t.backend.prepare(t.model)
-    if main and any(isinstance(m, BitsDropout) and m.p > 0 for m in t.prepared.modules()):
+    if main and draws_bits(t.prepared):
         t.report("dropout: masks from random integers, measured faster than F.dropout's bernoulli_ on this CPU "
                  "(AIAYN_DROPOUT=bernoulli keeps F.dropout's)")
     t.recipe, notes = resolve_recipe(cfg, total_steps=planned_steps(t), d_model=t.model.config.d_model)

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.backends import calibrate, select, timing
-from aiayn.backends.dropout import BitsDropout, bits_dropout, use_bits_dropout
+from aiayn.backends.dropout import BitsDropout, bits_dropout, draws_bits, use_bits_dropout
 from aiayn.config import preset
+from aiayn.nn.attention import MultiHeadAttention, attend
 from aiayn.nn.model import build_model
 from aiayn.training.objectives import forward
 
@@ -77,6 +78,61 @@ def test_every_dropout_of_a_copy_is_swapped_with_its_p():
     assert [(m.p, m.inplace) for m in swapped] == [(0.3, False), (0.1, True)]
 
 
+def test_a_copys_attention_drops_its_weights_by_random_integers_too():
+    """`use_bits_dropout` gives every attention `bits_dropout` for its weights; `draws_bits` says so only where some
+    dropout's p is above 0."""
+    attention = MultiHeadAttention(16, 4, dropout=0.1)
+    assert attention.weights_dropout is None
+    assert use_bits_dropout(attention) is attention and attention.weights_dropout is bits_dropout
+    assert draws_bits(attention)
+    assert not draws_bits(use_bits_dropout(MultiHeadAttention(16, 4, dropout=0.0)))
+    assert not draws_bits(nn.Sequential(MultiHeadAttention(16, 4, dropout=0.1), nn.Dropout(0.1)))  # not swapped
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_written_out_with_a_dropout_function_is_the_equation(masked):
+    """With `drop` and p above 0 the equation is written out: no weights returned unless asked; with a function that
+    drops nothing it equals SDPA without dropout, a query with no key included; with `bits_dropout` it is the
+    softmax's weights under the same seeded mask, times V, and its gradient flows."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 5, 8, requires_grad=True) for _ in range(3))
+    mask = None
+    if masked:
+        mask = torch.ones(2, 1, 5, 5, dtype=torch.bool)
+        mask[0, :, :, 3:] = False
+        mask[1, :, 2] = False  # a query with no key: its output is 0
+    expected, _ = attend(q, k, v, mask)
+    out, weights = attend(q, k, v, mask, dropout_p=0.1, drop=lambda w, p: w)
+    assert weights is None
+    torch.testing.assert_close(out, expected)
+    full, weights = attend(q, k, v, mask, need_weights=True)
+    torch.manual_seed(7)
+    dropped, _ = attend(q, k, v, mask, dropout_p=0.25, drop=bits_dropout)
+    torch.manual_seed(7)
+    torch.testing.assert_close(dropped, bits_dropout(weights, 0.25) @ v)
+    assert not torch.allclose(dropped, full)
+    dropped.sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_a_training_attention_uses_its_weights_dropout_on_a_cpu_only_in_training(is_causal):
+    """A layer with `weights_dropout` calls it in training (the causal path too) with its p, in place of SDPA's
+    dropout; in evaluation, or at p 0, it is not called and the layer computes as before."""
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(16, 4, dropout=0.3)
+    x = torch.randn(2, 6, 16)
+    expected = attention.eval()(x, is_causal=is_causal)[0]
+    calls = []
+    attention.weights_dropout = lambda w, p: calls.append((tuple(w.shape), p)) or w
+    torch.testing.assert_close(attention.train()(x, is_causal=is_causal)[0], expected)
+    assert calls == [((2, 4, 6, 6), 0.3)]
+    attention.eval()(x, is_causal=is_causal)
+    attention.dropout = 0.0
+    attention.train()(x, is_causal=is_causal)
+    assert len(calls) == 1
+
+
 @pytest.mark.parametrize("chosen", [True, False])
 def test_a_cpu_training_copy_draws_dropout_as_measured_and_the_model_is_untouched(chosen, monkeypatch):
     """The backend carries the choice into training copies (fp32 and bf16), never into inference ones; the user's
@@ -88,9 +144,14 @@ def test_a_cpu_training_copy_draws_dropout_as_measured_and_the_model_is_untouche
         backend = select("cpu", "train", precision, train_shape=(64, 32, 64))
         assert backend.bits_dropout == chosen
         assert ("dropout masks from random bits" in backend.describe()) == chosen
-        kinds = {type(m) for m in backend.prepare(model).modules() if isinstance(m, nn.Dropout)}
+        copy = backend.prepare(model)
+        kinds = {type(m) for m in copy.modules() if isinstance(m, nn.Dropout)}
         assert kinds == ({BitsDropout} if chosen else {nn.Dropout})
+        attentions = [m for m in copy.modules() if isinstance(m, MultiHeadAttention)]
+        assert attentions and {m.weights_dropout for m in attentions} == {bits_dropout if chosen else None}
+        assert draws_bits(copy) == chosen
     assert {type(m) for m in model.modules() if isinstance(m, nn.Dropout)} == {nn.Dropout}
+    assert all(m.weights_dropout is None for m in model.modules() if isinstance(m, MultiHeadAttention))
     assert not select("cpu", "inference", "fp32").bits_dropout
     prepared = select("cpu", "train", "fp32", train_shape=(64, 32, 64)).prepare(model)
     src, tgt = torch.randint(4, 50, (2, 6)), torch.randint(4, 50, (2, 7))

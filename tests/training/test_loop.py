@@ -122,10 +122,12 @@ def test_a_run_says_when_its_dropout_draws_masks_from_random_integers(tmp_path, 
     """The trainer names the dropout it took where it is not F.dropout's, and how to keep F.dropout's; a model without
     dropout hears nothing of it."""
     monkeypatch.setenv("AIAYN_DROPOUT", choice)
-    for dropout, run_name in ((0.1, "with"), (0.0, "without")):
+    for dropout, attention_dropout, run_name in ((0.1, 0.0, "with"), (0.0, 0.0, "without"), (0.0, 0.1, "weights")):
         lines = []
-        run = load_run_config(None, [*TINY, "max_steps=2", f"model.dropout={dropout}"])
+        run = load_run_config(None, [*TINY, "max_steps=2", f"model.dropout={dropout}",
+                                     f"model.attention_dropout={attention_dropout}"])
         Trainer(run, tmp_path / run_name, report=lines.append).fit()
         said = [line for line in lines if line.startswith("dropout:")]
         assert said == (["dropout: masks from random integers, measured faster than F.dropout's bernoulli_ on this "
-                         "CPU (AIAYN_DROPOUT=bernoulli keeps F.dropout's)"] if choice == "bits" and dropout else [])
+                         "CPU (AIAYN_DROPOUT=bernoulli keeps F.dropout's)"]
+                        if choice == "bits" and dropout + attention_dropout else [])
