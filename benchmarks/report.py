@@ -41,7 +41,13 @@ COLUMNS = {
               ("aiayn / Marian", "aiayn / Hugging Face Marian"), ("torch.nn.Transformer", "torch.nn.Transformer"),
               ("aiayn / torch.nn.Transformer", "aiayn / torch.nn.Transformer"),
               ("aiayn, 2 processes (DDP) / Marian", "aiayn, processes (DDP) / Hugging Face Marian (processes 2)")),
+    "finetune": (("aiayn", "aiayn (model encoder)"), ("plain modules", "aiayn, plain modules (model encoder)"),
+                 ("Hugging Face BERT", "Hugging Face BERT (model encoder)"),
+                 ("aiayn / BERT", "aiayn / Hugging Face BERT (model encoder)")),
 }
+# Tables of one model of a benchmark that times several (its figures labelled `model`): (benchmark, model). Any
+# other table shows the records whose figures carry no such label.
+TABLES = {"finetune": ("train", "encoder")}
 # The versions a benchmark's figures depend on besides torch: the peers it runs.
 PEERS = {"generate": ("ctranslate2", "transformers"), "train": ("transformers",),
          "translate": ("transformers", "sacrebleu"), "embed": ("sentence-transformers", "transformers")}
@@ -76,10 +82,16 @@ def key(fig: dict) -> str:
     return f"{fig['name']} ({labels})" if labels else fig["name"]
 
 
-def render(bench: str, records: list[dict]) -> str:
-    """The markdown table of `bench`'s records, oldest first."""
-    rows = [r for r in records if r["bench"] == bench]
-    names = COLUMNS.get(bench) or tuple((key(f), key(f)) for f in (rows[0]["figures"] if rows else []))
+def model_of(record: dict) -> str | None:
+    """The `model` label of a record's figures (`bench train --model encoder`), or None."""
+    return next((f["model"] for f in record["figures"] if "model" in f), None)
+
+
+def render(table: str, records: list[dict]) -> str:
+    """The markdown table `table` (a benchmark's name, or one of `TABLES`) of its records, oldest first."""
+    bench, model = TABLES.get(table, (table, None))
+    rows = [r for r in records if r["bench"] == bench and model_of(r) == model]
+    names = COLUMNS.get(table) or tuple((key(f), key(f)) for f in (rows[0]["figures"] if rows else []))
     head = ["date (UTC)", "machine", "threads, load", "command", *(column for column, _ in names), "versions"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
@@ -189,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(new, encoding="utf-8")
                 print(f"updated {path}")
         return 0
-    for bench in sorted({r["bench"] for r in records} if not args.bench else {args.bench}):
-        print(f"## {bench}\n\n{render(bench, records)}")
+    benches = {r["bench"] for r in records} if not args.bench else {args.bench}
+    for table in sorted(benches | {t for t, (bench, _) in TABLES.items() if bench in benches}):
+        print(f"## {table}\n\n{render(table, records)}")
     return 0
 
 
