@@ -99,11 +99,17 @@ def commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
+# Environment variables that decide what aiayn runs (`aiayn.backends.calibrate`): a record's command begins with
+# those set, as a shell would run it.
+CHOICE_SETTINGS = ("AIAYN_DROPOUT", "AIAYN_INT8_RANGE")
+
+
 @contextlib.contextmanager
 def recording(name: str, argv: list[str], directory: Path | None = None) -> Iterator[dict]:
     """Run the body as benchmark `name`, then write its record to `directory`; yields the record."""
     _figures.clear()
-    record: dict = {"bench": name, "command": " ".join(["aiayn", "bench", name, *argv]),
+    settings = [f"{k}={os.environ[k]}" for k in CHOICE_SETTINGS if k in os.environ]
+    record: dict = {"bench": name, "command": " ".join([*settings, "aiayn", "bench", name, *argv]),
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "commit": commit(), "cpu": cpu(),
                     "cores": {"logical": os.cpu_count(), "usable": len(os.sched_getaffinity(0))

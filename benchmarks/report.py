@@ -99,7 +99,8 @@ def render(table: str, records: list[dict]) -> str:
         cells = [value(figures[name]) if name in figures else "-" for _, name in names]
         versions = ", ".join(f"{p} {r['versions'][p]}" for p in ("torch", *PEERS.get(bench, ())) if p in r["versions"])
         load = f"{r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f}"
-        args = r["command"].split(f"bench {bench}", 1)[-1].strip() or "(defaults)"
+        settings, args = r["command"].split(f"aiayn bench {bench}", 1)
+        args = " ".join(part for part in (settings.strip(), args.strip()) if part) or "(defaults)"
         date = (r["date"] or "unknown").replace("T", " ")[:16]
         cells = [date, machine(r), f"{r['threads']}, load {load}", f"`{args}`", *cells,
                  f"{versions}; aiayn {r.get('commit') or '?'}"]

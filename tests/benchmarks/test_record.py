@@ -39,22 +39,36 @@ def test_the_committed_records_carry_their_date_machine_threads_and_versions():
             assert fig["name"].split(" / ")[0].split(",")[0] in record["output"], (path.name, fig["name"])
 
 
-def test_record_writes_what_the_run_printed_and_the_report_shows_it(tmp_path, capsys):
+def test_record_writes_what_the_run_printed_and_the_report_shows_it(tmp_path, capsys, monkeypatch):
+    """The record keeps the command with the settings that decided aiayn's choices before it, as a shell runs it."""
+    monkeypatch.setenv("AIAYN_DROPOUT", "bernoulli")
+    monkeypatch.delenv("AIAYN_INT8_RANGE", raising=False)
     code = main(["bench", "encoder", "--preset", "tiny", "--batch", "2", "--length", "8", "--repeats", "1",
                  "--warmup", "0", "--matmul-size", "64", "--threads", "1", "--record", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
     (path,) = tmp_path.glob("*-encoder.json")
     record = json.loads(path.read_text())
-    assert record["command"] == ("aiayn bench encoder --preset tiny --batch 2 --length 8 --repeats 1 --warmup 0 "
-                                 "--matmul-size 64 --threads 1")
+    assert record["command"] == ("AIAYN_DROPOUT=bernoulli aiayn bench encoder --preset tiny --batch 2 --length 8 "
+                                 "--repeats 1 --warmup 0 --matmul-size 64 --threads 1")
     assert record["threads"] == 1 and record["output"] in out and f"record: {path}" in out
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", record["date"])
     ratio = next(f for f in record["figures"] if f["name"] == "aiayn Encoder / fast path")
     assert ratio["unit"] == "x" and f"{ratio['value']:.3f}x the torch fast path" in record["output"]
     assert main(["bench", "report", str(tmp_path)]) == 0
     table = capsys.readouterr().out
-    assert f"{ratio['value']:.3f}x" in table and "`--preset tiny --batch 2" in table and record["cpu"]["model"] in table
+    assert f"{ratio['value']:.3f}x" in table and record["cpu"]["model"] in table
+    assert "`AIAYN_DROPOUT=bernoulli --preset tiny --batch 2" in table
+
+
+def test_the_fine_tuning_table_holds_the_encoder_records_of_bench_train_and_the_train_table_the_others():
+    report = load_benchmark("report")
+    records = [r for r in report.load() if r["bench"] == "train"]
+    encoder = [r for r in records if report.model_of(r) == "encoder"]
+    assert encoder and len(encoder) < len(records)
+    finetune, train = report.render("finetune", records), report.render("train", records)
+    assert finetune.count("\n") == 2 + len(encoder) and "| Hugging Face BERT |" in finetune.splitlines()[0]
+    assert train.count("\n") == 2 + len(records) - len(encoder) and "--model encoder" not in train
 
 
 def test_record_may_come_before_or_after_the_name_and_takes_an_optional_directory():
