@@ -126,7 +126,8 @@ class MultiHeadAttention(nn.Module):
 
     # Under autocast, softmax(Q K^T / sqrt(d_k)) V itself in float32, its bf16 (or fp16) inputs cast up and its
     # output down, the projections still in the lower precision: set on a prepared copy by `aiayn.backends` where
-    # the attention kernel's bf16 backward was measured the slower (`calibrate.bf16_training_attention`).
+    # the attention kernel's bf16 backward was measured the slower (`calibrate.bf16_training_attention`). Not where
+    # `weights_dropout` writes the equation out: its products in bf16 were the faster (docs/notes.md, "Training").
     float32_attention = False
     # In training, a function (weights, p) -> dropped weights that drops attention weights instead of SDPA's own
     # dropout, the equation then written out: on a CPU, SDPA with dropout runs its written-out equation anyway (its
@@ -185,7 +186,8 @@ class MultiHeadAttention(nn.Module):
         if key_value is not None:
             self._check_input("key_value", key_value, batch=query.shape[0])
         q, k, v, offset = self._heads(query, key_value, cache, static_kv)  # (B, h, L_q|L_k, d_k)
-        if self.float32_attention and q.dtype in (torch.bfloat16, torch.float16):
+        written_out = self._drop(q, self.dropout if self.training else 0.0) is not None  # products in bf16 are fast
+        if self.float32_attention and q.dtype in (torch.bfloat16, torch.float16) and not written_out:
             with torch.autocast(q.device.type, enabled=False):  # else autocast would cast them down again
                 out, weights = self._equation(q.float(), k.float(), v.float(), mask, is_causal, offset, need_weights)
             out, weights = out.to(q.dtype), None if weights is None else weights.to(q.dtype)

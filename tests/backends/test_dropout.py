@@ -133,6 +133,23 @@ def test_a_training_attention_uses_its_weights_dropout_on_a_cpu_only_in_training
     assert len(calls) == 1
 
 
+def test_attention_written_out_for_its_dropout_keeps_its_products_in_bf16():
+    """`float32_attention` casts attention up where SDPA runs it; where `weights_dropout` writes the equation out
+    in training, the products stay in bf16 (measured the faster); in evaluation SDPA runs, cast up again."""
+    attention = MultiHeadAttention(16, 4, dropout=0.1).train()
+    attention.float32_attention = True
+    seen = []
+    equation = attention._equation
+    attention._equation = lambda q, *rest: seen.append(q.dtype) or equation(q, *rest)
+    x = torch.randn(2, 6, 16)
+    with torch.autocast("cpu", torch.bfloat16):
+        attention(x)
+        attention.weights_dropout = bits_dropout
+        attention(x)
+        attention.eval()(x)
+    assert seen == [torch.float32, torch.bfloat16, torch.float32]
+
+
 @pytest.mark.parametrize("chosen", [True, False])
 def test_a_cpu_training_copy_draws_dropout_as_measured_and_the_model_is_untouched(chosen, monkeypatch):
     """The backend carries the choice into training copies (fp32 and bf16), never into inference ones; the user's
