@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -151,6 +152,8 @@ def measured_rates(model: ModelConfig, batch_tokens: int, threads: int,
     rows = min(batch_tokens, MEASURE_ROWS)
     description = {**machine(), "threads": str(threads), "model": json.dumps(model.to_dict(), sort_keys=True),
                    "rows": str(rows), "precision": precision, "format": str(FORMAT)}
+    if os.environ.get("AIAYN_DROPOUT"):  # masks drawn as given, not as the machine chose: timed apart
+        description["dropout"] = os.environ["AIAYN_DROPOUT"]
     digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"train-layout-{digest}.json"
     try:

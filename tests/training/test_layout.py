@@ -1,6 +1,7 @@
 """Threads or processes: a CPU run under a time budget takes the layout measured faster; any other run keeps its own."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -126,6 +127,23 @@ def test_the_rates_of_each_precision_are_kept_apart(monkeypatch, tmp_path, other
     assert measured_rates(TINY, 64, 2) == measured_rates(TINY, 64, 2, "bf16") == (1.0, 2.0)
     assert measured_rates(TINY, 64, 2, "bf16") == (1.0, 2.0) and timed == ["fp32", "bf16"]
     assert len(list(tmp_path.glob("train-layout-*.json"))) == 2
+
+
+def test_a_run_that_says_how_to_draw_dropout_reads_rates_timed_so(monkeypatch, tmp_path, other_work):
+    """`AIAYN_DROPOUT` decides the masks the step draws: rates timed with one setting are not read with another,
+    nor with the machine's own choice."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    other_work(0.0)
+    timed = []
+    monkeypatch.setattr(layout, "step_rates", lambda model, rows, threads, precision: timed.append(
+        os.environ.get("AIAYN_DROPOUT")) or (1.0, 2.0))
+    for setting in ("bits", "bernoulli", None, "bits"):
+        if setting is None:
+            monkeypatch.delenv("AIAYN_DROPOUT")
+        else:
+            monkeypatch.setenv("AIAYN_DROPOUT", setting)
+        assert measured_rates(TINY, 64, 2) == (1.0, 2.0)
+    assert timed == ["bits", "bernoulli", None] and len(list(tmp_path.glob("train-layout-*.json"))) == 3
 
 
 def test_a_bf16_step_is_timed_on_the_copy_the_trainer_prepares_under_its_autocast(monkeypatch):
