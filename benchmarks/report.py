@@ -41,13 +41,16 @@ COLUMNS = {
               ("aiayn / Marian", "aiayn / Hugging Face Marian"), ("torch.nn.Transformer", "torch.nn.Transformer"),
               ("aiayn / torch.nn.Transformer", "aiayn / torch.nn.Transformer"),
               ("aiayn, 2 processes (DDP) / Marian", "aiayn, processes (DDP) / Hugging Face Marian (processes 2)")),
+    "lm": (("aiayn", "aiayn (model decoder-only)"), ("plain modules", "aiayn, plain modules (model decoder-only)"),
+           ("Hugging Face GPT-2", "Hugging Face GPT-2 (model decoder-only)"),
+           ("aiayn / GPT-2", "aiayn / Hugging Face GPT-2 (model decoder-only)")),
     "finetune": (("aiayn", "aiayn (model encoder)"), ("plain modules", "aiayn, plain modules (model encoder)"),
                  ("Hugging Face BERT", "Hugging Face BERT (model encoder)"),
                  ("aiayn / BERT", "aiayn / Hugging Face BERT (model encoder)")),
 }
 # Tables of one model of a benchmark that times several (its figures labelled `model`): (benchmark, model). Any
 # other table shows the records whose figures carry no such label.
-TABLES = {"finetune": ("train", "encoder")}
+TABLES = {"finetune": ("train", "encoder"), "lm": ("train", "decoder-only")}
 # The versions a benchmark's figures depend on besides torch: the peers it runs.
 PEERS = {"generate": ("ctranslate2", "transformers"), "train": ("transformers",),
          "translate": ("transformers", "sacrebleu"), "embed": ("sentence-transformers", "transformers")}
@@ -99,8 +102,9 @@ def render(table: str, records: list[dict]) -> str:
         cells = [value(figures[name]) if name in figures else "-" for _, name in names]
         versions = ", ".join(f"{p} {r['versions'][p]}" for p in ("torch", *PEERS.get(bench, ())) if p in r["versions"])
         load = f"{r['load_before'][0]:.2f} -> {r['load_after'][0]:.2f}"
-        settings, args = r["command"].split(f"aiayn bench {bench}", 1)
-        args = " ".join(part for part in (settings.strip(), args.strip()) if part) or "(defaults)"
+        settings, named, args = r["command"].partition(f"aiayn bench {bench}")
+        args = (" ".join(part for part in (settings.strip(), args.strip()) if part) if named
+                else r["command"]) or "(defaults)"
         date = (r["date"] or "unknown").replace("T", " ")[:16]
         cells = [date, machine(r), f"{r['threads']}, load {load}", f"`{args}`", *cells,
                  f"{versions}; aiayn {r.get('commit') or '?'}"]

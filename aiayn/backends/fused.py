@@ -100,7 +100,7 @@ class FusedQKVAttention(MultiHeadAttention):
         if (q.shape[2] == 1 and q.device.type == "cpu" and not need_weights
                 and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT
                 and k.shape[2] * k.shape[3] >= SINGLE_QUERY_WRITTEN_OUT_KEYS):
-            return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=True)[0], None
+            return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=True, drop=self._drop(q, dropout_p))[0], None
         return super().attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
 
 

@@ -218,8 +218,8 @@ class MultiHeadAttention(nn.Module):
         return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights, drop=self._drop(q, dropout_p))
 
     def _drop(self, q: torch.Tensor, dropout_p: float) -> Callable[[torch.Tensor, float], torch.Tensor] | None:
-        """`weights_dropout` where it applies: dropout on, on a CPU."""
-        return self.weights_dropout if dropout_p > 0 and q.device.type == "cpu" else None
+        """`weights_dropout` where it applies: 0 < p < 1 (SDPA zeroes every weight at p 1), on a CPU."""
+        return self.weights_dropout if 0.0 < dropout_p < 1.0 and q.device.type == "cpu" else None
 
     def _heads(self, query: torch.Tensor, key_value: torch.Tensor | None, cache: AttentionCache | None,
                static_kv: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -289,10 +289,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
             scores = scores.masked_fill(~mask, float("-inf"))
         elif mask is not None:
             scores += mask  # 0 leaves a score as it is, -inf masks it: the same scores as masked_fill
-        weights = scores.softmax(dim=-1)  # (B, h, L_q, L_k), rows sum to 1
-        out = ((drop or F.dropout)(weights, dropout_p) if dropout_p > 0 else weights) @ v  # (B, h, L_q, d_k)
-        if not need_weights:
-            weights = None
+        if drop is not None and dropout_p > 0:
+            # The weights and their dropout in float32, as SDPA's own dropout keeps them under bf16 autocast (the
+            # scale 1 / (1 - p) rounded to bf16 would shrink every row: 1.109375 for 1 / 0.9); V's type for the product.
+            weights = scores.softmax(dim=-1, dtype=torch.float32)  # (B, h, L_q, L_k), rows sum to 1
+            out = drop(weights, dropout_p).to(v.dtype) @ v  # (B, h, L_q, d_k)
+            weights = weights.to(scores.dtype) if need_weights else None
+        else:
+            weights = scores.softmax(dim=-1)  # (B, h, L_q, L_k), rows sum to 1
+            out = (F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights) @ v  # (B, h, L_q, d_k)
+            weights = weights if need_weights else None
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         weights = None

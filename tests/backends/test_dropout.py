@@ -115,10 +115,38 @@ def test_attention_written_out_with_a_dropout_function_is_the_equation(masked):
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_attention_written_out_with_f_dropout_is_sdpas_dropout_to_rounding(masked):
+    """Under the same seed, the equation written out with `F.dropout` as its `drop` draws SDPA's own mask (SDPA's
+    math path on a CPU), a query with no key included: the written-out form is the same computation."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 6, 8) for _ in range(3))
+    mask = None
+    if masked:
+        mask = torch.ones(2, 1, 6, 6, dtype=torch.bool)
+        mask[0, :, :, 4:] = False
+        mask[1, :, 3] = False
+    torch.manual_seed(11)
+    ours, _ = attend(q, k, v, mask, dropout_p=0.3, drop=lambda w, p: F.dropout(w, p))
+    torch.manual_seed(11)
+    theirs, _ = attend(q, k, v, mask, dropout_p=0.3)  # SDPA with dropout_p
+    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+
+
+def test_under_bf16_autocast_the_weights_are_dropped_in_float32():
+    """The softmax and the mask in float32 (the scale 1 / (1 - p) in bf16 would shrink every row), the output in
+    V's type."""
+    seen = []
+    q, k, v = (torch.randn(2, 4, 6, 8, dtype=torch.bfloat16) for _ in range(3))
+    with torch.autocast("cpu", torch.bfloat16):
+        out, _ = attend(q, k, v, None, dropout_p=0.1, drop=lambda w, p: seen.append(w.dtype) or bits_dropout(w, p))
+    assert seen == [torch.float32] and out.dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_a_training_attention_uses_its_weights_dropout_on_a_cpu_only_in_training(is_causal):
     """A layer with `weights_dropout` calls it in training (the causal path too) with its p, in place of SDPA's
-    dropout; in evaluation, or at p 0, it is not called and the layer computes as before."""
+    dropout; in evaluation, or at p 0 or 1, it is not called and the layer computes as before."""
     torch.manual_seed(0)
     attention = MultiHeadAttention(16, 4, dropout=0.3)
     x = torch.randn(2, 6, 16)
@@ -130,6 +158,8 @@ def test_a_training_attention_uses_its_weights_dropout_on_a_cpu_only_in_training
     attention.eval()(x, is_causal=is_causal)
     attention.dropout = 0.0
     attention.train()(x, is_causal=is_causal)
+    attention.dropout = 1.0  # SDPA's: every weight dropped
+    assert torch.equal(attention.train()(x, is_causal=is_causal)[0], attention.out_proj.bias.expand(2, 6, 16))
     assert len(calls) == 1
 
 

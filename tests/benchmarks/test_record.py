@@ -69,6 +69,10 @@ def test_the_fine_tuning_table_holds_the_encoder_records_of_bench_train_and_the_
     finetune, train = report.render("finetune", records), report.render("train", records)
     assert finetune.count("\n") == 2 + len(encoder) and "| Hugging Face BERT |" in finetune.splitlines()[0]
     assert train.count("\n") == 2 + len(records) - len(encoder) and "--model encoder" not in train
+    language_model = {**encoder[0], "command": "python benchmarks/train.py --model decoder-only",
+                      "figures": [{**f, "model": "decoder-only"} for f in encoder[0]["figures"]]}
+    table = report.render("lm", [language_model])  # a command without `aiayn bench NAME` is shown whole
+    assert table.count("\n") == 3 and "`python benchmarks/train.py --model decoder-only`" in table
 
 
 def test_record_may_come_before_or_after_the_name_and_takes_an_optional_directory():
