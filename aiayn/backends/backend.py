@@ -114,8 +114,8 @@ class Backend:
                                         ("PyTorch's fused encoder layers", self.torch_layers),
                                         ("cross-attention absorbed into short memories", self.absorbed_cross),
                                         ("attention in float32 (faster here than bf16's)"
-                                         + (", but for attention written out for its dropout" if self.bits_dropout
-                                            else ""), self.float32_attention),
+                                         + (" unless written out for its dropout" if self.bits_dropout else ""),
+                                         self.float32_attention),
                                         ("dropout masks from random bits (faster here than bernoulli's)",
                                          self.bits_dropout),
                                         ("torch.compile", self.compile),
