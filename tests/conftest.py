@@ -100,6 +100,13 @@ def other_work(monkeypatch):
 
 
 @pytest.fixture
+def quiet_cores(other_work):
+    """Every reading of the other programs' work says none: what a test measures is kept and read back as on a quiet
+    machine, whatever else the machine runs meanwhile (a measurement taken busy is discarded once it is quiet)."""
+    other_work(0.0)
+
+
+@pytest.fixture
 def measured(monkeypatch):
     """`measured(one=..., few=..., many=..., train_onednn=..., fused_qkv=...)`: see `force_choices`."""
     return lambda **choices: force_choices(monkeypatch, **choices)

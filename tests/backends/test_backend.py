@@ -500,7 +500,7 @@ def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(t
     assert calibrate.cache_path(calibrate.machine()) != files[0]
 
 
-def test_int8_weights_are_measured_when_int8_first_asks_and_then_cached(tmp_path, monkeypatch):
+def test_int8_weights_are_measured_when_int8_first_asks_and_then_cached(tmp_path, monkeypatch, quiet_cores):
     from aiayn.backends import int8
 
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
@@ -516,7 +516,7 @@ def test_int8_weights_are_measured_when_int8_first_asks_and_then_cached(tmp_path
     assert calibrate.int8_weight_choices() == measured
 
 
-def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_path, monkeypatch):
+def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_path, monkeypatch, quiet_cores):
     """Each shape a run asks for is measured once, cached, and what `select` gives that run; a base model's shapes
     are not measured for it."""
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
@@ -537,7 +537,7 @@ def test_training_products_are_chosen_at_the_widths_of_the_model_trained(tmp_pat
     assert f"{calibrate.TRAIN_SHAPE_ROWS}x32x128" in calibrate._measured_so_far().training
 
 
-def test_bf16_training_times_attention_in_both_precisions_at_its_width_once(tmp_path, monkeypatch):
+def test_bf16_training_times_attention_in_both_precisions_at_its_width_once(tmp_path, monkeypatch, quiet_cores):
     """A bf16 training run asks whether attention runs faster in float32 at its width: timed once, cached, read back
     in a new process, printed with its margin; the backend carries the answer into the prepared copy only."""
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
@@ -560,7 +560,7 @@ def test_bf16_training_times_attention_in_both_precisions_at_its_width_once(tmp_
     assert f"{calibrate.TRAIN_SHAPE_ROWS}x64" in calibrate._measured_so_far().bf16_attention
 
 
-def test_training_on_a_cpu_with_native_bf16_takes_bf16_where_a_step_measured_faster(tmp_path, monkeypatch):
+def test_training_on_a_cpu_with_native_bf16_takes_bf16_where_a_step_measured_faster(tmp_path, monkeypatch, quiet_cores):
     """Left to the machine, a CPU run trains in bf16 only where native and where a step at its widths ran faster so:
     timed once (both precisions as `select` prepares them), cached, read back in a new process, printed with its
     margin; an explicit precision is never measured, a CPU without native bf16 never asks."""
@@ -629,7 +629,7 @@ def test_bf16_training_runs_attention_in_the_precision_measured_and_learns_the_s
         torch.testing.assert_close(grads[name], grad, rtol=0.1, atol=0.05 * scale, msg=name)
 
 
-def test_inference_products_are_chosen_at_the_widths_of_the_model_run(tmp_path, monkeypatch):
+def test_inference_products_are_chosen_at_the_widths_of_the_model_run(tmp_path, monkeypatch, quiet_cores):
     """A model narrower than a base one runs the kernels, Q/K/V and encoder layers measured at its own shapes,
     measured once and cached, without waiting for a base model's shapes; a base model's widths keep the machine's."""
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
@@ -685,7 +685,7 @@ def _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch) -> tuple[int, in
 
 @pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
                     reason="this CPU computes no bf16 natively")
-def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp_path, monkeypatch):
+def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp_path, monkeypatch, quiet_cores):
     shape = _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch)
     backend = select("cpu", "inference", "bf16", inference_shape=shape)
     so_far = calibrate._measured_so_far()
@@ -702,7 +702,8 @@ def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp
 
 @pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
                     reason="bf16 is compared with float32 only where it is native")
-def test_a_steps_products_are_timed_in_bf16_against_float32_at_the_model_widths_and_cached(tmp_path, monkeypatch):
+def test_a_steps_products_are_timed_in_bf16_against_float32_at_the_model_widths_and_cached(tmp_path, monkeypatch,
+                                                                                          quiet_cores):
     shape = _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch)
     faster = calibrate.bf16_faster(*shape)
     assert set(faster) == {"one", "few", "many"} and all(isinstance(f, bool) for f in faster.values())

@@ -210,7 +210,7 @@ def test_a_cpu_training_copy_draws_dropout_as_measured_and_the_model_is_untouche
     assert torch.equal(first, again)
 
 
-def test_the_choice_is_timed_once_kept_and_printed_with_its_margin(tmp_path, monkeypatch):
+def test_the_choice_is_timed_once_kept_and_printed_with_its_margin(tmp_path, monkeypatch, quiet_cores):
     """Timed against `F.dropout` forward and backward the first time a CPU training run asks, cached, read back in a
     new process, printed by `aiayn verify`'s description with its margin."""
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))

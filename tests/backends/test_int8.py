@@ -256,7 +256,7 @@ def test_select_runs_an_int8_copy_in_float32_where_its_widths_measured_int8_slow
     assert select("cpu", "inference", "int8").int8_float32 == ()
 
 
-def test_where_int8_products_pay_is_measured_once_at_a_models_widths(tmp_path, monkeypatch):
+def test_where_int8_products_pay_is_measured_once_at_a_models_widths(tmp_path, monkeypatch, quiet_cores):
     """int8 products and products over int8 weights are timed at a narrow model's own widths, once, without a base
     model's shapes."""
     from aiayn.backends import calibrate, int8, timing
