@@ -18,14 +18,15 @@ processes trained 1.21x the tokens a second of 2 threads at the fitted recipe's 
   labels from the data, and masked-LM runs were not measured),
 - on at most `MAX_PROCESSES` cores (measured with 2).
 
-Such a run times a training step of its own model at one thread and at N threads (`step_rates`, 2-18 s,
-interleaved; cached per machine, shape and precision in `calibrate.cache_dir()` unless the machine was busy), the
-model prepared as the trainer prepares it in the precision the run will train in (`precision`, else the
-machine's choice: `backend.default_precision`), and trains as
-N processes of one thread where N x the one-thread rate x `DDP_EFFICIENCY` beats the N-thread rate by more than
-`timing.MARGIN`. Any other run, and a run given `processes=N`, keeps what it was given. A busy machine does not
-change the answer: with another program holding one of 2 cores, 2 processes still trained ~1.3x the tokens a
-second of 2 threads (each ~0.6x its quiet rate; docs/notes.md).
+Such a run times a training step of its own model at N threads, and N one-thread steps of N copies at once, one
+a core, as N processes would run them (`step_rates`, a few seconds to half a minute, interleaved; cached per
+machine, shape and precision in `calibrate.cache_dir()` unless the machine was busy), the model prepared as the
+trainer prepares it in the precision the run will train in (`precision`, else the machine's choice:
+`backend.default_precision`), and trains as N processes of one thread where the N steps' tokens a second x
+`DDP_EFFICIENCY` beat the N-thread rate by more than `timing.MARGIN`. Any other run, and a run given
+`processes=N`, keeps what it was given. A busy machine does not change the answer: with another program holding
+one of 2 cores, 2 processes still trained ~1.3x the tokens a second of 2 threads (each ~0.6x its quiet rate;
+docs/notes.md).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import json
 import logging
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import torch
@@ -56,10 +58,12 @@ logger = logging.getLogger(__name__)
 MIN_BUDGET_S = 300.0
 # The share of N one-thread steps' tokens that N processes keep (their gradients averaged every step): 14,954
 # tokens/s from 2 processes against 2 x 7,978 from one thread, at the recipe's widths on a 2-core AVX2 EPYC
-# (docs/notes.md, "training on the recipe's shapes").
+# (docs/notes.md, "training on the recipe's shapes"). Applied to N steps timed at once, on a Zen 4 EPYC it
+# predicted 1.60x for the recipe's widths in bf16 where 2 DDP processes trained 1.56x 2 threads' tokens a second
+# (docs/notes.md, "the layout timed with every core busy").
 DDP_EFFICIENCY = 0.94
 MAX_PROCESSES = 4  # measured with 2: beyond a few, N copies of the data and model and N-batch steps are untried
-FORMAT = 2  # of the cached rates: bump when `step_rates` times something else
+FORMAT = 3  # of the cached rates: bump when `step_rates` times something else
 # Tokens a batch when timing: the run's own batch up to this. Threads that wait passively (as the CLI's do) scale
 # with the batch: on a Zen 4 EPYC the small preset in bf16 measured 1.42-1.51x for processes at 1,024 tokens and
 # 1.18-1.20x at its own 4,096 (docs/notes.md, "the layout in the run's precision, at the run's batch").
@@ -146,9 +150,9 @@ def measured_layout(model: ModelConfig, batch_tokens: int, cores: int, precision
 
 def measured_rates(model: ModelConfig, batch_tokens: int, threads: int,
                    precision: str = "fp32") -> tuple[float, float]:
-    """(tokens a second at one thread, at `threads`) of a training step of `model` in `precision` on batches of
-    `batch_tokens` (timed on at most `MEASURE_ROWS`): from the cache, else `step_rates` (cached unless the machine
-    was busy while it measured)."""
+    """(tokens a second of one thread while each of `threads` cores runs one, of `threads` threads) of a training
+    step of `model` in `precision` on batches of `batch_tokens` (timed on at most `MEASURE_ROWS`): from the cache,
+    else `step_rates` (cached unless the machine was busy while it measured)."""
     rows = min(batch_tokens, MEASURE_ROWS)
     description = {**machine(), "threads": str(threads), "model": json.dumps(model.to_dict(), sort_keys=True),
                    "rows": str(rows), "precision": precision, "format": str(FORMAT)}
@@ -176,36 +180,55 @@ def step_rates(model: ModelConfig, batch_tokens: int, threads: int, repeats: int
                precision: str = "fp32") -> tuple[float, float]:
     """Tokens a second of a training step (forward, backward, AdamW) of a model built from `model`, prepared as the
     trainer prepares it in `precision` for batches of `batch_tokens`, on random batches of about
-    min(`batch_tokens`, `MEASURE_ROWS`) tokens, at one thread and at `threads`, timed interleaved (best repeat
-    each)."""
+    min(`batch_tokens`, `MEASURE_ROWS`) tokens: (one thread's while `threads` copies step at once, one thread each,
+    as `threads` processes would; `threads` threads'), timed interleaved (best repeat each).
+
+    The copies run at once because a core trains slower while its neighbours work (shared caches and memory): on a
+    Zen 4 EPYC two one-thread steps at once kept 0.91-1.00 of one alone's rate each (docs/notes.md)."""
     backend = select("cpu", "train", precision, train_shape=(batch_tokens, model.d_model, model.d_ff))
     with torch.random.fork_rng():  # the caller's random state stays as it was (init, dropout)
-        torch.manual_seed(0)
-        net = build_model(model).train()
-        return _step_rates(net, backend.prepare(net), backend.autocast, min(batch_tokens, MEASURE_ROWS), threads,
-                           repeats)
+        nets = []
+        for _ in range(threads):
+            torch.manual_seed(0)
+            net = build_model(model).train()
+            nets.append((net, backend.prepare(net)))
+        return _step_rates(nets, backend.autocast, min(batch_tokens, MEASURE_ROWS), threads, repeats)
 
 
-def _step_rates(net: torch.nn.Module, prepared: torch.nn.Module, autocast: Callable, rows: int, threads: int,
+def _step_rates(nets: list[tuple[torch.nn.Module, torch.nn.Module]], autocast: Callable, rows: int, threads: int,
                 repeats: int) -> tuple[float, float]:
+    """`step_rates` on `threads` (model, prepared copy) pairs: the first also times the `threads`-thread step."""
     previous = torch.get_num_threads()
-    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
-    length = min(MEASURE_LENGTH, net.config.max_len)
+    config = nets[0][0].config
+    length = min(MEASURE_LENGTH, config.max_len)
     batch = max(1, rows // length)
-    inputs = net.example_inputs(batch, length, torch.Generator().manual_seed(0))
+    inputs = nets[0][0].example_inputs(batch, length, torch.Generator().manual_seed(0))
 
-    def step(n: int) -> None:
-        torch.set_num_threads(n)
-        with autocast():
-            out = prepared(*inputs)
-        out.float().logsumexp(-1).mean().backward()  # a softmax over the outputs, as the loss takes one
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def stepper(net: torch.nn.Module, prepared: torch.nn.Module) -> Callable[[int], None]:
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-4)
+
+        def step(n: int) -> None:
+            torch.set_num_threads(n)  # OpenMP's thread count is the calling thread's own
+            with autocast():
+                out = prepared(*inputs)
+            out.float().logsumexp(-1).mean().backward()  # a softmax over the outputs, as the loss takes one
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return step
+
+    steps = [stepper(net, prepared) for net, prepared in nets]
+    pool = ThreadPoolExecutor(threads)  # torch releases the GIL inside its operations
+
+    def at_once() -> None:
+        for done in [pool.submit(step, 1) for step in steps]:
+            done.result()
 
     try:
         with torch.inference_mode(False):
-            times = timing.timed({"one": lambda: step(1), "many": lambda: step(threads)}, repeats)
+            times = timing.timed({"at once": at_once, "many": lambda: steps[0](threads)}, repeats)
     finally:
+        pool.shutdown()
         torch.set_num_threads(previous)
     tokens = batch * length
-    return tokens / min(times["one"]), tokens / min(times["many"])
+    return tokens / min(times["at once"]), tokens / min(times["many"])

@@ -164,6 +164,29 @@ def test_a_bf16_step_is_timed_on_the_copy_the_trainer_prepares_under_its_autocas
     assert autocast and set(autocast) == {None}
 
 
+def test_the_one_thread_rate_is_timed_with_every_core_running_a_copy(monkeypatch):
+    """As N processes would run: N copies prepared, their one-thread steps run at once on N Python threads; the
+    N-thread step on one copy."""
+    import threading
+
+    seen, copies = set(), []
+    real_prepare = Backend.prepare
+
+    def prepare(self, model):
+        copy = real_prepare(self, model)
+        copies.append(copy)
+        copy.register_forward_pre_hook(lambda module, inputs: seen.add(
+            (copies.index(module), threading.get_ident(), torch.get_num_threads())))
+        return copy
+
+    monkeypatch.setattr(Backend, "prepare", prepare)
+    one, many = step_rates(TINY, 64, 2, repeats=1)
+    assert one > 0 and many > 0 and len(copies) == 2
+    at_once = {(copy, ident) for copy, ident, threads in seen if threads == 1}
+    assert {copy for copy, _ in at_once} == {0, 1} and len({ident for _, ident in at_once}) == 2
+    assert {copy for copy, _, threads in seen if threads == 2} == {0}
+
+
 def test_step_rates_time_a_training_step_of_each_architecture_and_leave_threads_and_seed_alone():
     threads, state = torch.get_num_threads(), torch.random.get_rng_state()
     for cfg in (TINY, TINY.replace(n_decoder_layers=0), TINY.replace(n_decoder_layers=0, causal=True)):
