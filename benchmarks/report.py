@@ -46,7 +46,8 @@ COLUMNS = {
            ("aiayn / GPT-2", "aiayn / Hugging Face GPT-2 (model decoder-only)")),
     "finetune": (("aiayn", "aiayn (model encoder)"), ("plain modules", "aiayn, plain modules (model encoder)"),
                  ("Hugging Face BERT", "Hugging Face BERT (model encoder)"),
-                 ("aiayn / BERT", "aiayn / Hugging Face BERT (model encoder)")),
+                 ("aiayn / BERT", "aiayn / Hugging Face BERT (model encoder)"),
+                 ("aiayn / BERT under bf16 autocast", "aiayn / Hugging Face BERT, bf16 autocast (model encoder)")),
 }
 # Tables of one model of a benchmark that times several (its figures labelled `model`): (benchmark, model). Any
 # other table shows the records whose figures carry no such label.

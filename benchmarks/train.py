@@ -43,7 +43,8 @@ init_from=...` loads it, then prepared by the trainer's backend, and as plain mo
 `transformers.BertForSequenceClassification` from the same directory. Batches are `--max-tokens // --seq-len`
 rows of random ids, each row 1/4 to all of `--seq-len` tokens long, padded to the batch's longest with an
 attention mask; random labels. Every model takes its logits, cross-entropy, backward and the same fused Adam step.
-Tokens/s counts the real (unpadded) tokens; model FLOPs the padded batch, which every model computes.
+Where aiayn trains in bf16, the Hugging Face model runs once more under bf16 autocast, as its users would ask for
+bf16. Tokens/s counts the real (unpadded) tokens; model FLOPs the padded batch, which every model computes.
 """
 
 from __future__ import annotations
@@ -158,6 +159,7 @@ PAD = 0
 
 
 MARIAN_BF16 = "Hugging Face Marian, bf16 autocast"
+BERT_BF16 = "Hugging Face BERT, bf16 autocast"
 
 
 def _optimizer(model: nn.Module) -> torch.optim.Optimizer:
@@ -346,7 +348,8 @@ def bf16_rows_and_peak(steps: dict, backend, device: torch.device) -> dict:
     """`print_rates`'s bf16 arguments: the rows that ran under bf16 autocast and the bf16 matmul peak (best of
     three measurements; 0 where the device only emulates bf16, whose plain matmul is no peak of anything); none
     where every row ran in fp32."""
-    rows = tuple(name for name in steps if (name == "aiayn" and backend.precision == "bf16") or name == MARIAN_BF16)
+    rows = tuple(name for name in steps
+                 if (name == "aiayn" and backend.precision == "bf16") or name in (MARIAN_BF16, BERT_BF16))
     if not rows:
         return {}
     native = bf16_supported(device)
@@ -498,6 +501,9 @@ def encoder_main(args: argparse.Namespace) -> int:
     if bert is not None:
         bert.to(device)
         steps["Hugging Face BERT"] = (bert_step, bert, _optimizer(bert), nullcontext)
+        if backend.precision == "bf16":  # the peer in aiayn's precision too, as its users would ask for it
+            twin = copy.deepcopy(bert)
+            steps[BERT_BF16] = (bert_step, twin, _optimizer(twin), lambda: torch.autocast(device.type, torch.bfloat16))
     batches = [tuple(t.to(device) for t in batch) for batch in
                make_classification_batches(cfg.vocab_size, args.steps + args.warmup, args.max_tokens, args.seq_len)]
     params = sum(p.numel() for p in ours.parameters())
@@ -510,7 +516,7 @@ def encoder_main(args: argparse.Namespace) -> int:
     tokens = sum(int(batch[1].sum()) for batch in batches[args.warmup:])
     print_rates(seconds, tokens, flops, peaks, peaks_onednn, "real tokens", model="encoder",
                 **bf16_rows_and_peak(steps, backend, device))
-    print_ratios(seconds, ("Hugging Face BERT",), model="encoder")
+    print_ratios(seconds, ("Hugging Face BERT", BERT_BF16), model="encoder")
     return 0
 
 

@@ -212,3 +212,8 @@ def test_the_training_benchmark_times_fine_tuning_minilm_beside_hugging_face_ber
     assert code == 0 and "fine-tuning all-MiniLM-L6-v2 (6 layers, d_model 384" in out, out
     assert "attention dropout 0.1" in out and "batches of 4 sequences of <= 16 tokens" in out
     assert "aiayn / Hugging Face BERT" in out and "tokens/s (real tokens)" in out
+    assert "bf16 autocast" not in out
+    code = main(["bench", "train", "--model", "encoder", "--max-tokens", "32", "--seq-len", "8", "--steps", "1",
+                 "--threads", "1", "--precision", "bf16"])
+    out = capsys.readouterr().out
+    assert code == 0 and "aiayn / Hugging Face BERT, bf16 autocast" in out, out  # the peer in aiayn's precision too
