@@ -488,8 +488,7 @@ def encoder_main(args: argparse.Namespace) -> int:
     from aiayn.interop.bert import load_pretrained, package_model_dir
 
     ours, _ = load_pretrained(None, head="sequence_classification", num_labels=2)
-    plain, _ = load_pretrained(None, head="sequence_classification", num_labels=2)
-    plain.load_state_dict(ours.state_dict())  # the same new head
+    plain = copy.deepcopy(ours)  # the same new head
     cfg = ours.config
     backend = select(args.device, "train", args.precision, train_shape=(args.max_tokens, cfg.d_model, cfg.d_ff))
     device = backend.device

@@ -590,16 +590,23 @@ def _dropouts(seconds: dict[str, float], ratios: dict[str, list[float]], gen: to
     return timing.pick(timed, "bernoulli") == "bits"
 
 
+def dropout_setting() -> str:
+    """`AIAYN_DROPOUT`: "bits" or "bernoulli" where set, "" where the machine's measurement decides; any other value
+    is refused in one line."""
+    forced = os.environ.get("AIAYN_DROPOUT", "")
+    if forced not in ("", "bits", "bernoulli"):
+        raise ValueError(f"AIAYN_DROPOUT must be bits or bernoulli (or unset: measured), got {forced!r}")
+    return forced
+
+
 def bits_dropout_faster() -> bool:
     """Whether CPU training draws its dropout masks as random integers (`dropout.BitsDropout`): where forward and
     backward ran faster so than `F.dropout`'s `bernoulli_` (1.9x slower on an AMD EPYC, where PyTorch does not give
     it to MKL). Measured the first time a CPU training run asks (under a second), then kept in the cache
     (`Choices.bits_dropout`). `AIAYN_DROPOUT=bernoulli` (or `bits`) decides without measuring: `F.dropout`'s own
     masks, for runs that must draw as PyTorch draws."""
-    forced = os.environ.get("AIAYN_DROPOUT", "")
+    forced = dropout_setting()
     if forced:
-        if forced not in ("bits", "bernoulli"):
-            raise ValueError(f"AIAYN_DROPOUT must be bits or bernoulli (or unset: measured), got {forced!r}")
         return forced == "bits"
     found = _measured_so_far()
     if found.bits_dropout is None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -43,7 +42,7 @@ import torch
 
 from aiayn.backends import timing
 from aiayn.backends.backend import default_precision, select
-from aiayn.backends.calibrate import cache_dir, machine
+from aiayn.backends.calibrate import cache_dir, dropout_setting, machine
 from aiayn.backends.devices import resolve_device, usable_cores
 from aiayn.config import ModelConfig
 from aiayn.data.prepare import read_examples
@@ -156,8 +155,8 @@ def measured_rates(model: ModelConfig, batch_tokens: int, threads: int,
     rows = min(batch_tokens, MEASURE_ROWS)
     description = {**machine(), "threads": str(threads), "model": json.dumps(model.to_dict(), sort_keys=True),
                    "rows": str(rows), "precision": precision, "format": str(FORMAT)}
-    if os.environ.get("AIAYN_DROPOUT"):  # masks drawn as given, not as the machine chose: timed apart
-        description["dropout"] = os.environ["AIAYN_DROPOUT"]
+    if forced := dropout_setting():  # masks drawn as given, not as the machine chose: timed apart
+        description["dropout"] = forced
     digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"train-layout-{digest}.json"
     try:
