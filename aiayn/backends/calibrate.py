@@ -70,14 +70,16 @@ logger = logging.getLogger(__name__)
 TRAIN_ROWS = 256
 # A model's own training products are timed on at most this many rows (larger batches behave alike, time slowly).
 TRAIN_SHAPE_ROWS = 4096
-# A decoding step at batch 1 streams every weight from memory once: one- and few-row products are timed
-# over enough copies of a shape to hold this many bytes (more than a CPU's last-level cache), not over
-# weights a repeat leaves in the cache.
+# A decoding step reads every weight of the model once: one- and few-row products are timed over enough copies of
+# a shape to hold the model's bytes, at most this many (more than a CPU's last-level cache), each pass right after
+# its own (`_cold_copies`), so that a base model's weights are read from memory and a narrow model's from the cache,
+# as its steps read them.
 COLD_BYTES = 64 << 20
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 7  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
+FORMAT = 8  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
 #            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats;
-#            7: int8 weights against the float32 kernels; the training choices of a shape are added when asked)
+#            7: int8 weights against the float32 kernels; the training choices of a shape are added when asked;
+#            8: one- and few-row products timed each pass right after its own)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -395,7 +397,7 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
     """Whether Q, K and V run faster as one stacked (3 d, d) product than as three (d, d) ones at inference.
 
     Each side runs the kernels just chosen for it (the stack is a wide product, each projection a square
-    one), at one row over weights streamed from memory (a decoding step) and at many rows (an encoder).
+    one), at one row over weights read as a decoding step reads them (`_cold_copies`) and at many rows (an encoder).
     Fused wins where it is faster for one of the two and not slower for the other.
     """
     faster, slower = [], []
@@ -409,7 +411,7 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
             fused.append(cpu.PackedLinear(torch.cat(qkv), None, kernels=kernels["wide"]))
         x = torch.randn(rows, square.shape[1], generator=gen)
         timed = timing.timed({"separate": lambda layers=separate, x=x: [p(x) for three in layers for p in three],
-                        "fused": lambda layers=fused, x=x: [p(x) for p in layers]})
+                              "fused": lambda layers=fused, x=x: [p(x) for p in layers]}, warm=rows <= FEW_ROWS_MAX)
         timing.record(seconds, ("qkv" if name == ROW_CLASSES[-1][0] else f"qkv {name}") + what, timed)
         faster.append(timing.pick(timed, "separate") == "fused")
         slower.append(timing.pick(timed, "fused") == "separate")
@@ -422,7 +424,8 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
                   cold_bytes: int = COLD_BYTES, what: str = "") -> dict[str, dict[str, bool]]:
     """Whether a product over int8 weights (read as bytes, scaled inside the product) beats the float32 kernel
     chosen in `inference`, by row class (one, few: decoding) and shape kind, over enough copies of each weight to
-    hold `cold_bytes` (streamed from memory), recorded as "int8 weights {row class} {kind}{what}"."""
+    hold `cold_bytes` (read as a step reads them: `_cold_copies`), recorded as "int8 weights {row class}
+    {kind}{what}"."""
     if not int8.int8_weights_usable():
         return {}
     faster: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES[:2]}
@@ -433,8 +436,8 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
             x = torch.randn(rows, w.shape[1], generator=gen)
             fp32 = [_on_kernel(v, b, inference[name][kind]) for v in copies]
             timed = timing.timed({"float32": lambda layers=fp32, x=x: [f(x) for f in layers],
-                            "int8 weights": lambda qs=quantized, x=x, b=b: [int8.int8_weights_product(x, q, s, b)
-                                                                             for q, s in qs]})
+                                  "int8 weights": lambda qs=quantized, x=x, b=b: [int8.int8_weights_product(x, q, s, b)
+                                                                                   for q, s in qs]}, warm=True)
             timing.record(seconds, f"int8 weights {name} {kind}{what}", timed, plain="float32", ratios=ratios)
             faster[name][kind] = timing.pick(timed, "float32") == "int8 weights"
             del fp32
@@ -674,7 +677,9 @@ def _on_kernel(weight: torch.Tensor, bias: torch.Tensor | None, kernel: str) -> 
 
 def _cold_copies(weight: torch.Tensor, cold_bytes: int) -> int:
     """How many copies of `weight` hold `cold_bytes` (at least one): one- and few-row products are timed cycling
-    through them, each read from memory, not from the cache a repeat left it in."""
+    through them (`timing.timed` with `warm`), so that each is read from where a decoding step finds a model's weights
+    of that many bytes: from memory where they exceed the processor's cache, not from the cache a repeat of one
+    product left it in; from the cache where they fit."""
     return max(1, -(-cold_bytes // (weight.numel() * weight.element_size())))
 
 
@@ -735,7 +740,7 @@ def _inference_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], co
                 columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
                 layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
             timed = timing.timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)])
-                                  for k, fs in layers.items()})
+                                  for k, fs in layers.items()}, warm=rows <= FEW_ROWS_MAX)
             timing.record(seconds, f"{name} {kind}{what}", timed, plain="dense", ratios=ratios)
             inference[name][kind] = timing.pick(timed, "dense")
             del layers, shaped
@@ -808,7 +813,8 @@ def _bf16_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], cold_by
             shaped = [w if c == 0 else w.clone() for c in range(_cold_copies(w, cold_bytes))]
             x = torch.randn(rows, w.shape[1], generator=gen).bfloat16()
             layers = {kernel: [_on_kernel(v, b, kernel) for v in shaped] for kernel in ("packed", "aten")}
-            timed = timing.timed({k: (lambda fs=fs, x=x: [f(x) for f in fs]) for k, fs in layers.items()})
+            timed = timing.timed({k: (lambda fs=fs, x=x: [f(x) for f in fs]) for k, fs in layers.items()},
+                                 warm=rows <= FEW_ROWS_MAX)
             timing.record(seconds, f"bf16 {name} {kind}{what}", timed, plain="packed", ratios=ratios)
             # Neither is PyTorch's default for a bf16 product (oneDNN over the unpacked weight, slower than both), so
             # no margin is kept for one of them: the faster in three repeats of four is taken.
@@ -847,7 +853,8 @@ def _bf16_step(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], float32: d
                 v = w if c == 0 else w.clone()
                 calls["float32"].append((_on_kernel(v, b, float32[name][kind]), x))
                 calls["bf16"].append((_on_kernel(v.bfloat16(), b.bfloat16(), bf16[name][kind]), x.bfloat16()))
-        timed = timing.timed({precision: (lambda run=run: [f(x) for f, x in run]) for precision, run in calls.items()})
+        timed = timing.timed({precision: (lambda run=run: [f(x) for f, x in run]) for precision, run in calls.items()},
+                             warm=rows <= FEW_ROWS_MAX)
         timing.record(seconds, f"bf16 step {name}{what}", timed, plain="float32", ratios=ratios)
         faster[name] = timing.pick(timed, "float32") == "bf16"
         del calls
@@ -881,7 +888,8 @@ def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], infere
             float32 = [_on_kernel(v, b, inference[name][kind]) for v in shaped[:copies]]
             x = torch.randn(rows, w.shape[1], generator=gen)
             timed = timing.timed({"int8": lambda layers=quantized[:copies], x=x: [f(x) for f in layers],
-                                  "float32": lambda layers=float32, x=x: [f(x) for f in layers]})
+                                  "float32": lambda layers=float32, x=x: [f(x) for f in layers]},
+                                 warm=rows <= FEW_ROWS_MAX)
             timing.record(seconds, f"int8 {name} {kind}{what}", timed, plain="int8", ratios=ratios)
             pays[name][kind] = timing.pick(timed, "int8") == "int8"
             del float32

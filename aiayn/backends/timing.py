@@ -101,25 +101,36 @@ def measured_busy(then: float, now: float, threads: int) -> bool:
     return busy(then, threads) and now < then - 0.5
 
 
-def interleaved(fns: dict[str, Callable[[], object]], repeats: int) -> dict[str, list[float]]:
+def interleaved(fns: dict[str, Callable[[], object]], repeats: int, *, warm: bool = False) -> dict[str, list[float]]:
     """Seconds of each call per repeat, the order rotating each repeat so that a busy moment on a
     shared machine hits every contender alike; ratios are then taken within a repeat. (The benchmark
-    scripts time their contenders with it too.)"""
+    scripts time their contenders with it too.)
+
+    `warm`: each timed call right after an untimed call of the same candidate, so that it finds the memory it reads
+    where its own last pass left it, not where the other candidates' passes pushed it (`timed`)."""
     names = list(fns)
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
+            if warm:
+                fns[name]()
             start = time.perf_counter()
             fns[name]()
             times[name].append(time.perf_counter() - start)
     return times
 
 
-def timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS) -> dict[str, list[float]]:
-    """Each candidate called once untimed (first-call costs), then `interleaved`."""
+def timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS, *,
+          warm: bool = False) -> dict[str, list[float]]:
+    """Each candidate called once untimed (first-call costs), then `interleaved`.
+
+    `warm=True` for a candidate that cycles through copies of a weight holding as many bytes as a model's: each timed
+    pass then follows its own, as a decoding step follows the step before over the same weights. A model whose weights
+    fit in the processor's cache finds them there at every step; timed right after the other candidates' copies
+    pushed them out, such a product was timed on memory it never reads (docs/notes.md, "Decoding")."""
     for fn in candidates.values():
         fn()
-    return interleaved(candidates, repeats)
+    return interleaved(candidates, repeats, warm=warm)
 
 
 def speedups(times: dict[str, list[float]], name: str, plain: str) -> list[float]:

@@ -753,6 +753,35 @@ def test_a_plain_kernel_is_kept_unless_another_is_clearly_faster():
     assert timing.speedups(noisy, "packed", "dense")[1] > 1 / (1 - timing.MARGIN)
 
 
+def test_a_warm_timing_runs_each_candidate_untimed_right_before_its_timed_call(monkeypatch):
+    """`warm`: each timed pass finds what its own last pass left in the cache, as a step finds the step before's."""
+    calls, clock = [], iter(range(1000))
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
+    times = timing.timed({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 2, warm=True)
+    assert calls == ["a", "b", "a", "a", "b", "b", "b", "b", "a", "a"]  # first calls, then each one twice in turn
+    assert {name: len(t) for name, t in times.items()} == {"a": 2, "b": 2}
+    calls.clear()
+    timing.timed({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 2)
+    assert calls == ["a", "b", "a", "b", "b", "a"]
+
+
+def test_few_row_products_are_timed_warm_over_the_models_bytes_and_many_rows_as_they_come(monkeypatch):
+    """One- and few-row products cycle through copies holding the model's bytes, each pass right after its own
+    (`calibrate._cold_copies`); many rows run one weight, timed as they come."""
+    seen = []
+    real = timing.timed
+
+    def recording(candidates, repeats=timing.REPEATS, *, warm=False):
+        seen.append(warm)
+        return real(candidates, 2, warm=warm)
+    monkeypatch.setattr(timing, "timed", recording)
+    gen = torch.Generator().manual_seed(0)
+    weights = calibrate._width_weights(gen, 16, 32, 0)
+    with torch.no_grad():
+        calibrate._inference_kernels(weights, 1 << 16, {}, {}, gen)
+    assert seen == [True] * 3 + [True] * 3 + [False] * 3  # one, few, many rows x three shape kinds
+
+
 def test_choices_cached_before_the_backend_code_changed_are_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 2)
