@@ -177,15 +177,35 @@ class PackedLinear(nn.Module):
         if torch.is_grad_enabled():
             raise RuntimeError("this model was prepared for inference (prepacked weights, no gradients): call it "
                                "under torch.no_grad(), or prepare it with mode='train'")
-        kernel = self.kernels[row_class(x.numel() // max(self.in_features, 1))]
+        return self.function(x.numel() // max(self.in_features, 1))(x)
+
+    def function(self, rows: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> this layer's output for inputs of `rows` rows, as one plain function of x: the kernel chosen for their
+        row class, its activation after it, without `forward`'s checks (a decoding step holds it for as long as its
+        rows stay in one row class: `aiayn.inference.parts`). Made from the kernels and activation as they are now."""
+        kernel = self.kernels[row_class(rows)]
+        name, algorithm, activate = POST_OPS[self.activation] if self.activation else ("none", "", None)
+        weight, bias = self.weight, self.bias
         if kernel == "packed":
-            name, algorithm, _ = POST_OPS[self.activation] if self.activation else ("none", "", None)
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, name, [], algorithm)
-        if kernel == "aten":
-            out = _without_onednn(x, self.weight, self.bias)
+            packed, pointwise = self.packed, torch.ops.mkldnn._linear_pointwise
+
+            def product(x: torch.Tensor) -> torch.Tensor:
+                return pointwise(x, packed, bias, name, [], algorithm)  # the activation inside
+            return product
+        if kernel == "columns":
+            plain = self._by_columns
+        elif kernel == "aten":
+            def plain(x: torch.Tensor) -> torch.Tensor:
+                return _without_onednn(x, weight, bias)
         else:
-            out = self._by_columns(x) if kernel == "columns" else F.linear(x, self.weight, self.bias)
-        return POST_OPS[self.activation][2](out) if self.activation is not None else out
+            def plain(x: torch.Tensor) -> torch.Tensor:
+                return F.linear(x, weight, bias)
+        if activate is None:
+            return plain
+
+        def activated(x: torch.Tensor) -> torch.Tensor:
+            return activate(plain(x))
+        return activated
 
     def _by_columns(self, x: torch.Tensor) -> torch.Tensor:
         """x (..., in) -> (..., out) by MKL's product over the weight transposed."""

@@ -97,11 +97,16 @@ class FusedQKVAttention(MultiHeadAttention):
         few keys (keys x d_k under `SINGLE_QUERY_WRITTEN_OUT_KEYS`) the products written out are the slower, and SDPA
         runs (measured: docs/notes.md, "Decoding", one-query attention).
         """
-        if (q.shape[2] == 1 and q.device.type == "cpu" and not need_weights
-                and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT
-                and k.shape[2] * k.shape[3] >= SINGLE_QUERY_WRITTEN_OUT_KEYS):
+        if not need_weights and writes_out(q, k):
             return attend(q, k, v, mask, dropout_p=dropout_p, need_weights=True, drop=self._drop(q, dropout_p))[0], None
         return super().attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
+
+
+def writes_out(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether `FusedQKVAttention.attend` writes one-query attention of q (B, h, L_q, d_k) over k (B, h, L_k, d_k)
+    out (`SINGLE_QUERY_WRITTEN_OUT`, `SINGLE_QUERY_WRITTEN_OUT_KEYS`) rather than run SDPA's flash kernel."""
+    return (q.shape[2] == 1 and q.device.type == "cpu" and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT
+            and k.shape[2] * k.shape[3] >= SINGLE_QUERY_WRITTEN_OUT_KEYS)
 
 
 def _stacked(projections: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -118,6 +118,10 @@ class Int8Linear(nn.Module):
         """(..., in_features) float32 -> (..., out_features) float32."""
         if self.float32 is not None and row_class(x.numel() // max(self.in_features, 1)) in self.float32_rows:
             return self.float32(x)
+        return self.int8_product(x)
+
+    def int8_product(self, x: torch.Tensor) -> torch.Tensor:
+        """The int8 product itself, whatever the rows (`forward` sends those of `float32_rows` to `float32`)."""
         x = x * self.inv_smooth if self.inv_smooth is not None else x.contiguous()
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 

@@ -30,16 +30,19 @@ caches (`CausalState`) where hooks watch them.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from aiayn.backends.absorbed import AbsorbedCrossAttention
+from aiayn.backends.fused import FusedQKVAttention
 from aiayn.backends.hooks import hooked
+from aiayn.backends.shapes import row_class
+from aiayn.inference import parts
 from aiayn.inference.buffers import Owned
 from aiayn.nn.attention import attention_bias, attention_weights
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
@@ -176,7 +179,7 @@ class StaticState:
         """The parts a step runs, and the cache of a search of `length` positions for `rows` rows, with room for the
         `filled` ones written first."""
         cfg = model.config
-        self.embed, self.head = embed, model.head
+        self.embed = embed
         self.layers = list(model.decoder.layers)
         self.heads, self.d_k = cfg.n_heads, cfg.d_model // cfg.n_heads
         device = embed.tokens.weight.device
@@ -194,23 +197,42 @@ class StaticState:
         self._views()
         self.position = 0
         self.positions = None if embed.positions is None else embed.positions(length).to(dtype)  # (length, d)
-        self.plan = [self._layer_plan(i, layer) for i, layer in enumerate(self.layers)]
-        final = model.decoder.final_norm
-        self.final_norm = None if final is None else final.forward
+        self.model = model
+        self.plans: dict[str, _Plan] = {}  # by row class (`_plan`)
 
-    def _layer_plan(self, i: int, layer: nn.Module) -> list[tuple[bool, object, object, object]]:
-        """Layer i's sublayers as (norm first, norm, f, a), run as f(self, a, input), with the modules' `forward`s bound
-        once: a step calls them without `nn.Module`'s call and attribute machinery, a share of a small step (no hook
-        watches these modules: `runs`). Nothing here holds the state itself, so that it is freed (and its buffers
-        given back) as soon as its search ends."""
+    def _plan(self, rows: int) -> _Plan:
+        """The step's parts for `rows` rows, made the first time a step runs on rows of their row class and kept: each
+        layer's sublayers as (norm first, norm, f, a), run as f(self, a, input), the final norm and the head, all as
+        plain functions (`aiayn.inference.parts`): a step calls them without `nn.Module`'s call machinery and each
+        product layer's choice of kernel, most of a small step's time besides its arithmetic (no hook watches these
+        modules: `runs`). Nothing here holds the state itself, so that it is freed (and its buffers given back) as
+        soon as its search ends."""
+        final = self.model.decoder.final_norm
+        plan = _Plan([self._layer_plan(i, layer, rows) for i, layer in enumerate(self.layers)],
+                     None if final is None else parts.norm(final), parts.head(self.model.head, rows))
+        self.plans[row_class(rows)] = plan
+        return plan
+
+    def _layer_plan(self, i: int, layer: nn.Module, rows: int) -> list[tuple[bool, Callable, Callable, object]]:
         cls = type(self)
+        attn = layer.self_attn
+        project = attn.project_qkv
+        if isinstance(attn, FusedQKVAttention) and attn.qkv is not None:  # one product, its output split three ways
+            stacked, width = parts.product(attn.qkv, rows), attn.d_model
+
+            def project(y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                return stacked(y).split(width, dim=-1)
+        own = _Attention(i, project, parts.attention(attn), parts.product(attn.out_proj, rows))
         if isinstance(layer, DecoderLayer):
-            parts = [(layer.self_attn_sublayer, cls._self_attention, i),
-                     (layer.cross_attn_sublayer, cls._cross_attention, i)]
+            cross = layer.cross_attn.attn if isinstance(layer.cross_attn, AbsorbedCrossAttention) else layer.cross_attn
+            sublayers = [(layer.self_attn_sublayer, cls._self_attention, own),
+                         (layer.cross_attn_sublayer, cls._cross_attention,
+                          _Attention(i, parts.product(cross.q_proj, rows), parts.attention(cross),
+                                     parts.product(cross.out_proj, rows)))]
         else:  # a decoder-only model's layer: self-attention, then the feed-forward network
-            parts = [(layer.attn_sublayer, cls._self_attention, i)]
-        parts.append((layer.ffn_sublayer, _feed_forward, layer.feed_forward.forward))
-        return [(connection.norm_first, connection.norm.forward, f, a) for connection, f, a in parts]
+            sublayers = [(layer.attn_sublayer, cls._self_attention, own)]
+        sublayers.append((layer.ffn_sublayer, _feed_forward, parts.feed_forward(layer.feed_forward, rows)))
+        return [(connection.norm_first, parts.norm(connection.norm), f, a) for connection, f, a in sublayers]
 
     def _capacity(self, filled: int) -> int:
         """The positions the cache makes room for while `filled` are written: `GROWTH` more, doubled as it grows, up
@@ -266,21 +288,21 @@ class StaticState:
             x = x + embed.token_types.weight[0]
         if embed.norm is not None:
             x = embed.norm(x)
-        for sublayers in self.plan:
+        plan = self.plans.get(row_class(tokens.shape[0])) or self._plan(tokens.shape[0])
+        for sublayers in plan.layers:
             for norm_first, norm, f, a in sublayers:  # `SublayerConnection` at inference (dropout is the identity)
                 x = x + f(self, a, norm(x)) if norm_first else norm(x + f(self, a, x))
-        if self.final_norm is not None:
-            x = self.final_norm(x)
-        return self.head(x[:, 0]).float()  # (N, V)
+        if plan.final_norm is not None:
+            x = plan.final_norm(x)
+        return plan.head(x[:, 0]).float()  # (N, V)
 
-    def _self_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
-        attn, rows = self.layers[i].self_attn, y.shape[0]
-        q, k, v = attn.project_qkv(y)  # (N, 1, d_model) each
+    def _self_attention(self, a: _Attention, y: torch.Tensor) -> torch.Tensor:
+        rows = y.shape[0]
+        q, k, v = a.project(y)  # (N, 1, d_model) each
         here = (rows, self.heads, 1, self.d_k)  # this position's key and value per head
-        keys, values, mask = self._cached(i, k.view(here), v.view(here))
-        out = attn.attend(q.view(rows, 1, self.heads, self.d_k).transpose(1, 2), keys, values, mask,
-                          dropout_p=0.0, need_weights=False)[0]  # (N, h, 1, d_k)
-        return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model): heads concatenated
+        keys, values, mask = self._cached(a.index, k.view(here), v.view(here))
+        out = a.attend(q.view(rows, 1, self.heads, self.d_k).transpose(1, 2), keys, values, mask)  # (N, h, 1, d_k)
+        return a.out(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model): heads concatenated
 
     def _cached(self, i: int, key: torch.Tensor, value: torch.Tensor) -> tuple:
         """Layer i's key and value of this position (N, h, 1, d_k) written into the cache; the keys and values
@@ -291,15 +313,16 @@ class StaticState:
         values.narrow(2, p, 1).copy_(value)
         return keys.narrow(2, 0, p + 1), values.narrow(2, 0, p + 1), None
 
-    def _cross_attention(self, i: int, y: torch.Tensor) -> torch.Tensor:
+    def _cross_attention(self, a: _Attention, y: torch.Tensor) -> torch.Tensor:
         """y (N, 1, d_model) -> (N, 1, d_model): the `beams` rows of a sentence are the queries of its memory."""
-        attn, rows, beams = self.layers[i].cross_attn, y.shape[0], self.beams
+        i, rows, beams = a.index, y.shape[0], self.beams
         sentences = rows // beams
         if self.absorbed[i] is not None:
-            return attn.attend_absorbed(y.view(sentences, beams, -1), self.absorbed[i]).view(rows, 1, -1)
-        q = attn.q_proj(y).view(sentences, beams, self.heads, self.d_k).transpose(1, 2)  # (B, h, beams, d_k)
-        out = attn.attend(q, *self.memory[i], self.mask, dropout_p=0.0, need_weights=False)[0]
-        return attn.out_proj(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model): heads concatenated
+            absorbed = self.layers[i].cross_attn
+            return absorbed.attend_absorbed(y.view(sentences, beams, -1), self.absorbed[i]).view(rows, 1, -1)
+        q = a.project(y).view(sentences, beams, self.heads, self.d_k).transpose(1, 2)  # (B, h, beams, d_k)
+        out = a.attend(q, *self.memory[i], self.mask)
+        return a.out(out.transpose(1, 2).reshape(rows, 1, -1))  # (N, 1, d_model): heads concatenated
 
     def reorder(self, rows: torch.Tensor, *, memory_rows: torch.Tensor | None = None) -> None:
         """See `DecodingState.reorder`; only the filled positions of the cache are copied."""
@@ -481,7 +504,24 @@ class FixedState(StaticState):
         self._map_memory(gathered_in_place)
 
 
-def _feed_forward(state: StaticState, ffn, y: torch.Tensor) -> torch.Tensor:
+class _Attention(NamedTuple):
+    """An attention sublayer of a step's plan (`StaticState._layer_plan`): layer `index`'s parts as plain functions."""
+
+    index: int
+    project: Callable  # y (N, 1, d_model) -> self-attention's Q, K and V; cross-attention's Q
+    attend: Callable  # (q, k, v, mask) -> (B, h, L_q, d_k)
+    out: Callable  # the output projection, (N, 1, d_model) -> (N, 1, d_model)
+
+
+class _Plan(NamedTuple):
+    """A step's parts for one row class (`StaticState._plan`)."""
+
+    layers: list  # per layer, its sublayers as (norm first, norm, f, a)
+    final_norm: Callable | None
+    head: Callable  # (N, d_model) -> (N, V)
+
+
+def _feed_forward(state: StaticState, ffn: Callable, y: torch.Tensor) -> torch.Tensor:
     """A feed-forward sublayer in a step's plan (`StaticState._layer_plan`): `ffn(y)`."""
     return ffn(y)
 

@@ -1,0 +1,93 @@
+"""A decoder's parts as plain functions of their inputs, for the flat decoding step (`aiayn.inference.steps`).
+
+A step of a narrow model over few rows costs more in calls than in arithmetic. Each module call, each product layer
+choosing its kernel by the rows it is given, each attention choosing its form and checking its mask, runs Python
+before any arithmetic: at d_model 128 and one row, the step spent about a quarter of its time there (docs/notes.md,
+"Decoding"). The functions here are made once per search and row class (`aiayn.backends.shapes.row_class`) and
+compute what the modules' `forward`s compute for inputs of that class; a module this file does not know runs its own
+`forward`.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aiayn.backends.cpu import PackedFeedForward, PackedLinear
+from aiayn.backends.fused import FusedQKVAttention, writes_out
+from aiayn.backends.int8 import Int8Linear
+from aiayn.backends.shapes import row_class
+from aiayn.nn.attention import MultiHeadAttention, attend
+from aiayn.nn.feedforward import PositionwiseFeedForward
+from aiayn.nn.heads import VocabularyHead
+
+Function = Callable[[torch.Tensor], torch.Tensor]
+
+
+def product(layer: nn.Module, rows: int) -> Function:
+    """x -> layer(x) for inputs of `rows` rows: the kernel a `PackedLinear` runs for them, an `Int8Linear`'s int8
+    product or the float32 layer it runs for that row class, `F.linear` for a plain `nn.Linear`, else the layer's
+    `forward`."""
+    if isinstance(layer, PackedLinear):
+        return layer.function(rows)
+    if isinstance(layer, Int8Linear):
+        on_float32 = layer.float32 is not None and row_class(rows) in layer.float32_rows
+        return product(layer.float32, rows) if on_float32 else layer.int8_product
+    if type(layer) is nn.Linear:
+        return functools.partial(F.linear, weight=layer.weight, bias=layer.bias)
+    return layer.forward
+
+
+def norm(module: nn.Module) -> Function:
+    """x -> module(x): `torch.layer_norm` over a `nn.LayerNorm`'s own parameters, else the module's `forward`."""
+    if type(module) is nn.LayerNorm:
+        return functools.partial(torch.layer_norm, normalized_shape=module.normalized_shape, weight=module.weight,
+                                 bias=module.bias, eps=module.eps)
+    return module.forward
+
+
+def feed_forward(ffn: nn.Module, rows: int) -> Function:
+    """x -> ffn(x) for `rows` rows, where its dropout drops nothing (inference): the two products (the activation
+    inside the first where the backend put it there), else the module's `forward`."""
+    if not _drops_nothing(ffn.dropout) or type(ffn) not in (PackedFeedForward, PositionwiseFeedForward):
+        return ffn.forward
+    up, down = product(ffn.linear1, rows), product(ffn.linear2, rows)
+    if type(ffn) is PackedFeedForward:
+        return lambda x: down(up(x))
+    activation = ffn.activation.forward
+    return lambda x: down(activation(up(x)))
+
+
+def head(module: nn.Module, rows: int) -> Function:
+    """hidden -> logits for `rows` rows: a `VocabularyHead`'s product, else the module's `forward`."""
+    return product(module.proj, rows) if type(module) is VocabularyHead else module.forward
+
+
+def attention(attn: nn.Module) -> Callable[..., torch.Tensor]:
+    """(q, k, v, mask) -> `attn.attend(q, k, v, mask)`'s output (B, h, L_q, d_k), no dropout, no weights: SDPA called
+    directly where the layer would call it (no mask, or the float bias `attention_bias` makes), the equation written
+    out where a `FusedQKVAttention` writes it out (`writes_out`); a bool mask, or another attention, through `attend`
+    (a bool mask may leave a query nothing to attend to, which only `attend` handles)."""
+    kind = type(attn)
+    if kind not in (MultiHeadAttention, FusedQKVAttention):
+        return lambda q, k, v, mask: attn.attend(q, k, v, mask, dropout_p=0.0, need_weights=False)[0]
+    fused = kind is FusedQKVAttention
+
+    def attended(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        written_out = fused and writes_out(q, k)
+        if written_out or (mask is not None and mask.dtype == torch.bool):
+            return attend(q, k, v, mask, need_weights=written_out)[0]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return attended
+
+
+def _drops_nothing(dropout: nn.Module) -> bool:
+    return isinstance(dropout, nn.Identity) or (isinstance(dropout, nn.Dropout) and (not dropout.training
+                                                                                      or dropout.p == 0))
+
+
+__all__ = ["attention", "feed_forward", "head", "norm", "product"]
