@@ -411,7 +411,8 @@ def _fused_qkv_inference(square: torch.Tensor, inference: dict[str, dict[str, st
             fused.append(cpu.PackedLinear(torch.cat(qkv), None, kernels=kernels["wide"]))
         x = torch.randn(rows, square.shape[1], generator=gen)
         timed = timing.timed({"separate": lambda layers=separate, x=x: [p(x) for three in layers for p in three],
-                              "fused": lambda layers=fused, x=x: [p(x) for p in layers]}, warm=rows <= FEW_ROWS_MAX)
+                              "fused": lambda layers=fused, x=x: [p(x) for p in layers]},
+                             warm=_warm(rows, cold_bytes))
         timing.record(seconds, ("qkv" if name == ROW_CLASSES[-1][0] else f"qkv {name}") + what, timed)
         faster.append(timing.pick(timed, "separate") == "fused")
         slower.append(timing.pick(timed, "fused") == "separate")
@@ -437,7 +438,8 @@ def _int8_weights(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inferen
             fp32 = [_on_kernel(v, b, inference[name][kind]) for v in copies]
             timed = timing.timed({"float32": lambda layers=fp32, x=x: [f(x) for f in layers],
                                   "int8 weights": lambda qs=quantized, x=x, b=b: [int8.int8_weights_product(x, q, s, b)
-                                                                                   for q, s in qs]}, warm=True)
+                                                                                   for q, s in qs]},
+                                 warm=_warm(rows, cold_bytes))
             timing.record(seconds, f"int8 weights {name} {kind}{what}", timed, plain="float32", ratios=ratios)
             faster[name][kind] = timing.pick(timed, "float32") == "int8 weights"
             del fp32
@@ -683,6 +685,13 @@ def _cold_copies(weight: torch.Tensor, cold_bytes: int) -> int:
     return max(1, -(-cold_bytes // (weight.numel() * weight.element_size())))
 
 
+def _warm(rows: int, cold_bytes: int) -> bool:
+    """Whether products of `rows` rows over copies holding `cold_bytes` are timed each pass right after its own
+    (`timing.timed`): one and few rows over a model's bytes that may fit in the processor's cache, which its steps
+    then find there. Over `COLD_BYTES` every pass streams from memory, right after its own or not."""
+    return rows <= FEW_ROWS_MAX and cold_bytes < COLD_BYTES
+
+
 def _shape_weights(gen: torch.Generator, kinds=SHAPE_KINDS) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """A weight (out, in) and bias (out,) of each shape kind, (kind, (in, out)) pairs: a base model's by default, as
     `measure` times them."""
@@ -740,7 +749,7 @@ def _inference_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], co
                 columns = [(w.t().contiguous(), b) for w, b in shaped]  # (in, out)
                 layers["columns"] = [lambda x, c=c, b=b: torch.addmm(b, x, c) for c, b in columns]
             timed = timing.timed({k: (lambda fs=fs, xs=xs: [f(x) for f, x in zip(fs, xs)])
-                                  for k, fs in layers.items()}, warm=rows <= FEW_ROWS_MAX)
+                                  for k, fs in layers.items()}, warm=_warm(rows, cold_bytes))
             timing.record(seconds, f"{name} {kind}{what}", timed, plain="dense", ratios=ratios)
             inference[name][kind] = timing.pick(timed, "dense")
             del layers, shaped
@@ -802,19 +811,21 @@ def _bf16_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], cold_by
                   what: str) -> dict[str, dict[str, str]]:
     """The bf16 kernel of each row class and shape kind: oneDNN over the weight prepacked in bf16 ("packed"), or
     PyTorch's own product ("aten") where that is faster in three repeats of four (`timing.pick`). Timed as
-    `_inference_kernels` times float32's: over enough copies of each weight to hold `cold_bytes`."""
+    `_inference_kernels` times float32's: over as many copies of each weight as hold `cold_bytes` in float32 (a
+    model's bytes), half of them in bf16, as the model's own weights."""
     kernels: dict[str, dict[str, str]] = {name: {} for name, _ in ROW_CLASSES}
     for name, rows in ROW_CLASSES:
         for kind, (w, b) in weights.items():
             if name not in BF16_TIMED_ROWS:
                 kernels[name][kind] = "packed"
                 continue
+            copies = _cold_copies(w, cold_bytes)  # as many as in float32: a bf16 model holds half the bytes
             w, b = w.bfloat16(), b.bfloat16()
-            shaped = [w if c == 0 else w.clone() for c in range(_cold_copies(w, cold_bytes))]
+            shaped = [w if c == 0 else w.clone() for c in range(copies)]
             x = torch.randn(rows, w.shape[1], generator=gen).bfloat16()
             layers = {kernel: [_on_kernel(v, b, kernel) for v in shaped] for kernel in ("packed", "aten")}
             timed = timing.timed({k: (lambda fs=fs, x=x: [f(x) for f in fs]) for k, fs in layers.items()},
-                                 warm=rows <= FEW_ROWS_MAX)
+                                 warm=_warm(rows, cold_bytes))
             timing.record(seconds, f"bf16 {name} {kind}{what}", timed, plain="packed", ratios=ratios)
             # Neither is PyTorch's default for a bf16 product (oneDNN over the unpacked weight, slower than both), so
             # no margin is kept for one of them: the faster in three repeats of four is taken.
@@ -854,7 +865,7 @@ def _bf16_step(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], float32: d
                 calls["float32"].append((_on_kernel(v, b, float32[name][kind]), x))
                 calls["bf16"].append((_on_kernel(v.bfloat16(), b.bfloat16(), bf16[name][kind]), x.bfloat16()))
         timed = timing.timed({precision: (lambda run=run: [f(x) for f, x in run]) for precision, run in calls.items()},
-                             warm=rows <= FEW_ROWS_MAX)
+                             warm=_warm(rows, cold_bytes))
         timing.record(seconds, f"bf16 step {name}{what}", timed, plain="float32", ratios=ratios)
         faster[name] = timing.pick(timed, "float32") == "bf16"
         del calls
@@ -889,7 +900,7 @@ def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], infere
             x = torch.randn(rows, w.shape[1], generator=gen)
             timed = timing.timed({"int8": lambda layers=quantized[:copies], x=x: [f(x) for f in layers],
                                   "float32": lambda layers=float32, x=x: [f(x) for f in layers]},
-                                 warm=rows <= FEW_ROWS_MAX)
+                                 warm=_warm(rows, cold_bytes))
             timing.record(seconds, f"int8 {name} {kind}{what}", timed, plain="int8", ratios=ratios)
             pays[name][kind] = timing.pick(timed, "int8") == "int8"
             del float32

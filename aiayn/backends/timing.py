@@ -128,8 +128,9 @@ def timed(candidates: dict[str, Callable[[], object]], repeats: int = REPEATS, *
     pass then follows its own, as a decoding step follows the step before over the same weights. A model whose weights
     fit in the processor's cache finds them there at every step; timed right after the other candidates' copies
     pushed them out, such a product was timed on memory it never reads (docs/notes.md, "Decoding")."""
-    for fn in candidates.values():
-        fn()
+    if not warm:  # warm: the call before each timed one pays them
+        for fn in candidates.values():
+            fn()
     return interleaved(candidates, repeats, warm=warm)
 
 

@@ -758,7 +758,7 @@ def test_a_warm_timing_runs_each_candidate_untimed_right_before_its_timed_call(m
     calls, clock = [], iter(range(1000))
     monkeypatch.setattr(timing.time, "perf_counter", lambda: next(clock))
     times = timing.timed({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 2, warm=True)
-    assert calls == ["a", "b", "a", "a", "b", "b", "b", "b", "a", "a"]  # first calls, then each one twice in turn
+    assert calls == ["a", "a", "b", "b", "b", "b", "a", "a"]  # each one twice in turn, the first untimed
     assert {name: len(t) for name, t in times.items()} == {"a": 2, "b": 2}
     calls.clear()
     timing.timed({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 2)
@@ -767,7 +767,8 @@ def test_a_warm_timing_runs_each_candidate_untimed_right_before_its_timed_call(m
 
 def test_few_row_products_are_timed_warm_over_the_models_bytes_and_many_rows_as_they_come(monkeypatch):
     """One- and few-row products cycle through copies holding the model's bytes, each pass right after its own
-    (`calibrate._cold_copies`); many rows run one weight, timed as they come."""
+    (`calibrate._cold_copies`) where those may fit in a cache; many rows run one weight, timed as they come, and
+    copies of `COLD_BYTES` stream from memory whatever ran before."""
     seen = []
     real = timing.timed
 
@@ -779,7 +780,11 @@ def test_few_row_products_are_timed_warm_over_the_models_bytes_and_many_rows_as_
     weights = calibrate._width_weights(gen, 16, 32, 0)
     with torch.no_grad():
         calibrate._inference_kernels(weights, 1 << 16, {}, {}, gen)
-    assert seen == [True] * 3 + [True] * 3 + [False] * 3  # one, few, many rows x three shape kinds
+        assert seen == [True] * 3 + [True] * 3 + [False] * 3  # one, few, many rows x three shape kinds
+        seen.clear()
+        monkeypatch.setattr(calibrate, "COLD_BYTES", 1 << 16)
+        calibrate._inference_kernels({"square": weights["square"]}, 1 << 16, {}, {}, gen)
+    assert seen == [False] * 3
 
 
 def test_choices_cached_before_the_backend_code_changed_are_measured_again(tmp_path, monkeypatch):
