@@ -27,6 +27,11 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 # The ISA flags that decide which kernels are fast (docs/core.md): oneDNN's fp32 and int8 paths need
 # AVX-512 (+VNNI), bf16 is native only with AVX512-BF16 or AMX.
 ISA_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+# What the machine ran under: the ISA limits that emulate an older CPU, and OpenMP's wait policy, which the CLI sets to
+# passive and which decides how fast more than one thread runs small operations, peers in the same process included
+# (docs/notes.md, "Decoding", two threads and passive waits).
+RECORDED_ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "OMP_WAIT_POLICY",
+                        "GOMP_SPINCOUNT")
 # Packages whose version changes a figure: aiayn's own stack and the peers the scripts compare against.
 PACKAGES = ("aiayn", "torch", "numpy", "ctranslate2", "transformers", "sentence-transformers", "onnxruntime",
             "tokenizers", "sacrebleu")
@@ -73,8 +78,7 @@ def cpu() -> dict:
     return {"model": info.get("model name") or platform.processor() or platform.machine(),
             "family": info.get("cpu family"), "model_number": info.get("model"),
             "isa": {flag: flag in flags for flag in ISA_FLAGS}, "torch_capability": capability,
-            "env": {k: os.environ[k] for k in ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
-                                                 "ATEN_CPU_CAPABILITY") if k in os.environ}}
+            "env": {k: os.environ[k] for k in RECORDED_ENVIRONMENT if k in os.environ}}
 
 
 def versions() -> dict[str, str]:

@@ -43,6 +43,7 @@ def test_record_writes_what_the_run_printed_and_the_report_shows_it(tmp_path, ca
     """The record keeps the command with the settings that decided aiayn's choices before it, as a shell runs it."""
     monkeypatch.setenv("AIAYN_DROPOUT", "bernoulli")
     monkeypatch.delenv("AIAYN_INT8_RANGE", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # as the CLI sets it where torch is not loaded yet
     code = main(["bench", "encoder", "--preset", "tiny", "--batch", "2", "--length", "8", "--repeats", "1",
                  "--warmup", "0", "--matmul-size", "64", "--threads", "1", "--record", str(tmp_path)])
     assert code == 0
@@ -52,6 +53,7 @@ def test_record_writes_what_the_run_printed_and_the_report_shows_it(tmp_path, ca
     assert record["command"] == ("AIAYN_DROPOUT=bernoulli aiayn bench encoder --preset tiny --batch 2 --length 8 "
                                  "--repeats 1 --warmup 0 --matmul-size 64 --threads 1")
     assert record["threads"] == 1 and record["output"] in out and f"record: {path}" in out
+    assert record["cpu"]["env"]["OMP_WAIT_POLICY"] == "PASSIVE"  # what more than one thread ran under
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00", record["date"])
     ratio = next(f for f in record["figures"] if f["name"] == "aiayn Encoder / fast path")
     assert ratio["unit"] == "x" and f"{ratio['value']:.3f}x the torch fast path" in record["output"]
