@@ -25,12 +25,15 @@ from aiayn.nn.layers import EncoderLayer
 Product = Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], torch.Tensor]  # (x, weight, bias) -> y
 Frozen = Callable[[torch.Tensor, torch.Tensor | None], nn.Module]  # (stacked weight, bias) -> an inference layer
 ROLES = {"self_attn": "self", "cross_attn": "cross"}  # the layers' attribute names in aiayn.nn.layers
-# One-query attention runs written out from this many rows x heads, over keys of at least this many floats a head
+# One-query attention (a decoding step's self-attention; its cross-attention takes a sentence's beams as the queries
+# of its memory, at most `WRITTEN_OUT_QUERIES`) runs written out from this many rows x heads, over keys of at least
+# this many floats a head
 # (keys x d_k); below either, SDPA's flash kernel is the faster (measured, CPU: docs/notes.md, "Decoding"). Below
 # 400 multiply-adds a matrix PyTorch's batched product runs its own unvectorised loop instead of MKL's (its
 # `bmm_out_or_baddbmm_`): one query over keys of fewer floats than that is 2-2.5x slower written out.
 SINGLE_QUERY_WRITTEN_OUT = 128
 SINGLE_QUERY_WRITTEN_OUT_KEYS = 400
+WRITTEN_OUT_QUERIES = 16  # measured from 1 to 32 queries: written out 1.14-1.39x faster at 2-32 over 20-40 keys
 # PyTorch's fused encoder layer writes out the attention scores of every row and head (B x h x L x L floats);
 # for sequences longer than this, or scores of more bytes (32 base-model sentences of 181 tokens), the layer
 # written out, whose attention is blocked (never an L x L matrix), runs instead.
@@ -102,10 +105,12 @@ class FusedQKVAttention(MultiHeadAttention):
         return super().attend(q, k, v, mask, dropout_p=dropout_p, need_weights=need_weights)
 
 
-def writes_out(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether `FusedQKVAttention.attend` writes one-query attention of q (B, h, L_q, d_k) over k (B, h, L_k, d_k)
-    out (`SINGLE_QUERY_WRITTEN_OUT`, `SINGLE_QUERY_WRITTEN_OUT_KEYS`) rather than run SDPA's flash kernel."""
-    return (q.shape[2] == 1 and q.device.type == "cpu" and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT
+def writes_out(q: torch.Tensor, k: torch.Tensor, queries: int = 1) -> bool:
+    """Whether attention of q (B, h, L_q, d_k) over k (B, h, L_k, d_k) runs written out rather than on SDPA's flash
+    kernel (`SINGLE_QUERY_WRITTEN_OUT`, `SINGLE_QUERY_WRITTEN_OUT_KEYS`), for at most `queries` queries per row and
+    head: one in `FusedQKVAttention.attend`; up to `WRITTEN_OUT_QUERIES` in a decoding step, whose cross-attention
+    takes a sentence's beams as the queries of its memory (`aiayn.inference.parts.attention`)."""
+    return (q.shape[2] <= queries and q.device.type == "cpu" and q.shape[0] * q.shape[1] >= SINGLE_QUERY_WRITTEN_OUT
             and k.shape[2] * k.shape[3] >= SINGLE_QUERY_WRITTEN_OUT_KEYS)
 
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.backends.cpu import PackedFeedForward, PackedLinear
-from aiayn.backends.fused import FusedQKVAttention, writes_out
+from aiayn.backends.fused import WRITTEN_OUT_QUERIES, FusedQKVAttention, writes_out
 from aiayn.backends.int8 import Int8Linear
 from aiayn.backends.shapes import row_class
 from aiayn.nn.attention import MultiHeadAttention, attend
@@ -70,15 +70,17 @@ def head(module: nn.Module, rows: int) -> Function:
 def attention(attn: nn.Module) -> Callable[..., torch.Tensor]:
     """(q, k, v, mask) -> `attn.attend(q, k, v, mask)`'s output (B, h, L_q, d_k), no dropout, no weights: SDPA called
     directly where the layer would call it (no mask, or the float bias `attention_bias` makes), the equation written
-    out where a `FusedQKVAttention` writes it out (`writes_out`); a bool mask, or another attention, through `attend`
-    (a bool mask may leave a query nothing to attend to, which only `attend` handles)."""
+    out where a `FusedQKVAttention` writes it out (`writes_out`), and for a sentence's beams as the queries of its
+    memory (up to `WRITTEN_OUT_QUERIES`, measured faster so in a step: docs/notes.md, "Decoding"); a bool mask, or
+    another attention, through `attend` (a bool mask may leave a query nothing to attend to, which only `attend`
+    handles)."""
     kind = type(attn)
     if kind not in (MultiHeadAttention, FusedQKVAttention):
         return lambda q, k, v, mask: attn.attend(q, k, v, mask, dropout_p=0.0, need_weights=False)[0]
     fused = kind is FusedQKVAttention
 
     def attended(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        written_out = fused and writes_out(q, k)
+        written_out = fused and writes_out(q, k, WRITTEN_OUT_QUERIES)
         if written_out or (mask is not None and mask.dtype == torch.bool):
             return attend(q, k, v, mask, need_weights=written_out)[0]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)

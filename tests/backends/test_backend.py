@@ -242,6 +242,7 @@ def test_one_query_over_many_rows_is_written_out_and_equal(measured):
         assert any("flash" in name for name in operators(lambda: fused(query[:2], memory[:2])))  # few rows: SDPA
         assert any("flash" in name for name in operators(lambda: fused(query[:31], memory[:31])))  # 124 rows x heads
         assert any("flash" in name for name in operators(lambda: fused(query, memory[:, :49])))  # 49 keys x d_k 8: 392
+        assert any("flash" in name for name in operators(lambda: fused(torch.randn(32, 4, 32), memory)))  # 4 queries
 
 
 @pytest.mark.parametrize("padded", [False, True])

@@ -91,6 +91,21 @@ def test_attention_is_sdpa_or_written_out_as_the_layer_would_run_it(fused):
     out = run(q, k, v, allowed)
     torch.testing.assert_close(out, attn.attend(q, k, v, allowed, dropout_p=0.0, need_weights=False)[0])
     assert out[1].abs().max() == 0
+    # a sentence's 4 beams as the queries of its memory: written out in a step where the layer runs SDPA, equal
+    beams = torch.randn(rows, 2, 4, 32)
+    bias = attention_bias(torch.ones(rows, 1, 1, 20, dtype=torch.bool), torch.float32)
+    expected = attn.attend(beams, k, v, bias, dropout_p=0.0, need_weights=False)[0]
+    torch.testing.assert_close(run(beams, k, v, bias), expected, atol=1e-5, rtol=0)
+    flash = {e.name for e in _profiled(lambda: run(beams, k, v, bias))}
+    assert any("flash" in name for name in flash) != fused
+
+
+def _profiled(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return prof.events()
 
 
 @pytest.mark.parametrize("how", ["plain", "fp32"])
