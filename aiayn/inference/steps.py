@@ -11,10 +11,10 @@ An encoder-decoder's states (`start`), two implementations:
 - `StaticState`, the fast one: every layer's self-attention keys and values in one buffer with room for 16
   positions beyond those filled, doubled when full, up to the search's `steps`; the memory's keys and values
   projected and kept once per sentence (the beams of a sentence attend to them together, as the queries of one
-  product); and each step one flat function over the layers' own parts (their projections as the backend
-  prepared them, `attend`, the layer norms): about fifteen tensor operations a layer, no per-step allocation of
-  the cache, no branching on data. Cross-attention is absorbed into the memory where the backend chose that
-  (`backends.absorbed`).
+  product); and each step one flat function over the layers' own parts as plain functions, made once per row class
+  (`aiayn.inference.parts`: the products on the kernels the backend chose for those rows, the attention, the layer
+  norms): about fifteen tensor operations a layer, no per-step allocation of the cache, no branching on data.
+  Cross-attention is absorbed into the memory where the backend chose that (`backends.absorbed`).
 - `FixedState`, the flat step at one fixed shape, which a CUDA graph captures once per search and replays per
   token where the backend chose graphs (`Backend.cuda_graphs`): on a GPU a step is otherwise bound by
   launching its hundred-odd kernels, not by running them.
