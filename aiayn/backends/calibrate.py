@@ -140,6 +140,10 @@ class Choices:
         bits_dropout: whether training dropout ran faster with its masks drawn as random integers
             (`dropout.BitsDropout`) than by `F.dropout`'s `bernoulli_`, forward and backward
             (`bits_dropout_faster`); None until a CPU training run first asks.
+        step_threads_widths: by "d_model x d_ff x vocabulary", by row class ("one", "few"), the threads a decoding
+            step's products of a model of those widths ran fastest on: all this process's (the key's thread count), or
+            one (`step_threads`); measured the first time such a model is prepared to decode on more than one thread.
+        bf16_step_threads_widths: the same for a bf16 copy's step, on the bf16 kernels of `bf16_widths`.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
@@ -164,6 +168,8 @@ class Choices:
     bf16_attention: dict[str, bool] | None = None
     bf16_training: dict[str, bool] | None = None
     bits_dropout: bool | None = None
+    step_threads_widths: dict[str, dict[str, int]] | None = None
+    bf16_step_threads_widths: dict[str, dict[str, int]] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -234,6 +240,13 @@ class Choices:
                 + ("" if self.bits_dropout is None else
                    f"; training dropout: {'random bits' if self.bits_dropout else 'bernoulli'} "
                    f"({margin('dropout', 'bits', 'bernoulli')})")
+                + "".join(f"; a decoding step's products{precision} at {key}: "
+                          + ", ".join(f"{rows(name)} on {n} thread{'s' if n > 1 else ''} "
+                                      f"({margin(f'step threads {name}{precision} {key}', 'one', 'all')} on one)"
+                                      for name, n in found.items())
+                          for precision, table in (("", self.step_threads_widths),
+                                                   (" bf16", self.bf16_step_threads_widths))
+                          for key, found in (table or {}).items())
                 + "".join(f"; int8 at {key}: float32 where faster ("
                           + (", ".join(f"{name} {kind}" for name, by_kind in found.items()
                                        for kind, int8_pays in by_kind.items() if not int8_pays) or "nowhere") + ")"
@@ -333,7 +346,7 @@ def _well_formed(found: Choices) -> bool:
     """Whether cached choices have the types this code writes (a file of the right keys edited by hand may not)."""
     tables = (found.inference, found.int8_weights, found.training, found.inference_widths, found.int8_widths,
               found.inference_layers, found.int8_weights_widths, found.bf16_widths, found.bf16_faster_widths,
-              found.bf16_attention, found.bf16_training)
+              found.bf16_attention, found.bf16_training, found.step_threads_widths, found.bf16_step_threads_widths)
     pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
     return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
             and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))
@@ -881,6 +894,66 @@ def bf16_faster(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[
     bf16 = bf16_kernels(d_model, d_ff, vocab, weight_bytes)
     return _at_widths("bf16_faster_widths", (d_model, d_ff, vocab), weight_bytes, 8,
                       lambda weights, *rest: _bf16_step(weights, float32, bf16, *rest))
+
+
+STEP_THREADS_ROWS = ("one", "few")  # row classes whose threads are timed; many rows keep every thread (docs/notes.md)
+STEP_KEYS = 32  # the keys a step's attentions are timed over in `_step_threads`
+
+
+def _step_threads(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], kernels: dict[str, dict[str, str]],
+                  dtype: torch.dtype, cold_bytes: int, seconds: dict[str, float], ratios: dict[str, list[float]],
+                  gen: torch.Generator, what: str) -> dict[str, int]:
+    """By row class of `STEP_THREADS_ROWS`, the threads a decoding step's products (`STEP_PRODUCTS` in `dtype`, on
+    the kernels `kernels` chose) and attention ran fastest on: this process's, or one where one was faster by more
+    than the spread (`timing.pick`). Each parallel region wakes the other threads, which at a narrow model's few rows
+    costs more than they save, the more where OpenMP's threads sleep while they wait, as the CLI lets them."""
+    threads = torch.get_num_threads()
+    chosen: dict[str, int] = {}
+    for name, rows in ROW_CLASSES:
+        if name not in STEP_THREADS_ROWS:
+            continue
+        calls: list[tuple[Callable, object]] = []
+        for kind, (w, b) in weights.items():
+            copies = max(STEP_PRODUCTS[kind], _cold_copies(w, cold_bytes))  # as many as in float32: the model's
+            w, b = w.to(dtype), b.to(dtype)
+            x = torch.randn(rows, w.shape[1], generator=gen).to(dtype)
+            for c in range(copies):
+                calls.append((_on_kernel(w if c == 0 else w.clone(), b, kernels[name][kind]), x))
+        # and a layer's two attentions, one query a row over STEP_KEYS keys (SDPA's kernel opens a parallel region)
+        d_model = weights["square"][0].shape[0]
+        heads = _heads(d_model)
+        q, kv = (torch.randn(rows, heads, n, d_model // heads, generator=gen).to(dtype) for n in (1, STEP_KEYS))
+        calls += [(lambda q, kv=kv: F.scaled_dot_product_attention(q, kv, kv), q)] * 2
+
+        def run(n: int, calls: list = calls) -> None:
+            torch.set_num_threads(n)
+            try:
+                for f, x in calls:
+                    f(x)
+            finally:
+                torch.set_num_threads(threads)
+        timed = timing.timed({"all": lambda: run(threads), "one": lambda: run(1)}, warm=_warm(rows, cold_bytes))
+        timing.record(seconds, f"step threads {name}{what}", timed, plain="all", ratios=ratios)
+        chosen[name] = 1 if timing.pick(timed, "all") == "one" else threads
+        del calls
+    return chosen
+
+
+def step_threads(d_model: int, d_ff: int, vocab: int, weight_bytes: int, precision: str = "fp32") -> dict[str, int]:
+    """By row class ("one", "few"), the threads a decoding step of a model of these widths runs on where this process
+    has more than one: its own, or one where a step's products ran clearly faster on one (`_step_threads`; at d_model
+    128 on 2 threads with passive waits a step took 2-3x as long as on one, docs/notes.md, "Decoding"). Measured the
+    first time such a model is prepared for inference on more than one thread, then kept in the cache (which is per
+    thread count: `Choices.step_threads_widths`). Many rows keep every thread. `precision` "bf16": a bf16 copy's
+    step, on its own kernels (`bf16_kernels`, `Choices.bf16_step_threads_widths`)."""
+    if torch.get_num_threads() == 1:
+        return dict.fromkeys(STEP_THREADS_ROWS, 1)
+    bf16 = precision == "bf16"
+    kernels = (bf16_kernels if bf16 else inference_kernels)(d_model, d_ff, vocab, weight_bytes)
+    dtype = torch.bfloat16 if bf16 else torch.float32
+    return _at_widths("bf16_step_threads_widths" if bf16 else "step_threads_widths", (d_model, d_ff, vocab),
+                      weight_bytes, 9, lambda weights, cold_bytes, seconds, ratios, gen, what: _step_threads(
+                          weights, kernels, dtype, cold_bytes, seconds, ratios, gen, (" bf16" if bf16 else "") + what))
 
 
 def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],

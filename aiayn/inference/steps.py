@@ -208,8 +208,10 @@ class StaticState:
         modules: `runs`). Nothing here holds the state itself, so that it is freed (and its buffers given back) as
         soon as its search ends."""
         final = self.model.decoder.final_norm
+        threads = getattr(self.model, "step_threads", {}).get(row_class(rows))  # fewer than the process's, measured
         plan = _Plan([self._layer_plan(i, layer, rows) for i, layer in enumerate(self.layers)],
-                     None if final is None else parts.norm(final), parts.head(self.model.head, rows))
+                     None if final is None else parts.norm(final), parts.head(self.model.head, rows),
+                     threads if threads is not None and threads < torch.get_num_threads() else None)
         self.plans[row_class(rows)] = plan
         return plan
 
@@ -289,6 +291,17 @@ class StaticState:
         if embed.norm is not None:
             x = embed.norm(x)
         plan = self.plans.get(row_class(tokens.shape[0])) or self._plan(tokens.shape[0])
+        if plan.threads is None:
+            return self._layers(plan, x)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(plan.threads)
+        try:
+            return self._layers(plan, x)
+        finally:
+            torch.set_num_threads(threads)
+
+    def _layers(self, plan: _Plan, x: torch.Tensor) -> torch.Tensor:
+        """The embedded tokens x (N, 1, d_model) through the layers of `plan`, the final norm and the head."""
         for sublayers in plan.layers:
             for norm_first, norm, f, a in sublayers:  # `SublayerConnection` at inference (dropout is the identity)
                 x = x + f(self, a, norm(x)) if norm_first else norm(x + f(self, a, x))
@@ -519,6 +532,7 @@ class _Plan(NamedTuple):
     layers: list  # per layer, its sublayers as (norm first, norm, f, a)
     final_norm: Callable | None
     head: Callable  # (N, d_model) -> (N, V)
+    threads: int | None  # fewer threads than the process's for these rows (`Backend.step_threads`), else None
 
 
 def _feed_forward(state: StaticState, ffn: Callable, y: torch.Tensor) -> torch.Tensor:
