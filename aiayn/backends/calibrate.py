@@ -241,8 +241,8 @@ class Choices:
                    f"; training dropout: {'random bits' if self.bits_dropout else 'bernoulli'} "
                    f"({margin('dropout', 'bits', 'bernoulli')})")
                 + "".join(f"; a decoding step's products{precision} at {key}: "
-                          + ", ".join(f"{rows(name)} on {n} thread{'s' if n > 1 else ''} "
-                                      f"({margin(f'step threads {name}{precision} {key}', 'one', 'all')} on one)"
+                          + ", ".join(f"{rows(name)} on {n} thread{'s' if n > 1 else ''} (one thread: "
+                                      f"{margin(f'step threads {name}{precision} {key}', 'one', 'all')})"
                                       for name, n in found.items())
                           for precision, table in (("", self.step_threads_widths),
                                                    (" bf16", self.bf16_step_threads_widths))
