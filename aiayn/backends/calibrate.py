@@ -869,20 +869,28 @@ def _bf16_step(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], float32: d
     hold `cold_bytes`, as a step reads them from memory."""
     faster: dict[str, bool] = {}
     for name, rows in ROW_CLASSES:
-        calls: dict[str, list] = {"float32": [], "bf16": []}
-        for kind, (w, b) in weights.items():
-            copies = max(STEP_PRODUCTS[kind], _cold_copies(w, cold_bytes) if rows <= FEW_ROWS_MAX else 1)
-            x = torch.randn(rows, w.shape[1], generator=gen)
-            for c in range(copies):
-                v = w if c == 0 else w.clone()
-                calls["float32"].append((_on_kernel(v, b, float32[name][kind]), x))
-                calls["bf16"].append((_on_kernel(v.bfloat16(), b.bfloat16(), bf16[name][kind]), x.bfloat16()))
+        calls = {"float32": _step_products(weights, float32[name], rows, torch.float32, cold_bytes, gen),
+                 "bf16": _step_products(weights, bf16[name], rows, torch.bfloat16, cold_bytes, gen)}
         timed = timing.timed({precision: (lambda run=run: [f(x) for f, x in run]) for precision, run in calls.items()},
                              warm=_warm(rows, cold_bytes))
         timing.record(seconds, f"bf16 step {name}{what}", timed, plain="float32", ratios=ratios)
         faster[name] = timing.pick(timed, "float32") == "bf16"
         del calls
     return faster
+
+
+def _step_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], kernels: dict[str, str], rows: int,
+                   dtype: torch.dtype, cold_bytes: int, gen: torch.Generator) -> list[tuple[Callable, torch.Tensor]]:
+    """A decoding step's products (`STEP_PRODUCTS` of each shape kind) as (layer, input) calls of `rows` rows in
+    `dtype` on `kernels` (by shape kind): at one and few rows over as many copies of each weight as hold `cold_bytes`
+    in float32 (a model's bytes; in bf16 the same copies hold half as many, as a bf16 model's own weights do)."""
+    calls = []
+    for kind, (w, b) in weights.items():
+        copies = max(STEP_PRODUCTS[kind], _cold_copies(w, cold_bytes) if rows <= FEW_ROWS_MAX else 1)
+        w, b = w.to(dtype), b.to(dtype)
+        x = torch.randn(rows, w.shape[1], generator=gen).to(dtype)
+        calls += [(_on_kernel(w if c == 0 else w.clone(), b, kernels[kind]), x) for c in range(copies)]
+    return calls
 
 
 def bf16_faster(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[str, bool]:
@@ -912,13 +920,7 @@ def _step_threads(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], kernels
     for name, rows in ROW_CLASSES:
         if name not in STEP_THREADS_ROWS:
             continue
-        calls: list[tuple[Callable, object]] = []
-        for kind, (w, b) in weights.items():
-            copies = max(STEP_PRODUCTS[kind], _cold_copies(w, cold_bytes))  # as many as in float32: the model's
-            w, b = w.to(dtype), b.to(dtype)
-            x = torch.randn(rows, w.shape[1], generator=gen).to(dtype)
-            for c in range(copies):
-                calls.append((_on_kernel(w if c == 0 else w.clone(), b, kernels[name][kind]), x))
+        calls = _step_products(weights, kernels[name], rows, dtype, cold_bytes, gen)
         # and a layer's two attentions, one query a row over STEP_KEYS keys (SDPA's kernel opens a parallel region)
         d_model = weights["square"][0].shape[0]
         heads = _heads(d_model)

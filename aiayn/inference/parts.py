@@ -1,7 +1,7 @@
 """A decoder's parts as plain functions of their inputs, for the flat decoding step (`aiayn.inference.steps`).
 
 A step of a narrow model over few rows costs more in calls than in arithmetic. Each module call, each product layer
-choosing its kernel by the rows it is given, each attention choosing its form and checking its mask, runs Python
+choosing its kernel by the rows it is given, each attention choosing its form through two methods, runs Python
 before any arithmetic: at d_model 128 and one row, the step spent about a quarter of its time there (docs/notes.md,
 "Decoding"). The functions here are made once per search and row class (`aiayn.backends.shapes.row_class`) and
 compute what the modules' `forward`s compute for inputs of that class; a module this file does not know runs its own
@@ -68,23 +68,27 @@ def head(module: nn.Module, rows: int) -> Function:
 
 
 def attention(attn: nn.Module) -> Callable[..., torch.Tensor]:
-    """(q, k, v, mask) -> `attn.attend(q, k, v, mask)`'s output (B, h, L_q, d_k), no dropout, no weights: SDPA called
-    directly where the layer would call it (no mask, or the float bias `attention_bias` makes), the equation written
-    out where a `FusedQKVAttention` writes it out (`writes_out`), and for a sentence's beams as the queries of its
-    memory (up to `WRITTEN_OUT_QUERIES`, measured faster so in a step: docs/notes.md, "Decoding"); a bool mask, or
-    another attention, through `attend` (a bool mask may leave a query nothing to attend to, which only `attend`
-    handles)."""
+    """(q, k, v, mask) -> `attn.attend(q, k, v, mask)`'s output (B, h, L_q, d_k), no dropout, no weights: `attend`
+    called directly (SDPA, or the equation written out where a `FusedQKVAttention` writes it out, `writes_out`), and
+    written out too for a sentence's beams as the queries of its memory (up to `WRITTEN_OUT_QUERIES`, measured faster
+    so in a step: docs/notes.md, "Decoding"); another attention through its own `attend`."""
     kind = type(attn)
     if kind not in (MultiHeadAttention, FusedQKVAttention):
         return lambda q, k, v, mask: attn.attend(q, k, v, mask, dropout_p=0.0, need_weights=False)[0]
     fused = kind is FusedQKVAttention
 
     def attended(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        written_out = fused and writes_out(q, k, WRITTEN_OUT_QUERIES)
-        if written_out or (mask is not None and mask.dtype == torch.bool):
-            return attend(q, k, v, mask, need_weights=written_out)[0]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return attend(q, k, v, mask, need_weights=fused and writes_out(q, k, WRITTEN_OUT_QUERIES))[0]
     return attended
+
+
+def project_qkv(attn: nn.Module, rows: int) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:
+    """y -> self-attention's Q, K and V of `rows` rows: a `FusedQKVAttention`'s stacked product, split three ways (as
+    its `project_qkv`), else the layer's own `project_qkv`."""
+    if not (isinstance(attn, FusedQKVAttention) and attn.qkv is not None):
+        return attn.project_qkv
+    stacked, width = product(attn.qkv, rows), attn.d_model
+    return lambda y: stacked(y).split(width, dim=-1)
 
 
 def _drops_nothing(dropout: nn.Module) -> bool:
@@ -92,4 +96,4 @@ def _drops_nothing(dropout: nn.Module) -> bool:
                                                                                       or dropout.p == 0))
 
 
-__all__ = ["attention", "feed_forward", "head", "norm", "product"]
+__all__ = ["attention", "feed_forward", "head", "norm", "product", "project_qkv"]

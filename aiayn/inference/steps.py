@@ -39,7 +39,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from aiayn.backends.absorbed import AbsorbedCrossAttention
-from aiayn.backends.fused import FusedQKVAttention
 from aiayn.backends.hooks import hooked
 from aiayn.backends.shapes import row_class
 from aiayn.inference import parts
@@ -218,13 +217,7 @@ class StaticState:
     def _layer_plan(self, i: int, layer: nn.Module, rows: int) -> list[tuple[bool, Callable, Callable, object]]:
         cls = type(self)
         attn = layer.self_attn
-        project = attn.project_qkv
-        if isinstance(attn, FusedQKVAttention) and attn.qkv is not None:  # one product, its output split three ways
-            stacked, width = parts.product(attn.qkv, rows), attn.d_model
-
-            def project(y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-                return stacked(y).split(width, dim=-1)
-        own = _Attention(i, project, parts.attention(attn), parts.product(attn.out_proj, rows))
+        own = _Attention(i, parts.project_qkv(attn, rows), parts.attention(attn), parts.product(attn.out_proj, rows))
         if isinstance(layer, DecoderLayer):
             cross = layer.cross_attn.attn if isinstance(layer.cross_attn, AbsorbedCrossAttention) else layer.cross_attn
             sublayers = [(layer.self_attn_sublayer, cls._self_attention, own),
