@@ -77,7 +77,6 @@ def force_choices(monkeypatch, *, one: str = "columns", few: str = "packed", man
     monkeypatch.setattr(calibrate, "choices", lambda refresh=False: forced)
     monkeypatch.setattr(calibrate, "training_choices", lambda *shape: (train_onednn, fused_qkv))
     monkeypatch.setattr(calibrate, "inference_layers", lambda *shape: (fused_qkv, torch_layers))
-    monkeypatch.setattr(calibrate, "step_threads", lambda *shape: {})  # every step on the process's threads
     return forced
 
 

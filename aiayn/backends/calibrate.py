@@ -76,10 +76,11 @@ TRAIN_SHAPE_ROWS = 4096
 # as its steps read them.
 COLD_BYTES = 64 << 20
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 8  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
+FORMAT = 9  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
 #            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats;
 #            7: int8 weights against the float32 kernels; the training choices of a shape are added when asked;
-#            8: one- and few-row products timed each pass right after its own)
+#            8: one- and few-row products timed each pass right after its own; 9: a decoding step's threads timed on
+#            the model's own step)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -140,10 +141,10 @@ class Choices:
         bits_dropout: whether training dropout ran faster with its masks drawn as random integers
             (`dropout.BitsDropout`) than by `F.dropout`'s `bernoulli_`, forward and backward
             (`bits_dropout_faster`); None until a CPU training run first asks.
-        step_threads_widths: by "d_model x d_ff x vocabulary", by row class ("one", "few"), the threads a decoding
-            step's products of a model of those widths ran fastest on: all this process's (the key's thread count), or
-            one (`step_threads`); measured the first time such a model is prepared to decode on more than one thread.
-        bf16_step_threads_widths: the same for a bf16 copy's step, on the bf16 kernels of `bf16_widths`.
+        step_threads: by "<precision and shape of a model's step> rows <n>", the threads a decoding step of such a
+            model at about n rows ran fastest on: all this process's (the key's thread count), or one, timed on the
+            model itself (`aiayn.inference.threads`); measured the first time a search meets those rows on more than
+            one thread.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
@@ -168,8 +169,7 @@ class Choices:
     bf16_attention: dict[str, bool] | None = None
     bf16_training: dict[str, bool] | None = None
     bits_dropout: bool | None = None
-    step_threads_widths: dict[str, dict[str, int]] | None = None
-    bf16_step_threads_widths: dict[str, dict[str, int]] | None = None
+    step_threads: dict[str, int] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -240,13 +240,9 @@ class Choices:
                 + ("" if self.bits_dropout is None else
                    f"; training dropout: {'random bits' if self.bits_dropout else 'bernoulli'} "
                    f"({margin('dropout', 'bits', 'bernoulli')})")
-                + "".join(f"; a decoding step's products{precision} at {key}: "
-                          + ", ".join(f"{rows(name)} on {n} thread{'s' if n > 1 else ''} (one thread: "
-                                      f"{margin(f'step threads {name}{precision} {key}', 'one', 'all')})"
-                                      for name, n in found.items())
-                          for precision, table in (("", self.step_threads_widths),
-                                                   (" bf16", self.bf16_step_threads_widths))
-                          for key, found in (table or {}).items())
+                + "".join(f"; a decoding step ({key}) on {n} thread{'s' if n > 1 else ''} (one thread: "
+                          f"{margin(f'step threads {key}', 'one', 'all')})"
+                          for key, n in (self.step_threads or {}).items())
                 + "".join(f"; int8 at {key}: float32 where faster ("
                           + (", ".join(f"{name} {kind}" for name, by_kind in found.items()
                                        for kind, int8_pays in by_kind.items() if not int8_pays) or "nowhere") + ")"
@@ -346,7 +342,7 @@ def _well_formed(found: Choices) -> bool:
     """Whether cached choices have the types this code writes (a file of the right keys edited by hand may not)."""
     tables = (found.inference, found.int8_weights, found.training, found.inference_widths, found.int8_widths,
               found.inference_layers, found.int8_weights_widths, found.bf16_widths, found.bf16_faster_widths,
-              found.bf16_attention, found.bf16_training, found.step_threads_widths, found.bf16_step_threads_widths)
+              found.bf16_attention, found.bf16_training, found.step_threads)
     pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
     return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
             and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))
@@ -795,6 +791,16 @@ def _at_widths(field: str, widths: tuple[int, int, int], weight_bytes: int, seed
     return getattr(found, field)[key]
 
 
+def measured_once(field: str, key: str, measure: Callable[[dict, dict], object]) -> object:
+    """What the cache keeps under `Choices.<field>[key]`, measured by `measure(seconds, ratios)` (which writes its
+    timings into the two) the first time it is asked for on this machine and thread count, then kept; for what is
+    measured on a model itself, not on a shape's random weights (`aiayn.inference.threads`)."""
+    found = _measured_so_far()
+    if key not in (getattr(found, field) or {}):
+        found = _with_measured(found, field, key, measure)
+    return getattr(found, field)[key]
+
+
 def inference_layers(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> tuple[bool, bool]:
     """(Q/K/V as one stacked product, PyTorch's fused encoder layer) for inference on a model of these widths whose
     weights hold `weight_bytes`: a base model's widths keep the machine's (`Choices.fused_qkv_inference`,
@@ -902,60 +908,6 @@ def bf16_faster(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[
     bf16 = bf16_kernels(d_model, d_ff, vocab, weight_bytes)
     return _at_widths("bf16_faster_widths", (d_model, d_ff, vocab), weight_bytes, 8,
                       lambda weights, *rest: _bf16_step(weights, float32, bf16, *rest))
-
-
-STEP_THREADS_ROWS = ("one", "few")  # row classes whose threads are timed; many rows keep every thread (docs/notes.md)
-STEP_KEYS = 32  # the keys a step's attentions are timed over in `_step_threads`
-
-
-def _step_threads(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], kernels: dict[str, dict[str, str]],
-                  dtype: torch.dtype, cold_bytes: int, seconds: dict[str, float], ratios: dict[str, list[float]],
-                  gen: torch.Generator, what: str) -> dict[str, int]:
-    """By row class of `STEP_THREADS_ROWS`, the threads a decoding step's products (`STEP_PRODUCTS` in `dtype`, on
-    the kernels `kernels` chose) and attention ran fastest on: this process's, or one where one was faster by more
-    than the spread (`timing.pick`). Each parallel region wakes the other threads, which at a narrow model's few rows
-    costs more than they save, the more where OpenMP's threads sleep while they wait, as the CLI lets them."""
-    threads = torch.get_num_threads()
-    chosen: dict[str, int] = {}
-    for name, rows in ROW_CLASSES:
-        if name not in STEP_THREADS_ROWS:
-            continue
-        calls = _step_products(weights, kernels[name], rows, dtype, cold_bytes, gen)
-        # and a layer's two attentions, one query a row over STEP_KEYS keys (SDPA's kernel opens a parallel region)
-        d_model = weights["square"][0].shape[0]
-        heads = _heads(d_model)
-        q, kv = (torch.randn(rows, heads, n, d_model // heads, generator=gen).to(dtype) for n in (1, STEP_KEYS))
-        calls += [(lambda q, kv=kv: F.scaled_dot_product_attention(q, kv, kv), q)] * 2
-
-        def run(n: int, calls: list = calls) -> None:
-            torch.set_num_threads(n)
-            try:
-                for f, x in calls:
-                    f(x)
-            finally:
-                torch.set_num_threads(threads)
-        timed = timing.timed({"all": lambda: run(threads), "one": lambda: run(1)}, warm=_warm(rows, cold_bytes))
-        timing.record(seconds, f"step threads {name}{what}", timed, plain="all", ratios=ratios)
-        chosen[name] = 1 if timing.pick(timed, "all") == "one" else threads
-        del calls
-    return chosen
-
-
-def step_threads(d_model: int, d_ff: int, vocab: int, weight_bytes: int, precision: str = "fp32") -> dict[str, int]:
-    """By row class ("one", "few"), the threads a decoding step of a model of these widths runs on where this process
-    has more than one: its own, or one where a step's products ran clearly faster on one (`_step_threads`; at d_model
-    128 on 2 threads with passive waits a step took 2-3x as long as on one, docs/notes.md, "Decoding"). Measured the
-    first time such a model is prepared for inference on more than one thread, then kept in the cache (which is per
-    thread count: `Choices.step_threads_widths`). Many rows keep every thread. `precision` "bf16": a bf16 copy's
-    step, on its own kernels (`bf16_kernels`, `Choices.bf16_step_threads_widths`)."""
-    if torch.get_num_threads() == 1:
-        return dict.fromkeys(STEP_THREADS_ROWS, 1)
-    bf16 = precision == "bf16"
-    kernels = (bf16_kernels if bf16 else inference_kernels)(d_model, d_ff, vocab, weight_bytes)
-    dtype = torch.bfloat16 if bf16 else torch.float32
-    return _at_widths("bf16_step_threads_widths" if bf16 else "step_threads_widths", (d_model, d_ff, vocab),
-                      weight_bytes, 9, lambda weights, cold_bytes, seconds, ratios, gen, what: _step_threads(
-                          weights, kernels, dtype, cold_bytes, seconds, ratios, gen, (" bf16" if bf16 else "") + what))
 
 
 def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],

@@ -13,7 +13,8 @@ An encoder-decoder's states (`start`), two implementations:
   projected and kept once per sentence (the beams of a sentence attend to them together, as the queries of one
   product); and each step one flat function over the layers' own parts as plain functions, made once per row class
   (`aiayn.inference.parts`: the products on the kernels the backend chose for those rows, the attention, the layer
-  norms): about fifteen tensor operations a layer, no per-step allocation of the cache, no branching on data.
+  norms): about fifteen tensor operations a layer, no per-step allocation of the cache, no branching on data; on
+  one thread at the rows where that was measured faster than on all (`aiayn.inference.threads`).
   Cross-attention is absorbed into the memory where the backend chose that (`backends.absorbed`).
 - `FixedState`, the flat step at one fixed shape, which a CUDA graph captures once per search and replays per
   token where the backend chose graphs (`Backend.cuda_graphs`): on a GPU a step is otherwise bound by
@@ -38,10 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from aiayn.backends import timing
 from aiayn.backends.absorbed import AbsorbedCrossAttention
 from aiayn.backends.hooks import hooked
 from aiayn.backends.shapes import row_class
-from aiayn.inference import parts
+from aiayn.inference import parts, threads
 from aiayn.inference.buffers import Owned
 from aiayn.nn.attention import attention_bias, attention_weights
 from aiayn.nn.layers import DecoderLayer, EncoderLayer
@@ -198,6 +200,10 @@ class StaticState:
         self.positions = None if embed.positions is None else embed.positions(length).to(dtype)  # (length, d)
         self.model = model
         self.plans: dict[str, _Plan] = {}  # by row class (`_plan`)
+        # By rows, the threads a step runs on where fewer than the process's were measured faster (`threads`), else
+        # None; the states that time it (`_timed_threads`) measure nothing.
+        self.threads: dict[int, int | None] = {}
+        self.measures_threads = True
 
     def _plan(self, rows: int) -> _Plan:
         """The step's parts for `rows` rows, made the first time a step runs on rows of their row class and kept: each
@@ -207,10 +213,8 @@ class StaticState:
         modules: `runs`). Nothing here holds the state itself, so that it is freed (and its buffers given back) as
         soon as its search ends."""
         final = self.model.decoder.final_norm
-        threads = getattr(self.model, "step_threads", {}).get(row_class(rows))  # fewer than the process's, measured
         plan = _Plan([self._layer_plan(i, layer, rows) for i, layer in enumerate(self.layers)],
-                     None if final is None else parts.norm(final), parts.head(self.model.head, rows),
-                     threads if threads is not None and threads < torch.get_num_threads() else None)
+                     None if final is None else parts.norm(final), parts.head(self.model.head, rows))
         self.plans[row_class(rows)] = plan
         return plan
 
@@ -283,15 +287,24 @@ class StaticState:
             x = x + embed.token_types.weight[0]
         if embed.norm is not None:
             x = embed.norm(x)
-        plan = self.plans.get(row_class(tokens.shape[0])) or self._plan(tokens.shape[0])
-        if plan.threads is None:
+        rows = tokens.shape[0]
+        plan = self.plans.get(row_class(rows)) or self._plan(rows)
+        fewer = self.threads[rows] if rows in self.threads else self._threads(rows)
+        if fewer is None:
             return self._layers(plan, x)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(plan.threads)
+        process = torch.get_num_threads()
+        torch.set_num_threads(fewer)
         try:
             return self._layers(plan, x)
         finally:
-            torch.set_num_threads(threads)
+            torch.set_num_threads(process)
+
+    def _threads(self, rows: int) -> int | None:
+        """Fewer threads than the process's for a step of `rows` rows where measured faster (`threads.step_threads`,
+        measured the first time such a step is asked for), else None; kept for the rest of the search."""
+        fewer = threads.step_threads(self.model, rows, _timed_threads) if self.measures_threads else None
+        self.threads[rows] = fewer
+        return fewer
 
     def _layers(self, plan: _Plan, x: torch.Tensor) -> torch.Tensor:
         """The embedded tokens x (N, 1, d_model) through the layers of `plan`, the final norm and the head."""
@@ -525,12 +538,38 @@ class _Plan(NamedTuple):
     layers: list  # per layer, its sublayers as (norm first, norm, f, a)
     final_norm: Callable | None
     head: Callable  # (N, d_model) -> (N, V)
-    threads: int | None  # fewer threads than the process's for these rows (`Backend.step_threads`), else None
 
 
 def _feed_forward(state: StaticState, ffn: Callable, y: torch.Tensor) -> torch.Tensor:
     """A feed-forward sublayer in a step's plan (`StaticState._layer_plan`): `ffn(y)`."""
     return ffn(y)
+
+
+TIMED_STEPS = 2  # the steps of one timed pass of `_timed_threads`
+TIMED_SOURCE = 16  # the source (or prompt) length they are timed over
+
+
+def _timed_threads(model: nn.Module, rows: int, process: int) -> dict[str, list[float]]:
+    """`timing.timed` of `TIMED_STEPS` steps of `model` over `rows` rows on `process` threads ("all") and on one
+    ("one"), each on a state of its own over the same random sentences (`threads.step_threads`)."""
+    cfg = model.config
+    gen = torch.Generator().manual_seed(0)
+    length = (timing.REPEATS + 1) * TIMED_STEPS  # each candidate's passes: one untimed, then the repeats
+    ids = torch.randint(cfg.vocab_size, (rows, max(1, min(TIMED_SOURCE, cfg.max_len - length))), generator=gen)
+    tokens = torch.randint(cfg.target_vocab_size, (rows, 1), generator=gen)
+    states = {}
+    for name in ("all", "one"):
+        states[name] = StaticState(model, ids, length)
+        states[name].measures_threads = False
+
+    def run(name: str, n: int) -> None:
+        torch.set_num_threads(n)
+        try:
+            for _ in range(TIMED_STEPS):
+                states[name].step(tokens)
+        finally:
+            torch.set_num_threads(process)
+    return timing.timed({"all": lambda: run("all", process), "one": lambda: run("one", 1)})
 
 
 # -- the modules' own path ----------------------------------------------------------------------------------

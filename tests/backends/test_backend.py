@@ -788,49 +788,6 @@ def test_few_row_products_are_timed_warm_over_the_models_bytes_and_many_rows_as_
     assert seen == [False] * 3
 
 
-def test_a_steps_threads_are_measured_on_more_than_one_thread_and_kept_per_row_class(tmp_path, monkeypatch):
-    """One thread where a step's products and attention ran clearly faster on it, the process's own elsewhere; none
-    measured on one thread; the backend hands the choice to the copies it prepares."""
-    shape = _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        monkeypatch.setattr(calibrate, "_step_threads", lambda *args: pytest.fail("measured on one thread"))
-        assert calibrate.step_threads(*shape) == {"one": 1, "few": 1}
-        monkeypatch.undo()
-        shape = _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch)
-        torch.set_num_threads(2)
-        calibrate.inference_kernels(*shape)  # the kernels the threads are timed on, measured first
-        counts = []
-        real = timing.timed
-
-        def one_faster_at_few_rows(candidates, repeats=timing.REPEATS, *, warm=False):
-            real(candidates, 2, warm=warm)  # both candidates run, each setting its threads
-            counts.append(torch.get_num_threads())
-            return {"all": [1.0] * 4, "one": [0.5 if len(counts) == 2 else 1.0] * 4}  # faster at few rows
-        monkeypatch.setattr(timing, "timed", one_faster_at_few_rows)
-        chosen = calibrate.step_threads(*shape)
-        assert chosen == {"one": 2, "few": 1} and counts == [2, 2]  # the count restored after each timing
-        monkeypatch.setattr(timing, "timed", real)
-        measure = calibrate.step_threads
-        monkeypatch.setattr(calibrate, "step_threads", lambda *shape: chosen)
-        backend = select("cpu", "inference", "fp32", inference_shape=shape)
-        assert backend.step_threads == (("few", 1),)
-        assert "decoding steps of few rows on one thread" in backend.describe()
-        model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
-                                        n_decoder_layers=1, dropout=0.0, max_len=32))
-        assert backend.prepare(model).step_threads == {"few": 1}
-        if bf16_supported(torch.device("cpu")) and onednn_usable():  # a bf16 copy's step: timed on its own kernels
-            calibrate.bf16_kernels(*shape)
-            counts.clear()
-            monkeypatch.setattr(timing, "timed", one_faster_at_few_rows)
-            assert measure(*shape, "bf16") == {"one": 2, "few": 1} and len(counts) == 2
-            found = calibrate._measured_so_far()
-            assert set(found.bf16_step_threads_widths) == set(found.step_threads_widths) == {"32x64x200"}
-    finally:
-        torch.set_num_threads(threads)
-
-
 def test_choices_cached_before_the_backend_code_changed_are_measured_again(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 2)

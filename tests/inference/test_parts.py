@@ -121,29 +121,3 @@ def test_a_step_makes_its_parts_once_per_row_class(how):
             state.reorder(torch.arange(rows), memory_rows=torch.arange(rows))
         state.step(torch.randint(4, 50, (rows, 1)))
     assert set(state.plans) == {"one", "few", "many"}
-
-
-@torch.no_grad()
-def test_a_step_runs_the_row_classes_measured_faster_on_one_thread_on_one_and_restores_the_count(monkeypatch):
-    torch.manual_seed(0)
-    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1,
-                                    n_decoder_layers=1, max_len=64, dropout=0.0)).eval()
-    seen = []
-    real = parts.head
-
-    def head(module, rows):  # the head's function, noting the threads each step runs it on
-        run = real(module, rows)
-        return lambda x: (seen.append(torch.get_num_threads()), run(x))[1]
-    monkeypatch.setattr(parts, "head", head)
-    src, threads = torch.randint(4, 50, (6, 5)), torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        expected = StaticState(model, src, 4).step(torch.full((6, 1), 7))
-        model.step_threads = {"few": 1}  # as `Backend.prepare` sets it where measured so
-        state = StaticState(model, src, 4)
-        torch.testing.assert_close(state.step(torch.full((6, 1), 7)), expected, atol=1e-5, rtol=0)  # sums split anew
-        state.reorder(torch.tensor([0]), memory_rows=torch.tensor([0]))
-        state.step(torch.full((1, 1), 7))  # one row: every thread
-        assert seen == [2, 1, 2] and torch.get_num_threads() == 2
-    finally:
-        torch.set_num_threads(threads)

@@ -1,0 +1,112 @@
+"""A decoding step's threads: timed on the model itself by rows, kept per machine, and applied only where measured."""
+
+import pytest
+import torch
+
+from aiayn.backends import calibrate, select, timing
+from aiayn.config import ModelConfig
+from aiayn.inference import steps, threads
+from aiayn.inference.steps import StaticState
+from aiayn.nn.model import build_model
+
+
+@pytest.fixture
+def two_threads():
+    process = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(process)
+
+
+@pytest.fixture
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(calibrate, "_chosen", {})
+
+
+def _model(causal: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    layers = {"n_encoder_layers": 2, "causal": True, "n_decoder_layers": 0} if causal else {
+        "n_encoder_layers": 1, "n_decoder_layers": 2}
+    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, max_len=64, dropout=0.0,
+                                    **layers)).eval()
+    model.step_threads = "fp32"  # as `Backend.prepare` marks a copy for CPU inference
+    return model
+
+
+def test_rows_take_the_nearest_measured_count_and_many_rows_keep_every_thread():
+    assert [threads.measured_rows(n) for n in (1, 2, 3, 8, 9, 32, 33, 128, 129, 1024)] == [1, 4, 4, 4, 16, 16, 64,
+                                                                                            64, None, None]
+
+
+def test_a_step_runs_on_one_thread_where_measured_faster_and_restores_the_count(two_threads, empty_cache, monkeypatch):
+    timed = []
+
+    def one_faster_up_to_four_rows(model, rows, process):
+        timed.append((rows, process))
+        assert torch.get_num_threads() == process
+        return {"all": [1.0] * 4, "one": [0.5 if rows <= 4 else 1.0] * 4}
+    seen = []
+    real = steps.StaticState._layers
+
+    def layers(self, plan, x):
+        seen.append(torch.get_num_threads())
+        return real(self, plan, x)
+    monkeypatch.setattr(steps, "_timed_threads", one_faster_up_to_four_rows)
+    monkeypatch.setattr(steps.StaticState, "_layers", layers)
+    model, src = _model(), torch.randint(4, 50, (20, 5))
+    with torch.no_grad():
+        expected = StaticState(model, src, 4)
+        expected.measures_threads = False
+        state = StaticState(model, src, 4)
+        torch.testing.assert_close(state.step(torch.full((20, 1), 7)), expected.step(torch.full((20, 1), 7)),
+                                   atol=1e-5, rtol=0)  # the same arithmetic, sums split anew
+        for rows in (3, 1, 1):  # sentences leave the batch: 3 rows take what 4 measured
+            state.reorder(torch.arange(rows), memory_rows=torch.arange(rows))
+            state.step(torch.full((rows, 1), 7))
+        StaticState(model, src[:2], 4).step(torch.full((2, 1), 7))  # another search: measured already
+    assert timed == [(16, 2), (4, 2), (1, 2)]
+    assert seen == [2, 2, 1, 1, 1, 1] and torch.get_num_threads() == 2
+    kept = calibrate._measured_so_far().step_threads
+    assert kept == {f"{threads.key(model, 'fp32')} rows {n}": count for n, count in ((16, 2), (4, 1), (1, 1))}
+    assert "d_model 32 d_ff 64 heads 4 layers 2 vocabulary 50 rows 4) on 1 thread" in calibrate._measured_so_far(
+    ).describe()
+
+
+def test_nothing_is_measured_on_one_thread_without_the_backends_mark_or_past_many_rows(empty_cache, monkeypatch):
+    monkeypatch.setattr(steps, "_timed_threads", lambda *args: pytest.fail("measured"))
+    model = _model()
+    with torch.no_grad():
+        StaticState(model, torch.randint(4, 50, (2, 5)), 4).step(torch.full((2, 1), 7))  # one thread (conftest)
+        torch.set_num_threads(2)
+        try:
+            StaticState(model, torch.randint(4, 50, (200, 5)), 4).step(torch.full((200, 1), 7))  # many rows
+            del model.step_threads  # a copy no backend marked (plain, CUDA, training)
+            StaticState(model, torch.randint(4, 50, (2, 5)), 4).step(torch.full((2, 1), 7))
+        finally:
+            torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_timing_runs_real_steps_on_each_count_on_states_of_their_own(two_threads, causal, monkeypatch):
+    counts = []
+    real = steps.StaticState._forward
+
+    def forward(self, tokens):
+        counts.append((torch.get_num_threads(), self.measures_threads))
+        return real(self, tokens)
+    monkeypatch.setattr(steps.StaticState, "_forward", forward)
+    with torch.no_grad():
+        timed = steps._timed_threads(_model(causal), 3, 2)
+    assert set(timed) == {"all", "one"} and all(len(t) == timing.REPEATS for t in timed.values())
+    assert sorted(set(counts)) == [(1, False), (2, False)]  # the states that time it measure nothing themselves
+    assert len(counts) == 2 * (timing.REPEATS + 1) * steps.TIMED_STEPS and torch.get_num_threads() == 2
+
+
+def test_the_backend_marks_cpu_inference_copies_with_their_precision():
+    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1,
+                                    n_decoder_layers=1, max_len=64, dropout=0.0))
+    backend = select("cpu", "inference", "fp32", inference_shape=(32, 64, 50, 10_000))
+    assert backend.step_threads and backend.prepare(model).step_threads == "fp32"
+    assert not hasattr(select("cpu", "inference", "fp32", plain=True).prepare(model), "step_threads")
+    assert not hasattr(select("cpu", "train", "fp32").prepare(model), "step_threads")
