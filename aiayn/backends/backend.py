@@ -74,9 +74,9 @@ class Backend:
             where its bf16 kernel was measured the slower forward and backward (`calibrate.bf16_training_attention`).
         bits_dropout: CPU training draws dropout's masks as random integers (`dropout.BitsDropout`), where that was
             measured faster than `F.dropout`'s `bernoulli_` (`calibrate.bits_dropout_faster`).
-        step_threads: a decoding step runs on one thread at the rows where that was measured faster than on all the
-            process's, timed on the prepared model itself the first time a search meets those rows (CPU inference;
-            `inference.threads`, read by `inference.steps.StaticState`).
+        step_threads: a decoding step, and a search's encoding, run on one thread at the rows where that was
+            measured faster than on all the process's, timed on the prepared model itself the first time a search
+            meets those rows (CPU inference; `inference.threads`, read by `inference.steps.StaticState`).
     """
 
     device: torch.device
@@ -123,7 +123,7 @@ class Backend:
                                          self.float32_attention),
                                         ("dropout masks from random bits (faster here than bernoulli's)",
                                          self.bits_dropout),
-                                        ("decoding steps on one thread at the rows measured faster so",
+                                        ("decoding steps and short encodings on one thread where measured faster",
                                          self.step_threads and torch.get_num_threads() > 1),
                                         ("torch.compile", self.compile),
                                         ("decoding steps in CUDA graphs", self.cuda_graphs)) if on]

@@ -79,8 +79,8 @@ ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABI
 FORMAT = 9  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
 #            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats;
 #            7: int8 weights against the float32 kernels; the training choices of a shape are added when asked;
-#            8: one- and few-row products timed each pass right after its own; 9: a decoding step's threads timed on
-#            the model's own step)
+#            8: one- and few-row products timed each pass right after its own; 9: a decoding step's and an
+#            encoding's threads timed on the model itself)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -141,10 +141,10 @@ class Choices:
         bits_dropout: whether training dropout ran faster with its masks drawn as random integers
             (`dropout.BitsDropout`) than by `F.dropout`'s `bernoulli_`, forward and backward
             (`bits_dropout_faster`); None until a CPU training run first asks.
-        step_threads: by "<precision and shape of a model's step> rows <n>", the threads a decoding step of such a
-            model at about n rows ran fastest on: all this process's (the key's thread count), or one, timed on the
-            model itself (`aiayn.inference.threads`); measured the first time a search meets those rows on more than
-            one thread.
+        threads: by "<precision and shape of a model> <pass> at <n> rows", the threads a decoding step or an
+            encoding of such a model over about n rows ran fastest on: all this process's (the key's thread count),
+            or one, timed on the model itself (`aiayn.inference.threads`); measured the first time a search meets
+            those rows on more than one thread.
         ratios: by "what: candidate", how much faster than the plain candidate it ran: [median, lower quartile]
             of the per-repeat speed ratios (a choice is kept only where the lower quartile beats `timing.MARGIN`).
     """
@@ -169,7 +169,7 @@ class Choices:
     bf16_attention: dict[str, bool] | None = None
     bf16_training: dict[str, bool] | None = None
     bits_dropout: bool | None = None
-    step_threads: dict[str, int] | None = None
+    threads: dict[str, int] | None = None
 
     def describe(self) -> str:
         """One line: the kernel of each row class, training's product and fused Q/K/V, with the measured ratios."""
@@ -240,9 +240,8 @@ class Choices:
                 + ("" if self.bits_dropout is None else
                    f"; training dropout: {'random bits' if self.bits_dropout else 'bernoulli'} "
                    f"({margin('dropout', 'bits', 'bernoulli')})")
-                + "".join(f"; a decoding step ({key}) on {n} thread{'s' if n > 1 else ''} (one thread: "
-                          f"{margin(f'step threads {key}', 'one', 'all')})"
-                          for key, n in (self.step_threads or {}).items())
+                + "".join(f"; {key}: on {n} thread{'s' if n > 1 else ''} (one thread: "
+                          f"{margin(f'threads {key}', 'one', 'all')})" for key, n in (self.threads or {}).items())
                 + "".join(f"; int8 at {key}: float32 where faster ("
                           + (", ".join(f"{name} {kind}" for name, by_kind in found.items()
                                        for kind, int8_pays in by_kind.items() if not int8_pays) or "nowhere") + ")"
@@ -342,7 +341,7 @@ def _well_formed(found: Choices) -> bool:
     """Whether cached choices have the types this code writes (a file of the right keys edited by hand may not)."""
     tables = (found.inference, found.int8_weights, found.training, found.inference_widths, found.int8_widths,
               found.inference_layers, found.int8_weights_widths, found.bf16_widths, found.bf16_faster_widths,
-              found.bf16_attention, found.bf16_training, found.step_threads)
+              found.bf16_attention, found.bf16_training, found.threads)
     pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
     return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
             and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))

@@ -151,13 +151,17 @@ class StaticState:
 
     def _encode(self, model: EncoderDecoderModel, src: torch.Tensor, steps: int, beams: int) -> None:
         self.mask = model.source_mask(src)  # (B, 1, 1, S) or None
-        memory = model.encode(src, self.mask)  # (B, S, d_model)
-        self._allocate(model, model.tgt_embed, src.shape[0] * beams, steps, memory.dtype)
-        # The memory's keys and values once per sentence, (B, h, S, d_k) each, read by its `beams` adjacent rows.
-        self.beams = beams
-        self.memory = [self._memory_side(layer.cross_attn, memory) for layer in self.layers]
-        self.absorbed = [layer.cross_attn.absorb(*kv, self.mask) if isinstance(layer.cross_attn, AbsorbedCrossAttention)
-                         else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
+        # A short source on one thread where that was measured faster (`threads`): one sentence's encoding is a few
+        # dozen rows.
+        with threads.running_on(threads.fewer(model, "encoding", src.numel(), threads.ENCODING_ROWS, _timed_encoding)):
+            memory = model.encode(src, self.mask)  # (B, S, d_model)
+            self._allocate(model, model.tgt_embed, src.shape[0] * beams, steps, memory.dtype)
+            # The memory's keys and values once per sentence, (B, h, S, d_k) each, read by its `beams` adjacent rows.
+            self.beams = beams
+            self.memory = [self._memory_side(layer.cross_attn, memory) for layer in self.layers]
+            self.absorbed = [layer.cross_attn.absorb(*kv, self.mask) if isinstance(layer.cross_attn,
+                                                                                   AbsorbedCrossAttention)
+                             else None for layer, kv in zip(self.layers, self.memory)]  # where the backend absorbs
         # Read by every step's cross-attention: as the bias SDPA adds, made once, instead of a bool mask checked and
         # converted at every step (docs/notes.md, "Decoding").
         self.mask = attention_bias(self.mask, memory.dtype)
@@ -201,7 +205,7 @@ class StaticState:
         self.model = model
         self.plans: dict[str, _Plan] = {}  # by row class (`_plan`)
         # By rows, the threads a step runs on where fewer than the process's were measured faster (`threads`), else
-        # None; the states that time it (`_timed_threads`) measure nothing.
+        # None; the states that time it (`_timed_steps`) measure nothing.
         self.threads: dict[int, int | None] = {}
         self.measures_threads = True
 
@@ -300,9 +304,10 @@ class StaticState:
             torch.set_num_threads(process)
 
     def _threads(self, rows: int) -> int | None:
-        """Fewer threads than the process's for a step of `rows` rows where measured faster (`threads.step_threads`,
+        """Fewer threads than the process's for a step of `rows` rows where measured faster (`threads.fewer`,
         measured the first time such a step is asked for), else None; kept for the rest of the search."""
-        fewer = threads.step_threads(self.model, rows, _timed_threads) if self.measures_threads else None
+        fewer = (threads.fewer(self.model, "step", rows, threads.STEP_ROWS, _timed_steps) if self.measures_threads
+                 else None)
         self.threads[rows] = fewer
         return fewer
 
@@ -545,31 +550,42 @@ def _feed_forward(state: StaticState, ffn: Callable, y: torch.Tensor) -> torch.T
     return ffn(y)
 
 
-TIMED_STEPS = 2  # the steps of one timed pass of `_timed_threads`
+TIMED_STEPS = 2  # the steps of one timed pass of `_timed_steps`
 TIMED_SOURCE = 16  # the source (or prompt) length they are timed over
 
 
-def _timed_threads(model: nn.Module, rows: int, process: int) -> dict[str, list[float]]:
+def _timed_steps(model: nn.Module, rows: int, process: int) -> dict[str, list[float]]:
     """`timing.timed` of `TIMED_STEPS` steps of `model` over `rows` rows on `process` threads ("all") and on one
-    ("one"), each on a state of its own over the same random sentences (`threads.step_threads`)."""
+    ("one"), each on a state of its own over the same random sentences (`threads.fewer`)."""
     cfg = model.config
     gen = torch.Generator().manual_seed(0)
     length = (timing.REPEATS + 1) * TIMED_STEPS  # each candidate's passes: one untimed, then the repeats
     ids = torch.randint(cfg.vocab_size, (rows, max(1, min(TIMED_SOURCE, cfg.max_len - length))), generator=gen)
     tokens = torch.randint(cfg.target_vocab_size, (rows, 1), generator=gen)
-    states = {}
-    for name in ("all", "one"):
-        states[name] = StaticState(model, ids, length)
-        states[name].measures_threads = False
+    with threads.running_on(1):  # each state's own encoding on one thread: it is not what is timed
+        states = {name: StaticState(model, ids, length) for name in ("all", "one")}
+    for state in states.values():
+        state.measures_threads = False
 
     def run(name: str, n: int) -> None:
-        torch.set_num_threads(n)
-        try:
+        with threads.running_on(n):
             for _ in range(TIMED_STEPS):
                 states[name].step(tokens)
-        finally:
-            torch.set_num_threads(process)
     return timing.timed({"all": lambda: run("all", process), "one": lambda: run("one", 1)})
+
+
+def _timed_encoding(model: nn.Module, tokens: int, process: int) -> dict[str, list[float]]:
+    """`timing.timed` of encoding random sentences of `tokens` tokens in all (up to `TIMED_SOURCE` tokens each) on
+    `process` threads ("all") and on one ("one") (`threads.fewer`)."""
+    length = min(TIMED_SOURCE, tokens, model.config.max_len)
+    src = torch.randint(model.config.vocab_size, (max(1, tokens // length), length),
+                        generator=torch.Generator().manual_seed(0))
+    mask = model.source_mask(src)
+
+    def run(n: int) -> None:
+        with threads.running_on(n):
+            model.encode(src, mask)
+    return timing.timed({"all": lambda: run(process), "one": lambda: run(1)})
 
 
 # -- the modules' own path ----------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""A decoding step's threads: timed on the model itself by rows, kept per machine, and applied only where measured."""
+"""A decoding step's and an encoding's threads: timed on the model itself by rows, kept per machine, and applied only
+where measured."""
 
 import pytest
 import torch
@@ -35,8 +36,9 @@ def _model(causal: bool = False) -> torch.nn.Module:
 
 
 def test_rows_take_the_nearest_measured_count_and_many_rows_keep_every_thread():
-    assert [threads.measured_rows(n) for n in (1, 2, 3, 8, 9, 32, 33, 128, 129, 1024)] == [1, 4, 4, 4, 16, 16, 64,
-                                                                                            64, None, None]
+    assert [threads.counted(n, threads.STEP_ROWS) for n in (1, 2, 3, 7, 8, 9, 31, 32, 33, 128, 129, 1024)] == [
+        1, 4, 4, 4, 16, 16, 16, 64, 64, 64, None, None]
+    assert [threads.counted(n, threads.ENCODING_ROWS) for n in (1, 16, 31, 32, 128, 129)] == [16, 16, 16, 64, 64, None]
 
 
 def test_a_step_runs_on_one_thread_where_measured_faster_and_restores_the_count(two_threads, empty_cache, monkeypatch):
@@ -52,7 +54,8 @@ def test_a_step_runs_on_one_thread_where_measured_faster_and_restores_the_count(
     def layers(self, plan, x):
         seen.append(torch.get_num_threads())
         return real(self, plan, x)
-    monkeypatch.setattr(steps, "_timed_threads", one_faster_up_to_four_rows)
+    monkeypatch.setattr(steps, "_timed_steps", one_faster_up_to_four_rows)
+    monkeypatch.setattr(steps, "_timed_encoding", lambda *args: {"all": [1.0] * 4, "one": [1.0] * 4})
     monkeypatch.setattr(steps.StaticState, "_layers", layers)
     model, src = _model(), torch.randint(4, 50, (20, 5))
     with torch.no_grad():
@@ -67,20 +70,43 @@ def test_a_step_runs_on_one_thread_where_measured_faster_and_restores_the_count(
         StaticState(model, src[:2], 4).step(torch.full((2, 1), 7))  # another search: measured already
     assert timed == [(16, 2), (4, 2), (1, 2)]
     assert seen == [2, 2, 1, 1, 1, 1] and torch.get_num_threads() == 2
-    kept = calibrate._measured_so_far().step_threads
-    assert kept == {f"{threads.key(model, 'fp32')} rows {n}": count for n, count in ((16, 2), (4, 1), (1, 1))}
-    assert "d_model 32 d_ff 64 heads 4 layers 2 vocabulary 50 rows 4) on 1 thread" in calibrate._measured_so_far(
-    ).describe()
+    name = threads.key(model, "fp32")
+    assert calibrate._measured_so_far().threads == {f"{name} step at {n} rows": count for n, count in (
+        (16, 2), (4, 1), (1, 1))} | {f"{name} encoding at {n} rows": 2 for n in (64, 16)}
+    assert "d_model 32 d_ff 64 heads 4 layers 1+2 vocabulary 50 step at 4 rows: on 1 thread" in (
+        calibrate._measured_so_far().describe())
+
+
+def test_a_short_source_is_encoded_on_one_thread_where_measured_faster(two_threads, empty_cache, monkeypatch):
+    timed, seen = [], []
+
+    def one_faster_up_to_sixteen_tokens(model, tokens, process):
+        timed.append(tokens)
+        return {"all": [1.0] * 4, "one": [0.5 if tokens <= 16 else 1.0] * 4}
+    real = type(_model()).encode
+
+    def encode(self, src, mask=None):
+        seen.append(torch.get_num_threads())
+        return real(self, src, mask)
+    monkeypatch.setattr(steps, "_timed_encoding", one_faster_up_to_sixteen_tokens)
+    monkeypatch.setattr(steps, "_timed_steps", lambda *args: {"all": [1.0] * 4, "one": [1.0] * 4})
+    model = _model()
+    monkeypatch.setattr(type(model), "encode", encode)
+    with torch.no_grad():
+        for sentences in (1, 2, 20, 1):  # 5, 10, 100 and 5 tokens
+            StaticState(model, torch.randint(4, 50, (sentences, 5)), 4)
+    assert timed == [16, 64] and seen == [1, 1, 2, 1] and torch.get_num_threads() == 2
 
 
 def test_nothing_is_measured_on_one_thread_without_the_backends_mark_or_past_many_rows(empty_cache, monkeypatch):
-    monkeypatch.setattr(steps, "_timed_threads", lambda *args: pytest.fail("measured"))
+    monkeypatch.setattr(steps, "_timed_steps", lambda *args: pytest.fail("measured"))
+    monkeypatch.setattr(steps, "_timed_encoding", lambda *args: pytest.fail("measured"))
     model = _model()
     with torch.no_grad():
         StaticState(model, torch.randint(4, 50, (2, 5)), 4).step(torch.full((2, 1), 7))  # one thread (conftest)
         torch.set_num_threads(2)
         try:
-            StaticState(model, torch.randint(4, 50, (200, 5)), 4).step(torch.full((200, 1), 7))  # many rows
+            StaticState(model, torch.randint(4, 50, (200, 5)), 4).step(torch.full((200, 1), 7))  # many rows, tokens
             del model.step_threads  # a copy no backend marked (plain, CUDA, training)
             StaticState(model, torch.randint(4, 50, (2, 5)), 4).step(torch.full((2, 1), 7))
         finally:
@@ -97,7 +123,7 @@ def test_the_timing_runs_real_steps_on_each_count_on_states_of_their_own(two_thr
         return real(self, tokens)
     monkeypatch.setattr(steps.StaticState, "_forward", forward)
     with torch.no_grad():
-        timed = steps._timed_threads(_model(causal), 3, 2)
+        timed = steps._timed_steps(_model(causal), 3, 2)
     assert set(timed) == {"all", "one"} and all(len(t) == timing.REPEATS for t in timed.values())
     assert sorted(set(counts)) == [(1, False), (2, False)]  # the states that time it measure nothing themselves
     assert len(counts) == 2 * (timing.REPEATS + 1) * steps.TIMED_STEPS and torch.get_num_threads() == 2
@@ -110,3 +136,18 @@ def test_the_backend_marks_cpu_inference_copies_with_their_precision():
     assert backend.step_threads and backend.prepare(model).step_threads == "fp32"
     assert not hasattr(select("cpu", "inference", "fp32", plain=True).prepare(model), "step_threads")
     assert not hasattr(select("cpu", "train", "fp32").prepare(model), "step_threads")
+
+
+def test_the_encoding_is_timed_on_each_count_and_restores_it(two_threads, monkeypatch):
+    counts = []
+    model = _model()
+    real = type(model).encode
+
+    def encode(self, src, mask=None):
+        counts.append((torch.get_num_threads(), tuple(src.shape)))
+        return real(self, src, mask)
+    monkeypatch.setattr(type(model), "encode", encode)
+    with torch.no_grad():
+        timed = steps._timed_encoding(model, 64, 2)
+    assert set(timed) == {"all", "one"} and all(len(t) == timing.REPEATS for t in timed.values())
+    assert sorted(set(counts)) == [(1, (4, 16)), (2, (4, 16))] and torch.get_num_threads() == 2
