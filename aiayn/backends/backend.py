@@ -74,7 +74,7 @@ class Backend:
             where its bf16 kernel was measured the slower forward and backward (`calibrate.bf16_training_attention`).
         bits_dropout: CPU training draws dropout's masks as random integers (`dropout.BitsDropout`), where that was
             measured faster than `F.dropout`'s `bernoulli_` (`calibrate.bits_dropout_faster`).
-        step_threads: a decoding step, and a search's encoding, run on one thread at the rows where that was
+        measured_threads: a decoding step, and a search's encoding, run on one thread at the rows where that was
             measured faster than on all the process's, timed on the prepared model itself the first time a search
             meets those rows (CPU inference; `inference.threads`, read by `inference.steps.StaticState`).
     """
@@ -94,14 +94,14 @@ class Backend:
     int8_float32: tuple[tuple[str, str], ...] = ()
     float32_attention: bool = False
     bits_dropout: bool = False
-    step_threads: bool = False
+    measured_threads: bool = False
 
     @property
     def plain(self) -> bool:
         """True when the model's modules run as written (no trick applied)."""
         return not (self.onednn or self.prepack or self.fused_qkv or self.torch_layers or self.absorbed_cross
                     or self.compile or self.cuda_graphs or self.float32_attention or self.bits_dropout
-                    or self.step_threads)
+                    or self.measured_threads)
 
     def describe(self) -> str:
         """A short label: device, mode, precision and tricks
@@ -124,7 +124,7 @@ class Backend:
                                         ("dropout masks from random bits (faster here than bernoulli's)",
                                          self.bits_dropout),
                                         ("decoding steps and short encodings on one thread where measured faster",
-                                         self.step_threads and torch.get_num_threads() > 1),
+                                         self.measured_threads and torch.get_num_threads() > 1),
                                         ("torch.compile", self.compile),
                                         ("decoding steps in CUDA graphs", self.cuda_graphs)) if on]
         return f"{self.device.type} {self.mode} {self.precision}: {', '.join(tricks) or 'plain'}"
@@ -176,8 +176,8 @@ class Backend:
             _without_dropout(prepared)
         if self.cuda_graphs and self.mode == "inference":
             prepared.cuda_graphs = True  # read by `inference.steps.start`
-        if self.step_threads and self.mode == "inference":
-            prepared.step_threads = self.precision  # read by `inference.threads`
+        if self.measured_threads and self.mode == "inference":
+            prepared.measured_threads = self.precision  # read by `inference.threads`
         return torch.compile(prepared) if self.compile else prepared
 
 
@@ -206,8 +206,8 @@ class Backend:
                                     float32=float32)
         kinds = Counter(choice.kind for choice in choices)
         logger.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
-        if self.step_threads:
-            prepared.step_threads = self.precision  # read by `inference.threads`
+        if self.measured_threads:
+            prepared.measured_threads = self.precision  # read by `inference.threads`
         return prepared
 
     def _packed(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
@@ -373,7 +373,7 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         # oneDNN over the unpacked weight, repacking it on every call: docs/notes.md, "Decoding").
         kernels = cpu.kernel_triples(calibrate.bf16_kernels(*(inference_shape or BASE_INFERENCE_SHAPE)))
         return replace(with_kernels(backend, kernels, fused_qkv=True), absorbed_cross=True, compile=compile,
-                       step_threads=True)
+                       measured_threads=True)
     if device.type == "cpu" and precision == "bf16" and mode == "train":
         # autocast over the products; the attention kernel in whichever precision ran faster at the model's width
         rows, d_model = train_shape[:2] if train_shape is not None else (calibrate.TRAIN_SHAPE_ROWS, BASE_WIDTH)
@@ -400,13 +400,13 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         # where int8's per-call quantisation costs more than the float32 product (narrow models)
         slower = _pairs(calibrate.int8_kernels(*inference_shape), False) if inference_shape else ()
         return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays, int8_float32=slower,
-                       step_threads=True)
+                       measured_threads=True)
     fused_qkv, torch_layers = (calibrate.inference_layers(*inference_shape) if inference_shape
                                else (measured.fused_qkv_inference, measured.torch_layers_inference))
     # Cross-attention absorbed into the memory reads less wherever it applies (a rule measured on both CPU kinds).
     return replace(with_kernels(backend, kernels, fused_qkv=fused_qkv,
                                 torch_layers=torch_layers), absorbed_cross=True, compile=compile,
-                   step_threads=True)
+                   measured_threads=True)
 
 
 # The shape `select` measures bf16 products at where it is given none: a base model's widths and vocabulary

@@ -555,37 +555,29 @@ TIMED_SOURCE = 16  # the source (or prompt) length they are timed over
 
 
 def _timed_steps(model: nn.Module, rows: int, process: int) -> dict[str, list[float]]:
-    """`timing.timed` of `TIMED_STEPS` steps of `model` over `rows` rows on `process` threads ("all") and on one
-    ("one"), each on a state of its own over the same random sentences (`threads.fewer`)."""
+    """`threads.timed` of `TIMED_STEPS` steps of `model` over `rows` rows on `process` threads and on one, each on a
+    state of its own over the same random sentences (`threads.fewer`)."""
     cfg = model.config
     gen = torch.Generator().manual_seed(0)
     length = (timing.REPEATS + 1) * TIMED_STEPS  # each candidate's passes: one untimed, then the repeats
     ids = torch.randint(cfg.vocab_size, (rows, max(1, min(TIMED_SOURCE, cfg.max_len - length))), generator=gen)
     tokens = torch.randint(cfg.target_vocab_size, (rows, 1), generator=gen)
     with threads.running_on(1):  # each state's own encoding on one thread: it is not what is timed
-        states = {name: StaticState(model, ids, length) for name in ("all", "one")}
+        states = {n: StaticState(model, ids, length) for n in (process, 1)}  # each count on a state of its own
     for state in states.values():
         state.measures_threads = False
 
-    def run(name: str, n: int) -> None:
-        with threads.running_on(n):
-            for _ in range(TIMED_STEPS):
-                states[name].step(tokens)
-    return timing.timed({"all": lambda: run("all", process), "one": lambda: run("one", 1)})
+    def run(n: int) -> None:
+        for _ in range(TIMED_STEPS):
+            states[n].step(tokens)
+    return threads.timed(run, process)
 
 
 def _timed_encoding(model: nn.Module, tokens: int, process: int) -> dict[str, list[float]]:
-    """`timing.timed` of encoding random sentences of `tokens` tokens in all (up to `TIMED_SOURCE` tokens each) on
-    `process` threads ("all") and on one ("one") (`threads.fewer`)."""
-    length = min(TIMED_SOURCE, tokens, model.config.max_len)
-    src = torch.randint(model.config.vocab_size, (max(1, tokens // length), length),
-                        generator=torch.Generator().manual_seed(0))
+    """`threads.timed` of encoding random sentences of `tokens` tokens in all (`TIMED_SOURCE` or fewer each)."""
+    src = threads.random_sentences(model.config.vocab_size, tokens, min(TIMED_SOURCE, model.config.max_len))
     mask = model.source_mask(src)
-
-    def run(n: int) -> None:
-        with threads.running_on(n):
-            model.encode(src, mask)
-    return timing.timed({"all": lambda: run(process), "one": lambda: run(1)})
+    return threads.timed(lambda n: model.encode(src, mask), process)
 
 
 # -- the modules' own path ----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import torch
 from aiayn.backends import calibrate, timing
 
 STEP_ROWS = (1, 4, 16, 64)  # the rows a decoding step's threads are timed at
-ENCODING_ROWS = (16, 64)  # the tokens an encoding's threads are timed at
+ENCODING_ROWS = (8, 32, 128)  # the tokens an encoding's threads are timed at
 
 _chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(pass, counted rows): threads or None}
 
@@ -50,12 +50,12 @@ def key(model: torch.nn.Module, precision: str) -> str:
 def fewer(model: torch.nn.Module, what: str, rows: int, counts: tuple[int, ...],
           time: Callable[[torch.nn.Module, int, int], dict[str, list[float]]]) -> int | None:
     """The threads a pass `what` ("step", "encoding") of `model` over `rows` rows runs on where fewer than this
-    process's were measured faster, else None (the process's own). `model.step_threads`, set by `Backend.prepare` on
+    process's were measured faster, else None (the process's own). `model.measured_threads`, set by `Backend.prepare` on
     CPU inference, names its precision; a model without it, a process on one thread, and more rows than `counts`
     reach keep every thread.
 
     `time(model, rows, threads)`: the timings of `timing.timed` of the pass at "all" threads against "one"."""
-    precision = getattr(model, "step_threads", None)
+    precision = getattr(model, "measured_threads", None)
     measured = counted(rows, counts)
     threads = torch.get_num_threads()
     if precision is None or measured is None or threads == 1:
@@ -85,3 +85,17 @@ def running_on(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(process)
+
+
+def timed(run: Callable[[int], object], process: int) -> dict[str, list[float]]:
+    """`timing.timed` of `run(n)` on n = `process` threads ("all") against n = 1 ("one")."""
+    def on(n: int) -> None:
+        with running_on(n):
+            run(n)
+    return timing.timed({"all": lambda: on(process), "one": lambda: on(1)})
+
+
+def random_sentences(vocabulary: int, tokens: int, longest: int) -> torch.Tensor:
+    """Random ids (B, L) of about `tokens` tokens in all, sentences of `longest` tokens or fewer, to time a pass on."""
+    length = max(1, min(longest, tokens))
+    return torch.randint(vocabulary, (max(1, tokens // length), length), generator=torch.Generator().manual_seed(0))

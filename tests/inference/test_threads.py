@@ -31,14 +31,15 @@ def _model(causal: bool = False) -> torch.nn.Module:
         "n_encoder_layers": 1, "n_decoder_layers": 2}
     model = build_model(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, max_len=64, dropout=0.0,
                                     **layers)).eval()
-    model.step_threads = "fp32"  # as `Backend.prepare` marks a copy for CPU inference
+    model.measured_threads = "fp32"  # as `Backend.prepare` marks a copy for CPU inference
     return model
 
 
 def test_rows_take_the_nearest_measured_count_and_many_rows_keep_every_thread():
     assert [threads.counted(n, threads.STEP_ROWS) for n in (1, 2, 3, 7, 8, 9, 31, 32, 33, 128, 129, 1024)] == [
         1, 4, 4, 4, 16, 16, 16, 64, 64, 64, None, None]
-    assert [threads.counted(n, threads.ENCODING_ROWS) for n in (1, 16, 31, 32, 128, 129)] == [16, 16, 16, 64, 64, None]
+    assert [threads.counted(n, threads.ENCODING_ROWS) for n in (1, 15, 16, 63, 64, 256, 257)] == [8, 8, 32, 32, 128,
+                                                                                                  128, None]
 
 
 def test_a_step_runs_on_one_thread_where_measured_faster_and_restores_the_count(two_threads, empty_cache, monkeypatch):
@@ -72,7 +73,7 @@ def test_a_step_runs_on_one_thread_where_measured_faster_and_restores_the_count(
     assert seen == [2, 2, 1, 1, 1, 1] and torch.get_num_threads() == 2
     name = threads.key(model, "fp32")
     assert calibrate._measured_so_far().threads == {f"{name} step at {n} rows": count for n, count in (
-        (16, 2), (4, 1), (1, 1))} | {f"{name} encoding at {n} rows": 2 for n in (64, 16)}
+        (16, 2), (4, 1), (1, 1))} | {f"{name} encoding at {n} rows": 2 for n in (128, 8)}
     assert "d_model 32 d_ff 64 heads 4 layers 1+2 vocabulary 50 step at 4 rows: on 1 thread" in (
         calibrate._measured_so_far().describe())
 
@@ -80,22 +81,22 @@ def test_a_step_runs_on_one_thread_where_measured_faster_and_restores_the_count(
 def test_a_short_source_is_encoded_on_one_thread_where_measured_faster(two_threads, empty_cache, monkeypatch):
     timed, seen = [], []
 
-    def one_faster_up_to_sixteen_tokens(model, tokens, process):
+    def one_faster_at_few_tokens(model, tokens, process):
         timed.append(tokens)
-        return {"all": [1.0] * 4, "one": [0.5 if tokens <= 16 else 1.0] * 4}
+        return {"all": [1.0] * 4, "one": [0.5 if tokens <= 8 else 1.0] * 4}
     real = type(_model()).encode
 
     def encode(self, src, mask=None):
         seen.append(torch.get_num_threads())
         return real(self, src, mask)
-    monkeypatch.setattr(steps, "_timed_encoding", one_faster_up_to_sixteen_tokens)
+    monkeypatch.setattr(steps, "_timed_encoding", one_faster_at_few_tokens)
     monkeypatch.setattr(steps, "_timed_steps", lambda *args: {"all": [1.0] * 4, "one": [1.0] * 4})
     model = _model()
     monkeypatch.setattr(type(model), "encode", encode)
     with torch.no_grad():
-        for sentences in (1, 2, 20, 1):  # 5, 10, 100 and 5 tokens
+        for sentences in (1, 2, 20, 1):  # 5, 10, 100 and 5 tokens: counted as 8, 8, 128 and 8
             StaticState(model, torch.randint(4, 50, (sentences, 5)), 4)
-    assert timed == [16, 64] and seen == [1, 1, 2, 1] and torch.get_num_threads() == 2
+    assert timed == [8, 128] and seen == [1, 1, 2, 1] and torch.get_num_threads() == 2
 
 
 def test_nothing_is_measured_on_one_thread_without_the_backends_mark_or_past_many_rows(empty_cache, monkeypatch):
@@ -107,7 +108,7 @@ def test_nothing_is_measured_on_one_thread_without_the_backends_mark_or_past_man
         torch.set_num_threads(2)
         try:
             StaticState(model, torch.randint(4, 50, (200, 5)), 4).step(torch.full((200, 1), 7))  # many rows, tokens
-            del model.step_threads  # a copy no backend marked (plain, CUDA, training)
+            del model.measured_threads  # a copy no backend marked (plain, CUDA, training)
             StaticState(model, torch.randint(4, 50, (2, 5)), 4).step(torch.full((2, 1), 7))
         finally:
             torch.set_num_threads(1)
@@ -133,9 +134,9 @@ def test_the_backend_marks_cpu_inference_copies_with_their_precision():
     model = build_model(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1,
                                     n_decoder_layers=1, max_len=64, dropout=0.0))
     backend = select("cpu", "inference", "fp32", inference_shape=(32, 64, 50, 10_000))
-    assert backend.step_threads and backend.prepare(model).step_threads == "fp32"
-    assert not hasattr(select("cpu", "inference", "fp32", plain=True).prepare(model), "step_threads")
-    assert not hasattr(select("cpu", "train", "fp32").prepare(model), "step_threads")
+    assert backend.measured_threads and backend.prepare(model).measured_threads == "fp32"
+    assert not hasattr(select("cpu", "inference", "fp32", plain=True).prepare(model), "measured_threads")
+    assert not hasattr(select("cpu", "train", "fp32").prepare(model), "measured_threads")
 
 
 def test_the_encoding_is_timed_on_each_count_and_restores_it(two_threads, monkeypatch):
@@ -148,6 +149,37 @@ def test_the_encoding_is_timed_on_each_count_and_restores_it(two_threads, monkey
         return real(self, src, mask)
     monkeypatch.setattr(type(model), "encode", encode)
     with torch.no_grad():
-        timed = steps._timed_encoding(model, 64, 2)
+        timed = steps._timed_encoding(model, 64, 2)  # 4 sentences of 16 tokens
     assert set(timed) == {"all", "one"} and all(len(t) == timing.REPEATS for t in timed.values())
     assert sorted(set(counts)) == [(1, (4, 16)), (2, (4, 16))] and torch.get_num_threads() == 2
+
+
+def test_a_short_sentence_is_embedded_on_one_thread_where_measured_faster(two_threads, empty_cache, monkeypatch):
+    from aiayn.inference import embeddings
+
+    timed, seen = [], []
+
+    def one_faster_at_few_tokens(model, tokens, process):
+        timed.append(tokens)
+        return {"all": [1.0] * 4, "one": [0.5 if tokens <= 8 else 1.0] * 4}
+    monkeypatch.setattr(embeddings, "_timed_encoding", one_faster_at_few_tokens)
+    embedder = embeddings.Embedder.from_pretrained()
+    expected = embedder.embed(["Why?", "A man is eating food."])  # measured at 16 tokens, on both threads
+    real = type(embedder.prepared_model()).encode
+
+    def encode(self, ids, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(self, ids, **kwargs)
+    monkeypatch.setattr(type(embedder.prepared_model()), "encode", encode)
+    assert abs(embedder.embed("Why?") - expected[0]).max() < 1e-5  # 4 tokens
+    embedder.embed(["A man is eating food."] * 20, batch_size=32)  # 20 x 8 tokens
+    assert timed == [32, 8, 128] and seen == [1, 2] and torch.get_num_threads() == 2
+
+
+def test_the_embedding_timing_encodes_on_each_count(two_threads):
+    from aiayn.inference import embeddings
+
+    model = embeddings.Embedder.from_pretrained().prepared_model()
+    with torch.no_grad():
+        timed = embeddings._timed_encoding(model, 16, 2)
+    assert set(timed) == {"all", "one"} and torch.get_num_threads() == 2
