@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from aiayn.data.collate import pad
+from aiayn.inference import threads
 from aiayn.inference.embeddings import encode_texts, length_sorted_batches, pass_cost
 from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
 from aiayn.tasks import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
@@ -92,7 +93,9 @@ class _LabelledModel(ModelRunner):
             ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
             mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
             with torch.inference_mode():
-                yield batch, prepared(ids, attention_mask=mask).float()
+                with threads.running_on(self.encoding_threads(ids)):  # not held while the caller has the batch
+                    logits = prepared(ids, attention_mask=mask).float()
+                yield batch, logits
 
 
 class Classifier(_LabelledModel):

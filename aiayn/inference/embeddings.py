@@ -171,15 +171,6 @@ class SentenceSettings:
         return cls(pooling=pooling, normalize=normalize, max_length=min(max_length, model_max_len))
 
 
-TIMED_LENGTH = 16  # the sentence length an encoding's threads are timed over (`_timed_encoding`)
-
-
-def _timed_encoding(model: nn.Module, tokens: int, process: int) -> dict[str, list[float]]:
-    """`threads.timed` of encoding random sentences of `tokens` tokens in all (`TIMED_LENGTH` or fewer each)."""
-    ids = threads.random_sentences(model.config.vocab_size, tokens, min(TIMED_LENGTH, model.config.max_len))
-    return threads.timed(lambda n: model.encode(ids), process)
-
-
 def _check_max_length(max_length: int | None) -> None:
     if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 3):
         raise ValueError(f"max_length must be at least 3 ([CLS] token [SEP]), got {max_length!r}")
@@ -291,12 +282,8 @@ class Embedder(ModelRunner):
         device = self.backend.device
         ids = ids.to(device)
         mask = None if attention_mask is None else attention_mask.to(device)
-        model = self.prepared_model()
-        # A few short sentences on one thread where that was measured faster (`threads`): a request of one sentence
-        # is a few dozen rows.
-        fewer = threads.fewer(model, "encoding", ids.numel(), threads.ENCODING_ROWS, _timed_encoding)
-        with torch.inference_mode(), threads.running_on(fewer):
-            hidden = model.encode(ids, attention_mask=mask).float()  # (B, L, d_model), fp32 pooling
+        with torch.inference_mode(), threads.running_on(self.encoding_threads(ids)):
+            hidden = self.prepared_model().encode(ids, attention_mask=mask).float()  # (B, L, d_model), fp32 pooling
             vectors = pool(hidden, None if mask is None else mask.bool(), self.pooling)  # (B, d_model)
             return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors
 

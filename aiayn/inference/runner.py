@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from aiayn.backends import inference_shape, select, weights_version
+from aiayn.inference import threads
 from aiayn.nn.sizes import check_memory, forward_bytes
 
 
@@ -98,3 +99,18 @@ class ModelRunner:
         if self._prepared is None or self._prepared[0] != version:  # None: inference tensors, no versions to tell
             self._prepared = (version, self.backend.prepare(self.model))
         return self._prepared[1]
+
+    def encoding_threads(self, ids: torch.Tensor) -> int | None:
+        """Fewer threads than the process's for an encoder-only model's pass over `ids` (B, L) where that was measured
+        faster (`aiayn.inference.threads`: a request of one short sentence is a few dozen rows), else None."""
+        return threads.fewer(self.prepared_model(), "encoding", ids.numel(), threads.ENCODING_ROWS, _timed_encoding)
+
+
+TIMED_LENGTH = 16  # the sentence length an encoding's threads are timed over (`_timed_encoding`)
+
+
+def _timed_encoding(model: nn.Module, tokens: int, process: int) -> dict[str, list[float]]:
+    """`threads.timed` of an encoder-only model's encoder over random sentences of `tokens` tokens in all
+    (`TIMED_LENGTH` or fewer each)."""
+    ids = threads.random_sentences(model.config.vocab_size, tokens, min(TIMED_LENGTH, model.config.max_len))
+    return threads.timed(lambda n: model.encode(ids), process)

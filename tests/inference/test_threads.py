@@ -154,32 +154,54 @@ def test_the_encoding_is_timed_on_each_count_and_restores_it(two_threads, monkey
     assert sorted(set(counts)) == [(1, (4, 16)), (2, (4, 16))] and torch.get_num_threads() == 2
 
 
-def test_a_short_sentence_is_embedded_on_one_thread_where_measured_faster(two_threads, empty_cache, monkeypatch):
-    from aiayn.inference import embeddings
-
-    timed, seen = [], []
-
-    def one_faster_at_few_tokens(model, tokens, process):
+def _one_faster_at_few_tokens(timed: list[int]):
+    def time(model, tokens, process):
         timed.append(tokens)
         return {"all": [1.0] * 4, "one": [0.5 if tokens <= 8 else 1.0] * 4}
-    monkeypatch.setattr(embeddings, "_timed_encoding", one_faster_at_few_tokens)
-    embedder = embeddings.Embedder.from_pretrained()
-    expected = embedder.embed(["Why?", "A man is eating food."])  # measured at 16 tokens, on both threads
-    real = type(embedder.prepared_model()).encode
+    return time
 
-    def encode(self, ids, **kwargs):
+
+def _watching_threads(monkeypatch, module_class: type, method: str, seen: list[int]) -> None:
+    real = getattr(module_class, method)
+
+    def watched(self, *args, **kwargs):
         seen.append(torch.get_num_threads())
-        return real(self, ids, **kwargs)
-    monkeypatch.setattr(type(embedder.prepared_model()), "encode", encode)
+        return real(self, *args, **kwargs)
+    monkeypatch.setattr(module_class, method, watched)
+
+
+def test_a_short_sentence_is_embedded_on_one_thread_where_measured_faster(two_threads, empty_cache, monkeypatch):
+    from aiayn.inference import runner
+    from aiayn.inference.embeddings import Embedder
+
+    timed, seen = [], []
+    monkeypatch.setattr(runner, "_timed_encoding", _one_faster_at_few_tokens(timed))
+    embedder = Embedder.from_pretrained()
+    expected = embedder.embed(["Why?", "A man is eating food."])  # measured at 16 tokens, on both threads
+    _watching_threads(monkeypatch, type(embedder.prepared_model()), "encode", seen)
     assert abs(embedder.embed("Why?") - expected[0]).max() < 1e-5  # 4 tokens
     embedder.embed(["A man is eating food."] * 20, batch_size=32)  # 20 x 8 tokens
     assert timed == [32, 8, 128] and seen == [1, 2] and torch.get_num_threads() == 2
 
 
-def test_the_embedding_timing_encodes_on_each_count(two_threads):
-    from aiayn.inference import embeddings
+def test_a_short_text_is_classified_on_one_thread_and_the_count_restored_between_batches(
+        two_threads, empty_cache, monkeypatch, classification_run):
+    from aiayn.inference import Classifier, runner
 
-    model = embeddings.Embedder.from_pretrained().prepared_model()
+    timed, seen = [], []
+    monkeypatch.setattr(runner, "_timed_encoding", _one_faster_at_few_tokens(timed))
+    classifier = Classifier.from_pretrained(classification_run)
+    _watching_threads(monkeypatch, type(classifier.prepared_model()), "forward", seen)
+    counts = [torch.get_num_threads() for _ in classifier._logits([[5, 6, 7], [5] * 40], batch_size=1)]
+    assert seen == [2, 1] and counts == [2, 2]  # longest first; the caller holds each batch on the process's count
+    assert timed == [32, 8]
+
+
+def test_the_embedding_timing_encodes_on_each_count(two_threads):
+    from aiayn.inference import runner
+    from aiayn.inference.embeddings import Embedder
+
+    model = Embedder.from_pretrained().prepared_model()
     with torch.no_grad():
-        timed = embeddings._timed_encoding(model, 16, 2)
+        timed = runner._timed_encoding(model, 16, 2)
     assert set(timed) == {"all", "one"} and torch.get_num_threads() == 2
