@@ -173,7 +173,10 @@ class StaticState:
         self.memory, self.mask, self.absorbed, self.beams = None, None, [], beams  # no cross-attention
         if filled:
             caches = model.new_caches()
-            model.decode(prompts[:, :-1], caches=caches)  # once per prompt, then once per beam row
+            # once per prompt, then once per beam row; a short prompt on one thread where measured faster (`threads`)
+            fewer = threads.fewer(model, "encoding", prompts.shape[0] * filled, threads.ENCODING_ROWS, _timed_encoding)
+            with threads.running_on(fewer):
+                model.decode(prompts[:, :-1], caches=caches)
             for i, cache in enumerate(caches):
                 self.cache[i, 0, :, :, :filled] = cache.key.repeat_interleave(beams, dim=0)  # (N, h, P - 1, d_k)
                 self.cache[i, 1, :, :, :filled] = cache.value.repeat_interleave(beams, dim=0)
@@ -574,10 +577,13 @@ def _timed_steps(model: nn.Module, rows: int, process: int) -> dict[str, list[fl
 
 
 def _timed_encoding(model: nn.Module, tokens: int, process: int) -> dict[str, list[float]]:
-    """`threads.timed` of encoding random sentences of `tokens` tokens in all (`TIMED_SOURCE` or fewer each)."""
-    src = threads.random_sentences(model.config.vocab_size, tokens, min(TIMED_SOURCE, model.config.max_len))
-    mask = model.source_mask(src)
-    return threads.timed(lambda n: model.encode(src, mask), process)
+    """`threads.timed` of encoding random sentences of `tokens` tokens in all (`TIMED_SOURCE` or fewer each): an
+    encoder-decoder model's encoder, or a decoder-only model's pass over prompts into fresh caches."""
+    ids = threads.random_sentences(model.config.vocab_size, tokens, min(TIMED_SOURCE, model.config.max_len))
+    if not model.config.has_cross_attention:
+        return threads.timed(lambda n: model.decode(ids, caches=model.new_caches()), process)
+    mask = model.source_mask(ids)
+    return threads.timed(lambda n: model.encode(ids, mask), process)
 
 
 # -- the modules' own path ----------------------------------------------------------------------------------

@@ -205,3 +205,17 @@ def test_the_embedding_timing_encodes_on_each_count(two_threads):
     with torch.no_grad():
         timed = runner._timed_encoding(model, 16, 2)
     assert set(timed) == {"all", "one"} and torch.get_num_threads() == 2
+
+
+def test_a_short_prompt_runs_on_one_thread_where_measured_faster(two_threads, empty_cache, monkeypatch):
+    timed, seen, real = [], [], steps._timed_encoding
+    monkeypatch.setattr(steps, "_timed_encoding", _one_faster_at_few_tokens(timed))
+    monkeypatch.setattr(steps, "_timed_steps", lambda *args: {"all": [1.0] * 4, "one": [1.0] * 4})
+    model = _model(causal=True)
+    _watching_threads(monkeypatch, type(model), "decode", seen)
+    with torch.no_grad():
+        for prompts in (1, 20):  # 4 and 80 tokens before the last
+            StaticState(model, torch.randint(4, 50, (prompts, 5)), 4)
+        timed_for_real = real(model, 8, 2)  # a decoder-only model's pass into fresh caches
+    assert timed == [8, 128] and seen[:2] == [1, 2] and torch.get_num_threads() == 2
+    assert set(timed_for_real) == {"all", "one"}
