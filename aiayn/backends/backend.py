@@ -74,9 +74,9 @@ class Backend:
             where its bf16 kernel was measured the slower forward and backward (`calibrate.bf16_training_attention`).
         bits_dropout: CPU training draws dropout's masks as random integers (`dropout.BitsDropout`), where that was
             measured faster than `F.dropout`'s `bernoulli_` (`calibrate.bits_dropout_faster`).
-        measured_threads: a decoding step, and a search's encoding, run on one thread at the rows where that was
-            measured faster than on all the process's, timed on the prepared model itself the first time a search
-            meets those rows (CPU inference; `inference.threads`, read by `inference.steps.StaticState`).
+        measured_threads: a decoding step, a search's encoding and an encoder-only model's pass (embeddings,
+            labels) run on one thread at the rows where that was measured faster than on all the process's, timed on
+            the prepared model itself the first time they meet those rows (CPU inference; `inference.threads`).
     """
 
     device: torch.device
@@ -176,8 +176,7 @@ class Backend:
             _without_dropout(prepared)
         if self.cuda_graphs and self.mode == "inference":
             prepared.cuda_graphs = True  # read by `inference.steps.start`
-        if self.measured_threads and self.mode == "inference":
-            prepared.measured_threads = self.precision  # read by `inference.threads`
+        _mark_threads(prepared, self.precision if self.measured_threads and self.mode == "inference" else None)
         return torch.compile(prepared) if self.compile else prepared
 
 
@@ -206,8 +205,7 @@ class Backend:
                                     float32=float32)
         kinds = Counter(choice.kind for choice in choices)
         logger.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
-        if self.measured_threads:
-            prepared.measured_threads = self.precision  # read by `inference.threads`
+        _mark_threads(prepared, self.precision if self.measured_threads else None)
         return prepared
 
     def _packed(self, weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
@@ -413,6 +411,15 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
 # (`shapes.SHAPE_KINDS`), its weights as many bytes as one- and few-row products are timed over.
 BASE_WIDTH = dict(SHAPE_KINDS)["square"][0]  # a base model's d_model
 BASE_INFERENCE_SHAPE = (*dict(SHAPE_KINDS)["wide"], dict(SHAPE_KINDS)["vocabulary"][1], calibrate.COLD_BYTES)
+
+
+def _mark_threads(prepared: nn.Module, precision: str | None) -> None:
+    """Mark a prepared copy whose passes have their threads measured in `precision` (read by `inference.threads`), or
+    take the mark off a copy of a marked one (a copy of a copy carries its attributes)."""
+    if precision is None:
+        prepared.__dict__.pop("measured_threads", None)
+    else:
+        prepared.measured_threads = precision
 
 
 def _measured() -> calibrate.Choices:

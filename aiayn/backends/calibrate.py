@@ -343,9 +343,11 @@ def _well_formed(found: Choices) -> bool:
               found.inference_layers, found.int8_weights_widths, found.bf16_widths, found.bf16_faster_widths,
               found.bf16_attention, found.bf16_training, found.threads)
     pairs = [*(found.training or {}).values(), *(found.inference_layers or {}).values()]
+    counts = (found.threads or {}).values()  # thread counts, which `torch.set_num_threads` is given
     return (all(isinstance(d, dict) for d in (found.seconds, found.ratios, found.machine))
             and all(t is None or isinstance(t, dict) for t in tables) and isinstance(found.load, (int, float))
-            and all(isinstance(pair, list) and len(pair) == 2 for pair in pairs))
+            and all(isinstance(pair, list) and len(pair) == 2 for pair in pairs)
+            and all(type(n) is int and n >= 1 for n in counts))
 
 
 def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None,

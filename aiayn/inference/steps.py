@@ -39,7 +39,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from aiayn.backends import timing
 from aiayn.backends.absorbed import AbsorbedCrossAttention
 from aiayn.backends.hooks import hooked
 from aiayn.backends.shapes import row_class
@@ -555,24 +554,32 @@ def _feed_forward(state: StaticState, ffn: Callable, y: torch.Tensor) -> torch.T
 
 TIMED_STEPS = 2  # the steps of one timed pass of `_timed_steps`
 TIMED_SOURCE = 16  # the source (or prompt) length they are timed over
+TIMED_POSITION = 16  # the position they are timed from (each pass the same positions)
 
 
 def _timed_steps(model: nn.Module, rows: int, process: int) -> dict[str, list[float]]:
     """`threads.timed` of `TIMED_STEPS` steps of `model` over `rows` rows on `process` threads and on one, each on a
-    state of its own over the same random sentences (`threads.fewer`)."""
+    state of its own over the same random sentences, every pass from the same position (`threads.fewer`)."""
     cfg = model.config
     gen = torch.Generator().manual_seed(0)
-    length = (timing.REPEATS + 1) * TIMED_STEPS  # each candidate's passes: one untimed, then the repeats
-    ids = torch.randint(cfg.vocab_size, (rows, max(1, min(TIMED_SOURCE, cfg.max_len - length))), generator=gen)
+    source = max(1, min(TIMED_SOURCE, cfg.max_len // 2))
+    ids = torch.randint(cfg.vocab_size, (rows, source), generator=gen)
+    filled = 0 if cfg.has_cross_attention else source - 1  # a prompt's positions come first
+    start = max(0, min(TIMED_POSITION, cfg.max_len - filled - TIMED_STEPS))  # learned positions end at max_len
     tokens = torch.randint(cfg.target_vocab_size, (rows, 1), generator=gen)
-    with threads.running_on(1):  # each state's own encoding on one thread: it is not what is timed
-        states = {n: StaticState(model, ids, length) for n in (process, 1)}  # each count on a state of its own
-    for state in states.values():
-        state.measures_threads = False
+    with threads.running_on(1):  # each state's own encoding, and the steps to the position, are not what is timed
+        states = {n: StaticState(model, ids, start + TIMED_STEPS) for n in (process, 1)}  # a state for each count
+        for state in states.values():
+            state.measures_threads = False
+            for _ in range(start):
+                state.step(tokens)
+    at = filled + start
 
     def run(n: int) -> None:
+        state = states[n]
+        state.position = at  # the same positions every pass (their keys and values written over)
         for _ in range(TIMED_STEPS):
-            states[n].step(tokens)
+            state.step(tokens)
     return threads.timed(run, process)
 
 

@@ -6,8 +6,8 @@ narrow model's decoding step at a few dozen rows, or its encoding of one short s
 times as long on two threads as on one, while at hundreds of rows, or at a base model's widths, the second thread
 pays (docs/notes.md, "Decoding"). Timing a layer's products alone did not show it: the whole pass is timed here, on
 the prepared model, at all threads and at one, interleaved (`timing.timed`), once per machine, model shape,
-precision and thread count (`calibrate.measured_once`), and one thread is kept only where it won by more than its
-own spread (`timing.pick`).
+precision, thread count and OpenMP wait policy (`calibrate.measured_once`), and one thread is kept only where it won
+by more than its own spread (`timing.pick`).
 
 A pass of `rows` rows (a step's sentences times beams; an encoding's tokens) takes the choice measured at the
 nearest of its counts on a log scale (`STEP_ROWS`, `ENCODING_ROWS`); past twice the largest it keeps the process's
@@ -18,6 +18,8 @@ small model's widths, up to two seconds at a base model's).
 from __future__ import annotations
 
 import math
+import os
+import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -29,22 +31,27 @@ from aiayn.backends import calibrate, timing
 STEP_ROWS = (1, 4, 16, 64)  # the rows a decoding step's threads are timed at
 ENCODING_ROWS = (8, 32, 128)  # the tokens an encoding's threads are timed at
 
-_chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> {(pass, counted rows): threads or None}
+# model -> {(pass, counted rows, the process's threads): threads or None}
+_chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_MEASURING = threading.Lock()  # one measurement at a time: passes in threads of a server would time each other
+WAITS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # how OpenMP's threads wait: what a wake costs
 
 
 def counted(rows: int, counts: tuple[int, ...]) -> int | None:
     """The count of `counts` whose choice a pass of `rows` rows takes: the nearest on a log scale (a tie the larger),
-    or None past twice the largest."""
-    if rows > 2 * counts[-1]:
+    or None past twice the largest (and for no rows at all)."""
+    if rows < 1 or rows > 2 * counts[-1]:
         return None
     return min(reversed(counts), key=lambda n: abs(math.log(rows / n)))
 
 
 def key(model: torch.nn.Module, precision: str) -> str:
-    """What a model's threads are kept under: the precision and the shape of the model."""
+    """What a model's threads are kept under: the precision and the shape of the model, and how OpenMP's threads wait
+    (`WAITS`: the CLI lets them sleep, a library process lets them spin by default, and the choices differ)."""
     cfg = model.config
+    waits = " ".join(f"{name}={os.environ[name]}" for name in WAITS if name in os.environ) or "default waits"
     return (f"{precision} {cfg.architecture} d_model {cfg.d_model} d_ff {cfg.d_ff} heads {cfg.n_heads} "
-            f"layers {cfg.n_encoder_layers}+{cfg.n_decoder_layers} vocabulary {cfg.target_vocab_size}")
+            f"layers {cfg.n_encoder_layers}+{cfg.n_decoder_layers} vocabulary {cfg.target_vocab_size}, {waits}")
 
 
 def fewer(model: torch.nn.Module, what: str, rows: int, counts: tuple[int, ...],
@@ -56,21 +63,24 @@ def fewer(model: torch.nn.Module, what: str, rows: int, counts: tuple[int, ...],
 
     `time(model, rows, threads)`: the timings of `timing.timed` of the pass at "all" threads against "one"."""
     precision = getattr(model, "measured_threads", None)
-    measured = counted(rows, counts)
     threads = torch.get_num_threads()
-    if precision is None or measured is None or threads == 1:
+    if precision is None or threads == 1:
+        return None
+    measured = counted(rows, counts)
+    if measured is None:
         return None
     chosen = _chosen.setdefault(model, {})
-    if (what, measured) not in chosen:
-        name = f"{key(model, precision)} {what} at {measured} rows"
+    if (what, measured, threads) not in chosen:
+        name = f"{key(model, precision)}: {what} at {measured} rows"
 
         def measure(seconds: dict[str, float], ratios: dict[str, list[float]]) -> int:
             timed = time(model, measured, threads)
             timing.record(seconds, f"threads {name}", timed, plain="all", ratios=ratios)
             return 1 if timing.pick(timed, "all") == "one" else threads
-        kept = calibrate.measured_once("threads", name, measure)
-        chosen[what, measured] = kept if kept < threads else None
-    return chosen[what, measured]
+        with _MEASURING:
+            kept = calibrate.measured_once("threads", name, measure)
+        chosen[what, measured, threads] = kept if kept < threads else None
+    return chosen[what, measured, threads]
 
 
 @contextmanager

@@ -25,12 +25,13 @@ def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(calibrate, "_chosen", {})
 
 
-def _model(causal: bool = False) -> torch.nn.Module:
+def _model(causal: bool = False, **changes) -> torch.nn.Module:
     torch.manual_seed(0)
     layers = {"n_encoder_layers": 2, "causal": True, "n_decoder_layers": 0} if causal else {
         "n_encoder_layers": 1, "n_decoder_layers": 2}
-    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, max_len=64, dropout=0.0,
-                                    **layers)).eval()
+    settings = {"max_len": 64, **changes}
+    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, dropout=0.0, **layers,
+                                    **settings)).eval()
     model.measured_threads = "fp32"  # as `Backend.prepare` marks a copy for CPU inference
     return model
 
@@ -72,9 +73,9 @@ def test_a_step_runs_on_one_thread_where_measured_faster_and_restores_the_count(
     assert timed == [(16, 2), (4, 2), (1, 2)]
     assert seen == [2, 2, 1, 1, 1, 1] and torch.get_num_threads() == 2
     name = threads.key(model, "fp32")
-    assert calibrate._measured_so_far().threads == {f"{name} step at {n} rows": count for n, count in (
-        (16, 2), (4, 1), (1, 1))} | {f"{name} encoding at {n} rows": 2 for n in (128, 8)}
-    assert "d_model 32 d_ff 64 heads 4 layers 1+2 vocabulary 50 step at 4 rows: on 1 thread" in (
+    assert calibrate._measured_so_far().threads == {f"{name}: step at {n} rows": count for n, count in (
+        (16, 2), (4, 1), (1, 1))} | {f"{name}: encoding at {n} rows": 2 for n in (128, 8)}
+    assert "d_model 32 d_ff 64 heads 4 layers 1+2 vocabulary 50, default waits: step at 4 rows: on 1 thread" in (
         calibrate._measured_so_far().describe())
 
 
@@ -127,7 +128,7 @@ def test_the_timing_runs_real_steps_on_each_count_on_states_of_their_own(two_thr
         timed = steps._timed_steps(_model(causal), 3, 2)
     assert set(timed) == {"all", "one"} and all(len(t) == timing.REPEATS for t in timed.values())
     assert sorted(set(counts)) == [(1, False), (2, False)]  # the states that time it measure nothing themselves
-    assert len(counts) == 2 * (timing.REPEATS + 1) * steps.TIMED_STEPS and torch.get_num_threads() == 2
+    assert counts.count((2, False)) == (timing.REPEATS + 1) * steps.TIMED_STEPS and torch.get_num_threads() == 2
 
 
 def test_the_backend_marks_cpu_inference_copies_with_their_precision():
@@ -219,3 +220,56 @@ def test_a_short_prompt_runs_on_one_thread_where_measured_faster(two_threads, em
         timed_for_real = real(model, 8, 2)  # a decoder-only model's pass into fresh caches
     assert timed == [8, 128] and seen[:2] == [1, 2] and torch.get_num_threads() == 2
     assert set(timed_for_real) == {"all", "one"}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_steps_are_timed_within_a_short_models_learned_positions_and_any_repeats(two_threads, empty_cache, causal,
+                                                                                monkeypatch):
+    monkeypatch.setattr(timing, "REPEATS", 2)  # read when the timing runs
+    model = _model(causal, max_len=12, positional="learned")
+    with torch.no_grad():
+        for rows in (1, 4):  # steps at 1 and 4 rows, encodings of 5 and 20 tokens (counted as 8 and 32)
+            StaticState(model, torch.randint(4, 50, (rows, 5)), 6).step(torch.full((rows, 1), 7))
+    assert len(calibrate._measured_so_far().threads) == 4
+
+
+def test_no_rows_measure_nothing_and_a_cache_with_a_count_not_a_positive_integer_is_measured_again(
+        two_threads, empty_cache, tmp_path, monkeypatch):
+    from aiayn.inference.runner import ModelRunner
+
+    assert threads.counted(0, threads.STEP_ROWS) is None
+    runner = ModelRunner(_model())
+    assert runner.encoding_threads(torch.zeros(0, 4, dtype=torch.long)) is None
+    for count in ("1", None, 0, -1, 1.0):
+        found = calibrate.Choices(threads={"a key": count})
+        assert not calibrate._well_formed(found)
+    assert calibrate._well_formed(calibrate.Choices(threads={"a key": 1}))
+
+
+def test_a_choice_is_kept_per_thread_count_and_wait_policy(empty_cache, monkeypatch):
+    timed = []
+
+    def one_faster(model, rows, process):
+        timed.append(process)
+        return {"all": [1.0] * 4, "one": [0.5] * 4}
+    model, process = _model(), torch.get_num_threads()
+    try:
+        for n in (2, 3, 2):
+            torch.set_num_threads(n)
+            assert threads.fewer(model, "step", 1, threads.STEP_ROWS, one_faster) == 1
+    finally:
+        torch.set_num_threads(process)
+    assert timed == [2, 3]
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    default = threads.key(model, "fp32")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert default.endswith("default waits") and threads.key(model, "fp32") == default.replace(
+        "default waits", "OMP_WAIT_POLICY=PASSIVE")
+
+
+def test_a_copy_prepared_from_a_marked_copy_carries_no_mark_unless_its_own_backend_marks_it():
+    model = build_model(ModelConfig(vocab_size=50, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=1,
+                                    n_decoder_layers=1, max_len=64, dropout=0.0))
+    marked = select("cpu", "inference", "fp32", inference_shape=(32, 64, 50, 10_000)).prepare(model)
+    assert not hasattr(select("cpu", "inference", "fp32", plain=True).prepare(marked), "measured_threads")
+    assert not hasattr(select("cpu", "train", "fp32").prepare(marked), "measured_threads")
