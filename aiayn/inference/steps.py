@@ -207,7 +207,7 @@ class StaticState:
         self.model = model
         self.plans: dict[str, _Plan] = {}  # by row class (`_plan`)
         # By rows, the threads a step runs on where fewer than the process's were measured faster (`threads`), else
-        # None; the states that time it (`_timed_steps`) measure nothing.
+        # None; the state that times it (`_timed_steps`) measures nothing.
         self.threads: dict[int, int | None] = {}
         self.measures_threads = True
 
@@ -558,8 +558,8 @@ TIMED_POSITION = 16  # the position they are timed from (each pass the same posi
 
 
 def _timed_steps(model: nn.Module, rows: int, process: int) -> dict[str, list[float]]:
-    """`threads.timed` of `TIMED_STEPS` steps of `model` over `rows` rows on `process` threads and on one, each on a
-    state of its own over the same random sentences, every pass from the same position (`threads.fewer`)."""
+    """`threads.timed` of `TIMED_STEPS` steps of `model` over `rows` rows of random sentences on `process` threads and
+    on one, every pass of either over the same positions of one state (`threads.fewer`)."""
     cfg = model.config
     gen = torch.Generator().manual_seed(0)
     source = max(1, min(TIMED_SOURCE, cfg.max_len // 2))
@@ -567,16 +567,14 @@ def _timed_steps(model: nn.Module, rows: int, process: int) -> dict[str, list[fl
     filled = 0 if cfg.has_cross_attention else source - 1  # a prompt's positions come first
     start = max(0, min(TIMED_POSITION, cfg.max_len - filled - TIMED_STEPS))  # learned positions end at max_len
     tokens = torch.randint(cfg.target_vocab_size, (rows, 1), generator=gen)
-    with threads.running_on(1):  # each state's own encoding, and the steps to the position, are not what is timed
-        states = {n: StaticState(model, ids, start + TIMED_STEPS) for n in (process, 1)}  # a state for each count
-        for state in states.values():
-            state.measures_threads = False
-            for _ in range(start):
-                state.step(tokens)
+    with threads.running_on(1):  # the state's encoding, and the steps to the position, are not what is timed
+        state = StaticState(model, ids, start + TIMED_STEPS)
+        state.measures_threads = False
+        for _ in range(start):
+            state.step(tokens)
     at = filled + start
 
     def run(n: int) -> None:
-        state = states[n]
         state.position = at  # the same positions every pass (their keys and values written over)
         for _ in range(TIMED_STEPS):
             state.step(tokens)

@@ -12,7 +12,7 @@ by more than its own spread (`timing.pick`).
 A pass of `rows` rows (a step's sentences times beams; an encoding's tokens) takes the choice measured at the
 nearest of its counts on a log scale (`STEP_ROWS`, `ENCODING_ROWS`); past twice the largest it keeps the process's
 threads. Only the counts a search meets are measured, the first time it meets them (a tenth of a second or so at a
-small model's widths, up to two seconds at a base model's).
+small model's widths, half a second to three at a base model's).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def test_nothing_is_measured_on_one_thread_without_the_backends_mark_or_past_man
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_the_timing_runs_real_steps_on_each_count_on_states_of_their_own(two_threads, causal, monkeypatch):
+def test_the_timing_runs_real_steps_on_each_count(two_threads, causal, monkeypatch):
     counts = []
     real = steps.StaticState._forward
 
@@ -127,7 +127,7 @@ def test_the_timing_runs_real_steps_on_each_count_on_states_of_their_own(two_thr
     with torch.no_grad():
         timed = steps._timed_steps(_model(causal), 3, 2)
     assert set(timed) == {"all", "one"} and all(len(t) == timing.REPEATS for t in timed.values())
-    assert sorted(set(counts)) == [(1, False), (2, False)]  # the states that time it measure nothing themselves
+    assert sorted(set(counts)) == [(1, False), (2, False)]  # the state that times it measures nothing itself
     assert counts.count((2, False)) == (timing.REPEATS + 1) * steps.TIMED_STEPS and torch.get_num_threads() == 2
 
 
