@@ -62,11 +62,15 @@ def read_pairs(path: Path, limit: int) -> tuple[list[str], list[str] | None]:
     return sources, references
 
 
-def aiayn_engine(translator, max_tokens: int):
-    """A function that translates a list of texts as `aiayn translate` does, beam search with length penalty 0.6."""
+def aiayn_engine(translator, max_tokens: int, threads: int | None = None):
+    """A function that translates a list of texts as `aiayn translate` does, beam search with length penalty 0.6, on
+    `threads` threads (the count is set at each call: creating a CTranslate2 engine sets the OpenMP thread count of
+    the thread that creates it to its `intra_threads`)."""
     from aiayn.inference.generation import GenerationConfig
 
     def translate(texts: list[str], beam: int) -> list[str]:
+        if threads is not None:
+            torch.set_num_threads(threads)
         return translator.translate(texts, GenerationConfig(num_beams=beam, length_penalty=0.6), max_tokens=max_tokens)
 
     return translate
@@ -75,7 +79,8 @@ def aiayn_engine(translator, max_tokens: int):
 def ctranslate2_engines(translator, directory: Path, precision: str, threads: int, max_tokens: int):
     """Two functions that translate a list of texts with the run's CTranslate2 export (the export's pieces in, the
     target tokenizer's text out): the whole list in one call, batched CTranslate2's way, and aiayn's batches one
-    call each."""
+    call each. On more than one thread its batches run side by side, one thread each (`inter_threads`), as aiayn's
+    do (`Translator.translations`)."""
     import ctranslate2
 
     from aiayn.data.batching import token_batches
@@ -84,7 +89,7 @@ def ctranslate2_engines(translator, directory: Path, precision: str, threads: in
     to_ctranslate2(translator.model, translator.source_tokenizer, directory,
                    target_tokenizer=translator.target_tokenizer, quantization="int8" if precision == "int8" else None)
     engine = ctranslate2.Translator(str(directory), device="cpu", compute_type="int8" if precision == "int8"
-                                    else "float32", intra_threads=threads, inter_threads=1)
+                                    else "float32", intra_threads=1, inter_threads=threads)
     source, target = translator.source_tokenizer, translator.target_tokenizer
     limit = translator.model.config.max_len  # aiayn's limits: the same
 
@@ -97,12 +102,14 @@ def ctranslate2_engines(translator, directory: Path, precision: str, threads: in
                                              batch_type="tokens", max_decoding_length=longest(pieces))
         else:
             results = [None] * len(pieces)
+            running = []  # every batch handed over at once: the engine's workers take them in turn
             for batch in batches:
                 group = [pieces[i] for i in batch]
-                found = engine.translate_batch(group, beam_size=beam, length_penalty=0.6,
-                                               max_decoding_length=longest(group))
+                running.append((batch, engine.translate_batch(group, beam_size=beam, length_penalty=0.6,
+                                                              max_decoding_length=longest(group), asynchronous=True)))
+            for batch, found in running:
                 for i, result in zip(batch, found):
-                    results[i] = result
+                    results[i] = result.result()
         return target.decode_batch([[target.hf.token_to_id(p) for p in r.hypotheses[0]] for r in results])
 
     def whole(texts: list[str], beam: int) -> list[str]:
@@ -147,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         engines = {}
         for precision in precisions:
             translator = Translator.from_pretrained(args.run, device="cpu", precision=precision)
-            engines[f"aiayn {precision}"] = aiayn_engine(translator, args.max_tokens)
+            engines[f"aiayn {precision}"] = aiayn_engine(translator, args.max_tokens, threads)
             if ctranslate2 is not None and precision != "bf16":  # CTranslate2 has no bf16 on CPU: fp32 is its peer
                 own, same = ctranslate2_engines(translator, Path(tmp) / precision, precision, threads, args.max_tokens)
                 engines[f"CTranslate2 {precision}"] = own

@@ -32,6 +32,7 @@ class BufferPool:
     def __init__(self) -> None:
         self.free: list[torch.UntypedStorage] = []
         self.lock = threading.Lock()
+        self.kept = self.KEPT  # `KEPT` for each search that runs at once (`searches_at_once`)
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """An uninitialised tensor of `shape`, on the smallest free storage that holds it, else on a new one (the
@@ -56,7 +57,7 @@ class BufferPool:
         with self.lock:
             self.free.extend(t.untyped_storage() for t in tensors)
             self.free.sort(key=lambda s: s.nbytes(), reverse=True)
-            del self.free[self.KEPT :]
+            del self.free[self.kept :]
 
 
 _POOL: ContextVar[BufferPool | None] = ContextVar("aiayn_buffer_pool", default=None)
@@ -78,6 +79,15 @@ def reusing_buffers() -> Iterator[BufferPool]:
         _POOL.reset(token)
         with pool.lock:
             pool.free.clear()
+
+
+def searches_at_once(searches: int) -> None:
+    """Inside `reusing_buffers()`, keep buffers for `searches` searches running side by side (batches in threads of
+    their own: `aiayn.inference.threads.side_by_side`), each taking the buffers the ones before gave back."""
+    pool = _POOL.get()
+    if pool is not None:
+        with pool.lock:
+            pool.kept = max(pool.kept, BufferPool.KEPT * searches)
 
 
 class Owned:

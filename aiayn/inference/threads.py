@@ -17,11 +17,13 @@ small model's widths, half a second to three at a base model's).
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
@@ -109,3 +111,41 @@ def random_sentences(vocabulary: int, tokens: int, longest: int) -> torch.Tensor
     """Random ids (B, L) of about `tokens` tokens in all, sentences of `longest` tokens or fewer, to time a pass on."""
     length = max(1, min(longest, tokens))
     return torch.randint(vocabulary, (max(1, tokens // length), length), generator=torch.Generator().manual_seed(0))
+
+
+def own_count(threads: int) -> None:
+    """This (new) thread's own count of `threads` threads: read once first, since a thread's first count is copied
+    from the process's, which a pass on fewer threads sets for a moment (`running_on`)."""
+    torch.get_num_threads()
+    torch.set_num_threads(threads)
+
+
+def side_by_side_workers(device: torch.device, items: int) -> int:
+    """How many of `items` independent batches run at once, each in a thread of its own on an equal share of this
+    process's threads: on a CPU as many as its threads (and items), else one. Two batches at once on one thread
+    each ran 1.3-1.55x as fast as one at a time on two, at d_model 128 and at a base model's widths
+    (docs/notes.md, "Decoding"): a batch's every operation waits for the other thread, which sleeps under the CLI."""
+    if device.type != "cpu":
+        return 1
+    return max(1, min(torch.get_num_threads(), items))
+
+
+def side_by_side(run: Callable[[object], None], items: Sequence, workers: int) -> None:
+    """`run(item)` for every item, `workers` at a time, each worker a thread on its share of this process's threads,
+    in this thread's context (a search's buffer pool is shared: `buffers.searches_at_once`). The first error is
+    raised once the items already running end; the items not yet started are dropped."""
+    if workers <= 1:
+        for item in items:
+            run(item)
+        return
+    share = max(1, torch.get_num_threads() // workers)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aiayn-batch", initializer=own_count,
+                            initargs=(share,)) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, run, item) for item in items]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise

@@ -27,21 +27,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import torch
+from aiayn.inference.threads import own_count
 
 logger = logging.getLogger(__name__)
 
 
 class QueueFull(Exception):
     """The model's queue holds `max_queue` texts already: the client should retry later (HTTP 429)."""
-
-
-def _pass_threads(threads: int) -> None:
-    """A pass's worker thread on `threads` threads: its own count, set after torch has given the thread its first
-    one (a thread's first count is copied from the process's, which a pass that runs a few rows on one thread sets
-    for a moment: `aiayn.inference.threads`)."""
-    torch.get_num_threads()
-    torch.set_num_threads(threads)
 
 
 class Passes:
@@ -55,7 +47,7 @@ class Passes:
             raise ValueError(f"concurrent passes and threads must be at least 1, got {size} and {threads}")
         self.size, self.threads = size, threads
         self.executor = ThreadPoolExecutor(max_workers=size, thread_name_prefix="aiayn-pass",
-                                           initializer=_pass_threads, initargs=(threads,))
+                                           initializer=own_count, initargs=(threads,))
         self.busy = 0  # passes held now
         self.waiting = 0  # callers of `acquire` not yet given a pass
         self._free: asyncio.Semaphore | None = None  # made on the event loop that uses it

@@ -273,3 +273,53 @@ def test_a_copy_prepared_from_a_marked_copy_carries_no_mark_unless_its_own_backe
     marked = select("cpu", "inference", "fp32", inference_shape=(32, 64, 50, 10_000)).prepare(model)
     assert not hasattr(select("cpu", "inference", "fp32", plain=True).prepare(marked), "measured_threads")
     assert not hasattr(select("cpu", "train", "fp32").prepare(marked), "measured_threads")
+
+
+def test_a_files_batches_run_side_by_side_on_one_thread_each_as_they_do_one_at_a_time(two_threads, empty_cache,
+                                                                                      translation_run, monkeypatch):
+    from aiayn.inference import Translator
+
+    lines = [" ".join(["one", "two", "three", "four"][: 1 + i % 4]) for i in range(23)] + ["", "five six"]
+    translator = Translator.from_pretrained(translation_run)
+    counts = []
+    real = threads.side_by_side
+
+    def watched(run, items, workers):
+        counts.append((workers, len(items)))
+        return real(run, items, workers)
+    monkeypatch.setattr(threads, "side_by_side", watched)
+    heard, done = [], []
+    both = translator.translations(lines, max_tokens=24, on_result=lambda i, t: heard.append(i), progress=done.append)
+    torch.set_num_threads(1)
+    alone = translator.translations(lines, max_tokens=24)
+    assert [(t.text, t.tokens, t.score) for t in both] == [(t.text, t.tokens, t.score) for t in alone]
+    assert counts[0][0] == 2 and counts[0][1] > 2 and counts[1][0] == 1  # two workers on two threads; one on one
+    assert sorted(heard) == list(range(len(lines))) and sum(done) == len(lines)
+
+
+def test_side_by_side_runs_each_item_on_its_share_and_raises_the_first_error(two_threads):
+    seen = []
+
+    def run(item):
+        seen.append((item, torch.get_num_threads()))
+        if item == 1:
+            raise ValueError("item 1")
+    with pytest.raises(ValueError, match="item 1"):
+        threads.side_by_side(run, [0, 1, 2, 3], 2)
+    assert all(count == 1 for _, count in seen) and torch.get_num_threads() == 2
+    ran = []
+    threads.side_by_side(ran.append, [0, 1, 2], 1)  # one worker: in this thread, in order
+    assert ran == [0, 1, 2]
+    assert threads.side_by_side_workers(torch.device("cpu"), 5) == 2
+    assert threads.side_by_side_workers(torch.device("cpu"), 1) == 1
+    assert threads.side_by_side_workers(torch.device("meta"), 5) == 1  # a device other than the CPU: one at a time
+
+
+def test_buffers_are_kept_for_every_search_that_runs_at_once():
+    from aiayn.inference.buffers import BufferPool, reusing_buffers, searches_at_once
+
+    searches_at_once(3)  # outside a pool: nothing to keep
+    with reusing_buffers() as pool:
+        searches_at_once(2)
+        pool.give([torch.empty(n) for n in (1, 2, 3, 4, 5, 6)])
+        assert pool.kept == 2 * BufferPool.KEPT and len(pool.free) == 4
