@@ -873,17 +873,34 @@ def _bf16_step(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], float32: d
                ratios: dict[str, list[float]], gen: torch.Generator, what: str) -> dict[str, bool]:
     """By row class, whether `STEP_PRODUCTS` ran faster in bf16 on the kernels `bf16` chose than in float32 on those
     `float32` chose, by more than their spread (`timing.pick`): one and few rows over enough copies of each weight to
-    hold `cold_bytes`, as a step reads them from memory."""
+    hold `cold_bytes`, as a step reads them from memory. On more than one thread, one and few rows are timed on all
+    and on one, and each precision counts the faster in each repeat: a step of those rows runs on one thread where
+    that was measured faster (`aiayn.inference.threads`), and there a bf16 product that wakes the other thread on
+    every call (0.37x float32 at one row of d_model 128, on two threads with passive waits) is not what runs."""
     faster: dict[str, bool] = {}
+    threads = torch.get_num_threads()
     for name, rows in ROW_CLASSES:
         calls = {"float32": _step_products(weights, float32[name], rows, torch.float32, cold_bytes, gen),
                  "bf16": _step_products(weights, bf16[name], rows, torch.bfloat16, cold_bytes, gen)}
-        timed = timing.timed({precision: (lambda run=run: [f(x) for f, x in run]) for precision, run in calls.items()},
-                             warm=_warm(rows, cold_bytes))
-        timing.record(seconds, f"bf16 step {name}{what}", timed, plain="float32", ratios=ratios)
-        faster[name] = timing.pick(timed, "float32") == "bf16"
+        counts = (threads, 1) if threads > 1 and rows <= FEW_ROWS_MAX else (threads,)
+        timed = timing.timed({f"{precision} on {n}": lambda run=run, n=n: _on_threads(n, lambda: [f(x) for f, x in run])
+                              for precision, run in calls.items() for n in counts}, warm=_warm(rows, cold_bytes))
+        best = {precision: [min(t) for t in zip(*(timed[f"{precision} on {n}"] for n in counts))]
+                for precision in calls}  # each repeat, each precision on its faster count
+        timing.record(seconds, f"bf16 step {name}{what}", best, plain="float32", ratios=ratios)
+        faster[name] = timing.pick(best, "float32") == "bf16"
         del calls
     return faster
+
+
+def _on_threads(threads: int, run: Callable[[], object]) -> object:
+    """`run()` on `threads` threads, this process's count restored after."""
+    process = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return run()
+    finally:
+        torch.set_num_threads(process)
 
 
 def _step_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], kernels: dict[str, str], rows: int,

@@ -720,6 +720,34 @@ def test_a_steps_products_are_timed_in_bf16_against_float32_at_the_model_widths_
     assert calibrate.bf16_faster(*shape) == faster
 
 
+def test_on_two_threads_each_precision_counts_its_faster_thread_count_at_one_and_few_rows(monkeypatch):
+    """A step of few rows runs on one thread where that is faster (`aiayn.inference.threads`): bf16 against float32
+    there counts each precision on its faster count, repeat by repeat, and many rows on all threads."""
+    gen = torch.Generator().manual_seed(0)
+    weights = calibrate._width_weights(gen, 16, 32, 0)
+    kernels = calibrate.by_shape({"one": "dense", "few": "dense", "many": "dense"})
+    offered = []
+
+    def bf16_wins_on_one_thread_only(candidates, repeats=timing.REPEATS, *, warm=False):
+        offered.append(sorted(candidates))
+        for run in candidates.values():
+            run()  # each sets its count, and gives the process's back
+        fast = {"float32 on 2": 1.0, "float32 on 1": 1.0, "bf16 on 2": 3.0, "bf16 on 1": 0.5}
+        return {name: [fast.get(name, 1.0)] * 4 for name in candidates}
+    monkeypatch.setattr(timing, "timed", bf16_wins_on_one_thread_only)
+    process = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with torch.no_grad():
+            faster = calibrate._bf16_step(weights, kernels, kernels, 1 << 16, {}, {}, gen, "")
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(process)
+    both = ["bf16 on 1", "bf16 on 2", "float32 on 1", "float32 on 2"]
+    assert offered == [both, both, ["bf16 on 2", "float32 on 2"]]
+    assert faster == {"one": True, "few": True, "many": False}
+
+
 def test_a_model_without_a_vocabulary_projection_does_not_time_one(tmp_path, monkeypatch):
     """An encoder giving hidden states (an embedder) or labels never runs a vocabulary product: none is timed for
     it; a masked-LM head, an encoder-decoder and a decoder-only model have one."""
