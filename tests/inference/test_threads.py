@@ -1,6 +1,7 @@
 """A decoding step's and an encoding's threads: timed on the model itself by rows, kept per machine, and applied only
 where measured."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -323,3 +324,19 @@ def test_buffers_are_kept_for_every_search_that_runs_at_once():
         searches_at_once(2)
         pool.give([torch.empty(n) for n in (1, 2, 3, 4, 5, 6)])
         assert pool.kept == 2 * BufferPool.KEPT and len(pool.free) == 4
+
+
+def test_an_embedders_batches_run_side_by_side_with_the_vectors_of_one_thread(two_threads, empty_cache, monkeypatch):
+    from aiayn.inference.embeddings import Embedder
+
+    texts = ["A man is eating food.", "Why?", "The girl is carrying a baby.", "Two men play football in the rain."] * 5
+    embedder = Embedder.from_pretrained()
+    workers = []
+    real = threads.side_by_side
+    monkeypatch.setattr(threads, "side_by_side", lambda run, items, n: (workers.append(n), real(run, items, n))[1])
+    done = []
+    both = embedder.embed(texts, batch_size=4, progress=done.append)
+    torch.set_num_threads(1)
+    alone = embedder.embed(texts, batch_size=4)
+    assert workers == [2, 1] and sum(done) == len(texts)
+    np.testing.assert_array_equal(both, alone)
