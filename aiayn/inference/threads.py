@@ -120,14 +120,18 @@ def own_count(threads: int) -> None:
     torch.set_num_threads(threads)
 
 
+SIDE_BY_SIDE = 2  # the most batches run at once (measured on two cores only; each holds its own activations)
+
+
 def side_by_side_workers(device: torch.device, items: int) -> int:
     """How many of `items` independent batches run at once, each in a thread of its own on an equal share of this
-    process's threads: on a CPU as many as its threads (and items), else one. Two batches at once on one thread
-    each ran 1.3-1.55x as fast as one at a time on two, at d_model 128 and at a base model's widths
-    (docs/notes.md, "Decoding"): a batch's every operation waits for the other thread, which sleeps under the CLI."""
+    process's threads: on a CPU of more than one thread `SIDE_BY_SIDE` (or fewer items), else one. Two batches at
+    once on one thread each ran 1.3-1.55x as fast as one at a time on two, at d_model 128 and at a base model's
+    widths (docs/notes.md, "Decoding"): each operation of a batch alone waits for the other thread, which sleeps
+    while it waits under the CLI."""
     if device.type != "cpu":
         return 1
-    return max(1, min(torch.get_num_threads(), items))
+    return max(1, min(torch.get_num_threads(), SIDE_BY_SIDE, items))
 
 
 def side_by_side(run: Callable[[object], None], items: Sequence, workers: int) -> None:

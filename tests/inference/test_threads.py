@@ -312,6 +312,9 @@ def test_side_by_side_runs_each_item_on_its_share_and_raises_the_first_error(two
     threads.side_by_side(ran.append, [0, 1, 2], 1)  # one worker: in this thread, in order
     assert ran == [0, 1, 2]
     assert threads.side_by_side_workers(torch.device("cpu"), 5) == 2
+    torch.set_num_threads(4)
+    assert threads.side_by_side_workers(torch.device("cpu"), 5) == threads.SIDE_BY_SIDE == 2  # measured on two cores
+    torch.set_num_threads(2)
     assert threads.side_by_side_workers(torch.device("cpu"), 1) == 1
     assert threads.side_by_side_workers(torch.device("meta"), 5) == 1  # a device other than the CPU: one at a time
 
