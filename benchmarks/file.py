@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         engines = {}
         for precision in precisions:
+            torch.set_num_threads(threads)  # a CTranslate2 engine created before left this thread on its own count
             translator = Translator.from_pretrained(args.run, device="cpu", precision=precision)
             engines[f"aiayn {precision}"] = aiayn_engine(translator, args.max_tokens, threads)
             if ctranslate2 is not None and precision != "bf16":  # CTranslate2 has no bf16 on CPU: fp32 is its peer

@@ -23,7 +23,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
@@ -36,6 +35,7 @@ ENCODING_ROWS = (8, 32, 128)  # the tokens an encoding's threads are timed at
 # model -> {(pass, counted rows, the process's threads): threads or None}
 _chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MEASURING = threading.Lock()  # one measurement at a time: passes in threads of a server would time each other
+_worker = threading.local()  # `active` in a worker of `side_by_side`
 WAITS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # how OpenMP's threads wait: what a wake costs
 
 
@@ -60,13 +60,14 @@ def fewer(model: torch.nn.Module, what: str, rows: int, counts: tuple[int, ...],
           time: Callable[[torch.nn.Module, int, int], dict[str, list[float]]]) -> int | None:
     """The threads a pass `what` ("step", "encoding") of `model` over `rows` rows runs on where fewer than this
     process's were measured faster, else None (the process's own). `model.measured_threads`, set by `Backend.prepare` on
-    CPU inference, names its precision; a model without it, a process on one thread, and more rows than `counts`
-    reach keep every thread.
+    CPU inference, names its precision; a model without it, a process on one thread, more rows than `counts` reach,
+    and a worker of `side_by_side` (its share is its count, and the other worker computes meanwhile) keep every
+    thread.
 
     `time(model, rows, threads)`: the timings of `timing.timed` of the pass at "all" threads against "one"."""
     precision = getattr(model, "measured_threads", None)
     threads = torch.get_num_threads()
-    if precision is None or threads == 1:
+    if precision is None or threads == 1 or getattr(_worker, "active", False):
         return None
     measured = counted(rows, counts)
     if measured is None:
@@ -136,20 +137,46 @@ def side_by_side_workers(device: torch.device, items: int) -> int:
 
 def side_by_side(run: Callable[[object], None], items: Sequence, workers: int) -> None:
     """`run(item)` for every item, `workers` at a time, each worker a thread on its share of this process's threads,
-    in this thread's context (a search's buffer pool is shared: `buffers.searches_at_once`). The first error is
-    raised once the items already running end; the items not yet started are dropped."""
+    in a copy of this thread's context (a search's buffer pool is shared: `buffers.searches_at_once`). An error, or
+    an interrupt of this thread, stops the workers from starting another item; an error is raised once the items
+    running end, the one of the first item that failed (as one at a time would have raised it); an interrupt at
+    once (the workers are daemons: an item still running ends on its own or with the process)."""
     if workers <= 1:
         for item in items:
             run(item)
         return
     share = max(1, torch.get_num_threads() // workers)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="aiayn-batch", initializer=own_count,
-                            initargs=(share,)) as pool:
-        futures = [pool.submit(contextvars.copy_context().run, run, item) for item in items]
-        try:
-            for future in futures:
-                future.result()
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+    queue = list(enumerate(items))[::-1]  # popped from the end: first item first
+    failed: dict[int, BaseException] = {}
+    stop = threading.Event()
+    taking = threading.Lock()
+
+    def work(context: contextvars.Context) -> None:
+        own_count(share)
+        _worker.active = True  # nothing is measured here: the other worker computes meanwhile (`fewer`)
+        while not stop.is_set():
+            with taking:
+                if not queue:
+                    return
+                index, item = queue.pop()
+            try:
+                context.run(run, item)
+            except BaseException as error:  # noqa: BLE001 (handed to the calling thread)
+                failed[index] = error
+                stop.set()
+
+    process = torch.get_num_threads()
+    pool = [threading.Thread(target=work, args=(contextvars.copy_context(),), name=f"aiayn-batch-{i}", daemon=True)
+            for i in range(workers)]
+    try:
+        for thread in pool:
+            thread.start()
+        for thread in pool:
+            thread.join()
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        torch.set_num_threads(process)  # also the count new threads start from, which the workers' own set
+    if failed:
+        raise failed[min(failed)]

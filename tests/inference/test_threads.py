@@ -299,15 +299,27 @@ def test_a_files_batches_run_side_by_side_on_one_thread_each_as_they_do_one_at_a
 
 
 def test_side_by_side_runs_each_item_on_its_share_and_raises_the_first_error(two_threads):
+    import threading
+    import time
+
     seen = []
 
     def run(item):
         seen.append((item, torch.get_num_threads()))
+        if item == 0:
+            time.sleep(0.3)  # still running when item 1 fails: no item after them starts
+            raise KeyError("item 0")
         if item == 1:
             raise ValueError("item 1")
-    with pytest.raises(ValueError, match="item 1"):
-        threads.side_by_side(run, [0, 1, 2, 3], 2)
-    assert all(count == 1 for _, count in seen) and torch.get_num_threads() == 2
+    with pytest.raises(KeyError, match="item 0"):  # the first item that failed, as one at a time raises it
+        threads.side_by_side(run, list(range(8)), 2)
+    assert sorted(item for item, _ in seen) == [0, 1] and all(count == 1 for _, count in seen)
+    assert torch.get_num_threads() == 2
+    later = []
+    thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert later == [2]  # a thread started afterwards starts from the process's count, not a worker's
     ran = []
     threads.side_by_side(ran.append, [0, 1, 2], 1)  # one worker: in this thread, in order
     assert ran == [0, 1, 2]
@@ -343,3 +355,48 @@ def test_an_embedders_batches_run_side_by_side_with_the_vectors_of_one_thread(tw
     alone = embedder.embed(texts, batch_size=4)
     assert workers == [2, 1] and sum(done) == len(texts)
     np.testing.assert_array_equal(both, alone)
+
+
+def test_batches_that_record_attention_or_draw_from_torchs_generator_run_one_at_a_time(two_threads, empty_cache,
+                                                                                      translation_run, monkeypatch):
+    from aiayn.inference import GenerationConfig, Translator
+
+    translator = Translator.from_pretrained(translation_run)
+    workers = []
+    real = threads.side_by_side
+    monkeypatch.setattr(threads, "side_by_side", lambda run, items, n: (workers.append(n), real(run, items, n))[1])
+    lines = ["one two", "three", "four five six", "seven"] * 3
+    for config in (GenerationConfig(return_attention=True), GenerationConfig(do_sample=True),
+                   GenerationConfig(do_sample=True, seed=3), GenerationConfig()):
+        translator.translations(lines, config, max_tokens=12)
+    assert workers == [1, 1, 2, 2]
+
+
+def test_nothing_is_measured_in_a_side_by_side_worker(empty_cache, monkeypatch):
+    model, process = _model(), torch.get_num_threads()
+    monkeypatch.setattr(steps, "_timed_steps", lambda *args: pytest.fail("measured beside another batch"))
+    chosen = []
+    try:
+        torch.set_num_threads(4)  # two workers of two threads each
+        threads.side_by_side(lambda rows: chosen.append(threads.fewer(model, "step", rows, threads.STEP_ROWS,
+                                                                      steps._timed_steps)), [1, 4], 2)
+    finally:
+        torch.set_num_threads(process)
+    assert chosen == [None, None]
+
+
+def test_an_embedder_runs_its_batches_one_at_a_time_where_the_largest_two_would_not_fit_together(two_threads,
+                                                                                                monkeypatch):
+    from aiayn.inference.embeddings import Embedder
+
+    embedder = Embedder.from_pretrained()
+    workers = []
+    real = threads.side_by_side
+    monkeypatch.setattr(threads, "side_by_side", lambda run, items, n: (workers.append(n), real(run, items, n))[1])
+
+    def fits_alone(batch, length, fix):
+        if batch > 4:
+            raise MemoryError("not together")
+    monkeypatch.setattr(embedder, "check_batch_fits", fits_alone)
+    embedder.embed(["A man is eating food.", "Why?"] * 4, batch_size=4)
+    assert workers == [1]
