@@ -24,6 +24,7 @@ from torch import nn
 
 from aiayn.config import check_field_types, fold_old_spelling
 from aiayn.inference.steps import DecodingState
+from aiayn.inference.threads import check_stopped
 
 NEG_INF = float("-inf")
 # Finished sentences leave a beam search's batch once at least 1 / RETIRE_FRACTION of it (and at least one) has
@@ -261,6 +262,7 @@ def _greedy_or_sample(begin: Begin, start: torch.Tensor, limits: torch.Tensor, e
     sentences = torch.arange(batch, device=device)  # (B,) each row's sentence in the first batch
     retired: dict[int, tuple[list[int], float]] = {}  # sentence -> its tokens and score, once it left the batch
     for step in range(steps):
+        check_stopped()  # a batch beside one that failed, or under an interrupt, ends here (`threads.side_by_side`)
         logits, step_weights = state.step(next_input), state.attention  # (B, V), (B, n_layers, h, S) or None
         # (B, V): the score counts the model's own probabilities, before the constraints
         log_probs = F.log_softmax(logits, dim=-1) if scoring else None
@@ -329,6 +331,7 @@ def _beam_search(begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id
     start = start.repeat_interleave(k, dim=0)  # (B*k, P)
     next_input = start[:, -1:]
     for step in range(beams.steps):
+        check_stopped()
         logits, step_weights = state.step(next_input), state.attention  # (B*k, V), (B*k, n_layers, h, S) or None
         history = None
         if _uses_history(config):

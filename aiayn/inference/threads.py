@@ -36,6 +36,20 @@ ENCODING_ROWS = (8, 32, 128)  # the tokens an encoding's threads are timed at
 _chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _MEASURING = threading.Lock()  # one measurement at a time: passes in threads of a server would time each other
 _worker = threading.local()  # `active` in a worker of `side_by_side`
+_STOP: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar("aiayn_side_by_side_stop", default=None)
+
+
+class Stopped(Exception):
+    """Raised by `check_stopped` in a worker of `side_by_side` whose items were told to stop."""
+
+
+def check_stopped() -> None:
+    """Raise `Stopped` where this runs in a worker of `side_by_side` that was told to stop (an error in the other
+    worker, or an interrupt of the calling thread); a search calls it at every step, so that a batch running beside
+    one that failed, or under a Ctrl-C, ends within a step. Elsewhere nothing (a context lookup)."""
+    stop = _STOP.get()
+    if stop is not None and stop.is_set():
+        raise Stopped
 WAITS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # how OpenMP's threads wait: what a wake costs
 
 
@@ -138,9 +152,9 @@ def side_by_side_workers(device: torch.device, items: int) -> int:
 def side_by_side(run: Callable[[object], None], items: Sequence, workers: int) -> None:
     """`run(item)` for every item, `workers` at a time, each worker a thread on its share of this process's threads,
     in a copy of this thread's context (a search's buffer pool is shared: `buffers.searches_at_once`). An error, or
-    an interrupt of this thread, stops the workers from starting another item; an error is raised once the items
-    running end, the one of the first item that failed (as one at a time would have raised it); an interrupt at
-    once (the workers are daemons: an item still running ends on its own or with the process)."""
+    an interrupt of this thread, stops the workers: they start no other item, and a search running there ends at
+    its next step (`check_stopped`); then the error of the first item that failed is raised (as one at a time would
+    raise it), or the interrupt."""
     if workers <= 1:
         for item in items:
             run(item)
@@ -151,32 +165,43 @@ def side_by_side(run: Callable[[object], None], items: Sequence, workers: int) -
     stop = threading.Event()
     taking = threading.Lock()
 
-    def work(context: contextvars.Context) -> None:
-        own_count(share)
-        _worker.active = True  # nothing is measured here: the other worker computes meanwhile (`fewer`)
-        while not stop.is_set():
-            with taking:
-                if not queue:
+    def work(context: contextvars.Context, done: threading.Event) -> None:
+        try:
+            own_count(share)
+            _worker.active = True  # nothing is measured here: the other worker computes meanwhile (`fewer`)
+            context.run(_STOP.set, stop)
+            while not stop.is_set():
+                with taking:
+                    if not queue:
+                        return
+                    index, item = queue.pop()
+                try:
+                    context.run(run, item)
+                except Stopped:
                     return
-                index, item = queue.pop()
-            try:
-                context.run(run, item)
-            except BaseException as error:  # noqa: BLE001 (handed to the calling thread)
-                failed[index] = error
-                stop.set()
+                except BaseException as error:  # noqa: BLE001 (handed to the calling thread)
+                    failed[index] = error
+                    stop.set()
+        finally:
+            done.set()
 
     process = torch.get_num_threads()
-    pool = [threading.Thread(target=work, args=(contextvars.copy_context(),), name=f"aiayn-batch-{i}", daemon=True)
-            for i in range(workers)]
+    ended = [threading.Event() for _ in range(workers)]
+    pool = [threading.Thread(target=work, args=(contextvars.copy_context(), done), name=f"aiayn-batch-{i}")
+            for i, done in enumerate(ended)]
     try:
         for thread in pool:
             thread.start()
-        for thread in pool:
-            thread.join()
+        for done in ended:
+            done.wait()
     except BaseException:
-        stop.set()
+        stop.set()  # the workers end within a step: the interrupt waits for that, not for their batches
+        for done in ended:
+            done.wait()
         raise
     finally:
+        for thread in pool:
+            thread.join()  # each has set its event: it is leaving
         torch.set_num_threads(process)  # also the count new threads start from, which the workers' own set
     if failed:
         raise failed[min(failed)]

@@ -400,3 +400,23 @@ def test_an_embedder_runs_its_batches_one_at_a_time_where_the_largest_two_would_
     monkeypatch.setattr(embedder, "check_batch_fits", fits_alone)
     embedder.embed(["A man is eating food.", "Why?"] * 4, batch_size=4)
     assert workers == [1]
+
+
+def test_an_item_running_beside_one_that_failed_ends_at_its_next_check(two_threads):
+    import time
+
+    steps_taken = []
+
+    def run(item):
+        if item == 1:
+            time.sleep(0.05)
+            raise ValueError("item 1")
+        for step in range(200):  # a search: `check_stopped` at every step
+            threads.check_stopped()
+            steps_taken.append(step)
+            time.sleep(0.01)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="item 1"):
+        threads.side_by_side(run, [0, 1, 2], 2)
+    assert time.perf_counter() - start < 1.5 and 0 < len(steps_taken) < 100  # not the 2 s its 200 steps take
+    threads.check_stopped()  # outside a worker: nothing
