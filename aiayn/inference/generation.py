@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aiayn.config import ModelConfig
 from aiayn.inference.searches import Finished, GenerationConfig, search
 from aiayn.inference.steps import DecodingState, start_causal
 from aiayn.inference.steps import start as start_decoding
@@ -87,11 +88,7 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
 
     # Decode only the non-empty sources, without the columns that are padding in every row.
     sub = src[rows][:, : int(real.any(dim=0).nonzero().max()) + 1]
-    if config.max_new_tokens is not None:
-        limits = torch.full((len(rows),), config.max_new_tokens, dtype=torch.long)
-    else:
-        limits = (lengths[rows].cpu() * config.length_ratio).long() + config.extra_len
-    limits = limits.clamp(min=1, max=cfg.max_len)
+    limits = new_tokens(config, lengths[rows].cpu(), cfg.max_len)
     _check_search_size(model, len(rows), sub.shape[1], int(limits.max()), config)
     def begin(steps: int, beams: int, record: bool) -> DecodingState:
         return start_decoding(model, sub, steps, beams=beams, record=record)
@@ -141,6 +138,16 @@ def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: 
     return GenerationOutput(tokens, scores, None)
 
 
+def new_tokens(config: GenerationConfig, lengths: torch.Tensor, max_len: int) -> torch.Tensor:
+    """Most new tokens `generate` gives each source of `lengths` (a tensor of lengths): `max_new_tokens`, else
+    `length_ratio` x its length + `extra_len`, within 1 and the model's `max_len`."""
+    if config.max_new_tokens is not None:
+        limits = torch.full(lengths.shape, config.max_new_tokens, dtype=torch.long)
+    else:
+        limits = (lengths * config.length_ratio).long() + config.extra_len
+    return limits.clamp(min=1, max=max_len)
+
+
 def new_token_limit(config: GenerationConfig, max_len: int, prompt_length: int) -> int:
     """Most new tokens `continue_prompts` gives a prompt of `prompt_length` ids: `max_new_tokens` (None: `extra_len`,
     at least 1), never past the model's `max_len` positions."""
@@ -167,18 +174,23 @@ def _check_search_size(model: EncoderDecoderModel | DecoderOnlyModel, batch: int
                          f"beams could not differ: choose a beam of at most {vocab} (the paper's is 4)")
     param = next(iter(model.parameters()), None)
     if param is not None and param.device.type == "cpu":
-        # each hypothesis: self-attention keys and values over the steps, cross-attention ones over the source
-        # (a decoder-only model: its own keys and values over the prompt), and a few rows of vocabulary scores; the
-        # flat step keeps the cross-attention ones once per sentence, so for it this errs high
-        layers = cfg.n_encoder_layers if cfg.causal else cfg.n_decoder_layers
-        per = 4 * (2 * layers * (steps + src_len) * cfg.d_model + 4 * vocab)
         what = f"decoding {batch} {'prompt' if cfg.causal else 'sentence'}{'s' if batch != 1 else ''} with beam " \
                f"{config.num_beams}"
-        # and first the pass over the sources (the prompts, for each beam): activations and (S x S) attention scores
-        first = forward_bytes(cfg, batch * (config.num_beams if cfg.causal else 1), src_len)
         fix = (f"choose a smaller --num-beams, or fewer {'prompts' if cfg.causal else 'sentences'} a batch "
                "(--max-tokens, --max-sentences)")
-        check_memory(batch * config.num_beams * per + first, what, fix)
+        check_memory(search_bytes(cfg, batch, src_len, steps, config), what, fix)
+
+
+def search_bytes(cfg: ModelConfig, batch: int, src_len: int, steps: int, config: GenerationConfig) -> int:
+    """About the memory a search of `batch` sentences (prompts) of `src_len` ids and up to `steps` new tokens holds:
+    each hypothesis's self-attention keys and values over the steps, cross-attention ones over the source (a
+    decoder-only model: its own keys and values over the prompt) and a few rows of vocabulary scores (the flat step
+    keeps the cross-attention ones once per sentence, so for it this errs high), and first the pass over the sources
+    (the prompts, for each beam): activations and (S x S) attention scores."""
+    layers = cfg.n_encoder_layers if cfg.causal else cfg.n_decoder_layers
+    per = 4 * (2 * layers * (steps + src_len) * cfg.d_model + 4 * cfg.target_vocab_size)
+    first = forward_bytes(cfg, batch * (config.num_beams if cfg.causal else 1), src_len)
+    return batch * config.num_beams * per + first
 
 
 def _check_request(model: EncoderDecoderModel, src: torch.Tensor, bos_id: int, eos_id: int) -> None:

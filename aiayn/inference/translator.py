@@ -26,9 +26,10 @@ from aiayn.data.batching import token_batches
 from aiayn.data.collate import pad
 from aiayn.inference import threads
 from aiayn.inference.buffers import reusing_buffers, searches_at_once
-from aiayn.inference.generation import GenerationConfig, generate
+from aiayn.inference.generation import GenerationConfig, generate, new_tokens, search_bytes
 from aiayn.inference.runner import ModelRunner, check_batch_limits, check_vocabulary, text_list, too_long
 from aiayn.nn.model import architecture_of
+from aiayn.nn.sizes import available_memory
 from aiayn.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -205,6 +206,21 @@ class Translator(ModelRunner):
                                     max_sentences=max_sentences, truncate=truncate, progress=progress)
         return results[0].text if single else [r.text for r in results]
 
+    def _fit_together(self, batches: list[list[int]], ids: list[list[int]], config: GenerationConfig,
+                      workers: int) -> bool:
+        """Whether the `workers` largest of these batches' searches fit in this machine's memory at once."""
+        available = available_memory()
+        if available is None:
+            return True
+        cfg = self.model.config
+        needs = []
+        for batch in batches:
+            lengths = [len(ids[i]) for i in batch if ids[i]]
+            if lengths:
+                steps = int(new_tokens(config, torch.tensor([max(lengths)]), cfg.max_len)[0])
+                needs.append(search_bytes(cfg, len(lengths), max(lengths), steps, config))
+        return sum(sorted(needs)[-workers:]) <= available
+
     def encode(self, texts: Sequence[str], *, truncate: bool = False) -> list[list[int]]:
         """Source ids of each text, ending with `</s>`; an empty (or all-space) text gives no ids."""
         limit = self.model.config.max_len
@@ -274,6 +290,8 @@ class Translator(ModelRunner):
         # from torch's own generator (two batches would take its draws in either order).
         alone = config.return_attention or (config.do_sample and config.seed is None)
         workers = 1 if alone else threads.side_by_side_workers(self.device, len(batches))
+        if workers > 1 and not self._fit_together(batches, ids, config, workers):
+            workers = 1  # each batch's search is checked alone when it starts (`generate`), as one at a time
         searches_at_once(workers)
         threads.side_by_side(run, batches, workers)
         return out

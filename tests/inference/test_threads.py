@@ -420,3 +420,25 @@ def test_an_item_running_beside_one_that_failed_ends_at_its_next_check(two_threa
         threads.side_by_side(run, [0, 1, 2], 2)
     assert time.perf_counter() - start < 1.5 and 0 < len(steps_taken) < 100  # not the 2 s its 200 steps take
     threads.check_stopped()  # outside a worker: nothing
+
+
+def test_a_files_batches_run_one_at_a_time_where_the_largest_two_searches_would_not_fit_together(
+        two_threads, empty_cache, translation_run, monkeypatch):
+    from aiayn.data.batching import token_batches
+    from aiayn.inference import GenerationConfig, Translator
+    from aiayn.inference import translator as translator_module
+
+    translator = Translator.from_pretrained(translation_run)
+    workers = []
+    real = threads.side_by_side
+    monkeypatch.setattr(threads, "side_by_side", lambda run, items, n: (workers.append(n), real(run, items, n))[1])
+    monkeypatch.setattr(translator_module, "search_bytes", lambda cfg, sentences, *rest: 100 * sentences)
+    lines = ["one two three"] * 5 + ["four five"] * 3 + ["six"] * 2
+    ids = translator.encode(lines)
+    sizes = sorted(len(b) for b in token_batches([len(row) for row in ids], 24, shuffle=False))
+    assert len(sizes) > 2
+    together = 100 * (sizes[-1] + sizes[-2])  # the two largest searches' memory, as `search_bytes` is faked
+    for available in (together - 1, together):
+        monkeypatch.setattr(translator_module, "available_memory", lambda available=available: available)
+        translator.translations(lines, GenerationConfig(), max_tokens=24)
+    assert workers == [1, 2]
