@@ -883,7 +883,7 @@ def _bf16_step(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], float32: d
         calls = {"float32": _step_products(weights, float32[name], rows, torch.float32, cold_bytes, gen),
                  "bf16": _step_products(weights, bf16[name], rows, torch.bfloat16, cold_bytes, gen)}
         counts = (threads, 1) if threads > 1 and rows <= FEW_ROWS_MAX else (threads,)
-        timed = timing.timed({f"{precision} on {n}": lambda run=run, n=n: _on_threads(n, lambda: [f(x) for f, x in run])
+        timed = timing.timed({f"{precision} on {n}": lambda run=run, n=n: _on_count(n, run)
                               for precision, run in calls.items() for n in counts}, warm=_warm(rows, cold_bytes))
         best = {precision: [min(t) for t in zip(*(timed[f"{precision} on {n}"] for n in counts))]
                 for precision in calls}  # each repeat, each precision on its faster count
@@ -893,14 +893,11 @@ def _bf16_step(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], float32: d
     return faster
 
 
-def _on_threads(threads: int, run: Callable[[], object]) -> object:
-    """`run()` on `threads` threads, this process's count restored after."""
-    process = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return run()
-    finally:
-        torch.set_num_threads(process)
+def _on_count(threads: int, calls: list[tuple[Callable, torch.Tensor]]) -> None:
+    """Each (layer, input) call of `calls` on `threads` threads (`timing.running_on`)."""
+    with timing.running_on(threads):
+        for f, x in calls:
+            f(x)
 
 
 def _step_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], kernels: dict[str, str], rows: int,

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from aiayn.backends.devices import usable_cores
 
 MARGIN = 0.05  # another kernel replaces the plain one only when at least this much faster
@@ -99,6 +101,21 @@ def measured_busy(then: float, now: float, threads: int) -> bool:
     machine is quieter now by half a core or more. Choices measured on a quiet machine stay until
     `--recalibrate`."""
     return busy(then, threads) and now < then - 0.5
+
+
+@contextmanager
+def running_on(threads: int | None) -> Iterator[None]:
+    """Inside the block, `threads` threads (None: the process's), the process's count restored on leaving: a
+    candidate timed on another count than the process's, or a pass run on the count measured faster for it."""
+    if threads is None:
+        yield
+        return
+    process = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(process)
 
 
 def interleaved(fns: dict[str, Callable[[], object]], repeats: int, *, warm: bool = False) -> dict[str, list[float]]:

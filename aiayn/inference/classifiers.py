@@ -19,7 +19,7 @@ from torch import nn
 from aiayn.data.collate import pad
 from aiayn.inference import threads
 from aiayn.inference.embeddings import encode_texts, length_sorted_batches, pass_cost
-from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
+from aiayn.inference.runner import ModelRunner, check_vocabulary, encoding_threads, text_list, too_long
 from aiayn.tasks import SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
 from aiayn.tokenization import Tokenizer
 
@@ -93,7 +93,7 @@ class _LabelledModel(ModelRunner):
             ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
             mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
             with torch.inference_mode():
-                with threads.running_on(self.encoding_threads(ids)):  # not held while the caller has the batch
+                with threads.running_on(encoding_threads(prepared, ids)):  # not held while the caller has the batch
                     logits = prepared(ids, attention_mask=mask).float()
                 yield batch, logits
 

@@ -22,7 +22,7 @@ from torch import nn
 from aiayn.backends import PRECISIONS
 from aiayn.config import POOLINGS
 from aiayn.inference import threads
-from aiayn.inference.runner import ModelRunner, check_vocabulary, text_list, too_long
+from aiayn.inference.runner import ModelRunner, check_vocabulary, encoding_threads, text_list, too_long
 from aiayn.nn.heads import pool
 from aiayn.rundir import load_json
 from aiayn.tokenization import Tokenizer
@@ -283,8 +283,9 @@ class Embedder(ModelRunner):
         device = self.backend.device
         ids = ids.to(device)
         mask = None if attention_mask is None else attention_mask.to(device)
-        with torch.inference_mode(), threads.running_on(self.encoding_threads(ids)):
-            hidden = self.prepared_model().encode(ids, attention_mask=mask).float()  # (B, L, d_model), fp32 pooling
+        model = self.prepared_model()
+        with torch.inference_mode(), threads.running_on(encoding_threads(model, ids)):
+            hidden = model.encode(ids, attention_mask=mask).float()  # (B, L, d_model), fp32 pooling
             vectors = pool(hidden, None if mask is None else mask.bool(), self.pooling)  # (B, d_model)
             return F.normalize(vectors, p=2, dim=1) if self.normalize else vectors
 

@@ -100,17 +100,15 @@ class ModelRunner:
             self._prepared = (version, self.backend.prepare(self.model))
         return self._prepared[1]
 
-    def encoding_threads(self, ids: torch.Tensor) -> int | None:
-        """Fewer threads than the process's for an encoder-only model's pass over `ids` (B, L) where that was measured
-        faster (`aiayn.inference.threads`: a request of one short sentence is a few dozen rows), else None."""
-        return threads.fewer(self.prepared_model(), "encoding", ids.numel(), threads.ENCODING_ROWS, _timed_encoding)
 
-
-TIMED_LENGTH = 16  # the sentence length an encoding's threads are timed over (`_timed_encoding`)
+def encoding_threads(prepared: nn.Module, ids: torch.Tensor) -> int | None:
+    """Fewer threads than the process's for a prepared encoder-only model's pass over `ids` (B, L) where that was
+    measured faster (`aiayn.inference.threads`: a request of one short sentence is a few dozen rows), else None."""
+    return threads.fewer(prepared, "encoding", ids.numel(), threads.ENCODING_ROWS, _timed_encoding)
 
 
 def _timed_encoding(model: nn.Module, tokens: int, process: int) -> dict[str, list[float]]:
     """`threads.timed` of an encoder-only model's encoder over random sentences of `tokens` tokens in all
-    (`TIMED_LENGTH` or fewer each)."""
-    ids = threads.random_sentences(model.config.vocab_size, tokens, min(TIMED_LENGTH, model.config.max_len))
+    (`threads.random_sentences`)."""
+    ids = threads.random_sentences(model, tokens)
     return threads.timed(lambda n: model.encode(ids), process)

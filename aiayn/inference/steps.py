@@ -553,7 +553,6 @@ def _feed_forward(state: StaticState, ffn: Callable, y: torch.Tensor) -> torch.T
 
 
 TIMED_STEPS = 2  # the steps of one timed pass of `_timed_steps`
-TIMED_SOURCE = 16  # the source (or prompt) length they are timed over
 TIMED_POSITION = 16  # the position they are timed from (each pass the same positions)
 
 
@@ -562,7 +561,7 @@ def _timed_steps(model: nn.Module, rows: int, process: int) -> dict[str, list[fl
     on one, every pass of either over the same positions of one state (`threads.fewer`)."""
     cfg = model.config
     gen = torch.Generator().manual_seed(0)
-    source = max(1, min(TIMED_SOURCE, cfg.max_len // 2))
+    source = max(1, min(threads.TIMED_LENGTH, cfg.max_len // 2))  # a source (or prompt) as passes are timed on
     ids = torch.randint(cfg.vocab_size, (rows, source), generator=gen)
     filled = 0 if cfg.has_cross_attention else source - 1  # a prompt's positions come first
     start = max(0, min(TIMED_POSITION, cfg.max_len - filled - TIMED_STEPS))  # learned positions end at max_len
@@ -582,9 +581,9 @@ def _timed_steps(model: nn.Module, rows: int, process: int) -> dict[str, list[fl
 
 
 def _timed_encoding(model: nn.Module, tokens: int, process: int) -> dict[str, list[float]]:
-    """`threads.timed` of encoding random sentences of `tokens` tokens in all (`TIMED_SOURCE` or fewer each): an
+    """`threads.timed` of encoding random sentences of `tokens` tokens in all (`threads.random_sentences`): an
     encoder-decoder model's encoder, or a decoder-only model's pass over prompts into fresh caches."""
-    ids = threads.random_sentences(model.config.vocab_size, tokens, min(TIMED_SOURCE, model.config.max_len))
+    ids = threads.random_sentences(model, tokens)
     if not model.config.has_cross_attention:
         return threads.timed(lambda n: model.decode(ids, caches=model.new_caches()), process)
     mask = model.source_mask(ids)

@@ -22,15 +22,17 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 
 import torch
 
 from aiayn.backends import calibrate, timing
+from aiayn.backends.timing import running_on
 
 STEP_ROWS = (1, 4, 16, 64)  # the rows a decoding step's threads are timed at
 ENCODING_ROWS = (8, 32, 128)  # the tokens an encoding's threads are timed at
+TIMED_LENGTH = 16  # the sentences (sources, prompts) a pass is timed on have this many tokens, or the model's fewer
+WAITS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # how OpenMP's threads wait: what a wake costs
 
 # model -> {(pass, counted rows, the process's threads): threads or None}
 _chosen: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -50,7 +52,6 @@ def check_stopped() -> None:
     stop = _STOP.get()
     if stop is not None and stop.is_set():
         raise Stopped
-WAITS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")  # how OpenMP's threads wait: what a wake costs
 
 
 def counted(rows: int, counts: tuple[int, ...]) -> int | None:
@@ -100,20 +101,6 @@ def fewer(model: torch.nn.Module, what: str, rows: int, counts: tuple[int, ...],
     return chosen[what, measured, threads]
 
 
-@contextmanager
-def running_on(threads: int | None) -> Iterator[None]:
-    """Inside the block, `threads` threads (None: the process's), the process's count restored on leaving."""
-    if threads is None:
-        yield
-        return
-    process = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(process)
-
-
 def timed(run: Callable[[int], object], process: int) -> dict[str, list[float]]:
     """`timing.timed` of `run(n)` on n = `process` threads ("all") against n = 1 ("one")."""
     def on(n: int) -> None:
@@ -122,10 +109,12 @@ def timed(run: Callable[[int], object], process: int) -> dict[str, list[float]]:
     return timing.timed({"all": lambda: on(process), "one": lambda: on(1)})
 
 
-def random_sentences(vocabulary: int, tokens: int, longest: int) -> torch.Tensor:
-    """Random ids (B, L) of about `tokens` tokens in all, sentences of `longest` tokens or fewer, to time a pass on."""
-    length = max(1, min(longest, tokens))
-    return torch.randint(vocabulary, (max(1, tokens // length), length), generator=torch.Generator().manual_seed(0))
+def random_sentences(model: torch.nn.Module, tokens: int) -> torch.Tensor:
+    """Random ids (B, L) of about `tokens` tokens in all, sentences of `TIMED_LENGTH` tokens or fewer (and no more
+    than the model's positions), to time a pass of `model` on."""
+    length = max(1, min(TIMED_LENGTH, model.config.max_len, tokens))
+    return torch.randint(model.config.vocab_size, (max(1, tokens // length), length),
+                         generator=torch.Generator().manual_seed(0))
 
 
 def own_count(threads: int) -> None:

@@ -236,11 +236,11 @@ def test_steps_are_timed_within_a_short_models_learned_positions_and_any_repeats
 
 def test_no_rows_measure_nothing_and_a_cache_with_a_count_not_a_positive_integer_is_measured_again(
         two_threads, empty_cache, tmp_path, monkeypatch):
-    from aiayn.inference.runner import ModelRunner
+    from aiayn.inference.runner import ModelRunner, encoding_threads
 
     assert threads.counted(0, threads.STEP_ROWS) is None
     runner = ModelRunner(_model())
-    assert runner.encoding_threads(torch.zeros(0, 4, dtype=torch.long)) is None
+    assert encoding_threads(runner.prepared_model(), torch.zeros(0, 4, dtype=torch.long)) is None
     for count in ("1", None, 0, -1, 1.0):
         found = calibrate.Choices(threads={"a key": count})
         assert not calibrate._well_formed(found)
