@@ -70,6 +70,8 @@ class Backend:
             kernels (`calibrate.Choices.int8_weights`): int8 copies run them for layers over int8's tolerance.
         int8_float32: (row class, shape kind) pairs where int8 products were measured slower than the float32
             kernels at the model's widths (`calibrate.int8_kernels`): int8 copies run float32 there.
+        int8_onednn: (row class, shape kind) pairs where oneDNN's int8 product was measured faster than fbgemm's
+            (`calibrate.int8_kernels`; AMX): int8 layers run it there.
         float32_attention: bf16 training computes attention itself in float32 (`MultiHeadAttention.float32_attention`),
             where its bf16 kernel was measured the slower forward and backward (`calibrate.bf16_training_attention`).
         bits_dropout: CPU training draws dropout's masks as random integers (`dropout.BitsDropout`), where that was
@@ -92,6 +94,7 @@ class Backend:
     kernels: tuple[tuple[str, str, str], ...] | None = None
     int8_weights: tuple[tuple[str, str], ...] = ()
     int8_float32: tuple[tuple[str, str], ...] = ()
+    int8_onednn: tuple[tuple[str, str], ...] = ()
     float32_attention: bool = False
     bits_dropout: bool = False
     measured_threads: bool = False
@@ -114,6 +117,9 @@ class Backend:
                                         ("float32 products where measured faster than int8 ("
                                          + ", ".join(f"{rows} {kind}" for rows, kind in self.int8_float32) + ")",
                                          self.precision == "int8" and bool(self.int8_float32)),
+                                        ("oneDNN's int8 products where measured faster than fbgemm's ("
+                                         + ", ".join(f"{rows} {kind}" for rows, kind in self.int8_onednn) + ")",
+                                         self.precision == "int8" and bool(self.int8_onednn)),
                                         (measured if self.prepack else "oneDNN", self.onednn),
                                         ("fused QKV", self.fused_qkv),
                                         ("PyTorch's fused encoder layers", self.torch_layers),
@@ -202,7 +208,7 @@ class Backend:
             choices = int8.quantize(prepared, int8.calibration_run(model), fallback=fallback,
                                     reduce_range=int8.int8_range() == "reduced",
                                     int8_weights_rows=_by_rows(self.int8_weights),
-                                    float32=float32)
+                                    float32=float32, onednn_rows=_by_rows(self.int8_onednn))
         kinds = Counter(choice.kind for choice in choices)
         logger.info("int8 copy: %s", ", ".join(f"{n} {kind}" for kind, n in kinds.items()))
         _mark_threads(prepared, self.precision if self.measured_threads else None)
@@ -234,6 +240,12 @@ def _pairs(by_rows: dict[str, dict[str, bool]], value: bool) -> tuple[tuple[str,
     """The (row class, shape kind) pairs where a measurement by row class and shape kind is `value`."""
     return tuple((rows, kind) for rows, by_kind in by_rows.items() for kind, measured in by_kind.items()
                  if measured == value)
+
+
+def _kernel_pairs(by_rows: dict[str, dict[str, str]], kernel: str) -> tuple[tuple[str, str], ...]:
+    """The (row class, shape kind) pairs where a kernel measured by row class and shape kind is `kernel`."""
+    return tuple((rows, kind) for rows, by_kind in by_rows.items() for kind, measured in by_kind.items()
+                 if measured == kernel)
 
 
 def _by_rows(pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, bool]]:
@@ -395,10 +407,12 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
                                  else measured.inference)
     if precision == "int8":  # the layers int8 leaves in float32 run the measured kernels, or int8 weights
         pays = _pairs(calibrate.int8_weight_choices(*inference_shape or ()), True)
-        # where int8's per-call quantisation costs more than the float32 product (narrow models)
-        slower = _pairs(calibrate.int8_kernels(*inference_shape), False) if inference_shape else ()
-        return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays, int8_float32=slower,
-                       measured_threads=True)
+        # float32 where int8's per-call quantisation costs more than the float32 product (narrow models); oneDNN's
+        # int8 product where faster than fbgemm's (AMX)
+        int8_kernels = calibrate.int8_kernels(*inference_shape or BASE_INFERENCE_SHAPE)
+        return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays,
+                       int8_float32=_kernel_pairs(int8_kernels, "float32"),
+                       int8_onednn=_kernel_pairs(int8_kernels, "int8 onednn"), measured_threads=True)
     fused_qkv, torch_layers = (calibrate.inference_layers(*inference_shape) if inference_shape
                                else (measured.fused_qkv_inference, measured.torch_layers_inference))
     # Cross-attention absorbed into the memory reads less wherever it applies (a rule measured on both CPU kinds).

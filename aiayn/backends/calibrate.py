@@ -76,11 +76,11 @@ TRAIN_SHAPE_ROWS = 4096
 # as its steps read them.
 COLD_BYTES = 64 << 20
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 9  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
+FORMAT = 10  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
 #            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats;
 #            7: int8 weights against the float32 kernels; the training choices of a shape are added when asked;
 #            8: one- and few-row products timed each pass right after its own; 9: a decoding step's and an
-#            encoding's threads timed on the model itself)
+#            encoding's threads timed on the model itself; 10: an int8 layer's product by rows, oneDNN's among them)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -135,9 +135,9 @@ class Choices:
         bf16_training: by "rows x d_model x d_ff", whether a training step ran faster under bf16 autocast than in
             float32, each as `select` prepares it (`bf16_training_faster`): what training on a CPU with native bf16
             takes where its precision is left to the machine; measured the first time such a run asks.
-        int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, whether int8 products
-            (`int8.Int8Linear`) ran at least as fast as the float32 kernel chosen there (`int8_kernels`); measured
-            the first time an int8 copy of a model of that shape is prepared.
+        int8_widths: by "d_model x d_ff x vocabulary", by row class and shape kind, the product an int8 layer
+            (`int8.Int8Linear`) runs there: "int8" (fbgemm's), "int8 onednn" or "float32" (`int8_kernels`);
+            measured the first time an int8 copy of a model of that shape is prepared.
         bits_dropout: whether training dropout ran faster with its masks drawn as random integers
             (`dropout.BitsDropout`) than by `F.dropout`'s `bernoulli_`, forward and backward
             (`bits_dropout_faster`); None until a CPU training run first asks.
@@ -161,7 +161,7 @@ class Choices:
     int8_weights: dict[str, dict[str, bool]] | None = None
     training: dict[str, list[bool]] | None = None
     inference_widths: dict[str, dict[str, dict[str, str]]] | None = None
-    int8_widths: dict[str, dict[str, dict[str, bool]]] | None = None
+    int8_widths: dict[str, dict[str, dict[str, str]]] | None = None
     inference_layers: dict[str, list[bool]] | None = None
     int8_weights_widths: dict[str, dict[str, dict[str, bool]]] | None = None
     bf16_widths: dict[str, dict[str, dict[str, str]]] | None = None
@@ -242,9 +242,10 @@ class Choices:
                    f"({margin('dropout', 'bits', 'bernoulli')})")
                 + "".join(f"; {key}: on {n} thread{'s' if n > 1 else ''} (one thread: "
                           f"{margin(f'threads {key}', 'one', 'all')})" for key, n in (self.threads or {}).items())
-                + "".join(f"; int8 at {key}: float32 where faster ("
-                          + (", ".join(f"{name} {kind}" for name, by_kind in found.items()
-                                       for kind, int8_pays in by_kind.items() if not int8_pays) or "nowhere") + ")"
+                + "".join(f"; int8 at {key}: " + (", ".join(f"{name} {kind} {kernel}"
+                                                            for name, by_kind in found.items()
+                                                            for kind, kernel in by_kind.items() if kernel != "int8")
+                                                  or "fbgemm's everywhere")
                           for key, found in (self.int8_widths or {}).items()))
 
 
@@ -927,35 +928,42 @@ def bf16_faster(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[
 
 def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], inference: dict[str, dict[str, str]],
                    cold_bytes: int, seconds: dict[str, float], ratios: dict[str, list[float]], gen: torch.Generator,
-                   what: str) -> dict[str, dict[str, bool]]:
-    """Whether int8 products (activations quantised per call) run at least as fast as the float32 kernel chosen in
-    `inference`, by row class and shape kind: float32 replaces int8 only where clearly faster (`timing.pick`).
-    One- and few-row products over enough copies of each weight to hold `cold_bytes`."""
+                   what: str) -> dict[str, dict[str, str]]:
+    """The product an int8 layer runs, by row class and shape kind: fbgemm's ("int8"), oneDNN's over the same int8
+    values ("int8 onednn", where usable: AMX's tiles where the CPU has them), or the float32 kernel chosen in
+    `inference` ("float32"); another replaces fbgemm's only where clearly faster (`timing.pick`). One- and few-row
+    products over enough copies of each weight to hold `cold_bytes`."""
     reduce_range = int8.int8_range() == "reduced"
-    pays: dict[str, dict[str, bool]] = {name: {} for name, _ in ROW_CLASSES}
+    onednn = int8.onednn_int8_usable()
+    kernels: dict[str, dict[str, str]] = {name: {} for name, _ in ROW_CLASSES}
     for kind, (w, b) in weights.items():
         shaped = [w if c == 0 else w.clone() for c in range(_cold_copies(w, cold_bytes))]
         quantized = [int8.Int8Linear(v, b, reduce_range=reduce_range) for v in shaped]  # for every row class
+        if onednn:
+            quantized = [layer.on_onednn(frozenset({name for name, _ in ROW_CLASSES})) for layer in quantized]
         for name, rows in ROW_CLASSES:
             copies = len(shaped) if rows <= FEW_ROWS_MAX else 1
             float32 = [_on_kernel(v, b, inference[name][kind]) for v in shaped[:copies]]
             x = torch.randn(rows, w.shape[1], generator=gen)
-            timed = timing.timed({"int8": lambda layers=quantized[:copies], x=x: [f(x) for f in layers],
-                                  "float32": lambda layers=float32, x=x: [f(x) for f in layers]},
-                                 warm=_warm(rows, cold_bytes))
+            candidates = {"int8": lambda layers=quantized[:copies], x=x: [f.int8_product(x) for f in layers],
+                          "float32": lambda layers=float32, x=x: [f(x) for f in layers]}
+            if onednn:
+                candidates["int8 onednn"] = lambda layers=quantized[:copies], x=x: [f.onednn_product(x) for f in layers]
+            timed = timing.timed(candidates, warm=_warm(rows, cold_bytes))
             timing.record(seconds, f"int8 {name} {kind}{what}", timed, plain="int8", ratios=ratios)
-            pays[name][kind] = timing.pick(timed, "int8") == "int8"
+            kernels[name][kind] = timing.pick(timed, "int8")
             del float32
         del shaped, quantized
-    return pays
+    return kernels
 
 
-def int8_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[str, dict[str, bool]]:
-    """By row class and shape kind, whether an int8 copy of a model of these widths runs its int8 products there
-    (else the float32 kernels of `inference_kernels`): fbgemm's int8 product quantises its input on every call, a
-    fixed cost that at few rows of a narrow model is more than the float32 product itself (docs/notes.md,
-    "Decoding"). Measured the first time an int8 copy of such a model is prepared, on its own shapes as
-    `inference_kernels` measures them, then kept in the cache (`Choices.int8_widths`)."""
+def int8_kernels(d_model: int, d_ff: int, vocab: int, weight_bytes: int) -> dict[str, dict[str, str]]:
+    """By row class and shape kind, the product an int8 copy of a model of these widths runs there (`_int8_products`:
+    "int8", "int8 onednn" or "float32", the last the kernels of `inference_kernels`): fbgemm's int8 product
+    quantises its input on every call, a fixed cost that at few rows of a narrow model is more than the float32
+    product itself, and stops at AVX-512 VNNI where oneDNN's runs on AMX (docs/notes.md, "Decoding"). Measured the
+    first time an int8 copy of such a model is prepared, on its own shapes as `inference_kernels` measures them,
+    then kept in the cache (`Choices.int8_widths`)."""
     inference = inference_kernels(d_model, d_ff, vocab, weight_bytes)
     return _at_widths("int8_widths", (d_model, d_ff, vocab), weight_bytes, 4,
                       lambda weights, *rest: _int8_products(weights, inference, *rest))

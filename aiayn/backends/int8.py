@@ -4,7 +4,10 @@
 - Activations: quantised when the layer is called (dynamic), unsigned 8 bits with one scale and zero
   point per call, over the full 0..255 range where this CPU's int8 products do not saturate (VNNI;
   `int8_usable` checks once), else PyTorch's reduced 7-bit range. The product is fbgemm's
-  (`quantized::linear_dynamic`), which quantises, multiplies and rescales in one call.
+  (`quantized::linear_dynamic`), which quantises, multiplies and rescales in one call, or, for the rows where
+  calibration measured it faster (`calibrate.int8_kernels`), oneDNN's over the same int8 values
+  (`onednn::qlinear_pointwise`), which runs on AMX's tiles where the CPU has them: fbgemm's kernels stop at
+  AVX-512 VNNI, which on such a CPU is a third of the speed at a batch's rows.
 - Smoothing (SmoothQuant, Xiao et al. 2022): a few input channels of a LayerNorm's output carry values
   tens of times larger than the rest, and one scale per call then leaves the others a few levels.
   Dividing input channel c by s_c = sqrt(max|x_c| / max|W_:,c|) and multiplying the weight's column c
@@ -63,6 +66,24 @@ def int8_usable() -> str | None:
     return "full" if exact else "reduced"
 
 
+@functools.cache
+def onednn_int8_usable() -> bool:
+    """Whether this build has oneDNN's int8 product (`Int8Linear.onednn_product`) and, on this CPU, it computes what
+    fbgemm's does (the same quantised values; the sums in another order)."""
+    if not hasattr(torch.ops.onednn, "qlinear_pointwise") or int8_usable() is None:
+        return False
+    gen = torch.Generator().manual_seed(0)
+    weight, x = torch.randn(16, 64, generator=gen), torch.randn(3, 64, generator=gen)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            layer = Int8Linear(weight, torch.randn(16, generator=gen)).on_onednn(frozenset({"one"}))
+            return bool(torch.allclose(layer.onednn_product(x), layer.int8_product(x), rtol=1e-4, atol=1e-4))
+        except (RuntimeError, NotImplementedError, AttributeError) as err:
+            logger.info("oneDNN int8 products unavailable (%s)", err)
+            return False
+
+
 def int8_range() -> str | None:
     """The activation range int8 layers use on this machine: `int8_usable()`, or "reduced" where
     `AIAYN_INT8_RANGE=reduced` asks for it (to check the reduced path on a CPU that has the full one)."""
@@ -103,6 +124,20 @@ class Int8Linear(nn.Module):
         self.smoothed = smooth is not None
         self.float32: nn.Module | None = None  # the same map in float32, for the row classes of `float32_rows`
         self.float32_rows: frozenset[str] = frozenset()
+        self.onednn: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None
+        self.onednn_rows: frozenset[str] = frozenset()  # the row classes run by `onednn_product`
+
+    def on_onednn(self, rows: frozenset[str]) -> Int8Linear:
+        """This layer, running oneDNN's int8 product (`onednn_product`) on the row classes `rows`: where it was
+        measured faster than fbgemm's (`calibrate.int8_kernels`). The same int8 weight, prepacked once more for
+        oneDNN. Returns the layer."""
+        if rows:
+            qweight, bias = torch.ops.quantized.linear_unpack(self.packed)
+            scales = qweight.q_per_channel_scales().float()  # (out,)
+            self.onednn = (torch.ops.onednn.qlinear_prepack(qweight.int_repr(), None), scales,
+                           torch.zeros(self.out_features, dtype=torch.long), None if bias is None else bias.float())
+        self.onednn_rows = frozenset(rows)
+        return self
 
     def on_float32(self, rows: frozenset[str], layer: nn.Module) -> Int8Linear:
         """This layer, running `layer` (float32, the same weight and bias) on the row classes `rows`: where int8 was
@@ -112,18 +147,34 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, smoothed={self.smoothed}"
-                + (f", float32 rows={'/'.join(sorted(self.float32_rows))}" if self.float32 is not None else ""))
+                + (f", float32 rows={'/'.join(sorted(self.float32_rows))}" if self.float32 is not None else "")
+                + (f", oneDNN rows={'/'.join(sorted(self.onednn_rows))}" if self.onednn_rows else ""))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in_features) float32 -> (..., out_features) float32."""
-        if self.float32 is not None and row_class(x.numel() // max(self.in_features, 1)) in self.float32_rows:
-            return self.float32(x)
-        return self.int8_product(x)
+        return self.product(row_class(x.numel() // max(self.in_features, 1)))(x)
+
+    def product(self, rows: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        """x -> this layer's output for inputs of the row class `rows`: float32's, oneDNN's or fbgemm's product."""
+        if self.float32 is not None and rows in self.float32_rows:
+            return self.float32
+        return self.onednn_product if rows in self.onednn_rows else self.int8_product
 
     def int8_product(self, x: torch.Tensor) -> torch.Tensor:
-        """The int8 product itself, whatever the rows (`forward` sends those of `float32_rows` to `float32`)."""
+        """fbgemm's int8 product, whatever the rows (`forward` sends those of `float32_rows` to `float32`)."""
         x = x * self.inv_smooth if self.inv_smooth is not None else x.contiguous()
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
+
+    def onednn_product(self, x: torch.Tensor) -> torch.Tensor:
+        """The same product on oneDNN (after `on_onednn`): x quantised as fbgemm quantises it (0..255, or 0..127 on
+        the reduced range, one scale and zero point per call), the int32 sums rescaled to float32 with the bias
+        inside the product."""
+        packed, scales, zero_points, bias = self.onednn
+        x = x * self.inv_smooth if self.inv_smooth is not None else x
+        rows = torch.quantize_per_tensor_dynamic(x.reshape(-1, self.in_features), torch.quint8, self.reduce_range)
+        out = torch.ops.onednn.qlinear_pointwise(rows.int_repr(), rows.q_scale(), rows.q_zero_point(), packed, scales,
+                                                 zero_points, bias, 1.0, 0, torch.float32, "none", [], "")  # (N, out)
+        return out.view(*x.shape[:-1], self.out_features)
 
 
 class Bf16Linear(nn.Module):
@@ -219,11 +270,14 @@ class Float32Rows:
     layer: Callable[[torch.Tensor, torch.Tensor | None], nn.Module]
 
 
-def _float32_where_faster(layer: Int8Linear, weight: torch.Tensor, bias: torch.Tensor | None,
-                          float32: Float32Rows | None) -> Int8Linear:
-    """`layer`, on float32 for the row classes `float32` gives its shape kind."""
+def _where_faster(layer: Int8Linear, weight: torch.Tensor, bias: torch.Tensor | None, float32: Float32Rows | None,
+                  onednn_rows: dict[str, dict[str, bool]] | None) -> Int8Linear:
+    """`layer`, on float32 for the row classes `float32` gives its shape kind, on oneDNN's int8 product for those
+    `onednn_rows` gives it."""
     rows = frozenset() if float32 is None else row_classes(float32.rows, weight)
-    return layer.on_float32(rows, float32.layer(weight, bias)) if rows else layer
+    layer = layer.on_float32(rows, float32.layer(weight, bias)) if rows else layer
+    onednn = row_classes(onednn_rows, weight) - rows
+    return layer.on_onednn(onednn) if onednn and onednn_int8_usable() else layer
 
 
 @dataclass(frozen=True)
@@ -294,10 +348,12 @@ def relative_error(layer: nn.Module, x: torch.Tensor, expected: torch.Tensor) ->
 def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool, tolerance: float,
            fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None,
            int8_weights_rows: dict[str, dict[str, bool]] | None = None,
-           float32: Float32Rows | None = None) -> tuple[nn.Module, LayerChoice]:
+           float32: Float32Rows | None = None,
+           onednn_rows: dict[str, dict[str, bool]] | None = None) -> tuple[nn.Module, LayerChoice]:
     """The layer to run in place of `module` (calibration inputs x (N, in)), and why: int8 (float32 on the row classes
     `float32` says int8 is slower), else int8 weights where `int8_weights_rows` (row class -> shape kind -> measured
-    faster) says they pay, else `fallback`."""
+    faster) says they pay, else `fallback`; an int8 layer runs oneDNN's product on the row classes `onednn_rows` gives
+    its shape kind."""
     weight, bias = _weight_and_bias(module)
     with torch.no_grad():
         expected = F.linear(x, weight.float(), None if bias is None else bias.float())  # (N, out)
@@ -307,7 +363,7 @@ def choose(name: str, module: nn.Module, x: torch.Tensor, *, reduce_range: bool,
     kind = min(errors, key=errors.get)
     if errors[kind] <= tolerance or fallback is None:
         layer = plain if kind == "int8" else smoothed
-        return _float32_where_faster(layer, weight, bias, float32), LayerChoice(name, kind, errors[kind])
+        return _where_faster(layer, weight, bias, float32, onednn_rows), LayerChoice(name, kind, errors[kind])
     replacement = fallback(weight, bias)
     rows = row_classes(int8_weights_rows, weight)
     if rows:  # int8 weights where measured faster, if they keep the full range's tolerance (see the class)
@@ -322,7 +378,8 @@ def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, red
              tolerance: float | None = None,
              fallback: Callable[[torch.Tensor, torch.Tensor | None], nn.Module] | None = None,
              int8_weights_rows: dict[str, dict[str, bool]] | None = None,
-             float32: Float32Rows | None = None) -> list[LayerChoice]:
+             float32: Float32Rows | None = None,
+             onednn_rows: dict[str, dict[str, bool]] | None = None) -> list[LayerChoice]:
     """Replace, in place, the linear layers of `model` that `run(model)` calls by int8 (or fallback) layers.
 
     Args:
@@ -335,6 +392,8 @@ def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, red
             float32 kernels, by row class and shape kind; such layers over the tolerance run them where their own
             error stays within `TOLERANCE`.
         float32: where int8 layers run float32 products instead, by shape kind and row class (None: nowhere).
+        onednn_rows: where int8 layers run oneDNN's int8 product instead of fbgemm's, by row class and shape kind
+            (row class -> shape kind -> True; None: nowhere).
 
     Returns:
         What each replaced layer became.
@@ -355,11 +414,12 @@ def quantize(model: nn.Module, run: Callable[[nn.Module], object] | None, *, red
         module = layers[name]
         if name in inputs:
             replacement, choice = choose(name, module, inputs[name], reduce_range=reduce_range, tolerance=tolerance,
-                                         fallback=fallback, int8_weights_rows=int8_weights_rows, float32=float32)
+                                         fallback=fallback, int8_weights_rows=int8_weights_rows, float32=float32,
+                                         onednn_rows=onednn_rows)
         else:
             weight, bias = _weight_and_bias(module)
-            replacement = _float32_where_faster(Int8Linear(weight, bias, reduce_range=reduce_range), weight, bias,
-                                                float32)
+            replacement = _where_faster(Int8Linear(weight, bias, reduce_range=reduce_range), weight, bias, float32,
+                                        onednn_rows)
             choice = LayerChoice(name, "int8", float("nan"))
         parent, _, child = name.rpartition(".")
         setattr(modules[parent] if parent else model, child, replacement)

@@ -29,14 +29,14 @@ Function = Callable[[torch.Tensor], torch.Tensor]
 
 
 def product(layer: nn.Module, rows: int) -> Function:
-    """x -> layer(x) for inputs of `rows` rows: the kernel a `PackedLinear` runs for them, an `Int8Linear`'s int8
-    product or the float32 layer it runs for that row class, `F.linear` for a plain `nn.Linear`, else the layer's
-    `forward`."""
+    """x -> layer(x) for inputs of `rows` rows: the kernel a `PackedLinear` runs for them, the int8 product an
+    `Int8Linear` runs for their row class (fbgemm's or oneDNN's) or the float32 layer it runs there, `F.linear` for
+    a plain `nn.Linear`, else the layer's `forward`."""
     if isinstance(layer, PackedLinear):
         return layer.function(rows)
     if isinstance(layer, Int8Linear):
-        on_float32 = layer.float32 is not None and row_class(rows) in layer.float32_rows
-        return product(layer.float32, rows) if on_float32 else layer.int8_product
+        chosen = layer.product(row_class(rows))
+        return product(chosen, rows) if chosen is layer.float32 else chosen
     if type(layer) is nn.Linear:
         return functools.partial(F.linear, weight=layer.weight, bias=layer.bias)
     return layer.forward

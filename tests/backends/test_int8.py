@@ -21,6 +21,7 @@ from aiayn.backends.int8 import (
     calibration_run,
     int8_range,
     int8_usable,
+    onednn_int8_usable,
     quantize,
     smoothing_factors,
     step_ratio,
@@ -226,15 +227,36 @@ def test_an_int8_layer_runs_float32_on_the_rows_where_int8_was_measured_slower()
     assert plain.float32 is None and "float32 rows" not in repr(plain)
 
 
+@pytest.mark.skipif(not onednn_int8_usable(), reason="this build has no oneDNN int8 product here")
+def test_an_int8_layer_runs_onednns_product_on_the_rows_measured_faster():
+    # On a CPU with AMX, oneDNN's int8 product runs on its tiles where fbgemm's stops at VNNI; it quantises the
+    # input as fbgemm does, so the two compute the same values up to the order of the sums.
+    from aiayn.backends.int8 import choose
+
+    module = nn.Linear(64, 48)
+    x = torch.randn(256, 64)
+    layer, choice = choose("w", module, x, reduce_range=REDUCED, tolerance=1.0, fallback=None,
+                           onednn_rows={"many": {"narrow": True}, "one": {"wide": True}})
+    assert isinstance(layer, Int8Linear) and layer.onednn_rows == {"many"} and "oneDNN rows=many" in repr(layer)
+    with torch.no_grad():
+        for shape in ((32, 64), (2, 16, 64)):
+            many = torch.randn(*shape)
+            assert layer.product("many") == layer.onednn_product
+            assert torch.allclose(layer(many), layer.int8_product(many), rtol=1e-4, atol=1e-4)
+            assert rel_error(layer(many), F.linear(many, module.weight, module.bias)) < 0.05 * STEP_RATIO
+        one = torch.randn(1, 64)
+        assert layer.product("one") == layer.int8_product and torch.equal(layer(one), layer.int8_product(one))
+
+
 def test_select_runs_an_int8_copy_in_float32_where_its_widths_measured_int8_slower(monkeypatch):
     from aiayn.backends import backend as backend_module
     from aiayn.backends.backend import inference_shape
 
     model = build_model(ModelConfig(vocab_size=200, d_model=32, n_heads=2, d_ff=64, n_encoder_layers=1,
                                     n_decoder_layers=1, dropout=0.0, max_len=32)).eval()
-    measured = {"one": {"wide": False, "square": False, "narrow": True, "vocabulary": True},
-                "few": {"wide": True, "square": False, "narrow": True, "vocabulary": True},
-                "many": dict.fromkeys(("wide", "square", "narrow", "vocabulary"), True)}
+    measured = {"one": {"wide": "float32", "square": "float32", "narrow": "int8", "vocabulary": "int8"},
+                "few": {"wide": "int8", "square": "float32", "narrow": "int8", "vocabulary": "int8"},
+                "many": dict.fromkeys(("wide", "square", "narrow", "vocabulary"), "int8")}
     asked = []
     monkeypatch.setattr(backend_module.calibrate, "int8_kernels", lambda *shape: asked.append(shape) or measured)
     backend = select("cpu", "inference", "int8", inference_shape=inference_shape(model))
@@ -252,8 +274,9 @@ def test_select_runs_an_int8_copy_in_float32_where_its_widths_measured_int8_slow
     # no cross-attention absorbed into the memory over float32 weights: the flat step would then compute another
     # arithmetic than the modules' path (recorded attention, hooks), which runs the int8 projections
     assert not backend.absorbed_cross
-    # the copy decodes as before: int8 copies without a measured shape run int8 everywhere
-    assert select("cpu", "inference", "int8").int8_float32 == ()
+    # a copy without a measured shape takes a base model's
+    select("cpu", "inference", "int8")
+    assert asked[-1] == backend_module.BASE_INFERENCE_SHAPE
 
 
 def test_where_int8_products_pay_is_measured_once_at_a_models_widths(tmp_path, monkeypatch, quiet_cores):
@@ -267,12 +290,14 @@ def test_where_int8_products_pay_is_measured_once_at_a_models_widths(tmp_path, m
     monkeypatch.setattr(calibrate, "measure", lambda description=None: pytest.fail("a base model's shapes measured"))
     pays = calibrate.int8_kernels(32, 64, 200, 1 << 20)
     assert set(pays) == {"one", "few", "many"} and all(set(k) == {"wide", "square", "narrow", "vocabulary"}
-                                                       and all(isinstance(v, bool) for v in k.values())
+                                                       and set(k.values()) <= {"int8", "int8 onednn", "float32"}
                                                        for k in pays.values())
     weights = calibrate.int8_weight_choices(32, 64, 200, 1 << 20)
     found = calibrate._measured_so_far()
     assert found.int8_widths == {"32x64x200": pays} and "int8 one square 32x64x200: float32" in found.ratios
-    assert "int8 at 32x64x200: float32 where faster" in found.describe()
+    assert "int8 at 32x64x200: " in found.describe()
+    if int8.onednn_int8_usable():
+        assert "int8 one square 32x64x200: int8 onednn" in found.ratios
     assert found.int8_weights_widths == {"32x64x200": weights} and found.int8_weights is None
     if int8.int8_weights_usable():
         assert set(weights) == {"one", "few"} and "int8 weights one square 32x64x200: float32" in found.seconds
