@@ -220,9 +220,8 @@ class PackedLinear(nn.Module):
 class _OneDnnOff:
     """PyTorch's oneDNN switch (`torch.backends.mkldnn.enabled`) off while any thread is inside, then as it was.
 
-    The switch is process-wide: a plain product another thread runs meanwhile takes PyTorch's own kernel too (the
-    same result up to rounding; aiayn's prepared layers call oneDNN directly, whatever the switch says). Counted, so
-    that threads entering and leaving in any order leave it as they found it."""
+    The switch is process-wide, so `_without_onednn` enters only where no other Python thread runs. Counted, so that
+    threads entering and leaving in any order would leave it as they found it."""
 
     def __init__(self):
         self.lock, self.inside, self.was = threading.Lock(), 0, True
@@ -245,7 +244,13 @@ _onednn_off = _OneDnnOff()
 
 
 def _without_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear` on PyTorch's own kernels, oneDNN off for the call (`_OneDnnOff`)."""
+    """`F.linear` on PyTorch's own kernels, oneDNN off for the call (`_OneDnnOff`), where this is the process's only
+    Python thread; else `F.linear` as the switch stands. The switch is process-wide, and another thread's call may
+    read it more than once: PyTorch's bf16 attention on a CPU with AMX decides on oneDNN's kernels, then checks the
+    switch again and raises ("BFloat16 Brgemm VNNI format is only supported ...") where it changed in between, as it
+    did with a translator's batches side by side."""
+    if threading.active_count() > 1:
+        return F.linear(x, weight, bias)
     with _onednn_off:
         return F.linear(x, weight, bias)
 

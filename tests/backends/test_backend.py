@@ -349,6 +349,9 @@ def test_threads_leaving_the_aten_kernel_in_any_order_leave_onednn_as_they_found
 
 
 def test_the_aten_kernel_turns_onednn_off_for_its_call_only_even_a_failed_one(monkeypatch):
+    from aiayn.backends import cpu
+
+    monkeypatch.setattr(cpu.threading, "active_count", lambda: 1)  # the process's only thread
     layer = PackedLinear(torch.randn(6, 4).bfloat16(), None, kernels=dict.fromkeys(("one", "few", "many"), "aten"))
     seen, linear = [], F.linear
     monkeypatch.setattr(F, "linear", lambda *args: seen.append(torch.backends.mkldnn.enabled) or linear(*args))
@@ -358,6 +361,26 @@ def test_the_aten_kernel_turns_onednn_off_for_its_call_only_even_a_failed_one(mo
         with pytest.raises(RuntimeError):
             layer(torch.randn(1, 5).bfloat16())  # the wrong width
     assert torch.backends.mkldnn.enabled
+
+
+def test_the_aten_kernel_leaves_onednn_on_while_another_thread_runs(monkeypatch):
+    # The switch is process-wide: flipped under another thread's bf16 attention (batches side by side), PyTorch's
+    # kernel read it twice in one call and raised on a CPU with AMX.
+    import threading
+
+    layer = PackedLinear(torch.randn(6, 4).bfloat16(), None, kernels=dict.fromkeys(("one", "few", "many"), "aten"))
+    seen, linear = [], F.linear
+    monkeypatch.setattr(F, "linear", lambda *args: seen.append(torch.backends.mkldnn.enabled) or linear(*args))
+    done = threading.Event()
+    other = threading.Thread(target=done.wait)
+    other.start()
+    try:
+        with torch.no_grad():
+            out = layer(torch.randn(3, 4).bfloat16())
+    finally:
+        done.set()
+        other.join()
+    assert seen == [True] and out.shape == (3, 6)
 
 
 def test_a_layer_holds_only_the_weight_forms_its_kernels_use():
