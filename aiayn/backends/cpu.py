@@ -131,7 +131,8 @@ class PackedLinear(nn.Module):
     "packed" (oneDNN over the weight reordered once into its blocked layout), "columns" (MKL over
     the weight transposed, (in, out) contiguous, made on first use), "dense" (F.linear over the
     weight as given, shared with the model) or "aten" (the same with oneDNN off: PyTorch's own kernels, whose bf16
-    matrix-vector product streams a weight faster than oneDNN's, where a bf16 F.linear would take oneDNN's). Only
+    matrix-vector product streams a weight faster than oneDNN's, where a bf16 F.linear would take oneDNN's; it holds
+    the packed form too, which it runs where another Python thread may be computing: `_without_onednn`). Only
     the forms some row class uses are held. The packed
     and transposed forms are copies taken when the layer is built: they have no gradient and do not
     follow later changes of the original weight (prepare the model again after training it further).
@@ -147,7 +148,8 @@ class PackedLinear(nn.Module):
                              f"{', '.join(KERNELS)}, got {self.kernels}")
         used = set(self.kernels.values())
         with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if "packed" in used else None
+            self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if used & {"packed", "aten"}
+                           else None)
         self.weight = weight.detach() if used & {"dense", "aten"} else None  # (out, in), shared with the model
         self.bias = None if bias is None else bias.detach().clone()
         self.columns: torch.Tensor | None = None  # (in, out): the weight transposed, made on first use
@@ -195,8 +197,10 @@ class PackedLinear(nn.Module):
         if kernel == "columns":
             plain = self._by_columns
         elif kernel == "aten":
+            packed = self.packed
+
             def plain(x: torch.Tensor) -> torch.Tensor:
-                return _without_onednn(x, weight, bias)
+                return _without_onednn(x, weight, bias, packed)
         else:
             def plain(x: torch.Tensor) -> torch.Tensor:
                 return F.linear(x, weight, bias)
@@ -243,14 +247,21 @@ class _OneDnnOff:
 _onednn_off = _OneDnnOff()
 
 
-def _without_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _without_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                    packed: torch.Tensor) -> torch.Tensor:
     """`F.linear` on PyTorch's own kernels, oneDNN off for the call (`_OneDnnOff`), where this is the process's only
-    Python thread; else `F.linear` as the switch stands. The switch is process-wide, and another thread's call may
-    read it more than once: PyTorch's bf16 attention on a CPU with AMX decides on oneDNN's kernels, then checks the
-    switch again and raises ("BFloat16 Brgemm VNNI format is only supported ...") where it changed in between, as it
-    did with a translator's batches side by side."""
+    Python thread; else oneDNN's product over `packed`, the same weight prepacked. The switch is process-wide, and
+    another thread's call may read it more than once: PyTorch's bf16 attention on a CPU with AMX decides on oneDNN's
+    kernels, then checks the switch again and raises ("BFloat16 Brgemm VNNI format is only supported ...") where it
+    changed in between, as it did with a translator's batches side by side."""
     if threading.active_count() > 1:
-        return F.linear(x, weight, bias)
+        return onednn_product(x, packed, bias)
+    return aten_linear(x, weight, bias)
+
+
+def aten_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` with oneDNN off for the call, whatever other threads do: the "aten" kernel itself, as calibration
+    times it (one measurement at a time, when a model is prepared)."""
     with _onednn_off:
         return F.linear(x, weight, bias)
 

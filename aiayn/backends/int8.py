@@ -7,7 +7,7 @@
   (`quantized::linear_dynamic`), which quantises, multiplies and rescales in one call, or, for the rows where
   calibration measured it faster (`calibrate.int8_kernels`), oneDNN's over the same int8 values
   (`onednn::qlinear_pointwise`), which runs on AMX's tiles where the CPU has them: fbgemm's kernels stop at
-  AVX-512 VNNI, which on such a CPU is a third of the speed at a batch's rows.
+  AVX-512 VNNI, a half to a third of oneDNN's speed there at a batch's rows (docs/notes.md, "Decoding").
 - Smoothing (SmoothQuant, Xiao et al. 2022): a few input channels of a LayerNorm's output carry values
   tens of times larger than the rest, and one scale per call then leaves the others a few levels.
   Dividing input channel c by s_c = sqrt(max|x_c| / max|W_:,c|) and multiplying the weight's column c
@@ -161,7 +161,7 @@ class Int8Linear(nn.Module):
         return self.onednn_product if rows in self.onednn_rows else self.int8_product
 
     def int8_product(self, x: torch.Tensor) -> torch.Tensor:
-        """fbgemm's int8 product, whatever the rows (`forward` sends those of `float32_rows` to `float32`)."""
+        """fbgemm's int8 product, whatever the rows (`forward` runs the one `product` gives their row class)."""
         x = x * self.inv_smooth if self.inv_smooth is not None else x.contiguous()
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
 
