@@ -50,6 +50,7 @@ import logging
 import os
 import platform
 import statistics
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -833,19 +834,21 @@ def _bf16_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], cold_by
     """The bf16 kernel of each row class and shape kind: oneDNN over the weight prepacked in bf16 ("packed"), or
     PyTorch's own product ("aten") where that is faster in three repeats of four (`timing.pick`). Timed as
     `_inference_kernels` times float32's: over as many copies of each weight as hold `cold_bytes` in float32 (a
-    model's bytes), half of them in bf16, as the model's own weights."""
+    model's bytes), half of them in bf16, as the model's own weights. "aten" turns PyTorch's process-wide oneDNN
+    switch off for its calls, so it is timed only where no other Python thread is alive to be computing meanwhile
+    (`cpu._without_onednn`); elsewhere "packed" is kept untimed."""
     kernels: dict[str, dict[str, str]] = {name: {} for name, _ in ROW_CLASSES}
+    alone = threading.active_count() == 1
     for name, rows in ROW_CLASSES:
         for kind, (w, b) in weights.items():
-            if name not in BF16_TIMED_ROWS:
+            if name not in BF16_TIMED_ROWS or not alone:
                 kernels[name][kind] = "packed"
                 continue
             copies = _cold_copies(w, cold_bytes)  # as many as in float32: a bf16 model holds half the bytes
             w, b = w.bfloat16(), b.bfloat16()
             shaped = [w if c == 0 else w.clone() for c in range(copies)]
             x = torch.randn(rows, w.shape[1], generator=gen).bfloat16()
-            # "aten" timed as itself: a layer running it takes its packed form where other Python threads are alive
-            layers = {"packed": [_on_kernel(v, b, "packed") for v in shaped],
+            layers = {"packed": [_on_kernel(v, b, "packed") for v in shaped],  # "aten" as itself, the switch off
                       "aten": [functools.partial(cpu.aten_linear, weight=v, bias=b) for v in shaped]}
             timed = timing.timed({k: (lambda fs=fs, x=x: [f(x) for f in fs]) for k, fs in layers.items()},
                                  warm=_warm(rows, cold_bytes))

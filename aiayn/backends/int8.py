@@ -170,8 +170,14 @@ class Int8Linear(nn.Module):
         the reduced range, one scale and zero point per call), the int32 sums rescaled to float32 with the bias
         inside the product."""
         packed, scales, zero_points, bias = self.onednn
-        x = x * self.inv_smooth if self.inv_smooth is not None else x
-        rows = torch.quantize_per_tensor_dynamic(x.reshape(-1, self.in_features), torch.quint8, self.reduce_range)
+        if x.numel() == 0:
+            return self.int8_product(x)  # no range to quantise over
+        scaled = x * self.inv_smooth if self.inv_smooth is not None else x
+        try:
+            rows = torch.quantize_per_tensor_dynamic(scaled.reshape(-1, self.in_features), torch.quint8,
+                                                     self.reduce_range)
+        except RuntimeError:  # an input that is not finite has no range either: fbgemm's product, as elsewhere
+            return self.int8_product(x)
         out = torch.ops.onednn.qlinear_pointwise(rows.int_repr(), rows.q_scale(), rows.q_zero_point(), packed, scales,
                                                  zero_points, bias, 1.0, 0, torch.float32, "none", [], "")  # (N, out)
         return out.view(*x.shape[:-1], self.out_features)

@@ -246,6 +246,11 @@ def test_an_int8_layer_runs_onednns_product_on_the_rows_measured_faster():
             assert rel_error(layer(many), F.linear(many, module.weight, module.bias)) < 0.05 * STEP_RATIO
         one = torch.randn(1, 64)
         assert layer.product("one") == layer.int8_product and torch.equal(layer(one), layer.int8_product(one))
+        # no range to quantise over: fbgemm's product, as where oneDNN's is not chosen
+        assert layer.onednn_product(torch.zeros(0, 64)).shape == (0, 48)
+        infinite = torch.randn(32, 64)
+        infinite[0, 0] = float("inf")
+        assert torch.equal(layer.onednn_product(infinite).isnan(), layer.int8_product(infinite).isnan())
 
 
 def test_select_runs_an_int8_copy_in_float32_where_its_widths_measured_int8_slower(monkeypatch):

@@ -81,7 +81,13 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path):
 
 
 def test_large_inputs_show_a_progress_bar(capsys, tmp_path, monkeypatch):
+    import threading
+
+    from aiayn.cli.options import progress_bar
+
     monkeypatch.setattr("aiayn.cli.options.PROGRESS_FROM", 3)
+    with progress_bar(5, quiet=False, unit="sent", desc="counting") as update:  # no monitor thread of tqdm's
+        assert update is not None and not any(t.name == "tqdm_monitor" for t in threading.enumerate())
     sentences = tmp_path / "many.txt"
     sentences.write_text("".join(f"sentence number {i}\n" for i in range(5)), encoding="utf-8")
     code, _, err = run(capsys, "embed", "--input", str(sentences), "-o", str(tmp_path / "v.npy"))
