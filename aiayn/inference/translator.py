@@ -285,7 +285,8 @@ class Translator(ModelRunner):
 
         batches = list(token_batches([len(row) for row in ids], max_tokens, shuffle=False, max_sentences=max_sentences))
         # On a CPU of more than one thread, batches side by side, each on one thread: faster than one at a time on all
-        # (`threads.side_by_side_workers`); each batch's arithmetic is the same as on one thread alone. Not where a
+        # (`threads.side_by_side_workers`); each batch's arithmetic is the same as on one thread alone (but where a bf16
+        # layer's "aten" kernel runs its packed form beside the other thread: `cpu._without_onednn`). Not where a
         # batch records attention (its hooks on the shared modules would hear the other batch's calls) or samples
         # from torch's own generator (two batches would take its draws in either order).
         alone = config.return_attention or (config.do_sample and config.seed is None)
