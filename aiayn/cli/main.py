@@ -104,6 +104,7 @@ def _exit_rank(code: int) -> None:
 
 def _run(argv: list[str] | None) -> int:
     _openmp_waits_passively()
+    _no_progress_monitor()
     keep_freed_memory()  # the process's allocator keeps what a step frees for the next (aiayn.memory)
     previous = {}
     _signalled.clear()
@@ -147,6 +148,15 @@ def _run(argv: list[str] | None) -> int:
         sys.stdout = stdout
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _no_progress_monitor() -> None:
+    """Progress bars (tqdm's) start no monitor thread, which by default the first bar starts and keeps: a command with
+    no other Python thread lets bf16's "aten" kernel run (`aiayn.backends.cpu._without_onednn`), and every bar here is
+    updated after each batch or step anyway."""
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0
 
 
 def _openmp_waits_passively() -> None:

@@ -26,9 +26,6 @@ def progress_bar(total: int, *, quiet: bool, unit: str, desc: str) -> Iterator[C
         return
     from tqdm import tqdm
 
-    # No monitor thread (tqdm's default starts one): a process with no other Python thread lets bf16's "aten"
-    # kernel run (`aiayn.backends.cpu._without_onednn`); the bar is updated after every batch anyway.
-    tqdm.monitor_interval = 0
     with tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, dynamic_ncols=True) as bar:
         yield bar.update
 
