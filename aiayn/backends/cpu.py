@@ -14,6 +14,7 @@ use (`onednn_usable`), and `Backend.prepare` swaps these modules in.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -148,8 +149,10 @@ class PackedLinear(nn.Module):
                              f"{', '.join(KERNELS)}, got {self.kernels}")
         used = set(self.kernels.values())
         with torch.no_grad():
-            self.packed = (torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if used & {"packed", "aten"}
-                           else None)
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None) if "packed" in used else None
+            if "aten" in used and self.packed is None:
+                with contextlib.suppress(RuntimeError):  # a CPU that cannot pack bf16: F.linear beside threads
+                    self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         self.weight = weight.detach() if used & {"dense", "aten"} else None  # (out, in), shared with the model
         self.bias = None if bias is None else bias.detach().clone()
         self.columns: torch.Tensor | None = None  # (in, out): the weight transposed, made on first use
@@ -248,14 +251,15 @@ _onednn_off = _OneDnnOff()
 
 
 def _without_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                    packed: torch.Tensor) -> torch.Tensor:
+                    packed: torch.Tensor | None) -> torch.Tensor:
     """`F.linear` on PyTorch's own kernels, oneDNN off for the call (`_OneDnnOff`), where this is the process's only
-    Python thread; else oneDNN's product over `packed`, the same weight prepacked. The switch is process-wide, and
+    Python thread; else oneDNN's product over `packed`, the same weight prepacked (`F.linear` as the switch stands
+    where the CPU could not pack it). The switch is process-wide, and
     another thread's call may read it more than once: PyTorch's bf16 attention on a CPU with AMX decides on oneDNN's
     kernels, then checks the switch again and raises ("BFloat16 Brgemm VNNI format is only supported ...") where it
     changed in between, as it did with a translator's batches side by side."""
     if threading.active_count() > 1:
-        return onednn_product(x, packed, bias)
+        return F.linear(x, weight, bias) if packed is None else onednn_product(x, packed, bias)
     return aten_linear(x, weight, bias)
 
 

@@ -363,6 +363,8 @@ def test_the_aten_kernel_turns_onednn_off_for_its_call_only_even_a_failed_one(mo
     assert torch.backends.mkldnn.enabled
 
 
+@pytest.mark.skipif(not (bf16_supported(torch.device("cpu")) and onednn_usable()),
+                    reason="this CPU computes no bf16 natively: it packs no bf16 weight")
 def test_the_aten_kernel_leaves_onednn_on_while_another_thread_runs(monkeypatch):
     # The switch is process-wide: flipped under another thread's bf16 attention (batches side by side), PyTorch's
     # kernel read it twice in one call and raised on a CPU with AMX. There the layer runs its packed form instead.
