@@ -243,10 +243,8 @@ class Choices:
                    f"({margin('dropout', 'bits', 'bernoulli')})")
                 + "".join(f"; {key}: on {n} thread{'s' if n > 1 else ''} (one thread: "
                           f"{margin(f'threads {key}', 'one', 'all')})" for key, n in (self.threads or {}).items())
-                + "".join(f"; int8 at {key}: " + (", ".join(f"{name} {kind} {kernel}"
-                                                            for name, by_kind in found.items()
-                                                            for kind, kernel in by_kind.items() if kernel != "int8")
-                                                  or "fbgemm's everywhere")
+                + "".join(f"; int8 at {key} (\"int8\": fbgemm's): "
+                          f"{by_rows(found, plain='int8', prefix='int8 ', suffix=f' {key}')}"
                           for key, found in (self.int8_widths or {}).items()))
 
 

@@ -300,7 +300,7 @@ def test_where_int8_products_pay_is_measured_once_at_a_models_widths(tmp_path, m
     weights = calibrate.int8_weight_choices(32, 64, 200, 1 << 20)
     found = calibrate._measured_so_far()
     assert found.int8_widths == {"32x64x200": pays} and "int8 one square 32x64x200: float32" in found.ratios
-    assert "int8 at 32x64x200: " in found.describe()
+    assert "int8 at 32x64x200 (\"int8\": fbgemm's): one row: wide " in found.describe()  # each kernel, its margin
     if int8.onednn_int8_usable():
         assert "int8 one square 32x64x200: int8 onednn" in found.ratios
     assert found.int8_weights_widths == {"32x64x200": weights} and found.int8_weights is None
