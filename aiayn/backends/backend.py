@@ -236,16 +236,11 @@ def _row_kernels(kernels: tuple[tuple[str, str, str], ...]) -> list[str]:
             else f"{rows} " + "/".join(f"{kind} {k}" for kind, k in kinds) for rows, kinds in by_rows.items()]
 
 
-def _pairs(by_rows: dict[str, dict[str, bool]], value: bool) -> tuple[tuple[str, str], ...]:
-    """The (row class, shape kind) pairs where a measurement by row class and shape kind is `value`."""
+def _pairs(by_rows: dict[str, dict[str, bool | str]], value: bool | str) -> tuple[tuple[str, str], ...]:
+    """The (row class, shape kind) pairs where a measurement by row class and shape kind (whether something paid, or
+    the kernel chosen) is `value`."""
     return tuple((rows, kind) for rows, by_kind in by_rows.items() for kind, measured in by_kind.items()
                  if measured == value)
-
-
-def _kernel_pairs(by_rows: dict[str, dict[str, str]], kernel: str) -> tuple[tuple[str, str], ...]:
-    """The (row class, shape kind) pairs where a kernel measured by row class and shape kind is `kernel`."""
-    return tuple((rows, kind) for rows, by_kind in by_rows.items() for kind, measured in by_kind.items()
-                 if measured == kernel)
 
 
 def _by_rows(pairs: tuple[tuple[str, str], ...]) -> dict[str, dict[str, bool]]:
@@ -411,8 +406,8 @@ def select(device: str | torch.device | None = None, mode: str = "inference", pr
         # int8 product where faster than fbgemm's (AMX)
         int8_kernels = calibrate.int8_kernels(*inference_shape or BASE_INFERENCE_SHAPE)
         return replace(backend, fused_qkv=True, kernels=kernels, int8_weights=pays,
-                       int8_float32=_kernel_pairs(int8_kernels, "float32"),
-                       int8_onednn=_kernel_pairs(int8_kernels, "int8 onednn"), measured_threads=True)
+                       int8_float32=_pairs(int8_kernels, "float32"),
+                       int8_onednn=_pairs(int8_kernels, "int8 onednn"), measured_threads=True)
     fused_qkv, torch_layers = (calibrate.inference_layers(*inference_shape) if inference_shape
                                else (measured.fused_qkv_inference, measured.torch_layers_inference))
     # Cross-attention absorbed into the memory reads less wherever it applies (a rule measured on both CPU kinds).

@@ -50,7 +50,6 @@ import logging
 import os
 import platform
 import statistics
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -834,9 +833,9 @@ def _bf16_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], cold_by
     `_inference_kernels` times float32's: over as many copies of each weight as hold `cold_bytes` in float32 (a
     model's bytes), half of them in bf16, as the model's own weights. "aten" turns PyTorch's process-wide oneDNN
     switch off for its calls, so it is timed only where no other Python thread is alive to be computing meanwhile
-    (`cpu._without_onednn`); elsewhere "packed" is kept untimed."""
+    (`cpu.only_thread`); elsewhere "packed" is kept untimed."""
     kernels: dict[str, dict[str, str]] = {name: {} for name, _ in ROW_CLASSES}
-    alone = threading.active_count() == 1
+    alone = cpu.only_thread()
     for name, rows in ROW_CLASSES:
         for kind, (w, b) in weights.items():
             if name not in BF16_TIMED_ROWS or not alone:

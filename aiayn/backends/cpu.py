@@ -258,9 +258,15 @@ def _without_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     another thread's call may read it more than once: PyTorch's bf16 attention on a CPU with AMX decides on oneDNN's
     kernels, then checks the switch again and raises ("BFloat16 Brgemm VNNI format is only supported ...") where it
     changed in between, as it did with a translator's batches side by side."""
-    if threading.active_count() > 1:
+    if not only_thread():
         return F.linear(x, weight, bias) if packed is None else onednn_product(x, packed, bias)
     return aten_linear(x, weight, bias)
+
+
+def only_thread() -> bool:
+    """Whether this is the process's only Python thread: where the "aten" kernel may turn PyTorch's process-wide
+    oneDNN switch off, to run or to be timed, with no other thread computing meanwhile."""
+    return threading.active_count() == 1
 
 
 def aten_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

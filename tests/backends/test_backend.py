@@ -719,7 +719,7 @@ def _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch) -> tuple[int, in
                     reason="this CPU computes no bf16 natively")
 def test_bf16_kernels_are_measured_at_the_widths_of_the_model_run_and_cached(tmp_path, monkeypatch, quiet_cores):
     shape = _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch)
-    monkeypatch.setattr(calibrate.threading, "active_count", lambda: 1)  # the process's only thread
+    monkeypatch.setattr(cpu.threading, "active_count", lambda: 1)  # the process's only thread
     backend = select("cpu", "inference", "bf16", inference_shape=shape)
     so_far = calibrate._measured_so_far()
     found = so_far.bf16_widths["32x64x200"]
@@ -739,7 +739,7 @@ def test_bf16_kernels_keep_onednn_where_another_thread_is_alive(tmp_path, monkey
     # The "aten" kernel turns PyTorch's process-wide oneDNN switch off for its calls: timed beside another thread's
     # bf16 attention, it made that raise on a CPU with AMX. Not timed there: oneDNN's packed product is kept.
     shape = _small_model_shape_on_an_empty_cache(tmp_path, monkeypatch)
-    monkeypatch.setattr(calibrate.threading, "active_count", lambda: 2)
+    monkeypatch.setattr(cpu.threading, "active_count", lambda: 2)
     monkeypatch.setattr(cpu, "aten_linear", lambda *args, **kwargs: pytest.fail("the switch turned off"))
     found = calibrate.bf16_kernels(*shape)
     assert all(kernel == "packed" for by_kind in found.values() for kernel in by_kind.values())
