@@ -2,6 +2,7 @@
 
 import os
 import struct
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,11 @@ torch.set_num_threads(1)
 # CPU training draws dropout's masks as random integers where that measured faster than `F.dropout`: a timing, and
 # other masks. Tests, and the runs they launch, keep `F.dropout`'s (tests/backends/test_dropout.py checks the choice).
 os.environ["AIAYN_DROPOUT"] = "bernoulli"
+# Calibration and layout measurements (`calibrate.cache_dir()`) go to a folder of this test run, removed at its end,
+# not the user's ~/.cache/aiayn: the suite's tiny models would leave their entries there, and a user's cache would
+# decide what the suite measures. Set before any test module copies the environment for the runs it launches.
+_CACHE = tempfile.TemporaryDirectory(prefix="aiayn-test-cache-")
+os.environ["AIAYN_CACHE_DIR"] = _CACHE.name
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,8 @@ into words and reads each word's tag on its first subword. Label names come from
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,19 +84,29 @@ class _LabelledModel(ModelRunner):
         atomic_write_text(directory / LABELS, json.dumps(self.labels, indent=2) + "\n")
         return directory
 
-    def _logits(self, rows: list[list[int]], batch_size: int):
-        """(index, logits) per batch of id rows, longest first; logits as the head gives them, in float32."""
+    def _each_batch(self, rows: list[list[int]], batch_size: int,
+                    use: Callable[[list[int], torch.Tensor], None]) -> None:
+        """`use(batch, logits)` for each batch of id rows (`batch`: indices into `rows`, longest batch first; logits
+        as the head gives them, in float32), one call at a time. Every batch is checked to fit before any runs; on
+        a CPU of more than one thread they run side by side, one thread each, as an embedder's do."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
-        for batch in length_sorted_batches([len(row) for row in rows], batch_size, pass_cost(self.device)):
-            self.check_batch_fits(len(batch), len(rows[batch[0]]), "a smaller batch_size (--batch-size)")
+        lengths = [len(row) for row in rows]
+        batches = list(length_sorted_batches(lengths, batch_size, pass_cost(self.device)))
+        for batch in batches:
+            self.check_batch_fits(len(batch), lengths[batch[0]], "a smaller batch_size (--batch-size)")
+        told = threading.Lock()
+
+        def run(batch: list[int]) -> None:
             ids = pad([rows[i] for i in batch], pad_id).to(self.device)  # (B, L)
-            mask = pad([[1] * len(rows[i]) for i in batch], 0).to(self.device)  # (B, L), 1 = real token
-            with torch.inference_mode():
-                with threads.running_on(encoding_threads(prepared, ids)):  # not held while the caller has the batch
-                    logits = prepared(ids, attention_mask=mask).float()
-                yield batch, logits
+            mask = pad([[1] * lengths[i] for i in batch], 0).to(self.device)  # (B, L), 1 = real token
+            with torch.inference_mode(), threads.running_on(encoding_threads(prepared, ids)):
+                logits = prepared(ids, attention_mask=mask).float()
+            with told:
+                use(batch, logits)
+
+        threads.side_by_side(run, batches, self.encoding_workers(batches, lengths))
 
 
 class Classifier(_LabelledModel):
@@ -109,8 +120,11 @@ class Classifier(_LabelledModel):
         A text longer than the model's `max_len` raises ValueError, unless `truncate` cuts it (as training did)."""
         rows = encode_texts(self.tokenizer, text_list(texts), self.model.config.max_len, truncate=truncate)
         out = np.zeros((len(rows), len(self.labels)), dtype=np.float32)
-        for batch, logits in self._logits(rows, batch_size):
+
+        def use(batch: list[int], logits: torch.Tensor) -> None:
             out[batch] = logits.softmax(dim=-1).cpu().numpy()  # (B, num_labels)
+
+        self._each_batch(rows, batch_size, use)
         return out
 
     def predict(self, texts: str | Sequence[str], *, batch_size: int = 32,
@@ -154,11 +168,14 @@ class Tagger(_LabelledModel):
         words = [text.split() for text in texts]
         encoded = [self._encode(w, number, truncate) for number, w in enumerate(words, start=1)]
         out: list[list[WordTag]] = [[] for _ in texts]
-        for batch, logits in self._logits([ids for ids, _ in encoded], batch_size):
+
+        def use(batch: list[int], logits: torch.Tensor) -> None:
             probs = logits.softmax(dim=-1).cpu()  # (B, L, num_labels)
             for row, i in enumerate(batch):
                 firsts = encoded[i][1]
                 best, index = probs[row, firsts].max(dim=-1) if firsts else (torch.zeros(0), torch.zeros(0))
                 tagged = [WordTag(w, self.labels[int(t)], float(p)) for w, t, p in zip(words[i], index, best)]
                 out[i] = tagged + [WordTag(w, None, 0.0) for w in words[i][len(tagged):]]
+
+        self._each_batch([ids for ids, _ in encoded], batch_size, use)
         return out[0] if single else out

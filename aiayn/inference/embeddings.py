@@ -327,20 +327,10 @@ class Embedder(ModelRunner):
         # On a CPU of more than one thread, batches side by side, each on one thread: 1,000 sentences in 1.12-1.17 s
         # against 1.49-1.81 one batch at a time on two (docs/notes.md, "Decoding"); the same vectors as on one. One
         # at a time where the largest batches would not fit in memory together (they are the first two).
-        workers = threads.side_by_side_workers(self.device, len(batches))
-        if workers > 1 and not self._fit_together(batches[:workers], ids):
-            workers = 1
+        workers = self.encoding_workers(batches, [len(row) for row in ids])
         self.prepared_model()  # prepared here, once, not by the first batches at the same time
         threads.side_by_side(run, batches, workers)
         return out
-
-    def _fit_together(self, batches: list[list[int]], ids: list[list[int]]) -> bool:
-        """Whether the forward passes of `batches` fit in this machine's memory at once (CPU)."""
-        try:
-            self.check_batch_fits(sum(len(b) for b in batches), len(ids[batches[0][0]]), "")
-        except MemoryError:
-            return False
-        return True
 
     def similarity(self, a: str, b: str) -> float:
         """Cosine similarity of two texts."""

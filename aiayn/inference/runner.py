@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -92,6 +93,18 @@ class ModelRunner:
         if self.device.type == "cpu":
             check_memory(forward_bytes(self.model.config, batch, length),
                          f"a batch of {batch} text{'s' if batch != 1 else ''} of {length:,} tokens", fix)
+
+    def encoding_workers(self, batches: list[list[int]], lengths: Sequence[int]) -> int:
+        """How many of an encoder pass's `batches` (indices into `lengths`, longest batch first) run side by side,
+        each on one thread (`threads.side_by_side_workers`); one where the largest would not fit in memory
+        together (CPU)."""
+        workers = threads.side_by_side_workers(self.device, len(batches))
+        if workers > 1:
+            try:
+                self.check_batch_fits(sum(len(batch) for batch in batches[:workers]), lengths[batches[0][0]], "")
+            except MemoryError:
+                return 1
+        return workers
 
     def prepared_model(self) -> nn.Module:
         """The model as the backend prepared it (once, and again whenever a weight changed since)."""

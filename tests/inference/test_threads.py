@@ -194,7 +194,9 @@ def test_a_short_text_is_classified_on_one_thread_and_the_count_restored_between
     monkeypatch.setattr(runner, "_timed_encoding", _one_faster_at_few_tokens(timed))
     classifier = Classifier.from_pretrained(classification_run)
     _watching_threads(monkeypatch, type(classifier.prepared_model()), "forward", seen)
-    counts = [torch.get_num_threads() for _ in classifier._logits([[5, 6, 7], [5] * 40], batch_size=1)]
+    monkeypatch.setattr(threads, "SIDE_BY_SIDE", 1)  # one batch at a time, each on the count measured for its rows
+    counts = []
+    classifier._each_batch([[5, 6, 7], [5] * 40], 1, lambda batch, logits: counts.append(torch.get_num_threads()))
     assert seen == [2, 1] and counts == [2, 2]  # longest first; the caller holds each batch on the process's count
     assert timed == [32, 8]
 
@@ -355,6 +357,38 @@ def test_an_embedders_batches_run_side_by_side_with_the_vectors_of_one_thread(tw
     alone = embedder.embed(texts, batch_size=4)
     assert workers == [2, 1] and sum(done) == len(texts)
     np.testing.assert_array_equal(both, alone)
+
+
+def test_a_classifiers_and_a_taggers_batches_run_side_by_side_with_the_predictions_of_one_thread(
+        two_threads, empty_cache, monkeypatch, classification_run, tagging_run):
+    from aiayn.inference import Classifier, Tagger
+
+    classifier, tagger = Classifier.from_pretrained(classification_run), Tagger.from_pretrained(tagging_run)
+    texts = ["one is good", "two", "three is bad and four is good", "Four visits Drei", "Five visits Zwei today"] * 4
+    workers = []
+    real = threads.side_by_side
+    monkeypatch.setattr(threads, "side_by_side", lambda run, items, n: (workers.append(n), real(run, items, n))[1])
+    both = classifier.probabilities(texts, batch_size=3), tagger.predict(texts, batch_size=3)
+    torch.set_num_threads(1)
+    alone = classifier.probabilities(texts, batch_size=3), tagger.predict(texts, batch_size=3)
+    assert workers == [2, 2, 1, 1]
+    np.testing.assert_array_equal(both[0], alone[0])
+    assert both[1] == alone[1] and [w.word for w in both[1][2]] == texts[2].split()
+
+
+def test_a_failing_batch_beside_another_raises_its_error_and_predicts_nothing_more(two_threads, monkeypatch,
+                                                                                   classification_run):
+    from aiayn.inference import Classifier
+
+    classifier = Classifier.from_pretrained(classification_run)
+    used = []
+
+    def use(batch, logits):
+        used.append(batch)
+        raise RuntimeError("the caller's own failure")
+    with pytest.raises(RuntimeError, match="the caller's own failure"):
+        classifier._each_batch([[5, 6, 7]] * 12, 1, use)
+    assert 1 <= len(used) <= 2  # the other worker's batch at most, no other started
 
 
 def test_batches_that_record_attention_or_draw_from_torchs_generator_run_one_at_a_time(two_threads, empty_cache,
