@@ -10,7 +10,7 @@ from torch import nn
 
 from aiayn.backends import inference_shape, select, weights_version
 from aiayn.inference import threads
-from aiayn.nn.sizes import check_memory, forward_bytes
+from aiayn.nn.sizes import available_memory, check_memory, forward_bytes
 
 
 def text_list(texts: object) -> list[str]:
@@ -95,14 +95,20 @@ class ModelRunner:
                          f"a batch of {batch} text{'s' if batch != 1 else ''} of {length:,} tokens", fix)
 
     def encoding_workers(self, batches: list[list[int]], lengths: Sequence[int]) -> int:
-        """How many of an encoder pass's `batches` (indices into `lengths`, longest batch first) run side by side,
-        each on one thread (`threads.side_by_side_workers`); one where the largest would not fit in memory
+        """How many of an encoder pass's `batches` (indices into `lengths`, each batch's longest first) run side by
+        side, each on its share of the threads (`threads.side_by_side_workers`): one where a batch's padded tokens
+        x d_model^2 average under `threads.PASS_WORK`, or where the largest batches would not fit in memory
         together (CPU)."""
-        workers = threads.side_by_side_workers(self.device, len(batches))
+        if not batches:
+            return 1
+        width = self.model.config.d_model
+        padded = [len(batch) * lengths[batch[0]] for batch in batches]
+        workers = threads.side_by_side_workers(self.device, len(batches), sum(padded) / len(padded) * width**2,
+                                               threads.PASS_WORK)
         if workers > 1:
-            try:
-                self.check_batch_fits(sum(len(batch) for batch in batches[:workers]), lengths[batches[0][0]], "")
-            except MemoryError:
+            largest = sorted(forward_bytes(self.model.config, len(batch), lengths[batch[0]]) for batch in batches)
+            available = available_memory()
+            if available is not None and sum(largest[-workers:]) > available:
                 return 1
         return workers
 

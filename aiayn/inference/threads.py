@@ -125,15 +125,23 @@ def own_count(threads: int) -> None:
 
 
 SIDE_BY_SIDE = 2  # the most batches run at once (measured on two cores only; each holds its own activations)
+# The least size of a batch's products (its rows x d_model^2) at which its batches run side by side: smaller, two
+# Python threads wait for each other more than they compute. Measured on two threads (docs/notes.md, "Decoding"): a
+# search step's rows (sentences x beams) at d_model 128, 1 to 128 rows: 0.63x one at a time at 1 row, 0.83-1.00x at
+# 4, 1.03-1.10x at 8, 1.16x at 16, 1.28-1.59x above; an encoder pass's padded tokens at d_model 32-384, which also
+# pays a batch's own Python each pass: 0.39-0.85x at 12K-442K, 1.05-1.86x at 786K and above.
+SEARCH_WORK = 2**17
+PASS_WORK = 2**19
 
 
-def side_by_side_workers(device: torch.device, items: int) -> int:
+def side_by_side_workers(device: torch.device, items: int, work: float = math.inf, least: float = 0.0) -> int:
     """How many of `items` independent batches run at once, each in a thread of its own on an equal share of this
     process's threads: on a CPU of more than one thread `SIDE_BY_SIDE` (or fewer items), else one. Two batches at
     once on one thread each ran 1.3-1.55x as fast as one at a time on two, at d_model 128 and at a base model's
     widths (docs/notes.md, "Decoding"): each operation of a batch alone waits for the other thread, which sleeps
-    while it waits under the CLI."""
-    if device.type != "cpu":
+    while it waits under the CLI. One where `work`, a batch's rows x d_model^2 on average, is under `least`
+    (`SEARCH_WORK`, `PASS_WORK`)."""
+    if device.type != "cpu" or work < least:
         return 1
     return max(1, min(torch.get_num_threads(), SIDE_BY_SIDE, items))
 

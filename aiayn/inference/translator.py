@@ -290,7 +290,9 @@ class Translator(ModelRunner):
         # batch records attention (its hooks on the shared modules would hear the other batch's calls) or samples
         # from torch's own generator (two batches would take its draws in either order).
         alone = config.return_attention or (config.do_sample and config.seed is None)
-        workers = 1 if alone else threads.side_by_side_workers(self.device, len(batches))
+        rows = config.num_beams * len(ids) / max(len(batches), 1)  # a step's rows, on average
+        workers = 1 if alone else threads.side_by_side_workers(self.device, len(batches),
+                                                               rows * self.model.config.d_model**2, threads.SEARCH_WORK)
         if workers > 1 and not self._fit_together(batches, ids, config, workers):
             workers = 1  # each batch's search is checked alone when it starts (`generate`), as one at a time
         searches_at_once(workers)

@@ -20,6 +20,15 @@ def two_threads():
     torch.set_num_threads(process)
 
 
+@pytest.fixture(autouse=True)
+def _test_batches_side_by_side(monkeypatch):
+    """The test models' batches are far smaller than any that gains from running side by side
+    (`threads.SEARCH_WORK`, `PASS_WORK`): here they run side by side as a real model's would, unless a test says
+    otherwise."""
+    monkeypatch.setattr(threads, "SEARCH_WORK", 0)
+    monkeypatch.setattr(threads, "PASS_WORK", 0)
+
+
 @pytest.fixture
 def empty_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
@@ -419,21 +428,44 @@ def test_nothing_is_measured_in_a_side_by_side_worker(empty_cache, monkeypatch):
     assert chosen == [None, None]
 
 
-def test_an_embedder_runs_its_batches_one_at_a_time_where_the_largest_two_would_not_fit_together(two_threads,
-                                                                                                monkeypatch):
-    from aiayn.inference.embeddings import Embedder
+def test_an_encoders_batches_run_one_at_a_time_where_its_two_largest_would_not_fit_together(two_threads,
+                                                                                           monkeypatch):
+    from aiayn.inference import runner
+    from aiayn.inference.embeddings import Embedder, length_sorted_batches
+    from aiayn.nn.sizes import forward_bytes
 
     embedder = Embedder.from_pretrained()
+    texts = ["A man is eating food."] * 9
+    lengths = [len(row) for row in embedder.tokenize(texts)]
+    batches = length_sorted_batches(lengths, 4)
+    needs = [forward_bytes(embedder.model.config, len(batch), lengths[batch[0]]) for batch in batches]
+    assert sorted(len(batch) for batch in batches) == [1, 4, 4] and len(batches[0]) == 1  # the first the smallest
     workers = []
     real = threads.side_by_side
     monkeypatch.setattr(threads, "side_by_side", lambda run, items, n: (workers.append(n), real(run, items, n))[1])
+    together = sum(sorted(needs)[-2:])  # the two largest at once, not the first two
+    for available in (together - 1, together):
+        monkeypatch.setattr(runner, "available_memory", lambda available=available: available)
+        embedder.embed(texts, batch_size=4)
+    assert workers == [1, 2]
 
-    def fits_alone(batch, length, fix):
-        if batch > 4:
-            raise MemoryError("not together")
-    monkeypatch.setattr(embedder, "check_batch_fits", fits_alone)
-    embedder.embed(["A man is eating food.", "Why?"] * 4, batch_size=4)
-    assert workers == [1]
+
+def test_batches_too_small_to_gain_run_one_at_a_time(two_threads, empty_cache, monkeypatch, translation_run,
+                                                     classification_run):
+    from aiayn.inference import Classifier, GenerationConfig, Translator
+
+    monkeypatch.setattr(threads, "SEARCH_WORK", 2**17)  # the measured values, which this module's tests set to 0
+    monkeypatch.setattr(threads, "PASS_WORK", 2**19)
+    assert threads.side_by_side_workers(torch.device("cpu"), 5, 2**17 - 1, threads.SEARCH_WORK) == 1
+    assert threads.side_by_side_workers(torch.device("cpu"), 5, 2**17, threads.SEARCH_WORK) == 2
+    workers = []
+    real = threads.side_by_side
+    monkeypatch.setattr(threads, "side_by_side", lambda run, items, n: (workers.append(n), real(run, items, n))[1])
+    translator, classifier = Translator.from_pretrained(translation_run), Classifier.from_pretrained(classification_run)
+    assert translator.model.config.d_model**2 * 32 < 2**17  # this tiny model's steps of 32 rows are small
+    translator.translations(["one two", "three"] * 32, GenerationConfig(num_beams=2), max_sentences=16)
+    classifier.probabilities(["one is good"] * 64, batch_size=32)
+    assert workers == [1, 1]
 
 
 def test_an_item_running_beside_one_that_failed_ends_at_its_next_check(two_threads):
