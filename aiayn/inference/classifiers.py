@@ -88,7 +88,8 @@ class _LabelledModel(ModelRunner):
                     use: Callable[[list[int], torch.Tensor], None]) -> None:
         """`use(batch, logits)` for each batch of id rows (`batch`: indices into `rows`, longest batch first; logits
         as the head gives them, in float32), one call at a time. Every batch is checked to fit before any runs; on
-        a CPU of more than one thread they run side by side, one thread each, as an embedder's do."""
+        a CPU of more than one thread they run side by side, each on its share of the threads, as an embedder's do
+        (`ModelRunner.encoding_workers`)."""
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
