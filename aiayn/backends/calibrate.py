@@ -60,7 +60,7 @@ from torch import nn
 
 from aiayn.backends import cpu, dropout, int8, timing
 from aiayn.backends.fused import TorchEncoderLayer, fuse_qkv, stacked_away
-from aiayn.backends.shapes import FEW_ROWS_MAX, ROW_CLASSES, SHAPE_KINDS
+from aiayn.backends.shapes import FEW_ROWS_MAX, ROW_CLASSES, SHAPE_KINDS, rows_measured
 from aiayn.config import ModelConfig, preset
 from aiayn.nn.model import build_encoder, build_model
 from aiayn.rundir import atomic_write_text
@@ -76,11 +76,12 @@ TRAIN_SHAPE_ROWS = 4096
 # as its steps read them.
 COLD_BYTES = 64 << 20
 ENVIRONMENT = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "AIAYN_INT8_RANGE")
-FORMAT = 10  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
+FORMAT = 11  # bump when what is measured changes (3: kernels by shape kind as well as rows; 4: fused layers;
 #            5: the vocabulary projection as a shape kind of its own; 6: a win must hold in 3 of 4 repeats;
 #            7: int8 weights against the float32 kernels; the training choices of a shape are added when asked;
 #            8: one- and few-row products timed each pass right after its own; 9: a decoding step's and an
-#            encoding's threads timed on the model itself; 10: an int8 layer's product by rows, oneDNN's among them)
+#            encoding's threads timed on the model itself; 10: an int8 layer's product by rows, oneDNN's among them;
+#            11: the vocabulary's many rows timed at a decoding batch's 64, not 256)
 # PyTorch's fused encoder layer replaces the layer written out where at least this much faster (the two run
 # the same products, so the difference is small and steady: the rest of each layer's passes)
 LAYER_MARGIN = 0.01
@@ -750,7 +751,7 @@ def _inference_kernels(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], co
         for kind, (w, b) in weights.items():
             copies = _cold_copies(w, cold_bytes) if rows <= FEW_ROWS_MAX else 1
             shaped = [(w if c == 0 else w.clone(), b) for c in range(copies)]
-            xs = [torch.randn(rows, w.shape[1], generator=gen) for w, _ in shaped]
+            xs = [torch.randn(rows_measured(name, kind), w.shape[1], generator=gen) for w, _ in shaped]
             layers = {"dense": [lambda x, w=w, b=b: F.linear(x, w, b) for w, b in shaped]}
             if usable:
                 layers["packed"] = [_on_kernel(w, b, "packed") for w, b in shaped]
@@ -946,7 +947,7 @@ def _int8_products(weights: dict[str, tuple[torch.Tensor, torch.Tensor]], infere
         for name, rows in ROW_CLASSES:
             copies = len(shaped) if rows <= FEW_ROWS_MAX else 1
             float32 = [_on_kernel(v, b, inference[name][kind]) for v in shaped[:copies]]
-            x = torch.randn(rows, w.shape[1], generator=gen)
+            x = torch.randn(rows_measured(name, kind), w.shape[1], generator=gen)
             candidates = {"int8": lambda layers=quantized[:copies], x=x: [f.int8_product(x) for f in layers],
                           "float32": lambda layers=float32, x=x: [f(x) for f in layers]}
             if onednn:

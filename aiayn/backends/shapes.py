@@ -16,6 +16,10 @@ FEW_ROWS_MAX = 16
 # docs/notes.md, "Encoder and CPU kernels"), where over FFN up's 4 MiB it costs little.
 SHAPE_KINDS = (("wide", (512, 2048)), ("square", (512, 512)), ("narrow", (2048, 512)), ("vocabulary", (512, 32768)))
 VOCABULARY_WIDENING = 4  # a product widening its input more than this many times is of the vocabulary kind
+# The vocabulary's many rows are a decoding step's (a batch's sentences x beams: tens to a couple of hundred), where
+# its kernels differ most, and are timed there: at 256 rows they tie, at 24-128 oneDNN's prepacked product ran
+# 1.15-1.35x PyTorch's default (docs/notes.md, "Decoding"). Other kinds' many rows are also encoders' and prompts'.
+VOCABULARY_MANY_ROWS = 64
 
 
 def row_class(rows: int) -> str:
@@ -29,3 +33,10 @@ def shape_kind(in_features: int, out_features: int) -> str:
     if out_features > VOCABULARY_WIDENING * in_features:
         return "vocabulary"
     return "wide" if out_features > in_features else "narrow" if out_features < in_features else "square"
+
+
+def rows_measured(row_class_name: str, kind: str) -> int:
+    """The rows `calibrate` times a product of this row class (a name of `ROW_CLASSES`) and shape kind over."""
+    if row_class_name == "many" and kind == "vocabulary":
+        return VOCABULARY_MANY_ROWS
+    return dict(ROW_CLASSES)[row_class_name]

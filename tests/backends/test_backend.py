@@ -400,6 +400,20 @@ def test_a_layer_holds_only_the_weight_forms_its_kernels_use():
 
 
 @needs_onednn
+def test_the_vocabularys_many_rows_are_timed_at_a_decoding_batchs(monkeypatch):
+    from aiayn.backends import shapes
+
+    assert shapes.rows_measured("many", "vocabulary") == shapes.VOCABULARY_MANY_ROWS == 64  # batch x beams
+    assert [shapes.rows_measured(name, "wide") for name, _ in shapes.ROW_CLASSES] == [1, 4, 256]
+    assert [shapes.rows_measured(name, "vocabulary") for name, _ in shapes.ROW_CLASSES] == [1, 4, 64]
+    seen, real = set(), F.linear
+    monkeypatch.setattr(F, "linear", lambda x, w, b=None: (seen.add((x.shape[0], w.shape[0])), real(x, w, b))[1])
+    weights = {"wide": (torch.randn(64, 16), torch.randn(64)), "vocabulary": (torch.randn(128, 16), torch.randn(128))}
+    with torch.no_grad():  # as calibration times them
+        calibrate._inference_kernels(weights, 0, {}, {}, torch.Generator().manual_seed(0))
+    assert {(256, 64), (64, 128)} <= seen and (256, 128) not in seen
+
+
 def test_each_layer_runs_the_kernels_measured_for_its_shape_kind(monkeypatch):
     from aiayn.backends import cpu
 
