@@ -18,7 +18,8 @@ kernel unless another is at least `timing.MARGIN` faster (median of per-repeat r
                 bf16 F.linear would otherwise go to oneDNN over the unpacked weight)
 
 Inference products are chosen per number of rows (`shapes.ROW_CLASSES`: one, a few, many) and per shape
-kind (`shapes.shape_kind`: wide, square, narrow, vocabulary), in float32 and, on a CPU with native bf16, in bf16
+kind (`shapes.shape_kind`: wide, square, narrow, vocabulary), each timed at `shapes.rows_measured` rows (many at 256,
+the vocabulary's many at a decoding batch's 64), in float32 and, on a CPU with native bf16, in bf16
 (`bf16_kernels`); training
 products (forward and backward) are oneDNN or F.linear; fused Q/K/V (one stacked product instead of
 three) is kept only where measured faster, in each mode.
