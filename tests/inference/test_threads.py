@@ -20,6 +20,9 @@ def two_threads():
     torch.set_num_threads(process)
 
 
+MEASURED_WORK = threads.SEARCH_WORK, threads.PASS_WORK  # the library's, before the fixture below sets them to 0
+
+
 @pytest.fixture(autouse=True)
 def _test_batches_side_by_side(monkeypatch):
     """The test models' batches are far smaller than any that gains from running side by side
@@ -454,15 +457,16 @@ def test_batches_too_small_to_gain_run_one_at_a_time(two_threads, empty_cache, m
                                                      classification_run):
     from aiayn.inference import Classifier, GenerationConfig, Translator
 
-    monkeypatch.setattr(threads, "SEARCH_WORK", 2**17)  # the measured values, which this module's tests set to 0
-    monkeypatch.setattr(threads, "PASS_WORK", 2**19)
-    assert threads.side_by_side_workers(torch.device("cpu"), 5, 2**17 - 1, threads.SEARCH_WORK) == 1
-    assert threads.side_by_side_workers(torch.device("cpu"), 5, 2**17, threads.SEARCH_WORK) == 2
+    search, encoding = MEASURED_WORK
+    monkeypatch.setattr(threads, "SEARCH_WORK", search)
+    monkeypatch.setattr(threads, "PASS_WORK", encoding)
+    assert threads.side_by_side_workers(torch.device("cpu"), 5, search - 1, search) == 1
+    assert threads.side_by_side_workers(torch.device("cpu"), 5, search, search) == 2
     workers = []
     real = threads.side_by_side
     monkeypatch.setattr(threads, "side_by_side", lambda run, items, n: (workers.append(n), real(run, items, n))[1])
     translator, classifier = Translator.from_pretrained(translation_run), Classifier.from_pretrained(classification_run)
-    assert translator.model.config.d_model**2 * 32 < 2**17  # this tiny model's steps of 32 rows are small
+    assert translator.model.config.d_model**2 * 32 < search  # this tiny model's steps of 32 rows are small
     translator.translations(["one two", "three"] * 32, GenerationConfig(num_beams=2), max_sentences=16)
     classifier.probabilities(["one is good"] * 64, batch_size=32)
     assert workers == [1, 1]
