@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -94,4 +95,23 @@ def check_output_file(path: str | Path, option: str, *, inputs: Iterable[tuple[s
     if owner is not None:
         raise OutputRefused(f"{option} {path} is inside {owner.path}, which holds {owner.description}; a command "
                             f"never replaces files there: choose an {option} file outside it")
+    _check_folder_writable(path, option)
     return path
+
+
+def _check_folder_writable(path: Path, option: str) -> None:
+    """Refuse, before the work, an output whose folder could not take it: a part of its path that is a file, or a
+    folder (the nearest that exists: the write makes the others) where no file can be made. Probed by making and
+    removing a temporary file there, which also finds what permissions do not say (a read-only file system, an
+    immutable folder, /proc)."""
+    folder = path.parent
+    while not folder.exists() and folder.parent != folder:  # folders the write will make
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputRefused(f"{option} {path}: {folder} is not a folder; choose an {option} file in a folder")
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise OutputRefused(f"{option} {path}: no file can be written in {folder} ({err.strerror or err}); choose an "
+                            f"{option} file in a folder you can write") from None

@@ -94,8 +94,8 @@ def cmd_embed(args: argparse.Namespace) -> int:
     from aiayn.rundir import atomic_open
 
     output = None
-    if args.output:
-        if Path(args.output).is_dir():
+    if args.output is not None:  # an empty name is refused, not taken for none
+        if args.output.strip() and Path(args.output).is_dir():
             raise IsADirectoryError(f"--output {args.output} is a directory; give a file name ending in .npy or .jsonl")
         output = check_output_file(args.output, "--output", inputs=[("--input", args.input), ("--model", args.model)],
                                    suffixes=(".npy", ".jsonl"))

@@ -107,9 +107,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     config = _generation_config(args)
     inputs = [("--input", args.input), ("--run", args.run)]
-    output = check_output_file(args.output, "--output", inputs=inputs) if args.output else None
-    if args.show_attention:
-        if Path(args.show_attention).is_dir():
+    output = check_output_file(args.output, "--output", inputs=inputs) if args.output is not None else None
+    if args.show_attention is not None:  # an empty name is refused, not taken for none
+        if args.show_attention.strip() and Path(args.show_attention).is_dir():
             raise IsADirectoryError(f"--show-attention {args.show_attention} is a directory; give a .png file name")
         check_output_file(args.show_attention, "--show-attention", inputs=[*inputs, ("--output", args.output)],
                           suffixes=_plot_suffixes())

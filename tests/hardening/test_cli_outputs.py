@@ -6,6 +6,7 @@ tests/hardening/conftest.py)."""
 import errno
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,12 @@ def partial_then_full_disk(monkeypatch):
     monkeypatch.setattr(np, "save", save)
 
 
+def read_only_folder(monkeypatch):
+    def temporary_file(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(tempfile, "TemporaryFile", temporary_file)
+
+
 def copy_run(name):
     return lambda scene: shutil.copytree(scene / "run", scene / name)
 
@@ -59,6 +66,15 @@ OUTPUTS = [
     Case("translate --show-attention with an unknown extension", ["translate", "--run", "run", "a",
                                                                   "--show-attention", "map.bmpx"], 2,
          r"--show-attention must end in .*\.pdf.*\.png.* or \.webp, got 'map.bmpx'"),
+    Case("translate -o under a file", ["translate", "--run", "run", "-o", "notes.txt/out.txt", "a b"], 2,
+         r"--output notes.txt/out.txt: notes.txt is not a folder; choose an --output file in a folder"),
+    Case("translate -o in a folder that takes no file", ["translate", "--run", "run", "-o", "new/out.txt", "a b"], 2,
+         r"--output new/out.txt: no file can be written in \. \(Read-only file system\); choose an --output file in "
+         r"a folder you can write", patch=read_only_folder),
+    Case("translate -o empty", ["translate", "--run", "run", "-o", "", "a b"], 2, r"--output is empty; name a file"),
+    Case("translate --show-attention empty", ["translate", "--run", "run", "a", "--show-attention", ""], 2,
+         r"--show-attention is empty; name a file"),
+    Case("embed -o empty", ["embed", "--model", "enc", "x", "-o", ""], 2, r"--output is empty; name a file"),
     Case("search --index naming the corpus", ["search", "--model", "enc", "--corpus", "good.tsv", "--index",
                                               "good.tsv", "q"], 2, r"--index good.tsv is the input --corpus good.tsv"),
     Case("search --index at a text file", ["search", "--model", "enc", "--corpus", "good.tsv", "--index",
