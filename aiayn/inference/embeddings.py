@@ -325,8 +325,8 @@ class Embedder(ModelRunner):
         for batch in batches:  # every batch checked before any runs
             self.check_batch_fits(len(batch), len(ids[batch[0]]), "a smaller batch_size (--batch-size) or max_length")
         # On a CPU of more than one thread, batches side by side, each on one thread: 1,000 sentences in 1.12-1.17 s
-        # against 1.49-1.81 one batch at a time on two (docs/notes.md, "Decoding"); the same vectors as on one. One
-        # at a time where batches are too small to gain, or the largest would not fit in memory together.
+        # against 1.49-1.81 one batch at a time on two (docs/notes.md, "Decoding"); the vectors of the same model on
+        # one. One at a time where batches are too small to gain, or the largest would not fit in memory together.
         workers = self.encoding_workers(batches, [len(row) for row in ids])
         self.prepared_model()  # prepared here, once, not by the first batches at the same time
         threads.side_by_side(run, batches, workers)
