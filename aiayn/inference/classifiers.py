@@ -87,16 +87,11 @@ class _LabelledModel(ModelRunner):
     def _each_batch(self, rows: list[list[int]], batch_size: int,
                     use: Callable[[list[int], torch.Tensor], None]) -> None:
         """`use(batch, logits)` for each batch of id rows (`batch`: indices into `rows`, longest batch first; logits
-        as the head gives them, in float32), one call at a time. Every batch is checked to fit before any runs; on
-        a CPU of more than one thread they run side by side, each on its share of the threads, as an embedder's do
-        (`ModelRunner.encoding_workers`)."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
+        as the head gives them, in float32), one call at a time; the batches run as `ModelRunner.run_batches` runs
+        them (checked to fit first; side by side where they gain)."""
         lengths = [len(row) for row in rows]
-        batches = list(length_sorted_batches(lengths, batch_size, pass_cost(self.device)))
-        for batch in batches:
-            self.check_batch_fits(len(batch), lengths[batch[0]], "a smaller batch_size (--batch-size)")
+        batches = length_sorted_batches(lengths, batch_size, pass_cost(self.device))  # refuses a batch_size under 1
+        prepared, pad_id = self.prepared_model(), self.tokenizer.pad_id
         told = threading.Lock()
 
         def run(batch: list[int]) -> None:
@@ -107,7 +102,7 @@ class _LabelledModel(ModelRunner):
             with told:
                 use(batch, logits)
 
-        threads.side_by_side(run, batches, self.encoding_workers(batches, lengths))
+        self.run_batches(run, batches, lengths, "a smaller batch_size (--batch-size)")
 
 
 class Classifier(_LabelledModel):

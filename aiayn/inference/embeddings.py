@@ -321,15 +321,12 @@ class Embedder(ModelRunner):
                 with told:
                     progress(len(batch))
 
-        batches = list(length_sorted_batches([len(row) for row in ids], batch_size, pass_cost(self.device)))
-        for batch in batches:  # every batch checked before any runs
-            self.check_batch_fits(len(batch), len(ids[batch[0]]), "a smaller batch_size (--batch-size) or max_length")
+        lengths = [len(row) for row in ids]
         # On a CPU of more than one thread, batches side by side, each on one thread: 1,000 sentences in 1.12-1.17 s
         # against 1.49-1.81 one batch at a time on two (docs/notes.md, "Decoding"); the vectors of the same model on
         # one. One at a time where batches are too small to gain, or the largest would not fit in memory together.
-        workers = self.encoding_workers(batches, [len(row) for row in ids])
-        self.prepared_model()  # prepared here, once, not by the first batches at the same time
-        threads.side_by_side(run, batches, workers)
+        self.run_batches(run, length_sorted_batches(lengths, batch_size, pass_cost(self.device)), lengths,
+                         "a smaller batch_size (--batch-size) or max_length")
         return out
 
     def similarity(self, a: str, b: str) -> float:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -94,11 +94,21 @@ class ModelRunner:
             check_memory(forward_bytes(self.model.config, batch, length),
                          f"a batch of {batch} text{'s' if batch != 1 else ''} of {length:,} tokens", fix)
 
-    def encoding_workers(self, batches: list[list[int]], lengths: Sequence[int]) -> int:
-        """How many of an encoder pass's `batches` (indices into `lengths`, each batch's longest first) run side by
-        side, each on its share of the threads (`threads.side_by_side_workers`): one where a batch's padded tokens
-        x d_model^2 average under `threads.PASS_WORK`, or where the largest batches would not fit in memory
-        together (CPU)."""
+    def run_batches(self, run: Callable[[list[int]], None], batches: list[list[int]], lengths: Sequence[int],
+                    fix: str) -> None:
+        """`run(batch)` for each of an encoder pass's `batches` (indices into `lengths`, each batch's longest first):
+        every batch checked to fit in memory before any runs (`fix`: the option that makes batches smaller), the model
+        prepared once, then on a CPU of more than one thread the batches side by side, each on its share of the
+        threads (`threads.side_by_side`), where `_workers` says they gain."""
+        for batch in batches:
+            self.check_batch_fits(len(batch), lengths[batch[0]], fix)
+        self.prepared_model()  # prepared here, once, not by the first batches at the same time
+        threads.side_by_side(run, batches, self._workers(batches, lengths))
+
+    def _workers(self, batches: list[list[int]], lengths: Sequence[int]) -> int:
+        """How many of `batches` run at once (`threads.side_by_side_workers`): one where a batch's padded tokens x
+        d_model^2 average under `threads.PASS_WORK`, or where the largest batches would not fit in memory together
+        (CPU)."""
         if not batches:
             return 1
         width = self.model.config.d_model
