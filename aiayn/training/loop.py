@@ -39,16 +39,21 @@ def get_lr(step: int, recipe: Recipe, d_model: int) -> float:
 
     From scratch ("noam"), equation 3 of section 5.3, lrate = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5),
     with the warmup fitted to the run and scaled so that its peak is the recipe's (`schedule.resolve_recipe`).
-    Fine-tuning then decays linearly to 0 at `total_steps` ("linear") or stays at the peak ("constant").
+    "linear" then decays linearly to 0 at `total_steps`, "constant" stays at the peak. A recipe re-planned during
+    the run (`Recipe.replanned`) goes on from the rate it had at its anchor step.
     """
     step, warmup, peak = max(step, 1), recipe.warmup, recipe.peak_lr
+    start, start_lr = (recipe.anchor_step, recipe.anchor_lr) if recipe.anchor_step else (0, 0.0)
+    if step <= warmup and start:  # a warmup re-planned on its way: on from where the rate stood
+        return start_lr + (peak - start_lr) * (step - start) / max(warmup - start, 1)
     if recipe.schedule == "noam":
         scale = peak / (d_model**-0.5 * warmup**-0.5)  # equation 3 peaks at d_model^-0.5 * warmup^-0.5
         return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
     if step <= warmup:
         return peak * step / warmup
     if recipe.schedule == "linear":
-        return peak * max(0.0, (recipe.total_steps - step) / max(recipe.total_steps - warmup, 1))
+        start, start_lr = (start, start_lr) if start > warmup else (warmup, peak)
+        return start_lr * max(0.0, (recipe.total_steps - step) / max(recipe.total_steps - start, 1))
     return peak
 
 
@@ -95,9 +100,10 @@ class Trainer(RunState):
                     began = time.perf_counter()
                     micro = [make_batch(self.data, self.data.train, batches[i] if i is not None else [],
                                         generator=masking_generator(cfg.seed, self.epoch, i or 0)) for i in mine]
+                    made = time.perf_counter()
                     stats = self.train_step(micro, [batch_seed(cfg.seed, self.epoch, i or 0, stream=1) for i in mine])
                     self.batch_index = next_batch
-                    pacing.step_taken(self, time.perf_counter() - began)
+                    pacing.step_taken(self, time.perf_counter() - began, made - began)
                     self.rows.add(stats)  # the `train` log row
                     validation.after_step(self)  # a scheduled validation; "patience" skips the rest
                     if self.stopping is None:
@@ -147,7 +153,7 @@ class Trainer(RunState):
             raise TrainingError(saves.failure_message(self, f"non-finite gradient norm ({norm})"))
         lr = get_lr(self.step + 1, self.recipe, self.model.config.d_model)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = self.lr = lr
         self.optimizer.step()  # Adam (section 5.3)
         self.step += 1
         return {"loss": loss_sum / max(units, 1), "nll": nll_sum / max(units, 1), "lr": lr, "grad_norm": norm,

@@ -4,6 +4,7 @@ the weights the final model takes (the files themselves: `checkpoint.py`)."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,9 @@ from aiayn.training.checkpoint import (
 )
 from aiayn.training.schedule import resolve_recipe
 
+# A time budget's schedule as its re-plans left it (`Recipe.replanned`), kept with a checkpoint.
+RESUMED_SCHEDULE = ("warmup", "total_steps", "anchor_step", "anchor_lr")
+
 
 def state(t: Any) -> dict[str, Any]:
     """What the trainer `t` resumes from besides the weights: where the next step starts, the optimizer, the best
@@ -30,7 +34,8 @@ def state(t: Any) -> dict[str, Any]:
             "stale_validations": t.stale_validations,
             "budget": None if budget is None else {
                 "used": budget.elapsed(), "planned_steps": budget.planned_steps,
-                "next_valid": budget.next_valid, "step_s": budget.step_s}}
+                "next_valid": budget.next_valid, "step_s": budget.step_s, "lr": t.lr,
+                "schedule": {key: getattr(t.recipe, key) for key in RESUMED_SCHEDULE}}}
 
 
 def save(t: Any, *, best: bool = False) -> Path:
@@ -105,7 +110,11 @@ def restore(t: Any) -> None:
         t.budget.used = float(plan["used"])
         t.budget.planned_steps, t.budget.next_valid = int(plan["planned_steps"]), int(plan["next_valid"])
         t.budget.step_s = plan.get("step_s")
+        t.budget.refitted = True  # its config holds what the fit chose
         t.recipe, _ = resolve_recipe(cfg, total_steps=t.budget.planned_steps, d_model=t.model.config.d_model)
+        if "schedule" in plan:  # the plan as re-planned (continuous), not as resolved afresh
+            t.recipe = replace(t.recipe, **{key: plan["schedule"][key] for key in RESUMED_SCHEDULE})
+            t.lr = float(plan["lr"])
     if t.rank == 0:
         t.log.truncate_after(t.step)
     t.report(f"resumed from {checkpoint} (step {t.step}, epoch {t.epoch + 1}, batch {t.batch_index})")

@@ -15,7 +15,7 @@ as given, and noam is then exactly equation 3 (`aiayn.training.loop.get_lr`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 SCHEDULES = ("auto", "noam", "linear", "constant")
@@ -48,6 +48,24 @@ class Recipe:
     betas: tuple[float, float]
     eps: float
     weight_decay: float
+    # Where a re-plan took over (`replanned`): from (anchor_step, anchor_lr) the rate runs on to the new plan, so
+    # that a re-planned run's rate never jumps; (0, 0) for a run planned once.
+    anchor_step: int = 0
+    anchor_lr: float = 0.0
+
+    def replanned(self, new: Recipe, *, step: int, lr: float) -> Recipe:
+        """This recipe taken over after `step`, at the rate `lr` it had then, by `new` (the recipe resolved for a new
+        plan of the run's steps): the rate never jumps.
+
+        A warmup not yet over takes the new plan's and is reached from where the rate stands; a warmup that is over
+        stays as it was (the inverse square root then goes on unchanged); a linear decay runs from where the rate
+        stands to 0 at the new end.
+        """
+        warmup = max(new.warmup, step + 1) if step < self.warmup else self.warmup
+        total = max(new.total_steps, step + 1)
+        if step == 0:
+            return replace(self, warmup=warmup, total_steps=total)
+        return replace(self, warmup=warmup, total_steps=total, anchor_step=step, anchor_lr=lr)
 
     def describe(self) -> str:
         """One line for the run's report."""

@@ -56,6 +56,29 @@ def test_a_short_run_warms_up_over_a_tenth_of_its_steps_to_the_papers_peak():
     assert get_lr(30, explicit, 64) == get_lr(300, explicit, 64) == 5e-4
 
 
+@pytest.mark.parametrize("schedule", ["noam", "linear"])
+@pytest.mark.parametrize(("at", "total"), [(50, 2400), (50, 400), (500, 2400), (900, 1500)])
+def test_a_replanned_schedule_never_jumps(schedule, at, total):
+    """A budget re-plans its steps during the run (after its probe steps, at each validation): the rate goes on from
+    where it stood, where a schedule resolved afresh would jump to another warmup's or another end's rate."""
+    cfg = TrainConfig(train="data.tsv", lr=3e-3, warmup_fraction=0.3, schedule=schedule)
+    first, _ = resolve_recipe(cfg, total_steps=1000, d_model=128)
+    fresh, _ = resolve_recipe(cfg, total_steps=total, d_model=128)
+    lr = get_lr(at, first, 128)
+    again = first.replanned(fresh, step=at, lr=lr)
+    rates = [get_lr(step, again, 128) for step in range(at + 1, total + 1)]
+    steps = [abs(b - a) for a, b in zip([lr, *rates], rates)]
+    # resolved afresh, these re-plans jump by 10-43% of the peak; a step of the re-planned rate moves it under 2%
+    assert max(steps) < 0.02 * 3e-3
+    if at < first.warmup:
+        assert again.warmup == max(fresh.warmup, at + 1)  # a warmup on its way fits the new plan
+        assert max(rates) == pytest.approx(3e-3) == get_lr(again.warmup, again, 128)  # and reaches the peak
+    else:
+        assert again.warmup == first.warmup  # a warmup that is over stays: the inverse square root goes on
+    if schedule == "linear":
+        assert rates[-1] == 0.0  # decayed to 0 at the new end
+
+
 def test_fine_tuning_recipe_is_adamw_with_linear_warmup_and_decay():
     recipe, _ = resolve_recipe(TrainConfig(dataset="compare", objective="sequence_classification", init_from="minilm"),
                                total_steps=1000, d_model=384)
