@@ -26,7 +26,7 @@ from aiayn.nn.heads import (
     TokenClassificationHead,
     VocabularyHead,
 )
-from aiayn.nn.layers import DecoderLayer, EncoderLayer
+from aiayn.nn.layers import DecoderLayer, EncoderLayer, SublayerConnection
 from aiayn.nn.masks import check_mask, key_padding_from_attention_mask, padding_mask
 from aiayn.nn.sizes import check_model_fits
 from aiayn.tasks.names import MASKED_LM, SEQUENCE_CLASSIFICATION, TOKEN_CLASSIFICATION
@@ -389,6 +389,17 @@ def build_model(cfg: ModelConfig) -> EncoderDecoderModel | EncoderModel | Decode
     if torch.empty(0).device.type != "meta":
         check_model_fits(cfg)  # by arithmetic: microseconds, whatever the sizes
     return _build(cfg)
+
+
+def set_dropout(model: nn.Module, p: float) -> nn.Module:
+    """`model` (built, or a prepared copy of one) with its residual dropout, `ModelConfig.dropout`, set to `p`, in
+    place: on every sub-layer's output, on embedding + positions and before a labelling head (section 5.4), and in its
+    config; the attention and feed-forward hidden dropouts are other keys and stay. Returns `model`."""
+    for module in model.modules():
+        if isinstance(module, (SublayerConnection, Embeddings, SequenceClassificationHead, TokenClassificationHead)):
+            module.dropout.p = p
+    model.config = model.config.replace(dropout=p)
+    return model
 
 
 # The encoder-only heads by `ModelConfig.head` (the task objects in aiayn.tasks name the head they train).

@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
 PROBE_STEPS = 5  # optimizer steps timed before the run is planned (the first one, warming up, is not counted)
+# Optimizer steps timed before a fitted recipe is fitted to the compute (`pacing.refit`): each new batch shape is slow
+# the first time it runs, so the probe's steps are too few to know the pace by.
+REFIT_STEPS = 50
 VALID_SHARE = 0.10  # of the budget, spent on validation during training
 MAX_VALIDATIONS = 10
 FIRST_VALID = 0.4  # of the planned steps: where the first validation comes
@@ -80,7 +83,8 @@ class Budget:
     seconds: float
     started: float
     used: float = 0.0
-    spent: dict[str, float] = field(default_factory=lambda: {"setup": 0.0, "train": 0.0, "valid": 0.0,
+    # "train" is the optimizer steps less "data", the making of their batches (the data pipeline)
+    spent: dict[str, float] = field(default_factory=lambda: {"setup": 0.0, "train": 0.0, "data": 0.0, "valid": 0.0,
                                                              "checkpoint": 0.0, "test": 0.0, "finish": 0.0})
     step_s: float | None = None  # the recent optimizer step time (exponential average)
     valid_s: float | None = None  # the newest validation's seconds
@@ -94,6 +98,7 @@ class Budget:
     planned_steps: int = 0
     next_valid: int = 0  # the step of the next validation (0: none before the end)
     skipped_validations: int = 0
+    refitted: bool = False  # whether the recipe was fitted to the compute (once, early; a resumed run keeps it)
 
     @property
     def deadline(self) -> float:
@@ -112,9 +117,11 @@ class Budget:
         """Add `seconds` to `phase` ("setup", "train", "valid", "checkpoint", "test" or "finish")."""
         self.spent[phase] = self.spent.get(phase, 0.0) + seconds
 
-    def record_step(self, seconds: float) -> None:
-        """One optimizer step took `seconds`; the first is a warm-up (allocations, threads) and not averaged."""
-        self.record("train", seconds)
+    def record_step(self, seconds: float, data_s: float = 0.0) -> None:
+        """One optimizer step took `seconds`, `data_s` of them making its batches; the first is a warm-up
+        (allocations, threads) and not averaged."""
+        self.record("train", seconds - data_s)
+        self.record("data", data_s)
         self.timed_steps += 1
         if self.timed_steps == 1 and self.step_s is None:
             return
@@ -198,6 +205,7 @@ class Budget:
     def describe(self) -> str:
         """One line: how the budget was spent."""
         s = self.summary()
-        parts = ", ".join(f"{phase} {format_duration(s[f'{phase}_s'])}" for phase in self.spent if s[f"{phase}_s"])
+        parts = ", ".join(f"{phase} {format_duration(s[f'{phase}_s'])} ({s[f'{phase}_s'] / self.seconds:.1%})"
+                          for phase in self.spent if s[f"{phase}_s"])
         return (f"time budget {format_duration(self.seconds)}: used {format_duration(s['used_s'])} "
                 f"({s['used_fraction']:.1%}): {parts}")

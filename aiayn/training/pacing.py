@@ -4,11 +4,16 @@ each validation, the beam's cost, and the test's beam at the end (the accounts a
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
-from aiayn.training.budget import BEAM_OVERRUN, BEAM_SAMPLE, END_MARGIN, FINISH_S, PROBE_STEPS
+from aiayn.data.batching import token_batches
+from aiayn.nn.model import set_dropout
+from aiayn.training.budget import BEAM_OVERRUN, BEAM_SAMPLE, END_MARGIN, FINISH_S, PROBE_STEPS, REFIT_STEPS
 from aiayn.training.evaluate import EvalOptions, evaluate
+from aiayn.training.recipe import compute_keys
 from aiayn.training.schedule import resolve_recipe
+from aiayn.training.setup import save_run_config
 
 # The share of a time budget the test may be estimated to take for the end to decode it a second time, in bf16
 # (`bf16_test_due`): at the English -> French recipe's 10 minutes it took 9 s of 600.
@@ -68,12 +73,50 @@ def step_fits(t: Any) -> bool:
     return t.budget is None or allows(t, t.budget.step_s or 0.0)
 
 
-def step_taken(t: Any, seconds: float) -> None:
-    """A step took `seconds`; after the `PROBE_STEPS` first, the run is planned."""
-    if t.budget is not None:
-        t.budget.record_step(seconds)
-        if t.budget.timed_steps == PROBE_STEPS and not t.budget.planned_steps:
+def step_taken(t: Any, seconds: float, data_s: float = 0.0) -> None:
+    """A step took `seconds` (`data_s` of them making its batches); after the `PROBE_STEPS` first, the run is
+    planned; after `REFIT_STEPS`, a fitted recipe is fitted to the compute the plan buys (`refit`)."""
+    budget = t.budget
+    if budget is not None:
+        budget.record_step(seconds, data_s)
+        if budget.timed_steps == PROBE_STEPS and not budget.planned_steps:
             plan(t)
+        elif budget.timed_steps == REFIT_STEPS and not budget.refitted:
+            budget.refitted = True
+            if t.run.train.recipe == "fit":
+                plan(t)  # the first steps of each batch shape are slow: the pace is known only now
+                refit(t)
+
+
+def planned_passes(t: Any) -> float:
+    """Passes over the training split the planned steps make (steps x batches a step / batches in the split)."""
+    cfg = t.cfg
+    batches = token_batches(t.data.train.lengths, cfg.max_tokens, seed=cfg.seed, epoch=0,
+                            max_sentences=cfg.max_sentences, ties=t.data.train.ties)
+    return t.budget.planned_steps * cfg.global_batches / max(len(batches), 1)
+
+
+def refit(t: Any) -> None:
+    """Fit the recipe's compute keys (`recipe.compute_keys`) to the passes over the data the plan buys, once, early;
+    a key the config sets is kept, and so is the model of a preset the config names. One line says what changed."""
+    passes = planned_passes(t)
+    given = t.run.given | ({f"model.{key}" for key in ("dropout",)} if "model.preset" in t.run.given else set())
+    keys = {key: value for key, value in compute_keys(passes).items() if key not in given}
+    changed = {key: value for key, value in keys.items()
+               if (getattr(t.model.config, key[6:]) if key.startswith("model.") else getattr(t.cfg, key)) != value}
+    if "model.dropout" in changed:
+        for model in (t.model, t.prepared):  # the prepared copy has modules of its own
+            set_dropout(model, changed["model.dropout"])
+    train = {key: value for key, value in changed.items() if not key.startswith("model.")}
+    model = {key[6:]: value for key, value in changed.items() if key.startswith("model.")}
+    t.run = replace(t.run, train=replace(t.cfg, **train), model_overrides={**t.run.model_overrides, **model})
+    t.cfg = t.run.train
+    if t.rank == 0:
+        save_run_config(t)  # a resume builds the model with what was chosen
+        chosen = " ".join(f"{key}={value:g}" for key, value in keys.items())
+        t.report(f"recipe fitted to the compute: {t.budget.planned_steps} steps planned, {passes:.1f} passes over the "
+                 "training data: " + ((chosen + ("" if changed else " (as set up)")) if keys else
+                                      "every key it fits is set by the config"))
 
 
 def plan(t: Any) -> None:
@@ -83,7 +126,9 @@ def plan(t: Any) -> None:
     valid_examples = len(t.data.valid.head(cfg.valid_max_examples).items)
     total, upcoming = budget.plan(t.step, end_reserve(t), valid_examples, cfg.max_steps)
     budget.planned_steps, budget.next_valid = t.parallel.from_rank0((total, upcoming))
-    t.recipe, notes = resolve_recipe(cfg, total_steps=total, d_model=t.model.config.d_model)
+    fresh, notes = resolve_recipe(cfg, total_steps=total, d_model=t.model.config.d_model)
+    # the steps taken so far ran on the setup's provisional plan: the rate goes on from where it stands
+    t.recipe = t.recipe.replanned(fresh, step=t.step, lr=t.lr)
     if first and t.rank == 0:
         for note in notes:
             t.report(note)

@@ -16,11 +16,16 @@ The rule, and what backs each lever (docs/training.md, "A recipe that fits the d
 | fewer | "tiny" (d_model 64, 2 + 2 layers) | 2,000 | 1,024 |
 
 and, with a `time_budget` under `SHORT_BUDGET_S` (1 hour), the "small" model narrowed to d_model 128
-and d_ff 512, without dropout, with at most 4,000 pieces and 1,024-token batches (`SHORT`): a short
-run on a CPU is short of steps before it is short of parameters, the vocabulary projection is the
-largest product of a narrow model, and 30 minutes (13 epochs) did not overfit without dropout. At
-every size: pre-LN (`norm_first`), peak learning rate 3e-3 reached after 30% of the planned steps
-(`warmup_fraction`), then the inverse square root; label smoothing 0.1 (the paper's).
+and d_ff 512, with at most 4,000 pieces and 1,024-token batches (`SHORT`): a short run on a CPU is
+short of steps before it is short of parameters, and the vocabulary projection is the largest product
+of a narrow model. At every size: pre-LN (`norm_first`), peak learning rate 3e-3 reached after 30% of
+the planned steps (`warmup_fraction`), then a linear decay to 0 at the planned end (`SCHEDULE`); label
+smoothing 0.1 (the paper's); under a budget, `PATIENCE`.
+
+The compute decides the rest (`compute_keys`): the passes over the training data the run will make choose
+the residual dropout (`DROPOUT_BY_PASSES`: none while each step still sees mostly new data, the paper's 0.1
+once a model sees its data ten times and more). Without a budget the passes are `epochs`; under one, the run
+knows them once it knows its pace, and `aiayn.training.pacing.refit` applies them then, once.
 
 What backs it: runs on English -> French UI strings in 10 and 30 minutes on one thread, each lever
 changed alone, and language models on either side of those strings against the paper's recipe in
@@ -42,9 +47,25 @@ PEAK_LR = 3e-3
 WARMUP_FRACTION = 0.3
 # (least training examples, model preset, vocabulary size, batch tokens), largest first.
 SIZES = ((10_000, "small", 8000, 4096), (2_000, "small", 4000, 2048), (0, "tiny", 2000, 1024))
+# Warmup, then a linear decay to 0 at the planned end, which a fitted run always knows (a budget's plan, or its
+# epochs): the rate anneals to its end instead of stopping high on the inverse square root.
+SCHEDULE = "linear"
+# Under a budget: validations in a row without a better score that end the run early, with the best model.
+PATIENCE = 3
 SHORT_BUDGET_S = 3600.0
 # A "small" run under a budget shorter than SHORT_BUDGET_S: (model keys, most vocabulary, batch tokens).
 SHORT = {"d_model": 128, "d_ff": 512, "dropout": 0.0}, 4000, 1024
+
+
+# The second half of the rule, applied once the run knows its pace (`aiayn.training.pacing.refit`): the passes over
+# the training data that the planned steps buy (steps x batches a step / batches in the training split) decide the
+# residual dropout. (fewest planned passes, dropout), most first.
+DROPOUT_BY_PASSES = ((10.0, 0.1), (0.0, 0.0))
+
+
+def compute_keys(passes: float) -> dict[str, Any]:
+    """The keys the planned passes over the training data decide, model keys as "model.KEY"."""
+    return {"model.dropout": next(dropout for least, dropout in DROPOUT_BY_PASSES if passes >= least)}
 
 
 def uses_fit(cfg: TrainConfig) -> bool:
@@ -54,17 +75,22 @@ def uses_fit(cfg: TrainConfig) -> bool:
     return cfg.objective_task.fits_recipe and not cfg.dataset and not cfg.init_from
 
 
-def fitted_keys(pairs: int, budget_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
     """(training keys, model keys) the recipe chooses for `pairs` training examples and a time budget of `budget_s`
-    seconds (0: none); the model keys include "preset"."""
+    seconds (0: none), or `passes` over the data known before the first step (`epochs`; 0: not known); the model
+    keys include "preset". Under a budget, the compute keys are chosen again once the pace is known (`compute_keys`)."""
     _, preset, vocab, tokens = next(row for row in SIZES if pairs >= row[0])
     model = {"preset": preset, "norm_first": True, "dropout": 0.1}
     if preset == "small" and 0 < budget_s < SHORT_BUDGET_S:
         keys, most_vocab, tokens = SHORT
         model.update(keys)
         vocab = min(vocab, most_vocab)
+    if passes:
+        model.update({key[6:]: value for key, value in compute_keys(passes).items()})
     train = {"vocab_size": vocab, "max_tokens": tokens, "lr": PEAK_LR, "warmup": 0,
-             "warmup_fraction": WARMUP_FRACTION, "label_smoothing": 0.1}
+             "warmup_fraction": WARMUP_FRACTION, "schedule": SCHEDULE, "label_smoothing": 0.1}
+    if budget_s:  # the data may support fewer steps than the budget buys: the run stops when it says so
+        train["patience"] = PATIENCE
     return train, model
 
 
@@ -79,7 +105,9 @@ def fit_run(run: RunConfig, pairs: int) -> tuple[RunConfig, list[str]]:
     defaults = TrainConfig(train="-")
     given = set(run.given) | {f.name for f in fields(TrainConfig)
                               if getattr(run.train, f.name) != getattr(defaults, f.name)}
-    train, model = fitted_keys(pairs, parse_duration(run.train.time_budget) if run.train.time_budget else 0.0)
+    budget_s = parse_duration(run.train.time_budget) if run.train.time_budget else 0.0
+    passes = run.train.epochs if not budget_s and not run.train.max_steps else 0.0
+    train, model = fitted_keys(pairs, budget_s, passes)
     train = {key: value for key, value in train.items() if key not in given}
     chosen_preset = model.pop("preset")
     preset = run.model_preset if "model.preset" in given or run.model_preset != "tiny" else chosen_preset

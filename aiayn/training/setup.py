@@ -167,7 +167,7 @@ def setup(t: Any) -> None:
     if t.resume:
         saves.restore(t)
     elif main:
-        atomic_write_bytes(t.run_dir / TRAIN_CONFIG, (json.dumps(t.run.to_dict(), indent=2) + "\n").encode())
+        save_run_config(t)
         save_data_artifacts(t.run_dir, t.data)
     if main and t.world > 1:
         with peers_watched(t.world):
@@ -183,6 +183,11 @@ def setup(t: Any) -> None:
     t.optimizer = t.parallel.optimizer
     if t.budget is not None:
         t.budget.record("setup", time.perf_counter() - t.started)
+
+
+def save_run_config(t: Any) -> None:
+    """Write the run's config (`RUN/train_config.json`), which a resume reads."""
+    atomic_write_bytes(t.run_dir / TRAIN_CONFIG, (json.dumps(t.run.to_dict(), indent=2) + "\n").encode())
 
 
 def setup_data(t: Any, main: bool, pretrained_tokenizer: Any | None) -> PreparedData:

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from aiayn.training import pacing
+from aiayn.training.budget import format_duration
 from aiayn.training.evaluate import EvalOptions, evaluate
 
 
@@ -43,8 +44,10 @@ def validate_and_check_patience(t: Any) -> None:
         t.validate()
         spent = bool(t.cfg.patience) and t.stale_validations >= t.cfg.patience
         if spent:
+            unspent = (f"; {format_duration(t.budget.left())} of the time budget left unspent: this data supports no "
+                       "more training of this model (more data would)") if t.budget is not None else ""
             t.report(f"early stop at step {t.step}: {t.cfg.metric} has not improved for "
-                     f"{t.cfg.patience} validations (best {abs(t.best_score[0]):.4g})")
+                     f"{t.cfg.patience} validations (best {abs(t.best_score[0]):.4g}){unspent}")
     if t.parallel.from_rank0(spent):
         t.stopping = "patience"
 

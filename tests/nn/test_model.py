@@ -60,3 +60,20 @@ def test_the_parameter_arithmetic_counts_the_built_model(tied):
     assert parameter_count(cfg) == built
     rows = dict(parameter_table(cfg))
     assert rows["total"] == built and "two decoder-only layers" in rows
+
+
+@pytest.mark.parametrize("cfg", [ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1,
+                                             vocab_size=40, activation_dropout=0.05),
+                                 ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=0,
+                                             vocab_size=40, head="sequence_classification", num_labels=3)])
+def test_set_dropout_sets_the_residual_dropout_of_a_built_model(cfg):
+    """A fitted recipe sets the residual dropout once the run knows its pace: every sub-layer's, the embeddings' and a
+    labelling head's `nn.Dropout`, and the config, as a model built with that value has; the other dropouts stay."""
+    from aiayn.nn.model import set_dropout
+
+    model = set_dropout(build_model(cfg), 0.3)
+    built = build_model(cfg.replace(dropout=0.3))
+    probabilities = [(name, m.p) for name, m in model.named_modules() if isinstance(m, torch.nn.Dropout)]
+    assert probabilities == [(name, m.p) for name, m in built.named_modules() if isinstance(m, torch.nn.Dropout)]
+    assert model.config == built.config and {p for _, p in probabilities} >= {0.3}
+    assert all(p == cfg.activation_dropout for name, p in probabilities if "feed_forward" in name)

@@ -1,9 +1,11 @@
 """`time_budget`: durations, the plan, and a tiny run that ends within its budget."""
 
 import json
+import random
 import time
 
 import pytest
+import torch
 
 from aiayn.training.budget import FINISH_S, FIRST_VALID, Budget, parse_duration
 from aiayn.training.config import TrainConfig, load_run_config
@@ -68,7 +70,8 @@ def test_a_tiny_run_ends_within_its_budget(tmp_path):
     assert result.step > 5 and result.budget["planned_steps"] > 5
     # the budget records its times to the millisecond: the wall time is compared at that precision
     assert result.budget["budget_s"] == seconds and result.budget["used_s"] <= round(used, 3)
-    spent = sum(result.budget[f"{phase}_s"] for phase in ("setup", "train", "valid", "checkpoint", "test", "finish"))
+    phases = ("setup", "train", "data", "valid", "checkpoint", "test", "finish")
+    spent = sum(result.budget[f"{phase}_s"] for phase in phases)
     assert spent == pytest.approx(result.budget["used_s"], rel=0.05)  # every second is accounted for
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["split"] for row in rows][-2:] == ["test", "budget"]
@@ -148,3 +151,41 @@ def test_the_test_is_decoded_again_in_bf16_only_where_bf16_is_native_and_the_bud
     native[0] = False
     assert finish.bf16_test(t, EvalOptions(), fp32, 12.0) is None
     assert len(calls) == 1
+
+
+def test_a_fitted_recipe_is_fitted_to_the_compute_once_the_pace_is_known(tmp_path, monkeypatch):
+    """`recipe=fit` under a budget: once the first `REFIT_STEPS` steps know the pace, the passes over the data the plan
+    buys choose the residual dropout (`recipe.compute_keys`), one line says so, the model trains on with it, and the
+    saved config holds it for a resume; a dropout the config sets is kept."""
+    from aiayn.training import Trainer, pacing, recipe
+
+    monkeypatch.setattr(pacing, "REFIT_STEPS", 12)
+    monkeypatch.setattr(recipe, "DROPOUT_BY_PASSES", ((1e6, 0.9), (0.0, 0.25)))
+    rng = random.Random(0)
+    words = [" ".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 6))) for _ in range(240)]
+    (tmp_path / "pairs.tsv").write_text("".join(f"{w}\t{w[::-1]}\n" for w in words), encoding="utf-8")
+    overrides = [f"train={tmp_path / 'pairs.tsv'}", *(item for item in TINY_RUN if not item.startswith(
+        ("dataset", "max_steps", "model.dropout", "lr", "warmup")))]
+    lines = []
+
+    class Watched(Trainer):
+        def after_step(self):
+            if self.step == 13:
+                self.seen = sorted({m.p for m in self.prepared.modules() if isinstance(m, torch.nn.Dropout)})
+
+    run = load_run_config(None, [*overrides, "recipe=fit", "num_beams=1", "time_budget=12s"])
+    trainer = Watched(run, tmp_path / "run", report=lines.append)
+    trainer.fit()
+    fitted = [line for line in lines if line.startswith("recipe fitted to the compute")]
+    assert len(fitted) == 1 and "model.dropout=0.25" in fitted[0] and "passes over the training data" in fitted[0]
+    assert trainer.seen == [0.0, 0.25] and trainer.model.config.dropout == 0.25  # 0: the attention's own, not set
+    saved = json.loads((tmp_path / "run" / "train_config.json").read_text(encoding="utf-8"))
+    assert saved["model"]["dropout"] == 0.25
+
+    lines.clear()
+    run = load_run_config(None, [*overrides, "recipe=fit", "num_beams=1", "time_budget=12s", "model.dropout=0.05"])
+    Trainer(run, tmp_path / "given", report=lines.append).fit()
+    fitted = [line for line in lines if line.startswith("recipe fitted to the compute")]
+    assert fitted and fitted[0].endswith("every key it fits is set by the config")
+    saved = json.loads((tmp_path / "given" / "train_config.json").read_text(encoding="utf-8"))
+    assert saved["model"]["dropout"] == 0.05

@@ -3,7 +3,7 @@
 import pytest
 
 from aiayn.training.config import RunConfig, TrainConfig, load_run_config
-from aiayn.training.recipe import PEAK_LR, SHORT, SIZES, fit_run, fitted_keys, uses_fit
+from aiayn.training.recipe import PATIENCE, PEAK_LR, SHORT, SIZES, compute_keys, fit_run, fitted_keys, uses_fit
 
 
 @pytest.mark.parametrize(("pairs", "preset", "vocab", "tokens"), [(40_000, "small", 8000, 4096),
@@ -71,8 +71,30 @@ def test_a_preset_the_config_names_keeps_its_sizes_and_dropout():
     assert fitted.model_config(vocab_size=8000).dropout == 0.3  # the big preset's
 
 
-def test_a_short_budget_trains_without_dropout():
+def test_a_short_budget_starts_without_dropout_until_its_pace_is_known():
+    # the first steps only: the passes the plan buys choose it then (`compute_keys`, test_budget.py)
     assert fitted_keys(40_000, 600)[1]["dropout"] == fitted_keys(40_000, 1800)[1]["dropout"] == 0.0
     assert fitted_keys(40_000, 7200)[1]["dropout"] == fitted_keys(40_000)[1]["dropout"] == 0.1
     kept, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m", "model.dropout=0.2"]), 40_000)
     assert kept.model_overrides["dropout"] == 0.2
+
+
+def test_the_passes_over_the_data_choose_the_dropout():
+    """Few passes: every step is new data, no dropout; many: the paper's 0.1 (docs/training.md, the measured rule).
+    Without a budget the passes are the epochs, known before the first step."""
+    assert [compute_keys(passes)["model.dropout"] for passes in (0.5, 5, 9.9, 10, 40, 400)] == [0, 0, 0, 0.1, 0.1, 0.1]
+    few, _ = fit_run(load_run_config(None, ["train=data.tsv", "epochs=3"]), 40_000)
+    many, _ = fit_run(load_run_config(None, ["train=data.tsv", "epochs=30"]), 40_000)
+    assert (few.model_overrides["dropout"], many.model_overrides["dropout"]) == (0.0, 0.1)
+    given, _ = fit_run(load_run_config(None, ["train=data.tsv", "epochs=3", "model.dropout=0.3"]), 40_000)
+    assert given.model_overrides["dropout"] == 0.3
+
+
+def test_a_fitted_run_decays_its_rate_to_zero_and_stops_when_the_data_runs_out():
+    budget, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=20m"]), 40_000)
+    assert (budget.train.schedule, budget.train.patience) == ("linear", PATIENCE)
+    epochs, _ = fit_run(load_run_config(None, ["train=data.tsv"]), 40_000)
+    assert (epochs.train.schedule, epochs.train.patience) == ("linear", 0)  # the epochs are the user's to count
+    kept, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=20m", "schedule=noam", "patience=0"]),
+                      40_000)
+    assert (kept.train.schedule, kept.train.patience) == ("noam", 0)
