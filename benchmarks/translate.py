@@ -42,6 +42,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -50,7 +51,7 @@ from record import figure  # benchmarks/record.py
 
 from aiayn.data.batching import token_batches
 from aiayn.data.gettext import catalog_files, read_gettext
-from aiayn.rundir import atomic_write_text
+from aiayn.rundir import TRAIN_CONFIG, atomic_write_text
 from aiayn.tasks.metrics import translation_scores
 from aiayn.training.budget import PROBE_STEPS, format_duration, parse_duration
 from aiayn.training.config import example_config, load_run_config
@@ -78,12 +79,13 @@ PEER_RECIPE = ["recipe=paper", "lr=1e-3", "warmup=0", "warmup_fraction=0.3"]
 RANKS_RESULT = "aiayn-processes.json"  # what rank 0 of aiayn's training processes leaves for the launcher
 
 
-def language_name(corpus: Path, lang: str) -> str:
-    """The target language of a corpus: `corpus.json`'s (written by `aiayn corpus`), else `--lang`'s."""
+def pair_name(corpus: Path, lang: str | None) -> str:
+    """The pair a corpus holds: English -> `corpus.json`'s language (written by `aiayn corpus`), else `--lang`'s, else
+    the corpus folder's name (a corpus of the user's own says nothing of its languages)."""
     meta = corpus / "corpus.json"
     if meta.is_file():
         lang = json.loads(meta.read_text(encoding="utf-8")).get("lang", lang)
-    return LANGUAGES.get(lang, lang)
+    return f"English -> {LANGUAGES.get(lang, lang)}" if lang else f"the pairs of {corpus}"
 
 
 def read_pairs(path: Path) -> list[tuple[str, str]]:
@@ -322,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None, help="aiayn run config (default: examples/gettext-en-fr.toml)")
     parser.add_argument("--steps", type=int, default=0, help="optimizer steps for both (default: the config's)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (default: the config's)")
-    parser.add_argument("--lang", default="fr", help="target language of the catalogs (default: fr)")
+    parser.add_argument("--lang", default=None, help="target language of the catalogs (default: fr); with "
+                                                     "--corpus, the language its table names")
     parser.add_argument("--work", default=None, help="a new directory for the corpus, runs and results "
                                                      "(default: runs/bench-translate-N)")
     parser.add_argument("--corpus", default=None, help="an existing corpus directory (train/valid/test.tsv)")
@@ -340,9 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else _new_dir(Path("runs"), "bench-translate")
     work.mkdir(parents=True, exist_ok=True)
     corpus = Path(args.corpus) if args.corpus else work / "corpus"
-    if not prepare_corpus(corpus, args.lang):
-        print(f"skipped: no compiled gettext catalogs for {args.lang!r} on this machine "
-              f"(/usr/share/locale/{args.lang}/LC_MESSAGES/*.mo); nothing to train on", file=sys.stderr)
+    lang = args.lang or "fr"
+    if not prepare_corpus(corpus, lang):
+        print(f"skipped: no compiled gettext catalogs for {lang!r} on this machine "
+              f"(/usr/share/locale/{lang}/LC_MESSAGES/*.mo); nothing to train on", file=sys.stderr)
         return 0
     overrides = [f"train={corpus / 'train.tsv'}", f"valid={corpus / 'valid.tsv'}", f"test={corpus / 'test.tsv'}",
                  *args.overrides]
@@ -377,13 +381,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{laid_out.train.processes} processes" if laid_out.train.processes > 1 else f"{torch.get_num_threads()} "
                                                                                          "threads")
     if not args.skip_marian:
+        peer = same_dropout(peer, work / "aiayn" / TRAIN_CONFIG, overrides)
         print("Hugging Face MarianMTModel:", flush=True)
         seconds = results["aiayn"]["train_s"] if args.budget and "aiayn" in results else (
             parse_duration(args.budget) if args.budget else 0.0)
         results["marian"] = train_marian(peer, corpus, seconds=seconds, curve_s=curve_s)
     (work / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    pair = f"English -> {language_name(corpus, args.lang)}"
-    print(f"\n{pair}, gettext catalogs ({corpus}); {torch.get_num_threads()} threads; beam {run.train.num_beams}")
+    pair = pair_name(corpus, args.lang if args.corpus else lang)
+    source = f", gettext catalogs ({corpus})" if (corpus / "corpus.json").is_file() or not args.corpus else ""
+    print(f"\n{pair}{source}; {torch.get_num_threads()} threads; beam {run.train.num_beams}")
     if "aiayn" in results:
         print(f"aiayn trained as {results['aiayn']['layout']}; the peer on {results['threads']} threads")
     print(f"{'':8} {'steps':>6} {'batches':>8} {'tokens/s':>9} {'BLEU':>6} {'chrF':>6} {'train s':>8} "
@@ -411,6 +417,15 @@ def main(argv: list[str] | None = None) -> int:
     if curve_s:
         print_curves(pair, results, curve_s)
     return 0
+
+
+def same_dropout(peer, saved: Path, overrides: list[str]):
+    """The peer's config with the dropout aiayn's recipe chose for its run (`saved`, its `train_config.json`: a fitted
+    recipe fits it to the compute once the run knows its pace), unless the overrides set one for both."""
+    if not saved.is_file() or any(item.startswith("model.dropout=") for item in overrides):
+        return peer
+    dropout = json.loads(saved.read_text(encoding="utf-8"))["model"].get("dropout")
+    return peer if dropout is None else replace(peer, model_overrides={**peer.model_overrides, "dropout": dropout})
 
 
 def rate(result: dict) -> float:

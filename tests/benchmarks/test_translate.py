@@ -30,6 +30,9 @@ def test_bench_translate_trains_both_models_and_reports(tmp_path, capsys):
     assert code == 0
     out = capsys.readouterr().out
     assert "BLEU difference" in out and "training time aiayn / Marian" in out
+    # a corpus of the user's own, without `aiayn corpus`'s corpus.json or --lang, is named by its folder
+    assert f"the pairs of {corpus}, gettext catalogs" not in out and f"the pairs of {corpus};" in out
+    assert "French" not in out
     results = json.loads((tmp_path / "work" / "results.json").read_text(encoding="utf-8"))
     for name in ("aiayn", "marian"):
         assert results[name]["steps"] == 4 and results[name]["train_s"] > 0
