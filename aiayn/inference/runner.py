@@ -14,22 +14,25 @@ from aiayn.nn.sizes import available_memory, check_memory, forward_bytes
 
 
 def text_list(texts: object) -> list[str]:
-    """`texts` (one string, or an iterable of strings) as a list. Not a sequence at all (None, a number) raises
-    TypeError, bytes or a text that is not a string ValueError, each naming what to pass (`translate(None)` would
-    otherwise end in "'NoneType' object is not iterable")."""
+    """`texts` (one string, or an iterable of strings) as a list. Not a sequence at all (None, a number), one
+    without an order (a set, a dict) or a text that is not a string raises TypeError, bytes ValueError, each naming
+    what to pass (`translate(None)` would otherwise end in "'NoneType' object is not iterable")."""
     if isinstance(texts, str):
         return [texts]
     if isinstance(texts, (bytes, bytearray)):
         raise ValueError(f"texts must be a string or a list of strings, got {type(texts).__name__}: decode it first "
                          "(.decode('utf-8'))")
+    if isinstance(texts, (set, frozenset, dict)) or type(texts).__name__ in ("dict_keys", "dict_values"):
+        raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}: it has no order "
+                        "for the outputs to come back in; pass a list")
     try:
         texts = list(texts)  # type: ignore[call-overload]
     except TypeError:
         raise TypeError(f"texts must be a string or a list of strings, got {type(texts).__name__}") from None
     for number, text in enumerate(texts, start=1):
         if not isinstance(text, str):
-            raise ValueError(f"text {number} is a {type(text).__name__}, not a string"
-                             + (": decode it first (.decode('utf-8'))" if isinstance(text, bytes) else ""))
+            raise TypeError(f"text {number} is a {type(text).__name__}, not a string"
+                            + (": decode it first (.decode('utf-8'))" if isinstance(text, bytes) else ""))
     return texts
 
 

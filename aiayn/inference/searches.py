@@ -123,6 +123,11 @@ class GenerationConfig:
             raise ValueError(f"min_len {self.min_len} is above {spelled} {limit}: no output could end")
         if self.do_sample and self.num_beams > 1:
             raise ValueError(f"sampling draws one hypothesis per sentence: use {beams}=1 with do_sample")
+        warpers = (("temperature", 1.0), ("top_k", 0), ("top_p", 1.0))  # (name, the value that leaves it off)
+        unused = [f"{name}={getattr(self, name)!r}" for name, off in warpers if getattr(self, name) != off]
+        if unused and not self.do_sample:  # a warper set without sampling would be ignored without a word
+            raise ValueError(f"{' and '.join(unused)} shape{'s' if len(unused) == 1 else ''} sampling only: set "
+                             "do_sample=True (--sample), or leave it out")
 
 
 Finished = Callable[[int, list[int], float], None]  # (sentence, its tokens, its score) once its search ended

@@ -37,7 +37,14 @@ class CausalLM(Task):
         return bool(cfg.causal)
 
     def model_settings(self, data: PreparedData, given: dict[str, Any]) -> dict[str, Any]:
-        """The decoder-only shape: the preset's layers as one causal stack, the vocabulary projection its head."""
+        """The decoder-only shape: the preset's layers as one causal stack, the vocabulary projection its head.
+        `model.n_decoder_layers` names the second stack an encoder-decoder has: given here, it is refused, not
+        dropped."""
+        if given.get("n_decoder_layers"):
+            raise ValueError(f"model.n_decoder_layers={given['n_decoder_layers']} names the decoder of an "
+                             "encoder-decoder model; a decoder-only language model has one stack of causal layers, "
+                             f"whose depth is model.n_encoder_layers: set model.n_encoder_layers="
+                             f"{given['n_decoder_layers']} instead")
         return dict(DECODER_ONLY)
 
     def shape_before_data(self, train: Any) -> dict[str, Any]:

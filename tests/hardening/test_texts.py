@@ -56,7 +56,8 @@ CALLS = {
     (None, TypeError, r"^texts must be a string or a list of strings, got NoneType$"),
     (3, TypeError, r"^texts must be a string or a list of strings, got int$"),
     (b"the cat", ValueError, r"^texts must be a string or a list of strings, got bytes: decode it first"),
-    (["the cat", None], ValueError, r"^text 2 is a NoneType, not a string$"),
+    (["the cat", None], TypeError, r"^text 2 is a NoneType, not a string$"),
+    ({"the cat"}, TypeError, r"^texts must be a string or a list of strings, got set: it has no order"),
 ])
 def test_anything_but_texts_is_refused_naming_what_to_pass(models, call, given, error, message):
     with pytest.raises(error, match=message):

@@ -81,7 +81,7 @@ def test_cls_pooling_and_unnormalised_vectors(embedder):
 def test_similarity_ranks_paraphrases_higher(embedder):
     assert embedder.similarity(SENTENCES[10], SENTENCES[11]) > embedder.similarity(SENTENCES[10], SENTENCES[4])
     assert embedder.embed([]).shape == (0, 384)
-    with pytest.raises(ValueError, match="text 2 is a int"):  # counted from 1, as every loaded object counts
+    with pytest.raises(TypeError, match="text 2 is a int"):  # counted from 1, as every loaded object counts
         embedder.embed(["fine", 3])
 
 

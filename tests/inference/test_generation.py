@@ -396,3 +396,10 @@ def test_scores_not_asked_for_leave_the_search_as_it_was_and_come_back_as_nan(mo
              for scoring in (True, False)]
     assert beams[0].tokens == beams[1].tokens
     torch.testing.assert_close(beams[0].scores, beams[1].scores)
+
+
+@pytest.mark.parametrize("settings", [dict(top_k=5), dict(top_p=0.9), dict(temperature=0.5), dict(top_k=2, top_p=0.5)])
+def test_a_sampling_warper_without_sampling_is_refused_not_ignored(settings):
+    with pytest.raises(ValueError, match=r"shapes? sampling only: set do_sample=True"):
+        GenerationConfig(**settings)
+    assert GenerationConfig(do_sample=True, **settings).do_sample  # with sampling, as Hugging Face's generate()
