@@ -149,6 +149,8 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
     """Encode one split; rows over the length limits are dropped and counted in `stats`."""
     kept_raw, items, lengths, ties = [], [], [], []
     encoded, sizes = cfg.objective_task.encode(raw, source, target, labels, name)
+    if len(encoded) != len(raw):  # a stream cut into windows (a causal LM's text): no window is one raw example
+        raw = [None] * len(encoded)
     dropped = 0
     for example, item, (src_len, tgt_len) in zip(raw, encoded, sizes):
         if src_len > cfg.max_source_len or tgt_len > cfg.max_target_len:
@@ -199,6 +201,10 @@ def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = N
                                     train_stats if name == "train" else None)
     if not splits["train"].items:
         raise ValueError("every training example is over the length limits (max_source_len / max_target_len)")
+    note = task.encoding_note({name: (len(raw), splits[name]) for name, raw in
+                               (("train", train), ("valid", valid), ("test", test))})
+    if note:
+        notes.append(note)
     return PreparedData(cfg.objective, task, source, target, labels, splits["train"], splits["valid"], splits["test"],
                         stats, notes)
 

@@ -284,6 +284,26 @@ def read_conll(path: str) -> tuple[list[TaggedTokens], ReadStats]:
     return examples, stats
 
 
+def read_documents(path: str) -> tuple[list[str], ReadStats]:
+    """Plain text as documents: each stretch of lines between blank lines (a paragraph, a section), its line breaks
+    kept; a file without a blank line is a document each line (one string a line: messages, sentences)."""
+    stats = ReadStats(path=path)
+    lines = _lines(path)
+    documents: list[str] = []
+    if any(not line.strip() for line in lines):
+        block: list[str] = []
+        for line in [*lines, ""]:
+            if line.strip():
+                block.append(line)
+            elif block:
+                documents.append("\n".join(block))
+                block = []
+    else:
+        documents = [line for line in lines]
+    stats.kept = len(documents)
+    return documents, stats
+
+
 def read_text(path: str) -> tuple[list[str], ReadStats]:
     """Plain text, one example per line (for masked-LM pretraining); empty lines are counted and skipped."""
     stats = ReadStats(path=path)

@@ -90,6 +90,11 @@ class Task(abc.ABC):
     def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
         """Token ids of the examples of split `name` (`labels`: the run's label names, their index the id)."""
 
+    def encoding_note(self, splits: dict[str, tuple[int, Any]]) -> str | None:
+        """A line on how the splits were encoded, where examples are not items one to one (default: none); `splits`
+        maps each split's name to (raw examples, its `EncodedSplit`)."""
+        return None
+
     def check_tokenizer(self, tokenizer: Tokenizer) -> None:
         """Raise ValueError when `tokenizer` lacks what the objective needs (nothing, by default)."""
         return None

@@ -15,7 +15,7 @@ from torch import nn
 
 from aiayn.data.collate import IGNORE, pad
 from aiayn.data.prepare import PreparedData
-from aiayn.data.readers import ReadStats, read_text
+from aiayn.data.readers import ReadStats, read_documents, read_text
 from aiayn.tasks.base import Encoded, Task
 from aiayn.tasks.names import CAUSAL_LM
 from aiayn.tokenization import Tokenizer
@@ -24,7 +24,12 @@ DECODER_ONLY = {"n_decoder_layers": 0, "causal": True, "head": "none", "num_labe
 
 
 class CausalLM(Task):
-    """ids (B, L) = `<s>` + a line's tokens; labels (B, L) = the line's tokens + `</s>`, one position ahead."""
+    """ids (B, L) = a window of the text's tokens; labels (B, L) = the tokens one position ahead.
+
+    Args:
+        window: tokens a window holds (the run's `max_source_len`); 0 trains on one example a line instead, `<s>`
+            line `</s>` (`lm_examples="lines"`), as the built-in data sets' sentences are.
+    """
 
     name = CAUSAL_LM
     starts_from_encoder = False
@@ -32,6 +37,15 @@ class CausalLM(Task):
     loaded = "aiayn.inference.generator:Generator"
     served = "aiayn.serve.models:ServedGenerator"
     exporter = "aiayn.export:export_generator"
+
+    def __init__(self, window: int = 0):
+        self.window = window
+
+    def configured(self, cfg: Any) -> CausalLM:
+        """The task reading the run's files as windows of `max_source_len` tokens (`lm_examples`), or lines."""
+        windows = cfg.lm_examples == "windows" or (cfg.lm_examples == "auto" and not cfg.dataset)
+        window = cfg.max_source_len if windows else 0
+        return self if window == self.window else CausalLM(window)
 
     def trains(self, cfg: Any) -> bool:
         return bool(cfg.causal)
@@ -52,13 +66,26 @@ class CausalLM(Task):
         return dict(DECODER_ONLY)
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:
-        """Plain text, one example a line."""
-        return read_text(path)
+        """Plain text: documents (`read_documents`) for windows, else one example a line."""
+        return read_documents(path) if self.window else read_text(path)
 
     def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
-        """`<s>` ids `</s>` of each line; its length is what the model reads (one less)."""
+        """`<s>` ids `</s>` of each example; in windows, those of every document one after another as one stream,
+        cut into windows of `window` + 1 ids that overlap by one, so that each id but the first is a label once (as
+        nanoGPT's and Hugging Face's `group_texts` read text). An item's length is what the model reads (one less)."""
         ids = source.encode_batch(list(raw), add_bos=True, add_eos=True)
+        if self.window:
+            stream = [token for document in ids for token in document]
+            ids = [stream[i:i + self.window + 1] for i in range(0, max(len(stream) - 1, 0), self.window)]
         return ids, [(len(i) - 1, 0) for i in ids]
+
+    def encoding_note(self, splits: dict[str, tuple[int, Any]]) -> str | None:
+        """How many documents, tokens and windows each split holds, where the text is read as one stream."""
+        if not self.window:
+            return None
+        counts = "; ".join(f"{name} {documents} documents, {sum(split.lengths)} tokens in {len(split.items)} windows"
+                           for name, (documents, split) in splits.items())
+        return f"text as one stream, windows of {self.window} tokens (max_source_len), every token trained on: {counts}"
 
     def collate(self, data: PreparedData, items: list, *, generator: torch.Generator | None) -> dict[str, torch.Tensor]:
         """ids (B, L): each line but its last id, right-padded; labels (B, L): each line but its first, -100 on

@@ -95,6 +95,11 @@ class TrainConfig:
         bf16: the old spelling of `precision="bf16"`, so that config files and runs saved before `precision`
             still load; `bf16=true` becomes `precision="bf16"` (and `bf16` false), and is not saved.
         mlm_probability: share of tokens masked for masked-LM (0.15, as BERT).
+        lm_examples: what a causal language model trains on: "windows" (its files as documents, a document each
+            stretch of text between blank lines, or each line of a file without one; `<s>` document `</s>` after
+            one another as one token stream, cut into windows of `max_source_len` tokens: every token is trained
+            on), "lines" (one example a line, longer ones dropped), or "auto" (windows from files, lines for the
+            built-in data sets, whose examples are sentences).
         seed: seeds the model init, data order, dropout and masking; CPU runs repeat exactly.
         threads: torch CPU threads (0 = torch's default; one a process when `processes` > 1).
         processes: train as this many data-parallel processes on this machine, launched by `aiayn train`
@@ -175,6 +180,7 @@ class TrainConfig:
     precision: str | None = None
     bf16: bool = False
     mlm_probability: float = 0.15
+    lm_examples: str = "auto"
     seed: int = 0
     threads: int = 0
     processes: int = 0
@@ -238,6 +244,8 @@ class TrainConfig:
             raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
         if not 0.0 < self.mlm_probability < 1.0:
             raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if self.lm_examples not in ("auto", "windows", "lines"):
+            raise ValueError(f"lm_examples must be one of auto, windows, lines; got {self.lm_examples!r}")
         if self.bleu_tokenize not in ("auto", "13a", "intl", "char", "none", "zh"):
             raise ValueError(f"bleu_tokenize must be one of auto, 13a, intl, char, none, zh; "
                              f"got {self.bleu_tokenize!r}")

@@ -79,3 +79,33 @@ def test_a_plain_encoder_is_masked_lm_and_an_unowned_shape_is_named():
     with pytest.raises(ValueError, match=r"no objective trains this model \(encoder-only, head 'ner'\)"):
         task_of(SimpleNamespace(n_decoder_layers=0, causal=False, has_cross_attention=False, head="ner",
                                 architecture="encoder-only"))
+
+
+def test_a_causal_lm_reads_its_text_as_one_stream_in_windows_every_token_a_label_once(tmp_path):
+    """nanoGPT's and `group_texts`' reading: documents one after another, cut into windows of `max_source_len`; a
+    paragraph longer than the window is trained on whole, where one example a line dropped it."""
+    from aiayn.data.readers import read_documents
+    from aiayn.tasks import CAUSAL_LM
+
+    text = tmp_path / "book.txt"
+    paragraph = "\n".join(f"line {i} of a long paragraph" for i in range(12))
+    text.write_text(f"{paragraph}\n\n\nA short one.\nIt ends here.\n\n", encoding="utf-8")
+    documents, stats = read_documents(str(text))
+    assert documents == [paragraph, "A short one.\nIt ends here."] and stats.kept == 2
+    (tmp_path / "lines.txt").write_text("one\ntwo  \nthree\n", encoding="utf-8")
+    assert read_documents(str(tmp_path / "lines.txt"))[0] == ["one", "two  ", "three"]  # no blank line: a line each
+
+    cfg = SimpleNamespace(lm_examples="auto", dataset="", max_source_len=8)
+    task = get_task(CAUSAL_LM).configured(cfg)
+    assert task.window == 8 and get_task(CAUSAL_LM).configured(SimpleNamespace(**{**vars(cfg), "dataset": "counting"}))\
+        .window == 0  # the built-in data sets' sentences stay one a line
+    tokens = SimpleNamespace(encode_batch=lambda texts, add_bos, add_eos: [[1, *range(10, 10 + len(t)), 2]
+                                                                           for t in texts])
+    items, sizes = task.encode(documents, tokens, tokens, [], "train")
+    stream = [1, *range(10, 10 + len(documents[0])), 2, 1, *range(10, 10 + len(documents[1])), 2]
+    assert all(len(item) <= 9 for item in items) and [n for n, _ in sizes] == [len(item) - 1 for item in items]
+    assert [label for item in items for label in item[1:]] == stream[1:]  # each id but the first a label, once
+    batch = task.collate(SimpleNamespace(source_tokenizer=TOKENS), items[:2], generator=None)
+    assert batch["ids"].shape == (2, 8) and batch["labels"][0].tolist() == items[0][1:]
+    assert "every token trained on" in task.encoding_note({"train": (2, SimpleNamespace(lengths=[n for n, _ in sizes],
+                                                                                        items=items))})
