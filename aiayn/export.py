@@ -108,7 +108,8 @@ def export(source: str | Path | None, out: str | Path, *, fmt: str = "hf", quant
         fmt: "hf" (Marian for post-LN translators, Pegasus for pre-LN ones, sentence-transformers / BERT
             for encoders), "onnx" (encoders) or "ctranslate2" (translators).
         quantization: CTranslate2's weight type ("int8", "float16", ...); None keeps float32.
-        force: write into a directory that holds something aiayn did not export (refused otherwise).
+        force: write into a directory of files aiayn did not write (refused otherwise); a run, model or
+            checkpoint directory, or a folder inside one or inside an export, is refused even so.
         check: run the fixed check texts through both models and report the agreement.
     """
     if fmt not in FORMATS:

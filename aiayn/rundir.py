@@ -215,19 +215,24 @@ def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> R
 
 def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--out",
                      force_hint: str = "pass --force", writer: str = "the export") -> Path:
-    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or `force` is given; and one
-    inside a run, model, export or checkpoint directory (their files have one writer) unless `force` is given.
+    """Refuse an export into `out` unless it is new, empty, an earlier aiayn export, or holds only files aiayn did
+    not write and `force` is given. A run, model, Hugging Face checkpoint or checkpoints directory, and any folder
+    inside one of those or inside an export (their files have one writer), is refused even with `force`: forcing
+    replaces what an export wrote, never what the command merely found.
 
     `option`, `force_hint` and `writer` name the argument, the override and what writes (the CLI's by default).
     """
     info = inspect_dir(check_path_given(out, option))
     if info.kind == FILE:
         raise DirectoryRefused(f"{info.path} is a file, not a directory: give {option} a directory")
-    if info.kind not in (MISSING, EMPTY, EXPORT) and not force:
+    if info.kind in OWNED_KINDS and info.kind != EXPORT:
+        raise DirectoryRefused(f"{info.path} holds {info.description}; {writer} never replaces it: choose a new "
+                               f"{option} directory")
+    if info.kind == FOREIGN and not force:
         raise DirectoryRefused(f"{info.path} holds {info.description}; {writer} would replace files there: "
                                f"choose a new {option} directory, or {force_hint} to write there anyway")
     owner = owning_directory(info.path)
-    if owner is not None and not force:  # RUN/export, RUN/checkpoints/x: files the run's owner never wrote
+    if owner is not None:  # RUN/export, RUN/checkpoints/x: files the run's owner never wrote
         raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}; {writer} "
                                f"never writes there: choose an {option} directory outside it")
     return info.path

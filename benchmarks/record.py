@@ -148,7 +148,53 @@ def write(record: dict, directory: Path) -> Path:
     return path
 
 
+# What a record holds that the report reads, and its type: a record without them (damaged, written by another
+# version, or another program's JSON) is skipped.
+FIELDS = {"bench": str, "command": str, "date": (str, type(None)), "cpu": dict, "cores": dict, "threads": int,
+          "load_before": list, "load_after": list, "versions": dict, "figures": list}
+FIGURE_FIELDS = {"name": str, "value": (int, float), "unit": str}
+
+
+def unreadable(record: object) -> str | None:
+    """Why `record` (a file's parsed JSON) is not a benchmark record the report can show, or None when it is one."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record (an object)"
+    wrong = [name for name, kind in FIELDS.items() if name not in record or not isinstance(record[name], kind)]
+    if wrong:
+        return f"not a benchmark record this version reads (missing or of the wrong type: {', '.join(wrong)})"
+    cpu, cores = record["cpu"], record["cores"]
+    checks = {"figures": all(isinstance(f, dict) and all(isinstance(f.get(k), t) for k, t in FIGURE_FIELDS.items())
+                             for f in record["figures"]),
+              "cpu": {"model", "family", "model_number"} <= set(cpu) and isinstance(cpu.get("isa"), dict)
+                     and isinstance(cpu.get("env", {}), dict),
+              "cores": {"usable", "logical"} <= set(cores),
+              "load": all(load and isinstance(load[0], (int, float)) for load in (record["load_before"],
+                                                                                  record["load_after"]))}
+    wrong = [name for name, good in checks.items() if not good]
+    if wrong:
+        return f"not a benchmark record this version reads (malformed: {', '.join(wrong)})"
+    return None
+
+
 def load(directory: Path | None = None) -> list[dict]:
-    """All records in `directory` (default `benchmarks/results/`), oldest first."""
-    paths = sorted((directory or RESULTS_DIR).glob("*.json"))
-    return sorted((json.loads(p.read_text()) for p in paths), key=lambda r: r.get("date") or "")
+    """All records in `directory` (default `benchmarks/results/`), oldest first; a file that is not one is
+    skipped with a line on stderr naming it."""
+    records = []
+    for path in sorted((directory or RESULTS_DIR).glob("*.json")):
+        if not path.is_file():  # a folder, a pipe or a device named *.json: never read (a pipe would block)
+            print(f"skipped {path}: not a regular file", file=sys.stderr)
+            continue
+        try:
+            record = json.loads(path.read_bytes())
+        except OSError as err:
+            print(f"skipped {path}: {err.strerror}", file=sys.stderr)
+            continue
+        except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested past the parser
+            print(f"skipped {path}: not valid JSON ({type(err).__name__}: {err})", file=sys.stderr)
+            continue
+        problem = unreadable(record)
+        if problem:
+            print(f"skipped {path}: {problem}", file=sys.stderr)
+            continue
+        records.append(record)
+    return sorted(records, key=lambda r: r.get("date") or "")

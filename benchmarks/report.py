@@ -4,7 +4,9 @@ One table a benchmark, one row a record (benchmarks/record.py writes them), each
 (CPU model, family/model, the ISA flags that matter), threads and load, the figures, versions and commit.
 The README and the guides hold rendered tables between `<!-- bench-table: NAME -->` and
 `<!-- /bench-table -->`; `--update FILE` rewrites those blocks from the records, and
-`tests/benchmarks/test_record.py` checks that each committed block equals its rendering.
+`tests/benchmarks/test_record.py` checks that each committed block equals its rendering. A folder without records,
+or one that would leave a block without a row, is refused before any file is written; a file that is not a record
+is skipped with a line naming it.
 """
 
 from __future__ import annotations
@@ -184,6 +186,27 @@ def plot_learning(records: list[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
+def found(directory: Path) -> list[dict]:
+    """The records in `directory`; none at all (a missing or empty folder, or only files skipped) is refused."""
+    if not directory.is_dir():
+        what = "is not a folder" if directory.exists() else "does not exist"
+        raise ValueError(f"{directory} {what}: give the folder of benchmark records (default benchmarks/results/)")
+    records = load(directory)
+    if not records:
+        raise ValueError(f"{directory} holds no benchmark records (*.json): give the folder `aiayn bench NAME "
+                         "--record` wrote them to (default benchmarks/results/)")
+    return records
+
+
+def keep_rows(path: Path, text: str, records: list[dict], directory: Path) -> None:
+    """Refuse to rewrite a table of `path` that the records of `directory` would leave without a row."""
+    for match in BLOCK.finditer(text):
+        bench, model = TABLES.get(match.group(2), (match.group(2), None))
+        if not any(r["bench"] == bench and model_of(r) == model for r in records):
+            raise ValueError(f"{directory} holds no records for the {match.group(2)} table of {path}; rewriting it "
+                             "would empty it: give the folder that holds them (default benchmarks/results/)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Print the tables, or rewrite the marked blocks of the given files; returns 0."""
     p = argparse.ArgumentParser(prog="aiayn bench report", description=__doc__.splitlines()[0])
@@ -193,15 +216,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plot-decoding", type=Path, metavar="PNG", help="draw the decoding records' ratios to PNG")
     p.add_argument("--plot-learning", type=Path, metavar="PNG", help="draw the translation records' BLEU curves")
     args = p.parse_args(argv)
-    records = load(args.directory)
+    records = found(args.directory)
     if args.plot_decoding or args.plot_learning:
         for path, plot in ((args.plot_decoding, plot_decoding), (args.plot_learning, plot_learning)):
             if path:
                 print(f"wrote {plot(records, path)}")
         return 0
     if args.update:
-        for path in args.update:
-            text = path.read_text(encoding="utf-8")
+        texts = {path: path.read_text(encoding="utf-8") for path in args.update}
+        for path, text in texts.items():  # every file checked before any is written
+            keep_rows(path, text, records, args.directory)
+        for path, text in texts.items():
             new = update(text, records)
             if new != text:
                 path.write_text(new, encoding="utf-8")

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quantization", help="CTranslate2 weight type: int8, int8_float32, float16, ... (default float32)")
     p.add_argument("--no-check", action="store_true", help="skip the comparison with aiayn")
     p.add_argument("--force", action="store_true",
-                   help="write into a directory that holds something else than an earlier export (refused otherwise)")
+                   help="write into a directory of files aiayn did not write (refused otherwise; a run, model or "
+                        "checkpoint directory, or a folder inside one, is refused even so)")
     p.set_defaults(func=cmd_export)
 
 

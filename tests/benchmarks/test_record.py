@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -104,3 +105,60 @@ def test_the_learning_curve_plot_draws_the_translation_records_and_the_training_
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     guide = (ROOT / "docs" / "training.md").read_text(encoding="utf-8")
     assert "](images/learning-curve.png)" in guide and (ROOT / "docs" / "images" / "learning-curve.png").is_file()
+
+
+def _blocks(path: Path, *tables: str) -> bytes:
+    """A guide holding the rendered `tables`' blocks (rows the committed records give), as bytes to compare."""
+    report = load_benchmark("report")
+    records = report.load()
+    text = "".join(f"# {t}\n<!-- bench-table: {t} -->\n{report.render(t, records)}<!-- /bench-table -->\n"
+                   for t in tables)
+    path.write_text(text, encoding="utf-8")
+    return path.read_bytes()
+
+
+def test_bench_report_refuses_a_folder_without_records_and_leaves_the_file(tmp_path, capsys):
+    guide = tmp_path / "guide.md"
+    before = _blocks(guide, "encoder", "generate")
+    (tmp_path / "empty").mkdir()
+    for folder, problem in (("empty", "holds no benchmark records"), ("missing", "does not exist")):
+        assert main(["bench", "report", str(tmp_path / folder), "--update", str(guide)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"aiayn bench: error: {tmp_path / folder} {problem}") and err.count("\n") == 1, err
+        assert guide.read_bytes() == before
+
+
+def test_bench_report_refuses_to_empty_a_table_it_has_no_records_for(tmp_path, capsys):
+    guide = tmp_path / "guide.md"
+    before = _blocks(guide, "encoder", "generate")
+    (tmp_path / "records").mkdir()
+    encoder = next((ROOT / "benchmarks" / "results").glob("*-encoder.json"))
+    (tmp_path / "records" / encoder.name).write_bytes(encoder.read_bytes())
+    assert main(["bench", "report", str(tmp_path / "records"), "--update", str(guide)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"aiayn bench: error: {tmp_path / 'records'} holds no records for the generate table of {guide}; "
+                   "rewriting it would empty it: give the folder that holds them (default benchmarks/results/)\n")
+    assert guide.read_bytes() == before
+
+
+def test_bench_report_skips_files_that_are_not_records_with_a_line_naming_each(tmp_path, capsys):
+    encoder = next((ROOT / "benchmarks" / "results").glob("*-encoder.json"))
+    (tmp_path / encoder.name).write_bytes(encoder.read_bytes())
+    (tmp_path / "a-list.json").write_text("[1, 2, 3]\n")
+    (tmp_path / "b-broken.json").write_text('{"bench": "encoder", ')
+    (tmp_path / "c-future.json").write_text('{"format": 2, "bench": "encoder", "results": {}}\n')
+    (tmp_path / "d-figures.json").write_text(json.dumps({**json.loads(encoder.read_text()), "figures": [1]}))
+    os.mkfifo(tmp_path / "e-pipe.json")  # read, it would block: never opened
+    assert main(["bench", "report", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert lines == [f"skipped {tmp_path / 'a-list.json'}: a JSON list, not a record (an object)",
+                     f"skipped {tmp_path / 'b-broken.json'}: not valid JSON (JSONDecodeError: Expecting property "
+                     "name enclosed in double quotes: line 1 column 22 (char 21))",
+                     f"skipped {tmp_path / 'c-future.json'}: not a benchmark record this version reads (missing or "
+                     "of the wrong type: command, date, cpu, cores, threads, load_before, load_after, versions, "
+                     "figures)",
+                     f"skipped {tmp_path / 'd-figures.json'}: not a benchmark record this version reads (malformed: "
+                     "figures)",
+                     f"skipped {tmp_path / 'e-pipe.json'}: not a regular file"], captured.err
+    assert "## encoder" in captured.out

@@ -45,6 +45,9 @@ def copy_run(name):
     return lambda scene: shutil.copytree(scene / "run", scene / name)
 
 
+GUIDE = "# Speed\n<!-- bench-table: encoder -->\n| a rendered row |\n<!-- /bench-table -->\n"
+
+
 # output paths: an explicit output file may be replaced; never an input, never a file inside a run or model
 # directory, never a directory (the README's rule, `aiayn.paths.check_output_file`)
 OUTPUTS = [
@@ -86,6 +89,10 @@ OUTPUTS = [
          r"--out directory", prepare=lambda s: (Path(s, "mine").mkdir(), write("mine/train.tsv", "my\town\n")(s))),
     Case("corpus --out naming a file", ["corpus", "--out", "notes.txt"], 2,
          r"notes.txt is a file, not a directory: give --out a directory"),
+    Case("bench report --update from an empty folder", ["bench", "report", "data", "--update", "guide.md"], 2,
+         r"data holds no benchmark records \(\*\.json\): give the folder", prepare=write("guide.md", GUIDE)),
+    Case("bench report --update from a missing folder", ["bench", "report", "gone", "--update", "guide.md"], 2,
+         r"gone does not exist: give the folder of benchmark records", prepare=write("guide.md", GUIDE)),
     Case("export --quantization unknown leaves no directory", ["export", "--model", "run", "--ctranslate2",
                                                               "--quantization", "int3", "--out", "ct2"], 2,
          r"--quantization must be one of int8, .*got 'int3'"),

@@ -37,7 +37,10 @@ def test_train_force_writes_beside_foreign_files_and_keeps_them(scene, frozen, c
 def test_export_may_replace_its_own_earlier_export(scene, capsys):
     assert main(["export", "--model", "enc", "--out", "export"]) == 0
     assert json.loads((scene / "export" / "aiayn_export.json").read_text()) == {"format": "hf"}
-    assert main(["export", "--model", "enc", "--out", "bert", "--force"]) == 0  # forced: the user asked
+    (scene / "mine").mkdir()
+    (scene / "mine" / "keep.txt").write_text("the user's\n")
+    assert main(["export", "--model", "enc", "--out", "mine", "--force"]) == 0  # forced: beside the user's files
+    assert (scene / "mine" / "keep.txt").read_text() == "the user's\n"
 
 
 def test_debug_prints_the_traceback_too(scene, capsys):

@@ -36,9 +36,28 @@ DIRECTORIES = [
     Case("train --resume with a new model size", ["train", "--run", "run", "--resume", "model.d_model=32"], 2,
          r"--resume keeps the run's model; drop model.d_model=32"),
     Case("export --out at a trained run", ["export", "--model", "enc", "--out", "run"], 2,
-         r"run holds an aiayn training run \(train_config.json\); the export would replace.*--force"),
+         r"run holds an aiayn training run \(train_config.json\); the export never replaces it: choose a new --out "
+         r"directory$"),
     Case("export --out at a BERT checkpoint", ["export", "--model", "enc", "--out", "bert"], 2,
          r"bert holds a Hugging Face checkpoint"),
+    # --force replaces an earlier export or writes beside the user's files, never over a directory it found
+    Case("export --force --out at the run it exports", ["export", "--run", "run", "--out", "run", "--force"], 2,
+         r"run holds an aiayn training run \(train_config.json\); the export never replaces it: choose a new --out "
+         r"directory$"),
+    Case("export --force --out RUN/checkpoints", ["export", "--model", "enc", "--out", "run/checkpoints", "--force"],
+         2, r"run/checkpoints holds the checkpoints of the run run; the export never replaces it: choose a new --out "
+            r"directory$"),
+    Case("export --force --out inside a run", ["export", "--model", "enc", "--out", "run/hf", "--force"], 2,
+         r"run/hf is inside run, which holds an aiayn training run \(train_config.json\); the export never writes "
+         r"there: choose an --out directory outside it$"),
+    Case("export --force --out at the model it exports", ["export", "--model", "enc", "--out", "enc", "--force"], 2,
+         r"enc holds an aiayn model \(config.json, model.safetensors\); the export never replaces it: choose a new "
+         r"--out directory$"),
+    Case("export --force --out at a BERT checkpoint", ["export", "--model", "enc", "--out", "bert", "--force"], 2,
+         r"bert holds a Hugging Face checkpoint .*; the export never replaces it: choose a new --out directory$"),
+    Case("export --force --out inside an export", ["export", "--model", "enc", "--out", "export/onnx", "--force"],
+         2, r"export/onnx is inside export, which holds an aiayn export \(aiayn_export.json\); the export never "
+            r"writes there: choose an --out directory outside it$"),
     Case("export --out naming a file", ["export", "--model", "enc", "--out", "notes.txt"], 2, r"is a file"),
     Case("export --out ''", ["export", "--model", "enc", "--out", ""], 2, r"--out is empty"),
     Case("second train on a locked run", ["train", "--run", "run", "--resume"], 5,

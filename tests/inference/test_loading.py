@@ -170,8 +170,8 @@ def test_save_pretrained_round_trips(translation_run, classification_run, tmp_pa
     embedder.save_pretrained(tmp_path / "embedder")
     back = Embedder.from_pretrained(tmp_path / "embedder")
     assert (back.pooling, back.normalize, back.max_length) == ("first", False, 12)
-    with pytest.raises(DirectoryRefused, match="pass force=True"):
-        translator.save_pretrained(classification_run)
+    with pytest.raises(DirectoryRefused, match="never replaces it"):
+        translator.save_pretrained(classification_run, force=True)  # a run is never replaced, forced or not
     translator.save_pretrained(tmp_path / "translator")  # its own earlier save: replaced
 
 
