@@ -51,6 +51,31 @@ def check_input_file(path: str | Path, what: str, *, stream: bool = False) -> Pa
     raise ValueError(f"{what} {path} is {kind}, not a regular file; give a regular file")
 
 
+def read_regular_file(path: str | Path, *, limit: int) -> bytes:
+    """The bytes of `path` when it is a regular file of at most `limit` bytes; else ValueError saying what it is.
+
+    Never blocks: the file is opened non-blocking, so a FIFO without a writer (or a link to one) opens at once and
+    is refused, as a device (`/dev/zero`, which never ends) or a larger file is, before a byte is read. OSError as
+    `open` raises it (nothing there, permission denied).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path} is {path_kind(path)}, not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path} holds {info.st_size:,} bytes, more than {limit:,}")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # it grew since fstat
+                raise ValueError(f"{path} holds more than {limit:,} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _same_file(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))

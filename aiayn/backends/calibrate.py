@@ -64,6 +64,7 @@ from aiayn.backends.fused import TorchEncoderLayer, fuse_qkv, stacked_away
 from aiayn.backends.shapes import FEW_ROWS_MAX, ROW_CLASSES, SHAPE_KINDS, rows_measured
 from aiayn.config import ModelConfig, preset
 from aiayn.nn.model import build_encoder, build_model
+from aiayn.paths import read_regular_file
 from aiayn.rundir import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -274,6 +275,10 @@ def machine() -> dict[str, str]:
             **{name: os.environ.get(name, "") for name in ENVIRONMENT}}
 
 
+# The largest cache file read, far above what this code writes: a larger file is not a cache aiayn wrote.
+CACHE_LIMIT = 16 * 2**20
+
+
 def cache_dir() -> Path:
     """`$AIAYN_CACHE_DIR`, else `$XDG_CACHE_HOME/aiayn`, else `~/.cache/aiayn`."""
     if os.environ.get("AIAYN_CACHE_DIR"):
@@ -325,10 +330,12 @@ def _measured_so_far() -> Choices:
 
 
 def _cached(description: dict[str, str]) -> Choices | None:
-    """The cache file's choices for `description`, unless measured by older code or on a busier machine than now."""
+    """The cache file's choices for `description`, unless measured by older code or on a busier machine than now, or
+    the file is no cache aiayn wrote (a FIFO, a device, a link to one, larger than `CACHE_LIMIT`): read without
+    ever blocking."""
     path = cache_path(description)
     try:
-        found = Choices(**json.loads(path.read_text(encoding="utf-8")))
+        found = Choices(**json.loads(read_regular_file(path, limit=CACHE_LIMIT)))
         threads = int(description["threads"])
         if _well_formed(found) and found.machine == description and path.stat().st_mtime >= _library_time() and not (
                 timing.busy(found.load, threads) and timing.measured_busy(found.load, timing.other_work(), threads)):

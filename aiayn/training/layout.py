@@ -42,11 +42,12 @@ import torch
 
 from aiayn.backends import timing
 from aiayn.backends.backend import default_precision, select
-from aiayn.backends.calibrate import cache_dir, dropout_setting, machine
+from aiayn.backends.calibrate import CACHE_LIMIT, cache_dir, dropout_setting, machine
 from aiayn.backends.devices import resolve_device, usable_cores
 from aiayn.config import ModelConfig
 from aiayn.data.prepare import read_examples
 from aiayn.nn.model import build_model
+from aiayn.paths import read_regular_file
 from aiayn.rundir import atomic_write_text
 from aiayn.training.budget import parse_duration
 from aiayn.training.config import RunConfig
@@ -160,7 +161,7 @@ def measured_rates(model: ModelConfig, batch_tokens: int, threads: int,
     digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:16]
     path = cache_dir() / f"train-layout-{digest}.json"
     try:
-        found = json.loads(path.read_text(encoding="utf-8"))
+        found = json.loads(read_regular_file(path, limit=CACHE_LIMIT))  # a FIFO or a device there: measured again
         return float(found["one"]), float(found["many"])
     except (OSError, ValueError, KeyError, TypeError):
         pass

@@ -2,6 +2,8 @@
 
 import dataclasses
 import json
+import os
+import threading
 
 import pytest
 import torch
@@ -368,7 +370,6 @@ def test_the_aten_kernel_turns_onednn_off_for_its_call_only_even_a_failed_one(mo
 def test_the_aten_kernel_leaves_onednn_on_while_another_thread_runs(monkeypatch):
     # The switch is process-wide: flipped under another thread's bf16 attention (batches side by side), PyTorch's
     # kernel read it twice in one call and raised on a CPU with AMX. There the layer runs its packed form instead.
-    import threading
 
     weight = torch.randn(6, 4).bfloat16()
     layer = PackedLinear(weight, None, kernels=dict.fromkeys(("one", "few", "many"), "aten"))
@@ -450,7 +451,6 @@ def test_other_work_counts_other_programs_not_this_one():
     commands that ran a moment ago (which the load average would count for a minute)."""
     import subprocess
     import sys
-    import threading
     import time
 
     quiet = timing.other_work(0.5)
@@ -524,6 +524,28 @@ def test_a_cache_file_of_the_wrong_types_is_no_cache(tmp_path, monkeypatch):
     for edited in ({"seconds": None}, {"inference_layers": {"32x64x200": [True]}}):
         path.write_text(json.dumps({"machine": calibrate.machine(), **edited}))
         assert calibrate._cached(calibrate.machine()) is None
+
+
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "over the size bound"])
+def test_a_cache_path_that_is_no_regular_file_is_no_cache_and_never_blocks(tmp_path, monkeypatch, kind):
+    """A FIFO nobody writes would block a plain read for ever, /dev/zero would fill the memory: both, and a file
+    past `CACHE_LIMIT`, are passed over at once (measured again), and the next write replaces them."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    path = calibrate.cache_path(calibrate.machine())
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "link to /dev/zero":
+        path.symlink_to("/dev/zero")
+    else:
+        with open(path, "wb") as f:  # sparse: no disk used
+            f.truncate(calibrate.CACHE_LIMIT + 1)
+    found = []
+    reader = threading.Thread(target=lambda: found.append(calibrate._cached(calibrate.machine())), daemon=True)
+    reader.start()
+    reader.join(timeout=5)
+    if reader.is_alive() and kind == "fifo":
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))  # let the blocked reader go before failing
+    assert not reader.is_alive() and found == [None], f"reading a cache that is a {kind} blocked"
 
 
 def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(tmp_path, monkeypatch):
