@@ -14,6 +14,22 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def over_cores(given: str, cores: int) -> str:
+    """The one phrase for a thread or process count above the cores: `--threads 8 is more than the 2 cores this
+    process may use` (`given`: the count as the user wrote it)."""
+    return f"{given} is more than the {cores} cores this process may use"
+
+
+def threads_within_cores(threads: int, given: str, doing: str) -> tuple[int, str | None]:
+    """(`threads`, None) where this process may run on that many cores; else (the cores, the warning that says so:
+    `--threads 8 is more than the 2 cores this process may use: serving with 2 threads`). More threads than cores
+    only make them wait for each other; `doing` names what runs with them."""
+    cores = usable_cores()
+    if threads <= cores:
+        return threads, None
+    return cores, f"{over_cores(given, cores)}: {doing} with {cores} threads"
+
+
 def available_devices() -> list[str]:
     """The device types this machine and PyTorch build can run on, best first ("cuda", "mps", "cpu")."""
     found = []

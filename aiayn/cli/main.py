@@ -18,7 +18,7 @@ import threading
 import traceback
 
 from aiayn import __version__
-from aiayn.cli.errors import BAD_INPUT, INTERRUPT_SIGNALS, INTERRUPTED, NON_FINITE, UserError, describe, one_line
+from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, catch_interrupts, describe, one_line
 from aiayn.cli.options import check_numbers
 from aiayn.cli.streams import Stdout, silence_stdout
 from aiayn.memory import keep_freed_memory
@@ -110,7 +110,7 @@ def _run(argv: list[str] | None) -> int:
     _signalled.clear()
     _started.clear()
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _on_signal) for sig in INTERRUPT_SIGNALS}
+        previous = catch_interrupts(_on_signal)
     command, debug = "", "--debug" in (argv if argv is not None else sys.argv[1:])
     stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)  # a failure to write names stdout
     try:

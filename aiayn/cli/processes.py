@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from aiayn.cli.errors import INTERRUPT_SIGNALS
+from aiayn.cli.errors import catch_interrupts
 
 GRACE_S = 60.0  # after one process failed: how long the others may take to stop by themselves
 POLL_S = 0.1
@@ -43,12 +43,12 @@ def train_processes(argv: list[str], processes: int, threads: int) -> int:
     Raises:
         ValueError: more processes than the cores this process may run on (each would wait for a core).
     """
-    from aiayn.backends.devices import usable_cores
+    from aiayn.backends.devices import over_cores, usable_cores
 
     cores = usable_cores()
     if processes > cores:
-        raise ValueError(f"processes={processes} is more than the {cores} cores this machine lets aiayn use: each "
-                         f"process trains on a core of its own; give processes={cores} or fewer")
+        raise ValueError(f"{over_cores(f'processes={processes}', cores)}: each process trains on a core of its own; "
+                         f"give processes={cores} or fewer")
     env = {**os.environ, "WORLD_SIZE": str(processes), "LOCAL_WORLD_SIZE": str(processes),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": str(threads or 1)}
     ranks = [subprocess.Popen([sys.executable, "-m", "aiayn", *argv], start_new_session=True,
@@ -60,7 +60,7 @@ def train_processes(argv: list[str], processes: int, threads: int) -> int:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in INTERRUPT_SIGNALS}
+    previous = catch_interrupts(forward)
     try:
         failed_at = None
         while any(proc.poll() is None for proc in ranks):

@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=integer(0, 65535), default=8000,
                    help="port (default 8000; 0 picks a free one and prints it)")
     p.add_argument("--threads", type=integer(1, MAX_PASSES), default=1,
-                   help="torch threads per forward pass (default 1)")
+                   help="torch threads per forward pass (default 1; more than the cores are cut to the cores, with a "
+                        "warning, as in training)")
     p.add_argument("--passes", type=integer(0, MAX_PASSES), default=0,
                    help="most forward passes at once (default: cores // --threads on CPU, so they never exceed the "
                         "cores; 1 on a GPU)")
@@ -168,7 +169,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                   "pip install 'aiayn[serve]'") from None
     import torch
 
-    from aiayn.backends import usable_cores
+    from aiayn.backends.devices import threads_within_cores, usable_cores
     from aiayn.inference.loading import load_to_serve
     from aiayn.serve.models import batched_call
     from aiayn.serve.workers import WorkerPool
@@ -179,20 +180,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sources = _sources(args)
     access = _access(args, args.host)
     _open_files_for(args.max_connections)
-    torch.set_num_threads(args.threads)
+    threads, cut = threads_within_cores(args.threads, f"--threads {args.threads}", "serving")  # as training does
+    if cut:
+        print(f"aiayn serve: warning: {cut}", file=sys.stderr, flush=True)
+    torch.set_num_threads(threads)
     objects = {name: load_to_serve(source, device=args.device) for name, source in sources.items()}
     sock = _listen(args.host, args.port)
     on_cpu = all(obj.device.type == "cpu" for obj in objects.values())
     # On a GPU one pass at a time: its batch fills the device, and passes in threads would take turns at it anyway.
-    passes = args.passes or (max(1, cores // args.threads) if on_cpu else 1)
+    passes = args.passes or (max(1, cores // threads) if on_cpu else 1)
     pool = None
     try:
         if passes > 1 and on_cpu and not args.in_threads:  # a process a pass: passes in threads share Python's lock
-            pool = WorkerPool(sources, passes, batched_call=batched_call, threads=args.threads, device=args.device)
+            pool = WorkerPool(sources, passes, batched_call=batched_call, threads=threads, device=args.device)
             pool.start()
-        app = create_app(objects, limits=limits, passes=passes, threads=args.threads, max_tokens=args.max_tokens,
+        app = create_app(objects, limits=limits, passes=passes, threads=threads, max_tokens=args.max_tokens,
                          max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000, pool=pool, access=access)
-        _announce(app, sock, passes, args.threads, cores, pool is not None, access)
+        _announce(app, sock, passes, threads, cores, pool is not None, access)
         server = uvicorn.Server(server_config(app, drain_seconds=args.drain_seconds))
         try:
             server.run(sockets=[sock])

@@ -17,6 +17,7 @@ from torch import nn
 
 from aiayn.backends import select
 from aiayn.backends.backend import default_precision, native_bf16_cpu
+from aiayn.backends.devices import threads_within_cores
 from aiayn.backends.dropout import draws_bits
 from aiayn.data.batching import token_batches
 from aiayn.data.prepare import PreparedData, load_labels, prepare_data, read_examples, save_data_artifacts
@@ -38,13 +39,11 @@ logger = logging.getLogger(__name__)
 
 def usable_threads(threads: int) -> int:
     """`threads`, at most the cores this process may run on (more only make threads wait for each other); a
-    warning says when it is cut."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if threads > cores:
-        logger.warning("threads=%d is more than the %d cores this process may use: training with %d threads",
-                       threads, cores, cores)
-        return cores
-    return threads
+    warning says when it is cut, in the words `aiayn serve --threads` uses."""
+    usable, warning = threads_within_cores(threads, f"threads={threads}", "training")
+    if warning:
+        logger.warning(warning)
+    return usable
 
 
 def process_device(device: torch.device) -> torch.device:

@@ -20,7 +20,8 @@ INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM"
 def interrupts_caught(t: Any) -> Iterator[None]:
     """While training, in the main thread: an interrupt sets `t.interrupt_requested` (the loop ends after its step; with
     several processes, after the step in which rank 0 got it); a second one, or one before the first step, raises
-    KeyboardInterrupt at once. The handlers are put back after."""
+    KeyboardInterrupt at once. A signal ignored when training starts stays ignored (`nohup` ignores SIGHUP so that a run
+    outlives the logout). The handlers are put back after."""
     def on_signal(signum: int, frame: Any) -> None:
         if t.interrupt_requested or not t.looping:  # a second signal, or one before any step: abort now
             t.interrupt_requested = True
@@ -30,8 +31,9 @@ def interrupts_caught(t: Any) -> Iterator[None]:
         t.report(f"{name}: finishing this step, saving a checkpoint and exiting (Ctrl-C again to abort)")
 
     previous = {}
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, on_signal) for sig in INTERRUPT_SIGNALS}
+    if threading.current_thread() is threading.main_thread():  # a signal ignored at start (nohup's SIGHUP) stays so
+        previous = {sig: signal.signal(sig, on_signal) for sig in INTERRUPT_SIGNALS
+                    if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:

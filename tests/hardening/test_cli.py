@@ -28,8 +28,8 @@ def test_the_table_covers_every_exit_code():
 
 AREA_TEXT = {
     "directories": ("directories the command did not write",
-                    "`--run \"\"`, `--run` at a BERT checkpoint, `export --out` at a run, a second `train` on a locked "
-                    "run (5)"),
+                    "`--run \"\"`, `--run` at a BERT checkpoint, `export --out` at a run or inside one even with "
+                    "`--force`, a second `train` on a locked run (5)"),
     "configs": ("configs, from CLI, TOML and JSON alike",
                 '`"shared_vocab": "false"` in JSON, a list instead of an object, `dataset=numbers train=good.tsv`'),
     "data": ("data and text inputs", "a directory where a file belongs, a malformed TSV row, text that is not UTF-8"),
@@ -42,7 +42,7 @@ AREA_TEXT = {
                                      "NaN loss (3)"),
     "outputs": ("outputs that would replace what they must not",
                 "`translate --input a.txt -o a.txt`, `-o runs/other/model.safetensors`, `corpus --out` at the user's "
-                "`train.tsv`, `--quantization int3` (no directory left)"),
+                "`train.tsv`, `--quantization int3` (no directory left), `bench report --update` from an empty folder"),
     "streams": ("streams, pipes, devices and links",
                 "`--input /dev/zero`, a symlink loop, `model.safetensors` a directory or a link to `/dev/zero`, stdin "
                 "closed (`<&-`) or Latin-1"),

@@ -1,5 +1,6 @@
 """Signals and a second process, with real processes: SIGTERM saves like Ctrl-C, a Ctrl-C while the CLI
-starts is one line, and a second `aiayn train` on a run in use stops at once."""
+starts is one line, a signal ignored at start (`nohup`) stays ignored, and a second `aiayn train` on a run in use
+stops at once."""
 
 import os
 import signal
@@ -82,3 +83,70 @@ def test_a_second_train_on_a_run_in_use_stops_at_once(tmp_path, capsys):
         out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert "trained 2 steps" in out
+
+
+# A command that signals itself with what its parent ignored, then finishes.
+SIGNALS_ITSELF = """
+import os, signal, sys
+import aiayn.cli.core
+
+def params(args):
+    os.kill(os.getpid(), signal.SIGHUP)
+    os.kill(os.getpid(), signal.SIGINT)
+    print("kept going")
+    return 0
+
+aiayn.cli.core.cmd_params = params
+from aiayn.cli.main import main
+sys.exit(main(["params"]))
+"""
+
+
+def _ignore_hangup_and_interrupt() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as `nohup` does
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as a shell does for a background job
+
+
+def test_signals_ignored_at_start_stay_ignored(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", SIGNALS_ITSELF], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=tmp_path, preexec_fn=_ignore_hangup_and_interrupt)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out == "kept going\n" and err == ""
+
+
+def test_the_cli_installs_no_handler_over_an_ignored_signal_and_puts_its_own_back(monkeypatch):
+    seen = {}
+
+    def params(args):
+        seen.update({sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGTERM)})
+        return 0
+
+    monkeypatch.setattr("aiayn.cli.core.cmd_params", params)
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        terminate = signal.getsignal(signal.SIGTERM)
+        assert main(["params"]) == 0
+        assert seen[signal.SIGHUP] is signal.SIG_IGN  # left as the parent set it
+        assert seen[signal.SIGTERM] not in (signal.SIG_IGN, terminate)  # the CLI's own: ends the command, code 130
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == terminate
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
+def test_training_installs_no_handler_over_an_ignored_signal(tmp_path):
+    """`nohup aiayn train ... &`: the SIGHUP nohup ignores stays ignored while the steps run, so the run outlives the
+    logout; SIGTERM still finishes the step and saves."""
+    from types import SimpleNamespace
+
+    from aiayn.training.signals import interrupts_caught
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        terminate = signal.getsignal(signal.SIGTERM)
+        with interrupts_caught(SimpleNamespace(interrupt_requested=False, looping=True, report=print)):
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_IGN, terminate)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) == terminate
+    finally:
+        signal.signal(signal.SIGHUP, before)

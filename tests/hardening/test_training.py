@@ -102,3 +102,15 @@ def test_a_jsonl_line_nested_too_deeply_names_its_file_and_line(tmp_path, capsys
     assert code == 2
     assert err.count("\n") == 0 and "RecursionError" not in err
     assert f"{data}:2: invalid JSON (nested too deeply" in err
+
+
+def test_a_second_stack_for_a_decoder_only_model_is_refused_not_dropped(tmp_path, capsys, threads):
+    text = tmp_path / "text.txt"
+    text.write_text("one two three\nfour five six\n" * 20, encoding="utf-8")
+    code, err = run_cli(["train", "objective=causal_lm", f"train={text}", "max_steps=2", "vocab_size=40",
+                         "model.d_model=16", "model.d_ff=32", "model.n_heads=2", "model.n_decoder_layers=2",
+                         "--run", str(tmp_path / "run"), "--no-progress"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "model.n_decoder_layers=2 names the decoder of an encoder-decoder model" in err
+    assert "set model.n_encoder_layers=2 instead" in err
+    assert not (tmp_path / "run" / "model.safetensors").exists()

@@ -59,6 +59,20 @@ def test_each_bad_option_is_one_line_and_exit_code_2_before_any_model_loads(caps
     assert "no-such-run" not in err
 
 
+def test_more_threads_than_cores_are_cut_to_the_cores_with_a_warning_as_in_training(capsys, tmp_path, monkeypatch):
+    import torch
+
+    cores = len(os.sched_getaffinity(0))
+    set_to = []
+    monkeypatch.setattr(torch, "set_num_threads", set_to.append)
+    assert main(["serve", "--run", str(tmp_path / "no-such-run"), "--threads", "1000"]) == 2  # cut, then not found
+    warning, error = capsys.readouterr().err.splitlines()
+    assert warning == (f"aiayn serve: warning: --threads 1000 is more than the {cores} cores this process may use: "
+                       f"serving with {cores} threads")
+    assert error.startswith("aiayn serve: error: ") and "no-such-run" in error
+    assert set_to == [cores]
+
+
 def test_more_connections_than_the_process_may_open_is_a_bad_option(capsys, tmp_path):
     import resource
 
