@@ -21,6 +21,10 @@ from aiayn.tasks.names import CAUSAL_LM
 from aiayn.tokenization import Tokenizer
 
 DECODER_ONLY = {"n_decoder_layers": 0, "causal": True, "head": "none", "num_labels": 0}  # the model's shape
+# GPT-2's shape, the default a key the config sets overrides: pre-LN (with a final LayerNorm), learned positions, its
+# tanh GELU, an embedding not scaled by sqrt(d_model) that the head shares; what the defaults train thus exports to
+# Hugging Face. `recipe=paper` keeps the paper's post-LN decoder with sinusoids.
+GPT_SHAPE = {"norm_first": True, "positional": "learned", "activation": "gelu_tanh", "scale_embeddings": False}
 
 
 class CausalLM(Task):
@@ -38,14 +42,15 @@ class CausalLM(Task):
     served = "aiayn.serve.models:ServedGenerator"
     exporter = "aiayn.export:export_generator"
 
-    def __init__(self, window: int = 0):
-        self.window = window
+    def __init__(self, window: int = 0, gpt_shape: bool = False):
+        self.window, self.gpt_shape = window, gpt_shape
 
     def configured(self, cfg: Any) -> CausalLM:
-        """The task reading the run's files as windows of `max_source_len` tokens (`lm_examples`), or lines."""
+        """The task reading the run's files as windows of `max_source_len` tokens (`lm_examples`), or lines; its model
+        GPT-2's shape unless the run takes the paper's recipe (`recipe=paper`)."""
         windows = cfg.lm_examples == "windows" or (cfg.lm_examples == "auto" and not cfg.dataset)
-        window = cfg.max_source_len if windows else 0
-        return self if window == self.window else CausalLM(window)
+        window, gpt_shape = cfg.max_source_len if windows else 0, cfg.recipe != "paper"
+        return self if (window, gpt_shape) == (self.window, self.gpt_shape) else CausalLM(window, gpt_shape)
 
     def trains(self, cfg: Any) -> bool:
         return bool(cfg.causal)
@@ -54,12 +59,13 @@ class CausalLM(Task):
         """The decoder-only shape: the preset's layers as one causal stack, the vocabulary projection its head.
         `model.n_decoder_layers` names the second stack an encoder-decoder has: given here, it is refused, not
         dropped."""
+        shape = {key: value for key, value in GPT_SHAPE.items() if key not in given} if self.gpt_shape else {}
         if given.get("n_decoder_layers"):
             raise ValueError(f"model.n_decoder_layers={given['n_decoder_layers']} names the decoder of an "
                              "encoder-decoder model; a decoder-only language model has one stack of causal layers, "
                              f"whose depth is model.n_encoder_layers: set model.n_encoder_layers="
                              f"{given['n_decoder_layers']} instead")
-        return dict(DECODER_ONLY)
+        return {**shape, **DECODER_ONLY}
 
     def shape_before_data(self, train: Any) -> dict[str, Any]:
         """The decoder-only shape, whatever the text."""

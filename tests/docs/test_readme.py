@@ -56,5 +56,7 @@ def test_readme_commands_run_in_order(tmp_path, monkeypatch, capsys):
     assert len(valid) >= 2 and valid[-1]["perplexity"] < valid[0]["perplexity"], valid
     assert outputs["generate"].startswith("three hundred and five, three hundred and six,")
     assert len(outputs["generate"].strip()) > len("three hundred and five, three hundred and six,")
+    # the language model the defaults trained exports to Hugging Face GPT-2, its checks passed
+    assert json.loads((tmp_path / "gpt2-counting" / "config.json").read_text())["model_type"] == "gpt2"
     assert (tmp_path / "vectors.npy").is_file()
     assert any((tmp_path / "minilm-onnx").iterdir())

@@ -95,7 +95,7 @@ def test_a_causal_lm_reads_its_text_as_one_stream_in_windows_every_token_a_label
     (tmp_path / "lines.txt").write_text("one\ntwo  \nthree\n", encoding="utf-8")
     assert read_documents(str(tmp_path / "lines.txt"))[0] == ["one", "two  ", "three"]  # no blank line: a line each
 
-    cfg = SimpleNamespace(lm_examples="auto", dataset="", max_source_len=8)
+    cfg = SimpleNamespace(lm_examples="auto", dataset="", max_source_len=8, recipe="auto")
     task = get_task(CAUSAL_LM).configured(cfg)
     assert task.window == 8 and get_task(CAUSAL_LM).configured(SimpleNamespace(**{**vars(cfg), "dataset": "counting"}))\
         .window == 0  # the built-in data sets' sentences stay one a line
@@ -109,3 +109,22 @@ def test_a_causal_lm_reads_its_text_as_one_stream_in_windows_every_token_a_label
     assert batch["ids"].shape == (2, 8) and batch["labels"][0].tolist() == items[0][1:]
     assert "every token trained on" in task.encoding_note({"train": (2, SimpleNamespace(lengths=[n for n, _ in sizes],
                                                                                         items=items))})
+
+
+def test_a_language_model_has_the_shape_gpt2_holds_unless_the_paper_recipe_or_a_key_says_otherwise():
+    from aiayn.config import preset
+    from aiayn.interop.gpt2 import gpt2_problems
+    from aiayn.tasks import CAUSAL_LM
+
+    def shape(recipe, given):
+        cfg = SimpleNamespace(lm_examples="auto", dataset="counting", max_source_len=256, recipe=recipe)
+        settings = get_task(CAUSAL_LM).configured(cfg).model_settings(None, given)
+        return preset("tiny").replace(vocab_size=40, **{**given, **settings})
+
+    default = shape("auto", {})
+    assert (default.norm_first, default.positional, default.activation, default.scale_embeddings) == \
+        (True, "learned", "gelu_tanh", False)
+    assert default.causal and default.tie_embeddings and gpt2_problems(default) == []
+    assert shape("auto", {"activation": "relu"}).activation == "relu"  # a key the config sets is kept
+    paper = shape("paper", {})
+    assert (paper.norm_first, paper.positional, paper.scale_embeddings) == (False, "sinusoidal", True)
