@@ -164,6 +164,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401 - (the serve extra: uvicorn with httptools)
 
         from aiayn.serve import Limits, create_app, server_config
+        from aiayn.serve.connections import DrainingServer
     except ModuleNotFoundError as err:
         raise ModuleNotFoundError(f"aiayn serve needs the serve extra ({err.name} is missing): "
                                   "pip install 'aiayn[serve]'") from None
@@ -197,7 +198,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app = create_app(objects, limits=limits, passes=passes, threads=threads, max_tokens=args.max_tokens,
                          max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000, pool=pool, access=access)
         _announce(app, sock, passes, threads, cores, pool is not None, access)
-        server = uvicorn.Server(server_config(app, drain_seconds=args.drain_seconds))
+        server = DrainingServer(server_config(app, drain_seconds=args.drain_seconds))
         try:
             server.run(sockets=[sock])
         except KeyboardInterrupt:  # uvicorn drained the requests in flight, then passed the signal on

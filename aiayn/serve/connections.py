@@ -13,13 +13,18 @@ nginx has by default:
 
 A connection that sends nothing is closed after `read_seconds`, without an answer; between requests, uvicorn's
 keep-alive timeout (5 s) applies. The body's own deadline is `read_body`'s (aiayn/serve/limits.py), so that its
-408 goes through the application like every other answer.
+408 goes through the application like every other answer. `DrainingServer` drains on SIGHUP and SIGQUIT as uvicorn
+does on SIGTERM.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
+import threading
+from collections.abc import Iterator
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -121,3 +126,27 @@ def server_config(app, *, drain_seconds: float = 30.0, log_level: str = "warning
     protocol = type("BoundedProtocol", (BoundedProtocol,), {"limits": app.state.limits})
     return uvicorn.Config(app, http=protocol, log_level=log_level, timeout_graceful_shutdown=drain_seconds,
                           lifespan="on")
+
+
+# Signals that stop a server as SIGTERM does (drain the requests in flight, then stop): uvicorn itself takes SIGINT
+# and SIGTERM; a terminal's hang-up and Ctrl-\ would otherwise end every request in flight with a plain 500.
+DRAINING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGQUIT") if hasattr(signal, name))
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which drains on SIGHUP and SIGQUIT as on SIGTERM (a signal ignored at start stays ignored)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in DRAINING_SIGNALS
+                        if signal.getsignal(sig) is not signal.SIG_IGN}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+

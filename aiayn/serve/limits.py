@@ -137,6 +137,13 @@ def texts_field(fields: dict[str, Any], name: str, limits: Limits) -> tuple[list
         if len(text) > limits.max_chars:
             raise ApiError(413, f"text {number} has {len(text)} characters, more than the limit of "
                                 f"{limits.max_chars}")
+        if not text.isascii():  # JSON may escape half a surrogate pair ("\ud800"): no Unicode text, no tokens
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ApiError(422, f"text {number} holds a lone surrogate ({text[err.start]!a}) at character "
+                                    f"{err.start}: it is not Unicode text; send the whole pair, or the "
+                                    "character itself") from None
     return texts, single
 
 

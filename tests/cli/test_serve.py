@@ -42,7 +42,10 @@ def children(pid: int) -> list[int]:
     return [int(child) for child in listed.read_text().split()] if listed.exists() else []
 
 
-def test_sigterm_answers_the_requests_in_flight_then_exits(translation_run):
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
+def test_a_stopping_signal_answers_the_requests_in_flight_then_exits(translation_run, stop):
+    """SIGTERM, a terminal's hang-up and Ctrl-\\ alike: the requests in flight are answered (they got plain 500s on
+    SIGHUP and SIGQUIT, which uvicorn does not drain on), then the server stops."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     # a long gathering window holds the request in the queue while the signal arrives
     server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", "--run", f"en-de={translation_run}",
@@ -62,7 +65,7 @@ def test_sigterm_answers_the_requests_in_flight_then_exits(translation_run):
         if usable_cores() > 1:  # on a CPU, a worker process a pass
             spawned = [pid for pid in workers if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
             assert "worker processes" in first and len(spawned) == usable_cores(), (first, workers)
-        server.send_signal(signal.SIGTERM)
+        server.send_signal(stop)
         sender.join(timeout=60)
         assert server.wait(timeout=60) == 0
         wait_until(lambda: not [pid for pid in workers if Path(f"/proc/{pid}").exists()])  # they left with it

@@ -310,6 +310,15 @@ def test_a_client_that_leaves_mid_body_is_one_log_line_and_not_a_500(translator)
     assert said[0].exc_info is None
 
 
+@pytest.mark.parametrize("route, field", [("/translate", "q"), ("/v1/inspect", "q")])
+def test_a_lone_surrogate_in_a_text_is_422_not_500(tight, route, field):
+    """JSON may escape half a surrogate pair; it is no Unicode text and is refused before it is counted or queued."""
+    body = '{"%s": "tw\\ud800enty", "source": "en", "target": "de"}' % field
+    out = httpx.post(f"{tight}{route}", content=body.encode(), headers={"Content-Type": "application/json"})
+    assert out.status_code == 422, out.text
+    assert "text 0 holds a lone surrogate ('\\ud800') at character 2" in out.json()["error"]
+
+
 def test_deeply_nested_json_is_400(tight):
     out = httpx.post(f"{tight}/translate", content=b"[" * 100_000, headers={"Content-Type": "application/json"})
     assert out.status_code == 400 and "nests too deeply" in out.json()["error"]
