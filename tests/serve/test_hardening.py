@@ -313,7 +313,7 @@ def test_a_client_that_leaves_mid_body_is_one_log_line_and_not_a_500(translator)
 @pytest.mark.parametrize("route, field", [("/translate", "q"), ("/v1/inspect", "q")])
 def test_a_lone_surrogate_in_a_text_is_422_not_500(tight, route, field):
     """JSON may escape half a surrogate pair; it is no Unicode text and is refused before it is counted or queued."""
-    body = '{"%s": "tw\\ud800enty", "source": "en", "target": "de"}' % field
+    body = '{"' + field + '": "tw\\ud800enty", "source": "en", "target": "de"}'
     out = httpx.post(f"{tight}{route}", content=body.encode(), headers={"Content-Type": "application/json"})
     assert out.status_code == 422, out.text
     assert "text 0 holds a lone surrogate ('\\ud800') at character 2" in out.json()["error"]
