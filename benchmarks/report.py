@@ -43,9 +43,13 @@ COLUMNS = {
               ("aiayn / Marian", "aiayn / Hugging Face Marian"), ("torch.nn.Transformer", "torch.nn.Transformer"),
               ("aiayn / torch.nn.Transformer", "aiayn / torch.nn.Transformer"),
               ("aiayn, 2 processes (DDP) / Marian", "aiayn, processes (DDP) / Hugging Face Marian (processes 2)")),
-    "lm": (("aiayn", "aiayn (model decoder-only)"), ("plain modules", "aiayn, plain modules (model decoder-only)"),
-           ("Hugging Face GPT-2", "Hugging Face GPT-2 (model decoder-only)"),
-           ("aiayn / GPT-2", "aiayn / Hugging Face GPT-2 (model decoder-only)")),
+    "decoder_only": (("aiayn", "aiayn (model decoder-only)"),
+                     ("plain modules", "aiayn, plain modules (model decoder-only)"),
+                     ("Hugging Face GPT-2", "Hugging Face GPT-2 (model decoder-only)"),
+                     ("aiayn / GPT-2", "aiayn / Hugging Face GPT-2 (model decoder-only)")),
+    "lm": (("aiayn bits/char", "aiayn valid bits"), ("nanoGPT bits/char", "nanoGPT valid bits"),
+           ("aiayn steps", "aiayn steps"), ("nanoGPT steps", "nanoGPT steps"),
+           ("aiayn chars/s", "aiayn training chars"), ("nanoGPT chars/s", "nanoGPT training chars")),
     "finetune": (("aiayn", "aiayn (model encoder)"), ("plain modules", "aiayn, plain modules (model encoder)"),
                  ("Hugging Face BERT", "Hugging Face BERT (model encoder)"),
                  ("aiayn / BERT", "aiayn / Hugging Face BERT (model encoder)"),
@@ -53,7 +57,7 @@ COLUMNS = {
 }
 # Tables of one model of a benchmark that times several (its figures labelled `model`): (benchmark, model). Any
 # other table shows the records whose figures carry no such label.
-TABLES = {"finetune": ("train", "encoder"), "lm": ("train", "decoder-only")}
+TABLES = {"finetune": ("train", "encoder"), "decoder_only": ("train", "decoder-only")}
 # The versions a benchmark's figures depend on besides torch: the peers it runs.
 PEERS = {"generate": ("ctranslate2", "transformers"), "train": ("transformers",),
          "translate": ("transformers", "sacrebleu"), "embed": ("sentence-transformers", "transformers")}
@@ -79,6 +83,8 @@ def value(fig: dict) -> str:
         return f"{v:.3f}x"
     if unit == "%":
         return f"{v:.1f}%"
+    if unit in ("bits/char", "nats/char"):  # a loss, whose second and third decimals are the difference
+        return f"{v:.3f} {unit}"
     return f"{v:,.0f} {unit}" if abs(v) >= 100 else f"{v:.1f} {unit}"
 
 

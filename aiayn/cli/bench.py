@@ -26,6 +26,8 @@ BENCHMARKS = {
     "train": "training step throughput on real-run shapes vs Hugging Face Marian and torch.nn.Transformer (--model "
              "decoder-only: vs Hugging Face GPT-2)",
     "translate": "English -> French from this machine's gettext catalogs: aiayn vs Marian trained alike, BLEU and time",
+    "lm": "a language model on a text of yours: aiayn vs nanoGPT's model and training loop in the same time, loss per "
+          "character",
     "generate": "greedy and beam decoding vs CTranslate2 and Hugging Face generate(), fp32 and int8",
     "file": "a trained run translating a test file vs its CTranslate2 export: time, BLEU and chrF",
     "embed": "sentence embedding with all-MiniLM-L6-v2 vs sentence-transformers and BertModel",
@@ -57,6 +59,7 @@ def load_benchmark(name: str) -> ModuleType:
     _scripts_importable()
     spec = importlib.util.spec_from_file_location(f"aiayn_benchmark_{name}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # as an import leaves it: a script's dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
 

@@ -74,7 +74,7 @@ def test_the_fine_tuning_table_holds_the_encoder_records_of_bench_train_and_the_
     assert train.count("\n") == 2 + len(records) - len(encoder) and "--model encoder" not in train
     language_model = {**encoder[0], "command": "python benchmarks/train.py --model decoder-only",
                       "figures": [{**f, "model": "decoder-only"} for f in encoder[0]["figures"]]}
-    table = report.render("lm", [language_model])  # a command without `aiayn bench NAME` is shown whole
+    table = report.render("decoder_only", [language_model])  # a command without `aiayn bench NAME` is shown whole
     assert table.count("\n") == 3 and "`python benchmarks/train.py --model decoder-only`" in table
 
 
