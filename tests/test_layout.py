@@ -11,7 +11,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "aiayn"
 LAYERS = {
-    "config": 0, "tokenization": 0, "rundir": 0, "paths": 0, "memory": 0,
+    "config": 0, "tokenization": 0, "rundir": 0, "paths": 0, "memory": 0, "interrupts": 0,
     "tasks.names": 0,  # the objective names alone (it imports nothing), so config and nn may name a head
     "nn": 1, "reference": 1, "data": 1, "weights": 1,
     "backends": 2, "io": 2, "aiayn": 2,  # "aiayn": the package's own __init__ (build_model, load_model)

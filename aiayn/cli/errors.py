@@ -20,11 +20,9 @@ import signal
 import sys
 from collections.abc import Callable
 
+from aiayn.interrupts import INTERRUPT_SIGNALS
+
 OK, INTERNAL, BAD_INPUT, NON_FINITE, SYSTEM, BUSY, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
-# Those that end a command as Ctrl-C does; the same as `aiayn.training.signals.INTERRUPT_SIGNALS`, which `aiayn train`
-# installs for its steps (not imported from there: the CLI starts without torch, and records a signal at once).
-INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-                     if hasattr(signal, name))
 
 
 def catch_interrupts(handler: Callable[[int, object], None]) -> dict[int, object]:

@@ -23,12 +23,12 @@ import asyncio
 import contextlib
 import json
 import signal
-import threading
 from collections.abc import Iterator
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from aiayn.interrupts import handling
 from aiayn.serve.limits import Limits
 
 
@@ -138,15 +138,6 @@ class DrainingServer(uvicorn.Server):
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {sig: signal.signal(sig, self.handle_exit) for sig in DRAINING_SIGNALS
-                        if signal.getsignal(sig) is not signal.SIG_IGN}
-            try:
-                yield
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+        with super().capture_signals(), handling(DRAINING_SIGNALS, self.handle_exit):
+            yield
 

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import signal
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-# What interrupts a run as Ctrl-C does (finish the step, save a checkpoint, exit "interrupted"): a supervisor's SIGTERM,
-# the terminal's hang-up (SIGHUP: an ssh session that dropped) and Ctrl-\ (SIGQUIT), whose default would dump core
-# and lose the steps since the last checkpoint. SIGPIPE stays ignored, as Python sets it: a reader that went away
-# fails a write, which the CLI's reporting survives.
-INTERRUPT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")
-                          if hasattr(signal, name))
+from aiayn.interrupts import INTERRUPT_SIGNALS, handling
 
 
 @contextmanager
@@ -30,12 +24,5 @@ def interrupts_caught(t: Any) -> Iterator[None]:
         name = "interrupt" if signum == signal.SIGINT else signal.Signals(signum).name
         t.report(f"{name}: finishing this step, saving a checkpoint and exiting (Ctrl-C again to abort)")
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # a signal ignored at start (nohup's SIGHUP) stays so
-        previous = {sig: signal.signal(sig, on_signal) for sig in INTERRUPT_SIGNALS
-                    if signal.getsignal(sig) is not signal.SIG_IGN}
-    try:
+    with handling(INTERRUPT_SIGNALS, on_signal):
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
