@@ -58,7 +58,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from nanogpt.model import GPT, GPTConfig  # benchmarks/nanogpt/model.py, vendored
-from record import figure  # benchmarks/record.py
+from record import figure, new_work_dir  # benchmarks/record.py
 
 import aiayn
 from aiayn.data.collate import IGNORE, pad
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(text) < 10 * (args.nanogpt_block + 1):
         raise SystemExit(f"{args.text} holds {len(text)} characters: too few for a validation tenth longer than "
                          f"nanoGPT's context ({args.nanogpt_block}); give a longer text")
-    work = Path(args.work) if args.work else new_dir(Path("runs"), "bench-lm")
+    work = Path(args.work) if args.work else new_work_dir("bench-lm")
     if work.exists() and (not work.is_dir() or any(work.iterdir())):
         raise SystemExit(f"--work {work} is not an empty directory: the bench writes its split text, run and results "
                          "there; give a new one")
@@ -405,14 +405,6 @@ def main(argv: list[str] | None = None) -> int:
     atomic_write_text(work / "results.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     report(results, args.text, len(valid), prompt, args.budget)
     return 0
-
-
-def new_dir(root: Path, stem: str) -> Path:
-    """`root/stem-N` for the first N not taken."""
-    n = 1
-    while (root / f"{stem}-{n}").exists():
-        n += 1
-    return root / f"{stem}-{n}"
 
 
 if __name__ == "__main__":

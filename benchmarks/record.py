@@ -198,3 +198,12 @@ def load(directory: Path | None = None) -> list[dict]:
             continue
         records.append(record)
     return sorted(records, key=lambda r: r.get("date") or "")
+
+
+def new_work_dir(stem: str, root: Path = Path("runs")) -> Path:
+    """`root/stem-N` for the first N not taken: where a bench that trains keeps its runs unless told (`--work`)."""
+    n = 1
+    while (root / f"{stem}-{n}").exists():
+        n += 1
+    return root / f"{stem}-{n}"
+

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from record import figure  # benchmarks/record.py
+from record import figure, new_work_dir  # benchmarks/record.py
 
 from aiayn.data.batching import token_batches
 from aiayn.data.gettext import catalog_files, read_gettext
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
                              "faster, or as `processes=N` says); threads: in this process, on threads")
     parser.add_argument("overrides", nargs="*", help="aiayn config overrides, applied to both (KEY=VALUE)")
     args = parser.parse_args(argv)
-    work = Path(args.work) if args.work else _new_dir(Path("runs"), "bench-translate")
+    work = Path(args.work) if args.work else new_work_dir("bench-translate")
     work.mkdir(parents=True, exist_ok=True)
     corpus = Path(args.corpus) if args.corpus else work / "corpus"
     lang = args.lang or "fr"
@@ -463,13 +463,6 @@ def train_in_processes(args: argparse.Namespace, processes: int, work: Path, cor
     if code != 0:
         raise SystemExit(f"aiayn's {processes} training processes failed (exit code {code}); see their output above")
     return json.loads((work / RANKS_RESULT).read_text(encoding="utf-8"))
-
-
-def _new_dir(root: Path, stem: str) -> Path:
-    n = 1
-    while (root / f"{stem}-{n}").exists():
-        n += 1
-    return root / f"{stem}-{n}"
 
 
 if __name__ == "__main__":
