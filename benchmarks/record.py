@@ -14,12 +14,14 @@ import contextlib
 import datetime
 import importlib.metadata
 import io
+import itertools
 import json
 import os
 import platform
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,12 +142,21 @@ def recording(name: str, argv: list[str], directory: Path | None = None) -> Iter
 
 
 def write(record: dict, directory: Path) -> Path:
-    """Write `record` as `<date>-<bench>.json` in `directory` (created if missing); returns the path."""
+    """Write `record` as `<date>-<bench>.json` in `directory` (created if missing), or `<date>-<bench>-2.json` ... where
+    a record of the same second is there (two runs started together): never over another record; returns the path."""
     directory.mkdir(parents=True, exist_ok=True)
     stamp = re.sub(r"[^0-9T]", "", record["date"].split("+")[0])  # 20261203T191500
-    path = directory / f"{stamp}-{record['bench']}.json"
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
-    return path
+    with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False, encoding="utf-8") as out:
+        out.write(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    try:
+        for n in itertools.count(1):
+            path = directory / f"{stamp}-{record['bench']}{'' if n == 1 else f'-{n}'}.json"
+            with contextlib.suppress(FileExistsError):
+                os.link(out.name, path)  # whole, and only where no file is: one step
+                return path
+    finally:
+        os.unlink(out.name)
+    raise AssertionError("unreachable")
 
 
 # What a record holds that the report reads, and its type: a record without them (damaged, written by another

@@ -162,3 +162,16 @@ def test_bench_report_skips_files_that_are_not_records_with_a_line_naming_each(t
                      "figures)",
                      f"skipped {tmp_path / 'e-pipe.json'}: not a regular file"], captured.err
     assert "## encoder" in captured.out
+
+
+def test_two_records_of_the_same_second_are_both_kept(tmp_path):
+    """Two runs started together stamp the same second: the second record goes beside the first, never over it."""
+    load_benchmark("translate")  # puts the scripts' helpers (record.py) on the path, as `aiayn bench` does
+    from record import write
+
+    record = {"bench": "translate", "date": "2026-12-07T12:50:38+00:00", "figures": []}
+    first = write({**record, "command": "one"}, tmp_path)
+    second = write({**record, "command": "two"}, tmp_path)
+    assert first.name == "20261207T125038-translate.json" and second.name == "20261207T125038-translate-2.json"
+    assert [json.loads(p.read_text())["command"] for p in (first, second)] == ["one", "two"]
+    assert {p.name for p in tmp_path.iterdir()} == {first.name, second.name}  # no temporary file left
