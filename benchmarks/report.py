@@ -187,7 +187,9 @@ def plot_learning(records: list[dict], path: Path) -> Path:
         ax.set_xlabel("training minutes")
         ax.set_ylabel("validation BLEU (greedy)")
         threads = f"{r['threads']} thread{'' if r['threads'] == 1 else 's'}"
-        ax.set_title(f"{(r['date'] or '')[:10]}, {machine(r).split(';')[0]}, {threads}", fontsize=8)
+        given = " ".join(word for word in (r.get("command") or "").split()[3:] if "=" in word and "/" not in word)
+        ax.set_title(f"{(r['date'] or '')[:10]}, {machine(r).split(';')[0]}, {threads}" + (f"\n{given}" if given
+                                                                                          else ""), fontsize=8)
         ax.legend(fontsize=8)
     return _save(fig, path)
 
