@@ -335,11 +335,11 @@ def report(results: dict[str, dict], text_path: str, valid_chars: int, prompt: s
         bits = r["loss_per_char"] / math.log(2)
         print(f"{name:8} {r['steps']:>7} {r['train_s']:>8.1f} {tokens_s:>9.0f} {tokens_s * r['chars_per_token']:>9.0f} "
               f"{r['loss_per_char']:>16.4f} {bits:>10.4f}")
-        figure(f"{name} valid loss", r["loss_per_char"], "nats/char")
-        figure(f"{name} valid bits", bits, "bits/char")
-        figure(f"{name} steps", r["steps"], "steps")
-        figure(f"{name} training", tokens_s, "tokens/s")
-        figure(f"{name} training chars", tokens_s * r["chars_per_token"], "chars/s")
+        figure(f"{name}, valid loss", r["loss_per_char"], "nats/char")
+        figure(f"{name}, valid bits", bits, "bits/char")
+        figure(f"{name}, steps", r["steps"], "steps")
+        figure(f"{name}, training", tokens_s, "tokens/s")
+        figure(f"{name}, training chars", tokens_s * r["chars_per_token"], "chars/s")
     print("(tokens/s: each in its own tokens; chars/s: those times the training text's characters a token)")
     for name, r in results.items():
         print(f"{name}: {r['sizes']}")

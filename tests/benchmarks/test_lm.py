@@ -47,8 +47,8 @@ def test_bench_lm_trains_both_models_and_scores_them_per_character(tmp_path, cap
     assert aiayn["nll"] / aiayn["scored_tokens"] == pytest.approx(own["loss"], rel=1e-4)
     record = json.loads(next((tmp_path / "records").glob("*-lm.json")).read_text(encoding="utf-8"))
     figures = {f["name"]: f for f in record["figures"]}
-    assert figures["nanoGPT valid bits"]["unit"] == "bits/char"
-    assert figures["aiayn valid loss"]["value"] == pytest.approx(aiayn["loss_per_char"])
+    assert figures["nanoGPT, valid bits"]["unit"] == "bits/char"
+    assert figures["aiayn, valid loss"]["value"] == pytest.approx(aiayn["loss_per_char"])
 
 
 def test_the_bench_keeps_the_keys_it_sets_and_gives_aiayn_nanogpts_sizes_unless_overridden(tmp_path):
