@@ -43,7 +43,7 @@ def get_lr(step: int, recipe: Recipe, d_model: int) -> float:
     the run (`Recipe.replanned`) goes on from the rate it had at its anchor step.
     """
     step, warmup, peak = max(step, 1), recipe.warmup, recipe.peak_lr
-    start, start_lr = (recipe.anchor_step, recipe.anchor_lr) if recipe.anchor_step else (0, 0.0)
+    start, start_lr = recipe.anchor_step, recipe.anchor_lr  # (0, 0.0) for a recipe never re-planned
     if step <= warmup and start:  # a warmup re-planned on its way: on from where the rate stood
         return start_lr + (peak - start_lr) * (step - start) / max(warmup - start, 1)
     if recipe.schedule == "noam":
@@ -153,7 +153,7 @@ class Trainer(RunState):
             raise TrainingError(saves.failure_message(self, f"non-finite gradient norm ({norm})"))
         lr = get_lr(self.step + 1, self.recipe, self.model.config.d_model)
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr = lr
+            group["lr"] = lr
         self.optimizer.step()  # Adam (section 5.3)
         self.step += 1
         return {"loss": loss_sum / max(units, 1), "nll": nll_sum / max(units, 1), "lr": lr, "grad_norm": norm,

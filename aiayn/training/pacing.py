@@ -100,17 +100,13 @@ def refit(t: Any) -> None:
     """Fit the recipe's compute keys (`recipe.compute_keys`) to the passes over the data the plan buys, once, early;
     a key the config sets is kept, and so is the model of a preset the config names. One line says what changed."""
     passes = planned_passes(t)
-    given = t.run.given | ({f"model.{key}" for key in ("dropout",)} if "model.preset" in t.run.given else set())
-    keys = {key: value for key, value in compute_keys(passes).items() if key not in given}
-    changed = {key: value for key, value in keys.items()
-               if (getattr(t.model.config, key[6:]) if key.startswith("model.") else getattr(t.cfg, key)) != value}
-    if "model.dropout" in changed:
+    given = t.run.given | ({"model.dropout"} if "model.preset" in t.run.given else set())
+    keys = {key: value for key, value in compute_keys(passes).items() if key not in given}  # model keys only
+    changed = {key[6:]: value for key, value in keys.items() if getattr(t.model.config, key[6:]) != value}
+    if "dropout" in changed:
         for model in (t.model, t.prepared):  # the prepared copy has modules of its own
-            set_dropout(model, changed["model.dropout"])
-    train = {key: value for key, value in changed.items() if not key.startswith("model.")}
-    model = {key[6:]: value for key, value in changed.items() if key.startswith("model.")}
-    t.run = replace(t.run, train=replace(t.cfg, **train), model_overrides={**t.run.model_overrides, **model})
-    t.cfg = t.run.train
+            set_dropout(model, changed["dropout"])
+    t.run = replace(t.run, model_overrides={**t.run.model_overrides, **changed})
     if t.rank == 0:
         save_run_config(t)  # a resume builds the model with what was chosen
         chosen = " ".join(f"{key}={value:g}" for key, value in keys.items())
@@ -127,8 +123,8 @@ def plan(t: Any) -> None:
     total, upcoming = budget.plan(t.step, end_reserve(t), valid_examples, cfg.max_steps)
     budget.planned_steps, budget.next_valid = t.parallel.from_rank0((total, upcoming))
     fresh, notes = resolve_recipe(cfg, total_steps=total, d_model=t.model.config.d_model)
-    # the steps taken so far ran on the setup's provisional plan: the rate goes on from where it stands
-    t.recipe = t.recipe.replanned(fresh, step=t.step, lr=t.lr)
+    # the steps taken so far ran on the setup's provisional plan: the rate goes on from where the optimizer's stands
+    t.recipe = t.recipe.replanned(fresh, step=t.step, lr=t.optimizer.param_groups[0]["lr"])
     if first and t.rank == 0:
         for note in notes:
             t.report(note)

@@ -34,7 +34,7 @@ def state(t: Any) -> dict[str, Any]:
             "stale_validations": t.stale_validations,
             "budget": None if budget is None else {
                 "used": budget.elapsed(), "planned_steps": budget.planned_steps,
-                "next_valid": budget.next_valid, "step_s": budget.step_s, "lr": t.lr,
+                "next_valid": budget.next_valid, "step_s": budget.step_s,
                 "schedule": {key: getattr(t.recipe, key) for key in RESUMED_SCHEDULE}}}
 
 
@@ -114,7 +114,6 @@ def restore(t: Any) -> None:
         t.recipe, _ = resolve_recipe(cfg, total_steps=t.budget.planned_steps, d_model=t.model.config.d_model)
         if "schedule" in plan:  # the plan as re-planned (continuous), not as resolved afresh
             t.recipe = replace(t.recipe, **{key: plan["schedule"][key] for key in RESUMED_SCHEDULE})
-            t.lr = float(plan["lr"])
     if t.rank == 0:
         t.log.truncate_after(t.step)
     t.report(f"resumed from {checkpoint} (step {t.step}, epoch {t.epoch + 1}, batch {t.batch_index})")

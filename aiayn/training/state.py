@@ -44,7 +44,6 @@ class RunState:
         # (metric, -loss) of the best validation: higher is better; ties on the metric go to the lower loss
         self.best_score, self.stale_validations, self.last_valid = (-math.inf, -math.inf), 0, {}
         self.last_validated_step = self.last_saved_step = -1
-        self.lr = 0.0  # the rate of the newest step (a re-plan goes on from it)
         self.saves = 0  # checkpoints written (their mean time is a budget's estimate of the next)
         self.started = time.perf_counter()  # wall clock of this process's run: every log row's `time_s`
 
