@@ -16,23 +16,9 @@ from __future__ import annotations
 
 import errno
 import re
-import signal
 import sys
-from collections.abc import Callable
-
-from aiayn.interrupts import INTERRUPT_SIGNALS
 
 OK, INTERNAL, BAD_INPUT, NON_FINITE, SYSTEM, BUSY, INTERRUPTED = 0, 1, 2, 3, 4, 5, 130
-
-
-def catch_interrupts(handler: Callable[[int, object], None]) -> dict[int, object]:
-    """Set `handler` for each of `INTERRUPT_SIGNALS` that is not ignored; returns the handlers it replaced, to put back.
-
-    A signal ignored when the command starts stays ignored: its parent asked for that (`nohup` ignores SIGHUP, a
-    shell's background job SIGINT), and a handler would end the command on the signal it was started to survive.
-    """
-    kept = [sig for sig in INTERRUPT_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
-    return {sig: signal.signal(sig, handler) for sig in kept}
 
 
 # What a user can do about an operating-system error, by errno.

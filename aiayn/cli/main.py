@@ -12,15 +12,14 @@ import contextlib
 import importlib
 import logging
 import os
-import signal
 import sys
-import threading
 import traceback
 
 from aiayn import __version__
-from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, catch_interrupts, describe, one_line
+from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, describe, one_line
 from aiayn.cli.options import check_numbers
 from aiayn.cli.streams import Stdout, silence_stdout
+from aiayn.interrupts import INTERRUPT_SIGNALS, handling
 from aiayn.memory import keep_freed_memory
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
@@ -106,11 +105,10 @@ def _run(argv: list[str] | None) -> int:
     _openmp_waits_passively()
     _no_progress_monitor()
     keep_freed_memory()  # the process's allocator keeps what a step frees for the next (aiayn.memory)
-    previous = {}
     _signalled.clear()
     _started.clear()
-    if threading.current_thread() is threading.main_thread():
-        previous = catch_interrupts(_on_signal)
+    handlers = contextlib.ExitStack()  # put back when the command ends
+    handlers.enter_context(handling(INTERRUPT_SIGNALS, _on_signal))
     command, debug = "", "--debug" in (argv if argv is not None else sys.argv[1:])
     stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)  # a failure to write names stdout
     try:
@@ -146,8 +144,7 @@ def _run(argv: list[str] | None) -> int:
         return _report(err, command, debug) if debug else _interrupted(command)
     finally:
         sys.stdout = stdout
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        handlers.close()
 
 
 def _no_progress_monitor() -> None:

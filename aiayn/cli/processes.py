@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
 
-from aiayn.cli.errors import catch_interrupts
+from aiayn.interrupts import INTERRUPT_SIGNALS, handling
 
 GRACE_S = 60.0  # after one process failed: how long the others may take to stop by themselves
 POLL_S = 0.1
@@ -60,8 +59,7 @@ def train_processes(argv: list[str], processes: int, threads: int) -> int:
                 with contextlib.suppress(ProcessLookupError):
                     proc.send_signal(signum)
 
-    previous = catch_interrupts(forward)
-    try:
+    with handling(INTERRUPT_SIGNALS, forward):
         failed_at = None
         while any(proc.poll() is None for proc in ranks):
             if failed_at is None and any(proc.poll() not in (None, 0) for proc in ranks):
@@ -71,9 +69,6 @@ def train_processes(argv: list[str], processes: int, threads: int) -> int:
                     if proc.poll() is None:
                         proc.kill()
             time.sleep(POLL_S)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
     codes = [proc.returncode for proc in ranks]
     failed = [code for code in codes if code != 0]
     if not failed:
