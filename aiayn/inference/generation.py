@@ -86,10 +86,8 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
         _report_rest(on_finished, batch, reported, tokens, scores)
         return GenerationOutput(tokens, scores, attention)
 
-    # Decode only the non-empty sources, without the columns that are padding in every row.
-    sub = src[rows][:, : int(real.any(dim=0).nonzero().max()) + 1]
-    limits = new_tokens(config, lengths[rows].cpu(), cfg.max_len)
-    _check_search_size(model, len(rows), sub.shape[1], int(limits.max()), config)
+    sub, limits = decoded_part(model, src, rows, config)
+
     def begin(steps: int, beams: int, record: bool) -> DecodingState:
         return start_decoding(model, sub, steps, beams=beams, record=record)
 
@@ -105,6 +103,19 @@ def generate(model: EncoderDecoderModel, src: torch.Tensor, *, bos_id: int, eos_
     return GenerationOutput(tokens, scores, attention)
 
 
+def decoded_part(model: EncoderDecoderModel, src: torch.Tensor, rows: torch.Tensor,
+                 config: GenerationConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sources a search decodes, of `src` (B, S) checked by `generate`: its non-empty `rows` (R,) without the
+    columns that are padding in every one of them (R, S'), and each one's limit of new tokens (R,); ValueError for a
+    search too large for this machine's memory."""
+    cfg = model.config
+    real = src[rows] != cfg.pad_id  # (R, S)
+    sub = src[rows][:, : int(real.any(dim=0).nonzero().max()) + 1]
+    limits = new_tokens(config, real.sum(dim=1).cpu(), cfg.max_len)
+    _check_search_size(model, len(rows), sub.shape[1], int(limits.max()), config)
+    return sub, limits
+
+
 @torch.no_grad()
 def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: int,
                      config: GenerationConfig | None = None) -> GenerationOutput:
@@ -118,6 +129,19 @@ def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: 
         raise ValueError(f"prompt ids must be a (batch, length >= 1) tensor, got {getattr(prompts, 'shape', prompts)}")
     if config.return_attention:
         raise ValueError("return_attention records cross-attention, which a decoder-only model has none of")
+    limits = prompt_limits(model, prompts, eos_id, config)
+
+    def begin(steps: int, beams: int, record: bool) -> DecodingState:
+        return start_causal(model, prompts, steps, beams=beams)
+
+    tokens, scores, _ = search(model, begin, prompts, limits, eos_id, config)
+    return GenerationOutput(tokens, scores, None)
+
+
+def prompt_limits(model: DecoderOnlyModel, prompts: torch.Tensor, eos_id: int,
+                  config: GenerationConfig) -> torch.Tensor:
+    """Each prompt's limit of new tokens (B,), of prompts (B, P) checked against the model and this machine's memory
+    (ValueError names what to change)."""
     cfg = model.config
     if not 0 <= eos_id < cfg.vocab_size:
         raise ValueError(f"eos_id {eos_id} is outside the vocabulary (size {cfg.vocab_size})")
@@ -129,13 +153,7 @@ def continue_prompts(model: DecoderOnlyModel, prompts: torch.Tensor, *, eos_id: 
                          f"{int(prompts.min())} to {int(prompts.max())}")
     limit = new_token_limit(config, cfg.max_len, prompts.shape[1])
     _check_search_size(model, prompts.shape[0], prompts.shape[1], limit, config)
-    limits = torch.full((prompts.shape[0],), limit, dtype=torch.long)
-
-    def begin(steps: int, beams: int, record: bool) -> DecodingState:
-        return start_causal(model, prompts, steps, beams=beams)
-
-    tokens, scores, _ = search(model, begin, prompts, limits, eos_id, config)
-    return GenerationOutput(tokens, scores, None)
+    return torch.full((prompts.shape[0],), limit, dtype=torch.long)
 
 
 def new_tokens(config: GenerationConfig, lengths: torch.Tensor, max_len: int) -> torch.Tensor:

@@ -20,8 +20,9 @@ from torch import nn
 
 from aiayn.data.batching import token_batches
 from aiayn.inference.buffers import reusing_buffers
-from aiayn.inference.generation import GenerationConfig, continue_prompts, new_token_limit
+from aiayn.inference.generation import GenerationConfig, continue_prompts, new_token_limit, prompt_limits
 from aiayn.inference.runner import ModelRunner, check_batch_limits, check_vocabulary, text_list
+from aiayn.inference.running import Batch
 from aiayn.inference.translator import search_settings
 from aiayn.tokenization import Tokenizer
 
@@ -93,22 +94,35 @@ class Generator(ModelRunner):
                                  repetition_penalty=repetition_penalty, no_repeat_ngram_size=no_repeat_ngram_size,
                                  seed=seed)
         rows = self.encode(texts)
-        max_len = self.model.config.max_len
+        model = self.prepared_model()
+        out: list[Completion | None] = [None] * len(texts)
+        for batch in self.search_batches(rows, config, max_tokens=max_tokens, max_sentences=max_sentences):
+            result = continue_prompts(model, batch.ids, eos_id=self.tokenizer.eos_id, config=config)
+            for i, tokens, score in zip(batch.indices, result.tokens, result.scores.tolist()):
+                out[i] = self.completion(rows[i], tokens, score, config)
+        return out  # type: ignore[return-value]
+
+    def search_batches(self, rows: list[list[int]], config: GenerationConfig, *, max_tokens: int = 4096,
+                       max_sentences: int = 0) -> list[Batch]:
+        """The batches `generate` continues the prompts' ids `rows` (`encode`) in, as a running batch takes them
+        (`aiayn.inference.running`): prompts of one length each, their limits checked (ValueError)."""
+        check_batch_limits(max_tokens, max_sentences)
         by_length: dict[int, list[int]] = {}
         for i, row in enumerate(rows):
             by_length.setdefault(len(row), []).append(i)
-        model = self.prepared_model()
-        out: list[Completion | None] = [None] * len(texts)
+        out = []
         for length in sorted(by_length):
             same = by_length[length]
             for batch in token_batches([length] * len(same), max_tokens, shuffle=False, max_sentences=max_sentences):
                 indices = [same[j] for j in batch]
                 ids = torch.tensor([rows[i] for i in indices], device=self.device)  # (B, P): one length, no padding
-                result = continue_prompts(model, ids, eos_id=self.tokenizer.eos_id, config=config)
-                limit = new_token_limit(config, max_len, length)
-                for i, tokens, score in zip(indices, result.tokens, result.scores.tolist()):
-                    out[i] = Completion(self._continuation(rows[i], tokens), tokens, score, len(tokens) < limit)
-        return out  # type: ignore[return-value]
+                out.append(Batch(indices, ids, ids, prompt_limits(self.model, ids, self.tokenizer.eos_id, config)))
+        return out
+
+    def completion(self, prompt: list[int], tokens: list[int], score: float, config: GenerationConfig) -> Completion:
+        """The `Completion` of the new ids `tokens` after `prompt`'s (ended: stopped by `</s>`, not by its limit)."""
+        limit = new_token_limit(config, self.model.config.max_len, len(prompt))
+        return Completion(self._continuation(prompt, tokens), tokens, score, len(tokens) < limit)
 
     def encode(self, prompts: str | Sequence[str]) -> list[list[int]]:
         """Each prompt's ids, `<s>` first, as generation reads them; ValueError names a prompt (counted from 1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -141,13 +142,66 @@ def search(model: nn.Module, begin: Begin, start: torch.Tensor, limits: torch.Te
 
     Returns (tokens per row, scores (B,), attention per row or None); `on_finished` as `generate`'s.
     """
-    run = _beam_search if config.num_beams > 1 else _greedy_or_sample
     was_training = model.training
     model.eval()
     try:
-        return run(begin, start, limits, eos_id, config, on_finished)
+        found = new_search(start, limits, eos_id, config)
+        return drive(found, begin(found.steps, found.beams, config.return_attention), on_finished)
     finally:
         model.train(was_training)  # generating during training (validation) leaves the mode as it was
+
+
+def drive(found: Search, state: DecodingState, on_finished: Finished | None = None):
+    """Run the search `found` over the decoder state `state` (made for its rows) to its end; returns its `results`."""
+    for _ in range(found.steps):
+        check_stopped()  # a batch beside one that failed, or under an interrupt, ends here (`threads.side_by_side`)
+        parents = found.advance(state.step(found.next_input), state.attention)
+        if found.done:
+            break
+        if found.may_retire and found.ended >= max(1, found.batch // RETIRE_FRACTION):
+            # Sentences whose search ended leave the batch, so that the steps left compute the others only.
+            rows, parents = found.retire(on_finished)
+            state.reorder(rows if parents is None else parents, memory_rows=rows)
+        elif parents is not None:  # the memory's keys and values are the same for every beam of a sentence
+            state.reorder(parents)
+    return found.results()
+
+
+def new_search(start: torch.Tensor, limits: torch.Tensor, eos_id: int, config: GenerationConfig) -> Search:
+    """The search `config` asks for, from `start` (B, P) for up to `limits` (B,) tokens a sentence: `BeamSearch`
+    for more than one beam, else `GreedySearch` (greedy decoding or sampling)."""
+    return (BeamSearch if config.num_beams > 1 else GreedySearch)(start, limits, eos_id, config)
+
+
+class Search(Protocol):
+    """A search advanced a step at a time by whoever runs the decoder (`search` for one batch; a server's running
+    batch for many requests at once).
+
+    Its rows are `batch` sentences x `beams`, the beams of a sentence adjacent. Each step: feed `next_input` (rows, 1)
+    to the decoder, give `advance` the logits; it returns None, or the rows (of those before the step) each row goes
+    on from (beam search). `retire` takes the sentences whose search ended out of the search, at the runner's choice
+    of time (`may_retire`), and returns the rows that go on and those rows' parents for this step's reorder.
+    """
+
+    steps: int  # the most steps the search can take
+    beams: int  # rows a sentence
+    batch: int  # sentences still in the search
+    may_retire: bool  # whether sentences may leave before the search ends
+
+    @property
+    def next_input(self) -> torch.Tensor: ...
+
+    @property
+    def ended(self) -> int: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def advance(self, logits: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor | None: ...
+
+    def retire(self, on_finished: Finished | None = None) -> tuple[torch.Tensor, torch.Tensor | None]: ...
+
+    def results(self) -> tuple[list[list[int]], torch.Tensor, list[torch.Tensor] | torch.Tensor | None]: ...
 
 
 # -- shared steps ---------------------------------------------------------------------------------
@@ -245,61 +299,88 @@ def _warp(logits: torch.Tensor, config: GenerationConfig) -> torch.Tensor:
 
 # -- greedy and sampling --------------------------------------------------------------------------
 
-def _greedy_or_sample(begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id: int, config: GenerationConfig,
-                      on_finished: Finished | None = None):
-    """One hypothesis per sentence: the most likely token each step, or a sampled one; with
-    `config.return_attention`, its cross-attention too; `on_finished` hears of each sentence that leaves the batch.
-    `start` (B, P): the tokens before the first generated one (the last is fed first; all count as history)."""
-    batch, device = start.shape[0], start.device
-    limits = limits.to(device)
-    steps = int(limits.max())
-    record = config.return_attention
-    state = begin(steps, 1, record)
-    sampler = None  # the random number generator of sampling
-    if config.do_sample and config.seed is not None:
-        sampler = torch.Generator(device=device).manual_seed(config.seed)
-    out = torch.full((batch, steps), eos_id, dtype=torch.long, device=device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    scoring = config.return_scores
-    scores = torch.zeros(batch, device=device) if scoring else torch.full((batch,), float("nan"), device=device)
-    weights: list[torch.Tensor] = []
-    next_input = start[:, -1:]
-    sentences = torch.arange(batch, device=device)  # (B,) each row's sentence in the first batch
-    retired: dict[int, tuple[list[int], float]] = {}  # sentence -> its tokens and score, once it left the batch
-    for step in range(steps):
-        check_stopped()  # a batch beside one that failed, or under an interrupt, ends here (`threads.side_by_side`)
-        logits, step_weights = state.step(next_input), state.attention  # (B, V), (B, n_layers, h, S) or None
+class GreedySearch:
+    """One hypothesis per sentence: the most likely token each step, or a sampled one; with `config.return_attention`,
+    its cross-attention too. `start` (B, P): the tokens before the first generated one (the last is fed first; all
+    count as history). Sampling keeps its rows to the end (`may_retire` False), so that its draws stay those of the
+    whole batch."""
+
+    beams = 1
+
+    def __init__(self, start: torch.Tensor, limits: torch.Tensor, eos_id: int, config: GenerationConfig):
+        batch, device = start.shape[0], start.device
+        self.limits, self.start, self.eos_id, self.config = limits.to(device), start, eos_id, config
+        self.steps = int(self.limits.max())
+        self.step = 0
+        self.sampler = None  # the random number generator of sampling
+        if config.do_sample and config.seed is not None:
+            self.sampler = torch.Generator(device=device).manual_seed(config.seed)
+        self.out = torch.full((batch, self.steps), eos_id, dtype=torch.long, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.scores = (torch.zeros(batch, device=device) if config.return_scores
+                       else torch.full((batch,), float("nan"), device=device))
+        self.weights: list[torch.Tensor] = []
+        self.last = start[:, -1:]  # (B, 1) the newest tokens
+        self.sentences = torch.arange(batch, device=device)  # (B,) each row's sentence in the first batch
+        self.retired: dict[int, tuple[list[int], float]] = {}  # sentence -> its tokens and score, once it left
+        self.may_retire = not config.return_attention and not config.do_sample
+        self._ended = 0
+
+    @property
+    def batch(self) -> int:
+        return self.out.shape[0]
+
+    @property
+    def next_input(self) -> torch.Tensor:
+        return self.last
+
+    @property
+    def ended(self) -> int:
+        return self._ended
+
+    @property
+    def done(self) -> bool:
+        return self._ended == self.batch
+
+    def advance(self, logits: torch.Tensor, weights: torch.Tensor | None = None) -> None:
+        """One step from the logits (B, V) of the rows' newest tokens (and their cross-attention (B, n_layers, h, S)
+        when recorded)."""
+        config, step = self.config, self.step
         # (B, V): the score counts the model's own probabilities, before the constraints
-        log_probs = F.log_softmax(logits, dim=-1) if scoring else None
-        history = torch.cat([start, out[:, :step]], dim=1) if _uses_history(config) else None
-        logits = _constrain(logits, history, step, eos_id, config)
+        log_probs = F.log_softmax(logits, dim=-1) if config.return_scores else None
+        history = torch.cat([self.start, self.out[:, :step]], dim=1) if _uses_history(config) else None
+        logits = _constrain(logits, history, step, self.eos_id, config)
         if config.do_sample:
-            probs = _warp(logits, config).softmax(dim=-1)
-            best = torch.multinomial(probs, 1, generator=sampler)[:, 0]  # (B,)
+            best = torch.multinomial(_warp(logits, config).softmax(dim=-1), 1, generator=self.sampler)[:, 0]  # (B,)
         else:
             best = argmax_rows(logits)  # (B,)
-        best = best.masked_fill(finished, eos_id)
-        if scoring:
-            scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(finished, 0.0)
-        out[:, step] = best
-        if step_weights is not None:
-            weights.append(step_weights)
-        finished |= (best == eos_id) | (step + 1 >= limits)
-        ended = int(finished.sum())
-        if ended == out.shape[0]:
-            break
-        next_input = best[:, None]
-        if not record and not config.do_sample and ended >= max(1, out.shape[0] // RETIRE_FRACTION):
-            # Finished sentences leave the batch (as in beam search); sampling keeps its rows, so that its
-            # draws stay those of the whole batch.
-            done, alive = finished.nonzero()[:, 0], (~finished).nonzero()[:, 0]
-            _keep(retired, sentences[done].tolist(), out[done].tolist(), scores[done].tolist(), eos_id, on_finished)
-            sentences, out, finished, scores, limits, next_input, start = (
-                t.index_select(0, alive) for t in (sentences, out, finished, scores, limits, next_input, start))
-            state.reorder(alive, memory_rows=alive)
-    _keep(retired, sentences.tolist(), out.tolist(), scores.tolist(), eos_id)
-    attn = torch.stack(weights, dim=3).cpu() if weights else None  # (B, n_layers, h, T, S)
-    return (*_in_order(retired), attn)
+        best = best.masked_fill(self.finished, self.eos_id)
+        if log_probs is not None:
+            self.scores += log_probs.gather(1, best[:, None])[:, 0].masked_fill(self.finished, 0.0)
+        self.out[:, step] = best
+        if weights is not None:
+            self.weights.append(weights)
+        self.finished |= (best == self.eos_id) | (step + 1 >= self.limits)
+        self._ended = int(self.finished.sum())
+        self.last = best[:, None]
+        self.step += 1
+
+    def retire(self, on_finished: Finished | None = None) -> tuple[torch.Tensor, None]:
+        """Keep the finished sentences' outputs (and tell `on_finished`), drop their rows; the rows (B',) that go on."""
+        done, alive = self.finished.nonzero()[:, 0], (~self.finished).nonzero()[:, 0]
+        _keep(self.retired, self.sentences[done].tolist(), self.out[done].tolist(), self.scores[done].tolist(),
+              self.eos_id, on_finished)
+        for name in ("sentences", "out", "finished", "scores", "limits", "last", "start"):
+            setattr(self, name, getattr(self, name).index_select(0, alive))
+        self._ended = 0
+        return alive, None
+
+    def results(self) -> tuple[list[list[int]], torch.Tensor, torch.Tensor | None]:
+        """Every sentence's tokens (to `</s>`) and score, in the first batch's order, and the attention (B, n_layers,
+        h, T, S) when recorded."""
+        _keep(self.retired, self.sentences.tolist(), self.out.tolist(), self.scores.tolist(), self.eos_id)
+        attn = torch.stack(self.weights, dim=3).cpu() if self.weights else None  # (B, n_layers, h, T, S)
+        return (*_in_order(self.retired), attn)
 
 
 def _until_eos(row: list[int], eos_id: int) -> list[int]:
@@ -323,48 +404,73 @@ def _in_order(retired: dict[int, tuple[list[int], float]]) -> tuple[list[list[in
 
 # -- beam search ----------------------------------------------------------------------------------
 
-def _beam_search(begin: Begin, start: torch.Tensor, limits: torch.Tensor, eos_id: int, config: GenerationConfig,
-                 on_finished: Finished | None = None):
+class BeamSearch:
     """Beam search with Hugging Face's rules (see the module docstring); each sentence searches alone. With
-    `config.return_attention`, the chosen hypotheses' cross-attention too; `on_finished` hears of each sentence
-    that leaves the batch. `start` (B, P) as `_greedy_or_sample`'s."""
-    batch, device, k = start.shape[0], start.device, config.num_beams
-    limits = limits.to(device)
-    beams = _Beams(batch, k, int(limits.max()), eos_id, config, device)
-    record = config.return_attention
-    state = begin(beams.steps, k, record)  # B*k rows: beams of a sentence adjacent
-    start = start.repeat_interleave(k, dim=0)  # (B*k, P)
-    next_input = start[:, -1:]
-    for step in range(beams.steps):
-        check_stopped()
-        logits, step_weights = state.step(next_input), state.attention  # (B*k, V), (B*k, n_layers, h, S) or None
+    `config.return_attention`, the chosen hypotheses' cross-attention too. `start` (B, P) as `GreedySearch`'s."""
+
+    def __init__(self, start: torch.Tensor, limits: torch.Tensor, eos_id: int, config: GenerationConfig):
+        device, self.beams = start.device, config.num_beams
+        self.limits, self.config, self.eos_id = limits.to(device), config, eos_id
+        self.state = _Beams(start.shape[0], self.beams, int(self.limits.max()), eos_id, config, device)
+        self.steps = self.state.steps
+        self.start = start.repeat_interleave(self.beams, dim=0)  # (B*k, P)
+        self.step = 0
+        self.parents: torch.Tensor | None = None  # the latest step's (B*k,)
+        self.may_retire = not config.return_attention
+        self._ended = 0
+
+    @property
+    def batch(self) -> int:
+        return self.state.batch
+
+    @property
+    def next_input(self) -> torch.Tensor:
+        if self.step == 0:
+            return self.start[:, -1:]
+        return self.state.running[:, :, self.step - 1].reshape(self.state.batch * self.beams, 1)
+
+    @property
+    def ended(self) -> int:
+        return self._ended
+
+    @property
+    def done(self) -> bool:
+        return self._ended == self.state.batch
+
+    def advance(self, logits: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+        """One step from the logits (B*k, V) of the beams' newest tokens (written over); the row (B*k,) each beam
+        goes on from."""
+        beams, k, step = self.state, self.beams, self.step
         history = None
-        if _uses_history(config):
-            history = torch.cat([start, beams.running.view(beams.batch * k, -1)[:, :step]], dim=1)  # (B*k, P + step)
+        if _uses_history(self.config):
+            history = torch.cat([self.start, beams.running.view(beams.batch * k, -1)[:, :step]], dim=1)  # (B*k, P+t)
         # Over the step's own logits (the caller's to write): at a batch of beams a second (N, V) tensor each step
         # is tens of megabytes whose pages the system maps anew every time (docs/notes.md, "Decoding").
-        log_probs = _constrain(torch.log_softmax(logits, -1, out=logits), history, step, eos_id, config)
+        log_probs = _constrain(torch.log_softmax(logits, -1, out=logits), history, step, self.eos_id, self.config)
         # Adding a beam's score keeps the order of its tokens, so the best 2k continuations of a sentence
         # are among the best 2k tokens of each of its beams: only those are scored.
         top = topk_rows(log_probs, min(2 * k, log_probs.shape[-1]))  # 2 x (B*k, 2k)
-        candidates = beams.candidates(*top, step, limits)
-        beams.finish(candidates, step, step_weights)
-        parents = beams.advance(candidates, step, limits)
-        ended = int(beams.sentence_done.sum())
-        if ended == beams.batch:
-            break
-        if not record and ended >= max(1, beams.batch // RETIRE_FRACTION):
-            # Sentences whose search ended leave the batch, so that the steps left compute the others only.
-            alive = beams.retire(on_finished)  # (B',) the sentences still searching, as rows of the batch before
-            rows = (alive[:, None] * k + torch.arange(k, device=device)).view(-1)  # (B'*k,) their beams' rows
-            parents = parents.view(-1, k).index_select(0, alive).view(-1)
-            limits = limits.index_select(0, alive)
-            start = start.index_select(0, rows)
-            state.reorder(parents, memory_rows=rows)
-        else:  # the memory's keys and values are the same for every beam of a sentence: they stay
-            state.reorder(parents)
-        next_input = beams.running[:, :, step].reshape(beams.batch * k, 1)
-    return beams.results()
+        candidates = beams.candidates(*top, step, self.limits)
+        beams.finish(candidates, step, weights)
+        self.parents = beams.advance(candidates, step, self.limits)
+        self._ended = int(beams.sentence_done.sum())
+        self.step += 1
+        return self.parents
+
+    def retire(self, on_finished: Finished | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the ended sentences' best hypotheses (and tell `on_finished`), drop their beams; the rows (B'*k,)
+        that go on, and the rows (of those before the latest step) their beams go on from."""
+        k = self.beams
+        alive = self.state.retire(on_finished)  # (B',) the sentences still searching, as rows of the batch before
+        rows = (alive[:, None] * k + torch.arange(k, device=alive.device)).view(-1)  # (B'*k,) their beams' rows
+        parents = self.parents.view(-1, k).index_select(0, alive).view(-1)
+        self.limits = self.limits.index_select(0, alive)
+        self.start = self.start.index_select(0, rows)
+        self._ended = 0
+        return rows, parents
+
+    def results(self) -> tuple[list[list[int]], torch.Tensor, list[torch.Tensor] | None]:
+        return self.state.results()
 
 
 @dataclass

@@ -26,8 +26,9 @@ from aiayn.data.batching import token_batches
 from aiayn.data.collate import pad
 from aiayn.inference import threads
 from aiayn.inference.buffers import reusing_buffers, searches_at_once
-from aiayn.inference.generation import GenerationConfig, generate, new_tokens, search_bytes
+from aiayn.inference.generation import GenerationConfig, decoded_part, generate, new_tokens, search_bytes
 from aiayn.inference.runner import ModelRunner, check_batch_limits, check_vocabulary, text_list, too_long
+from aiayn.inference.running import Batch
 from aiayn.nn.model import architecture_of
 from aiayn.nn.sizes import available_memory
 from aiayn.tokenization import Tokenizer
@@ -205,6 +206,24 @@ class Translator(ModelRunner):
         results = self.translations(text_list(texts), settings, max_tokens=max_tokens,
                                     max_sentences=max_sentences, truncate=truncate, progress=progress)
         return results[0].text if single else [r.text for r in results]
+
+    def search_batches(self, texts: Sequence[str], config: GenerationConfig | None = None, *,
+                       max_tokens: int = 4096, max_sentences: int = 0) -> list[Batch]:
+        """The batches `translations` decodes `texts` in (an empty text in none: its translation is empty), as a
+        running batch takes them (`aiayn.inference.running`): each one's texts, sources, `<s>` and limits, checked
+        (ValueError names a text too long, or a search too large)."""
+        config = config or DEFAULT_SEARCH
+        check_batch_limits(max_tokens, max_sentences)
+        ids = self.encode(text_list(texts))
+        out = []
+        for batch in token_batches([len(row) for row in ids], max_tokens, shuffle=False, max_sentences=max_sentences):
+            real = [i for i in batch if ids[i]]
+            if real:
+                src = pad([ids[i] for i in real], self.model.config.pad_id).to(self.device)  # (B, S)
+                sub, limits = decoded_part(self.model, src, torch.arange(len(real)), config)
+                start = torch.full((len(real), 1), self.target_tokenizer.bos_id, device=self.device)
+                out.append(Batch(real, sub, start, limits))
+        return out
 
     def _fit_together(self, batches: list[list[int]], ids: list[list[int]], config: GenerationConfig,
                       workers: int) -> bool:

@@ -7,7 +7,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.inference.generation import GenerationConfig, generate
-from aiayn.inference.searches import _beam_search
+from aiayn.inference.searches import BeamSearch, drive
 from aiayn.inference.steps import start as start_decoding
 from aiayn.nn.attention import attention_weights
 from aiayn.nn.model import build_model
@@ -76,7 +76,7 @@ def test_num_beams_one_equals_greedy(seed, run_on):
         return start_decoding(model, src, steps, beams=beams, record=record)
 
     start = torch.full((4, 1), BOS)
-    tokens, scores, _ = _beam_search(begin, start, limits, EOS, config)
+    tokens, scores, _ = drive(BeamSearch(start, limits, EOS, config), begin(12, 1, False))
     assert tokens == greedy.tokens
     # A beam of one scores sum(log p) / length ** alpha, the length counting </s> when emitted.
     lengths = torch.tensor([min(len(t) + 1, 12) for t in tokens], dtype=torch.float)
@@ -366,8 +366,7 @@ def test_beam_search_keeps_searching_while_its_best_beam_runs(beam):
     # continues while that beam can still beat the worst finished one, as Hugging Face's `generate()`.
     def search(early_stopping: bool) -> list[int]:
         config = GenerationConfig(max_new_tokens=10, num_beams=beam, early_stopping=early_stopping)
-        tokens, _, _ = _beam_search(lambda steps, beams, record: _ScriptedDecoder(), torch.tensor([[BOS]]),
-                                    torch.tensor([10]), EOS, config)
+        tokens, _, _ = drive(BeamSearch(torch.tensor([[BOS]]), torch.tensor([10]), EOS, config), _ScriptedDecoder())
         return tokens[0]
 
     assert GenerationConfig().early_stopping is False
