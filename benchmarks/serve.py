@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "a test split); default: held-out English number words, the demo's")
     p.add_argument("--pair", default="en-de", help="the language pair the run is served as (default en-de)")
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: translate, embed")
+    p.add_argument("--mixed", action="store_true", help="short requests behind long ones instead, at the step against "
+                   "whole-request batching (benchmarks/serve_mixed.py; its own options)")
     return p
 
 
@@ -251,7 +253,12 @@ def compare(name: str, spec: list[str], obj, call: str, route: str, field: str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print the tables; returns 0."""
+    """Run the benchmark and print the tables; returns 0. `--mixed`: short requests behind long ones
+    (benchmarks/serve_mixed.py)."""
+    if "--mixed" in (argv if argv is not None else sys.argv[1:]):
+        import serve_mixed  # benchmarks/serve_mixed.py
+
+        return serve_mixed.main(argv)
     args = build_parser().parse_args(argv)
     import aiayn
     from aiayn.backends import usable_cores

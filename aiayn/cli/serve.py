@@ -48,6 +48,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="run every pass in a thread of the server's process (less memory: one copy of each model; "
                         "but the passes then take turns at Python's lock). Default on CPU with more than one pass: "
                         "a worker process per pass")
+    p.add_argument("--batching", choices=("steps", "requests"), default="steps",
+                   help="how a model that decodes (translator, language model) batches: 'steps' (default), running "
+                        "batches that requests join and leave at every decoding step, stepped by a thread a pass in "
+                        "the server's process (a short request never waits for long ones to end; completions can "
+                        "stream); 'requests', whole requests gathered into batches, as encoders are")
+    p.add_argument("--max-rows", type=integer(1), default=1024,
+                   help="most rows (sentences x beams) of a running batch (default 1024; more requests wait)")
     p.add_argument("--max-wait-ms", type=number(0, MAX_WAIT_MS), default=5.0,
                    help="how long the oldest queued request waits for others to batch with (default 5 ms; "
                         f"at most {MAX_WAIT_MS:,} ms)")
@@ -172,7 +179,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from aiayn.backends.devices import threads_within_cores, usable_cores
     from aiayn.inference.loading import load_to_serve
-    from aiayn.serve.models import batched_call
+    from aiayn.serve.models import batched_call, served_class, stepped_parts
+    from aiayn.serve.stepping_workers import StepWorkers
     from aiayn.serve.workers import WorkerPool
 
     cores = usable_cores()
@@ -190,14 +198,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     on_cpu = all(obj.device.type == "cpu" for obj in objects.values())
     # On a GPU one pass at a time: its batch fills the device, and passes in threads would take turns at it anyway.
     passes = args.passes or (max(1, cores // threads) if on_cpu else 1)
-    pool = None
+    pool = steps = None
     try:
-        if passes > 1 and on_cpu and not args.in_threads:  # a process a pass: passes in threads share Python's lock
-            pool = WorkerPool(sources, passes, batched_call=batched_call, threads=threads, device=args.device)
+        stepping = args.batching == "steps"
+        decoding = {name for name in sources if stepping and served_class(objects[name]).decodes}
+        batched = {name: source for name, source in sources.items() if name not in decoding}
+        in_processes = passes > 1 and on_cpu and not args.in_threads  # passes in threads share Python's lock
+        if in_processes and batched:
+            pool = WorkerPool(batched, passes, batched_call=batched_call, threads=threads, device=args.device)
             pool.start()
+        if in_processes and decoding:
+            steps = StepWorkers({name: sources[name] for name in decoding}, passes, parts=stepped_parts,
+                                threads=threads, device=args.device, max_rows=args.max_rows,
+                                max_tokens=args.max_tokens, max_queue=args.max_queue)
+            steps.start()
         app = create_app(objects, limits=limits, passes=passes, threads=threads, max_tokens=args.max_tokens,
-                         max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000, pool=pool, access=access)
-        _announce(app, sock, passes, threads, cores, pool is not None, access)
+                         max_batch=args.max_batch, max_wait=args.max_wait_ms / 1000, pool=pool, access=access,
+                         stepping=stepping, max_rows=args.max_rows, steps=steps)
+        _announce(app, sock, passes, threads, cores, pool is not None, access, steps_in_workers=steps is not None)
         server = DrainingServer(server_config(app, drain_seconds=args.drain_seconds))
         try:
             server.run(sockets=[sock])
@@ -206,20 +224,31 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         if pool is not None:  # (the application closes it when it ends; not if it never started)
             pool.close()
+        if steps is not None:
+            steps.close()
         sock.close()
     print("aiayn serve: stopped after the requests in flight were answered", file=sys.stderr, flush=True)
     return 0
 
 
-def _announce(app, sock: socket.socket, passes: int, threads: int, cores: int, in_workers: bool, access) -> None:
+def _announce(app, sock: socket.socket, passes: int, threads: int, cores: int, in_workers: bool, access, *,
+              steps_in_workers: bool = False) -> None:
     """The first line on stderr (where it listens, what it serves and in which precision, how it uses the cores), and
     warnings."""
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     names = ", ".join(f"{m.name} ({m.kind}, {m.obj.backend.precision})" for m in app.state.models)
     where = f"{passes} worker processes" if in_workers else f"{passes} passes in threads"
-    print(f"aiayn serve: http://{shown}:{port} serving {names}; {where} x {threads} torch threads "
-          f"on {cores} cores", file=sys.stderr, flush=True)
+    stepped = [m.name for m in app.state.models if m.stepper is not None]
+    if stepped:
+        batched = len(stepped) < len(app.state.models)
+        steppers = "worker processes" if steps_in_workers else "stepping threads"
+        where = (f"{', '.join(stepped)} in running batches, {passes} {steppers} x {threads} torch threads"
+                 + (f"; the others in {where} x {threads}" if batched else ""))
+    else:
+        where = f"{where} x {threads} torch threads"
+    print(f"aiayn serve: http://{shown}:{port} serving {names}; {where} on {cores} cores", file=sys.stderr,
+          flush=True)
     if passes * threads > cores:
         print(f"aiayn serve: warning: {passes} passes x {threads} threads ask for more than the {cores} cores; "
               "each pass will wait for the others", file=sys.stderr, flush=True)

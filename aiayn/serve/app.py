@@ -39,6 +39,8 @@ from aiayn.serve.guard import Access, Guard
 from aiayn.serve.limits import ApiError, Limits, read_fields, string_field, texts_field
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.models import Served, ServedLabeller, ServedTranslator, pick, pick_translator, served_class
+from aiayn.serve.stepping_workers import StepWorkers
+from aiayn.serve.streaming import completion_stream, cut_at_stop
 from aiayn.serve.workers import WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -128,7 +130,8 @@ class Server:
 
 def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, passes: int = 1, threads: int = 1,
                max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005,
-               pool: WorkerPool | None = None, access: Access | None = None) -> FastAPI:
+               pool: WorkerPool | None = None, access: Access | None = None, stepping: bool = True,
+               max_rows: int = 1024, steps: StepWorkers | None = None) -> FastAPI:
     """The application serving `objects` (name -> Translator / Embedder / Classifier / Tagger).
 
     Args:
@@ -140,24 +143,37 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
             batches run there instead of in the server's threads. The application closes it when it stops.
         access: the API key, Host names and page origins the server accepts (`Access`; default: no key, this
             machine's names and addresses, no other origin).
+        stepping: a model that decodes (a translator, a language model) serves its requests from running batches
+            that requests join and leave at each step (`aiayn.serve.stepping`), stepped in this process by a thread
+            a pass; False batches whole requests as the other models do.
+        max_rows: most rows (sentences x beams) of a running batch.
+        steps: started worker processes stepping the decoding models they name (`StepWorkers`, one a pass) instead
+            of threads of this process. The application closes it when it stops.
     """
     if pool is not None and pool.size != passes:
         raise ValueError(f"a pool of {pool.size} worker processes serves {pool.size} passes, not {passes}")
     server = Server([], limits or Limits(), Metrics(), Passes(passes, threads))
+    if steps is not None:
+        steps.observe, steps.first_token = server.metrics.step_done, server.metrics.first_token
     for name, obj in objects.items():
         try:
             served = served_class(obj)
         except ValueError as err:
             raise ValueError(f"cannot serve {name!r}: {err}") from None
         server.models.append(served(name, obj, server.passes, server.limits, server.metrics, max_tokens=max_tokens,
-                                    max_batch=max_batch, max_wait=max_wait, pool=pool))
+                                    max_batch=max_batch, max_wait=max_wait, pool=pool, stepping=stepping,
+                                    max_rows=max_rows, steps=steps))
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
+        for model in server.models:
+            model.close()
         server.passes.close()
         if pool is not None:
             pool.close()
+        if steps is not None:
+            steps.close()
 
     app = FastAPI(title="aiayn serve", lifespan=lifespan)
     app.state.models, app.state.metrics, app.state.limits = server.models, server.metrics, server.limits
@@ -260,6 +276,11 @@ def openai_routes(server: Server) -> APIRouter:
         prompts, _ = texts_field(fields, "prompt", server.limits)
         model = pick(server.models, "complete", string_field(fields, "model"))
         settings, stops, echo = completion_settings(fields)
+        if _stream_asked(fields):
+            try:
+                return completion_stream(model, prompts, settings, stops, echo)
+            except QueueFull as err:
+                raise ApiError(429, str(err)) from None
         tokens = model.count_tokens([(p, settings) for p in prompts])
         results = await server.run(request, model, [(p, settings) for p in prompts])
         choices = []
@@ -297,9 +318,17 @@ def openai_routes(server: Server) -> APIRouter:
 
 
 # OpenAI completion fields this server does not implement, with the values that mean "off"
-UNSUPPORTED_COMPLETION_FIELDS = {"stream": (None, False), "logprobs": (None,), "best_of": (None, 1), "suffix": (None,),
+UNSUPPORTED_COMPLETION_FIELDS = {"logprobs": (None,), "best_of": (None, 1), "suffix": (None,),
                                  "logit_bias": (None, {}), "presence_penalty": (None, 0, 0.0),
                                  "frequency_penalty": (None, 0, 0.0)}
+
+
+def _stream_asked(fields: dict) -> bool:
+    """Whether an OpenAI completions request asks for server-sent events (`stream`: true, false or null)."""
+    stream = fields.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ApiError(422, f"the field 'stream' must be true or false, got {stream!r}")
+    return bool(stream)
 
 
 def completion_settings(fields: dict) -> tuple[tuple, list[str], bool]:
@@ -342,12 +371,6 @@ def completion_settings(fields: dict) -> tuple[tuple, list[str], bool]:
     if temperature > 0:
         settings.update(temperature=float(temperature), top_p=float(top_p))
     return tuple(sorted(settings.items())), stops, echo
-
-
-def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """`text` up to the first of `stops` (not included), and whether one occurred."""
-    ends = [text.find(s) for s in stops if s in text]
-    return (text[: min(ends)], True) if ends else (text, False)
 
 
 def tei_routes(server: Server) -> APIRouter:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
 class Histogram:
@@ -61,6 +62,11 @@ class Metrics:
         self.tokens: dict[str, int] = defaultdict(int)
         self.in_flight = 0
         self.queues: dict[str, Callable[[], int]] = {}  # model -> texts waiting now
+        self.running: dict[str, Callable[[], int]] = {}  # model -> rows in its running batch now
+        self.steps: dict[str, int] = defaultdict(int)
+        self.step_rows: dict[str, Histogram] = defaultdict(lambda: Histogram(BATCH_BUCKETS))
+        self.step_seconds: dict[str, Histogram] = defaultdict(lambda: Histogram(STEP_BUCKETS))
+        self.first_step: dict[str, Histogram] = defaultdict(lambda: Histogram(LATENCY_BUCKETS))
 
     def request_done(self, route: str, status: int, seconds: float) -> None:
         """Count a finished request of `route` with its status and latency."""
@@ -73,6 +79,18 @@ class Metrics:
         with self._lock:
             self.batch_texts[model].observe(texts)
             self.tokens[model] += tokens
+
+    def step_done(self, model: str, rows: int, seconds: float) -> None:
+        """Count one step of `model`'s running batch: its rows and how long it took."""
+        with self._lock:
+            self.steps[model] += 1
+            self.step_rows[model].observe(rows)
+            self.step_seconds[model].observe(seconds)
+
+    def first_token(self, model: str, seconds: float) -> None:
+        """Count one request's time from its arrival to the end of its first step (its first token made)."""
+        with self._lock:
+            self.first_step[model].observe(seconds)
 
     def render(self) -> str:
         """The Prometheus text exposition of every metric."""
@@ -93,6 +111,24 @@ class Metrics:
                       "# TYPE aiayn_batch_texts histogram"]
             for model, hist in sorted(self.batch_texts.items()):
                 lines += hist.lines("aiayn_batch_texts", f'model="{label(model)}"')
+            lines += ["# HELP aiayn_running_rows Rows (sentences x beams) in a model's running batch now.",
+                      "# TYPE aiayn_running_rows gauge"]
+            lines += [f'aiayn_running_rows{{model="{label(m)}"}} {rows()}' for m, rows in sorted(self.running.items())]
+            lines += ["# HELP aiayn_steps_total Steps of each model's running batch.",
+                      "# TYPE aiayn_steps_total counter"]
+            lines += [f'aiayn_steps_total{{model="{label(m)}"}} {n}' for m, n in sorted(self.steps.items())]
+            lines += ["# HELP aiayn_step_rows Rows per step of a running batch, by model.",
+                      "# TYPE aiayn_step_rows histogram"]
+            for model, hist in sorted(self.step_rows.items()):
+                lines += hist.lines("aiayn_step_rows", f'model="{label(model)}"')
+            lines += ["# HELP aiayn_step_seconds Time of one step of a running batch, by model.",
+                      "# TYPE aiayn_step_seconds histogram"]
+            for model, hist in sorted(self.step_seconds.items()):
+                lines += hist.lines("aiayn_step_seconds", f'model="{label(model)}"')
+            lines += ["# HELP aiayn_first_token_seconds Time from a request's arrival to its first token, by model.",
+                      "# TYPE aiayn_first_token_seconds histogram"]
+            for model, hist in sorted(self.first_step.items()):
+                lines += hist.lines("aiayn_first_token_seconds", f'model="{label(model)}"')
             lines += ["# HELP aiayn_tokens_total Input tokens run through each model.",
                       "# TYPE aiayn_tokens_total counter"]
             lines += [f'aiayn_tokens_total{{model="{label(m)}"}} {n}' for m, n in sorted(self.tokens.items())]

@@ -20,11 +20,16 @@ import torch
 from aiayn.config import ModelConfig
 from aiayn.inference.classifiers import Classifier, Prediction, Tagger
 from aiayn.inference.embeddings import Embedder, encode_texts
+from aiayn.inference.generation import GenerationConfig
+from aiayn.inference.generator import DEFAULT_SEARCH as GENERATOR_SEARCH
 from aiayn.inference.generator import Completion, Generator
-from aiayn.inference.translator import DEFAULT_SEARCH, Translator
+from aiayn.inference.running import Batch, Part
+from aiayn.inference.translator import DEFAULT_SEARCH, Translator, search_settings
 from aiayn.serve.batching import Batcher, Passes
 from aiayn.serve.limits import ApiError, Limits
 from aiayn.serve.metrics import Metrics
+from aiayn.serve.stepping import PART_ROWS, Stepper, part_sentences
+from aiayn.serve.stepping_workers import StepWorkers
 from aiayn.serve.workers import WorkerPool
 from aiayn.tasks import resolved, task_of
 
@@ -32,19 +37,37 @@ ANY_LANGUAGE = "auto"
 
 
 class Served(abc.ABC):
-    """A loaded object behind the server: its name, its batcher and its token counting."""
+    """A loaded object behind the server: its name, its batcher (or, for a model that decodes, its running batch:
+    `stepper`) and its token counting."""
 
     kind = ""
     streams = False  # whether `call` can answer texts one by one, before its batch ends (`on_result`)
+    decodes = False  # whether its requests can join a running batch at the step (`aiayn.serve.stepping`)
 
     def __init__(self, name: str, obj: Any, passes: Passes, limits: Limits, metrics: Metrics, *,
-                 max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005, pool: WorkerPool | None = None):
+                 max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005, pool: WorkerPool | None = None,
+                 stepping: bool = False, max_rows: int = 1024, steps: StepWorkers | None = None):
         self.name, self.obj, self.pool = name, obj, pool
         self.max_tokens = max_tokens
+        self.metrics = metrics
         self.batcher = Batcher(self.run, passes, max_tokens=max_tokens, max_texts=max_batch, max_wait=max_wait,
                                max_queue=limits.max_queue, streams=self.streams,
                                observe=lambda texts, tokens, _: metrics.batch_done(name, texts, tokens))
-        metrics.queues[name] = lambda: self.batcher.queued_texts
+        self.stepper: Stepper | StepWorkers.Model | None = None
+        if steps is not None and name in steps.sources:  # running batches in worker processes
+            self.stepper = steps.model(name)
+        elif stepping and self.decodes:  # running batches, stepped in a thread a pass
+            def build(payload, on_tokens):
+                return self.parts(obj, payload, max_tokens=max_tokens, on_tokens=on_tokens)
+            self.stepper = Stepper(build, obj.prepared_model, threads=passes.threads, workers=passes.size,
+                                   max_rows=max_rows, max_tokens=max_tokens, max_queue=limits.max_queue,
+                                   observe=lambda rows, seconds: metrics.step_done(name, rows, seconds),
+                                   first_token=lambda seconds: metrics.first_token(name, seconds))
+        if self.stepper is not None:
+            metrics.queues[name] = lambda: self.stepper.waiting_texts
+            metrics.running[name] = lambda: self.stepper.running_rows
+        else:
+            metrics.queues[name] = lambda: self.batcher.queued_texts
 
     @abc.abstractmethod
     def count_tokens(self, texts: Sequence[str]) -> int:
@@ -82,11 +105,46 @@ class Served(abc.ABC):
         """What `/health` and the page list for this model."""
         return {"name": self.name, "kind": self.kind}
 
+    def close(self) -> None:
+        """Stop its running batches' threads (the requests still in them get an error)."""
+        if isinstance(self.stepper, Stepper):
+            self.stepper.close()
+
+    @staticmethod
+    def parts(obj: Any, payload: list, *, max_tokens: int = 4096, on_tokens: Callable[[int, int], None] | None = None,
+              part_rows: int = PART_ROWS) -> tuple[list[Part], Callable[[], list]]:
+        """A decoding model's request as a running batch's parts (of at most `part_rows` rows, 0: as the object cuts
+        its batches), and the call that makes its answer once they have ended (here or in a worker process);
+        ValueError for one the model cannot take."""
+        raise NotImplementedError(f"a {type(obj).__name__} does not decode")
+
+    async def stepped(self, payload: list, on_tokens: Callable[[int, int], None] | None = None) -> list:
+        """The answer to `payload` from the running batches; ApiError 422 for a text the model cannot take."""
+        try:
+            return await self.stepper.submit(payload, len(payload), on_tokens)
+        except ValueError as err:
+            raise ApiError(422, str(err)) from None
+
+    @staticmethod
+    def part(batch: Batch, config: GenerationConfig, eos_id: int, done: Callable[[list[int], list, list], None],
+             on_tokens: Callable[[int, int], None] | None = None) -> Part:
+        """A running batch's `Part` of one of a request's batches: `done(indices, tokens, scores)` when its search
+        ends; `on_tokens(index, token)` for each token made (streaming), `index` the text's place in the request."""
+        told = None
+        if on_tokens is not None:
+            def told(sentences: list[int], tokens: list[int]) -> None:
+                for sentence, token in zip(sentences, tokens):
+                    on_tokens(batch.indices[sentence], token)
+        return Part(batch.ids, batch.start, batch.limits, config, eos_id,
+                    on_done=lambda tokens, scores: done(batch.indices, tokens, scores), on_error=lambda err: None,
+                    on_tokens=told)
+
 
 class ServedTranslator(Served):
     """A `Translator`: `translate` with its default search (the paper's beam 4, alpha 0.6)."""
 
     kind = "translate"
+    decodes = True
     streams = True  # a sentence is answered when its search ends, not when the longest of its batch does
 
     def __init__(self, name: str, obj: Translator, *args, **kwargs):
@@ -99,6 +157,29 @@ class ServedTranslator(Served):
             return sum(len(ids) for ids in self.obj.encode(texts))
         except ValueError as err:
             raise ApiError(422, str(err)) from None
+
+    async def answer(self, texts: list[str]) -> list:
+        """The translations of `texts` with the default search; at the step where the server runs running batches."""
+        if self.stepper is None:
+            return await super().answer(texts)
+        self.metrics.batch_done(self.name, len(texts), self.count_tokens(texts))
+        return await self.stepped(texts)
+
+    @staticmethod
+    def parts(obj: Translator, texts: list[str], *, max_tokens: int = 4096,
+              on_tokens: Callable[[int, int], None] | None = None,
+              part_rows: int = PART_ROWS) -> tuple[list[Part], Callable[[], list[str]]]:
+        """The parts of translating `texts` with the default search, and the call that gives their translations."""
+        batches = obj.search_batches(texts, DEFAULT_SEARCH, max_tokens=max_tokens,
+                                     max_sentences=part_sentences(DEFAULT_SEARCH, part_rows))
+        out = [""] * len(texts)
+        target = obj.target_tokenizer
+
+        def done(indices: list[int], tokens: list[list[int]], scores: list) -> None:
+            for i, text in zip(indices, target.decode_batch(tokens)):
+                out[i] = text
+
+        return [ServedTranslator.part(batch, DEFAULT_SEARCH, target.eos_id, done) for batch in batches], lambda: out
 
     @staticmethod
     def call(obj: Translator, texts: list[str], max_tokens: int = 4096,
@@ -183,6 +264,7 @@ class ServedGenerator(Served):
     settings share one queue; a batch runs one `generate` per distinct settings."""
 
     kind = "complete"
+    decodes = True
 
     def count_tokens(self, items: Sequence[tuple[str, tuple]]) -> int:
         try:
@@ -209,6 +291,53 @@ class ServedGenerator(Served):
             for i, completion in zip(indices, obj.generate([items[i][0] for i in indices], **dict(settings))):
                 out[i] = completion
         return out  # type: ignore[return-value]
+
+
+    async def answer(self, items: list[tuple[str, tuple]], on_tokens: Callable[[int, int], None] | None = None) -> list:
+        """The completions of `items` ((prompt, settings) pairs); at the step where the server runs running batches,
+        and there `on_tokens(index, token)` hears of each token as it is made (`parts`)."""
+        if self.stepper is None:
+            return await super().answer(items)
+        self.metrics.batch_done(self.name, len(items), self.count_tokens(items))
+        return await self.stepped(items, on_tokens)
+
+    @staticmethod
+    def parts(obj: Generator, items: list[tuple[str, tuple]], *, max_tokens: int = 4096,
+              on_tokens: Callable[[int, int], None] | None = None,
+              part_rows: int = PART_ROWS) -> tuple[list[Part], Callable[[], list[Completion]]]:
+        """The parts of completing `items`, and the call that gives their completions; `on_tokens(index, token)` for
+        each token made, greedy or sampling (a beam's tokens are known only when its search ends)."""
+        rows = obj.encode([prompt for prompt, _ in items])
+        parts = []
+        out: list[Completion | None] = [None] * len(items)
+        for settings, indices in _by_settings(items).items():
+            config = search_settings(GENERATOR_SEARCH, **dict(settings))
+            # a seed's draws are its prompt's own: alone
+            alone = 1 if config.do_sample and config.seed is not None else part_sentences(config, part_rows)
+            for batch in obj.search_batches([rows[i] for i in indices], config, max_tokens=max_tokens,
+                                            max_sentences=alone):
+                batch = batch._replace(indices=[indices[j] for j in batch.indices])
+
+                def done(places: list[int], tokens: list[list[int]], scores: list, config=config) -> None:
+                    for i, new, score in zip(places, tokens, scores):
+                        out[i] = obj.completion(rows[i], new, score, config)
+
+                parts.append(ServedGenerator.part(batch, config, obj.tokenizer.eos_id, done, on_tokens))
+        return parts, lambda: out
+
+
+def _by_settings(items: Sequence[tuple[str, tuple]]) -> dict[tuple, list[int]]:
+    """The items' places, by their settings."""
+    groups: dict[tuple, list[int]] = {}
+    for i, (_, settings) in enumerate(items):
+        groups.setdefault(settings, []).append(i)
+    return groups
+
+
+def stepped_parts(obj: Any, payload: list, **options) -> tuple[list[Part], Callable[[], list]]:
+    """A decoding object's request as a running batch's parts (`Served.parts` of its kind, `served_class`): what the
+    processes of `aiayn.serve.stepping_workers` run."""
+    return served_class(obj).parts(obj, payload, **options)
 
 
 def served_class(obj: Any) -> type[Served]:

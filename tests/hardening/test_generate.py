@@ -199,7 +199,7 @@ def url(dirs, generator):
     ({"prompt": "one", "stop": ["a", "b", "c", "d", "e"]}, 422, "at most 4"),
     ({"prompt": "one", "n": True}, 422, "'n' must be 1"),
     ({"prompt": "one", "n": 1.0}, 422, "'n' must be 1"),
-    ({"prompt": "one", "stream": True}, 422, "'stream' is not supported by this server"),
+    ({"prompt": "one", "stream": 1}, 422, "'stream' must be true or false"),
     ({"prompt": "one", "logprobs": 2}, 422, "'logprobs' is not supported"),
     ({"prompt": "one", "best_of": 3}, 422, "'best_of' is not supported"),
     ({"prompt": "one", "suffix": "x"}, 422, "'suffix' is not supported"),

@@ -149,7 +149,9 @@ def test_a_failure_after_the_workers_started_closes_them(monkeypatch, capsys, tr
 
     monkeypatch.setattr(workers, "WorkerPool", Pool)
     monkeypatch.setattr(uvicorn.Server, "run", refuse)
-    assert main(["serve", "--run", str(translation_run), "--port", "0", "--passes", "2"]) == 1
+    # (a translator batching whole requests: in a running batch it decodes in the server's process, with no workers)
+    assert main(["serve", "--run", str(translation_run), "--port", "0", "--passes", "2", "--batching",
+                 "requests"]) == 1
     assert "the event loop could not start" in capsys.readouterr().err
     assert pools and pools[0].events[0] == "start" and pools[0].events[-1] == "close"
 
@@ -177,9 +179,15 @@ def test_listening_beyond_this_machine_without_a_key_warns(capsys):
                         "who reaches it can use it; set --api-key or $AIAYN_API_KEY"]
     # what it serves, in the precision each object decodes in (a translator's is measured: aiayn translate's)
     served = SimpleNamespace(name="en-fr", kind="translate", obj=SimpleNamespace(backend=SimpleNamespace(
-        precision="bf16")))
+        precision="bf16")), stepper=None)
     _announce(SimpleNamespace(state=SimpleNamespace(models=[served])), Bound("127.0.0.1"), 1, 1, 1, False, Access())
     assert "serving en-fr (translate, bf16); 1 passes in threads" in capsys.readouterr().err
+    stepped = SimpleNamespace(**{**vars(served), "stepper": object()})
+    embedder = SimpleNamespace(name="minilm", kind="embed", obj=served.obj, stepper=None)
+    _announce(SimpleNamespace(state=SimpleNamespace(models=[stepped, embedder])), Bound("127.0.0.1"), 2, 1, 2, True,
+              Access())
+    assert ("en-fr in running batches, 2 stepping threads x 1 torch threads; the others in 2 worker processes x 1 "
+            "on 2 cores" in capsys.readouterr().err)
 
 
 # -- connections -----------------------------------------------------------------------------------------------
