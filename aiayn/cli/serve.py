@@ -201,7 +201,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     pool = steps = None
     try:
         stepping = args.batching == "steps"
-        decoding = {name for name in sources if stepping and served_class(objects[name]).decodes}
+        decoding = {name for name in sources if stepping and served_class(objects[name]).stepped}
         batched = {name: source for name, source in sources.items() if name not in decoding}
         in_processes = passes > 1 and on_cpu and not args.in_threads  # passes in threads share Python's lock
         if in_processes and batched:

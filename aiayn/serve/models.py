@@ -42,7 +42,7 @@ class Served(abc.ABC):
 
     kind = ""
     streams = False  # whether `call` can answer texts one by one, before its batch ends (`on_result`)
-    decodes = False  # whether its requests can join a running batch at the step (`aiayn.serve.stepping`)
+    stepped = False  # whether its requests join running batches at the step (`aiayn.serve.stepping`)
 
     def __init__(self, name: str, obj: Any, passes: Passes, limits: Limits, metrics: Metrics, *,
                  max_tokens: int = 4096, max_batch: int = 0, max_wait: float = 0.005, pool: WorkerPool | None = None,
@@ -56,7 +56,7 @@ class Served(abc.ABC):
         self.stepper: Stepper | StepWorkers.Model | None = None
         if steps is not None and name in steps.sources:  # running batches in worker processes
             self.stepper = steps.model(name)
-        elif stepping and self.decodes:  # running batches, stepped in a thread a pass
+        elif stepping and self.stepped:  # running batches, stepped in a thread a pass
             def build(payload, on_tokens):
                 return self.parts(obj, payload, max_tokens=max_tokens, on_tokens=on_tokens)
             self.stepper = Stepper(build, obj.prepared_model, threads=passes.threads, workers=passes.size,
@@ -116,9 +116,9 @@ class Served(abc.ABC):
         """A decoding model's request as a running batch's parts (of at most `part_rows` rows, 0: as the object cuts
         its batches), and the call that makes its answer once they have ended (here or in a worker process);
         ValueError for one the model cannot take."""
-        raise NotImplementedError(f"a {type(obj).__name__} does not decode")
+        raise NotImplementedError(f"a {type(obj).__name__} has no steps")
 
-    async def stepped(self, payload: list, on_tokens: Callable[[int, int], None] | None = None) -> list:
+    async def stepped_answer(self, payload: list, on_tokens: Callable[[int, int], None] | None = None) -> list:
         """The answer to `payload` from the running batches; ApiError 422 for a text the model cannot take."""
         try:
             return await self.stepper.submit(payload, len(payload), on_tokens)
@@ -144,7 +144,7 @@ class ServedTranslator(Served):
     """A `Translator`: `translate` with its default search (the paper's beam 4, alpha 0.6)."""
 
     kind = "translate"
-    decodes = True
+    stepped = True
     streams = True  # a sentence is answered when its search ends, not when the longest of its batch does
 
     def __init__(self, name: str, obj: Translator, *args, **kwargs):
@@ -163,7 +163,7 @@ class ServedTranslator(Served):
         if self.stepper is None:
             return await super().answer(texts)
         self.metrics.batch_done(self.name, len(texts), self.count_tokens(texts))
-        return await self.stepped(texts)
+        return await self.stepped_answer(texts)
 
     @staticmethod
     def parts(obj: Translator, texts: list[str], *, max_tokens: int = 4096,
@@ -264,7 +264,7 @@ class ServedGenerator(Served):
     settings share one queue; a batch runs one `generate` per distinct settings."""
 
     kind = "complete"
-    decodes = True
+    stepped = True
 
     def count_tokens(self, items: Sequence[tuple[str, tuple]]) -> int:
         try:
@@ -299,7 +299,7 @@ class ServedGenerator(Served):
         if self.stepper is None:
             return await super().answer(items)
         self.metrics.batch_done(self.name, len(items), self.count_tokens(items))
-        return await self.stepped(items, on_tokens)
+        return await self.stepped_answer(items, on_tokens)
 
     @staticmethod
     def parts(obj: Generator, items: list[tuple[str, tuple]], *, max_tokens: int = 4096,

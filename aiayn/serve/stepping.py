@@ -73,15 +73,15 @@ class Job:
                 done(tokens, scores)
                 left[0] -= 1
                 if left[0] == 0:
-                    self._settle(None)
+                    self.settle(None)
 
             def on_error(err, failed=failed):
                 failed(err)
-                self._settle(err)
+                self.settle(err)
 
             part.on_done, part.on_error = on_done, on_error
 
-    def _settle(self, error: BaseException | None) -> None:
+    def settle(self, error: BaseException | None) -> None:
         if self.settled:
             return
         self.settled = True
@@ -303,8 +303,8 @@ class Stepper:
             return finish()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        job = Job(parts, finish, answered=lambda answer: loop.call_soon_threadsafe(_settle, future, answer, None),
-                  failed=lambda err: loop.call_soon_threadsafe(_settle, future, None, err))
+        job = Job(parts, finish, answered=lambda answer: loop.call_soon_threadsafe(settle, future, answer, None),
+                  failed=lambda err: loop.call_soon_threadsafe(settle, future, None, err))
         with self.wake:
             self.lanes.add(job)
             self._start()
@@ -360,7 +360,8 @@ class Stepper:
                                                  "the request"))
 
 
-def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+def settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    """Give `future` its result or error, unless it is done already (cancelled: its client went away)."""
     if future.done():  # cancelled: its client went away
         return
     if error is not None:

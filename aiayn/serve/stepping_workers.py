@@ -24,12 +24,15 @@ from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 
 from aiayn.serve.batching import QueueFull
-from aiayn.serve.stepping import Job, Lanes
+from aiayn.serve.stepping import Job, Lanes, settle
+from aiayn.serve.workers import WARM_UP_TEXT, WorkerProcess, sendable
 
 logger = logging.getLogger(__name__)
 
-WARM_UP_TEXT = "Hello, world."
 REPORT_SECONDS = 0.25  # how often a worker sends its steps' counts (metrics)
+# A streaming request's tokens are sent at most this often (the first at once): a message, and a chunk of the stream,
+# a step cost the server's process as much as a step of a small model (the last tokens come with the answer)
+TOKENS_SECONDS = 0.02
 
 
 class StepWorkers:
@@ -41,15 +44,18 @@ class StepWorkers:
         threads: torch threads in each worker.
         max_rows, max_tokens: each worker's `Lanes`'.
         max_queue: most texts waiting to join a model's lanes, as the workers last said (429 beyond).
+        tokens_seconds: a streaming request's tokens are sent at most this often.
         observe, first_token: metrics, as observe(model, rows, seconds) and first_token(model, seconds).
     """
 
     def __init__(self, sources: Mapping[str, str], size: int, *, parts: Callable, threads: int = 1,
                  device: str | None = None, max_rows: int = 1024, max_tokens: int = 4096, max_queue: int = 1024,
+                 tokens_seconds: float = TOKENS_SECONDS,
                  observe: Callable[[str, int, float], None] | None = None,
                  first_token: Callable[[str, float], None] | None = None):
         self.sources, self.size, self.parts, self.threads, self.device = dict(sources), size, parts, threads, device
         self.settings = {"max_rows": max_rows, "max_tokens": max_tokens}
+        self.tokens_seconds = tokens_seconds
         self.max_queue = max_queue
         self.observe, self.first_token = observe, first_token
         self._context = multiprocessing.get_context("spawn")
@@ -162,7 +168,7 @@ class StepWorkers:
                     for i, token in value:
                         on_tokens(i, token)
             else:
-                self.loop.call_soon_threadsafe(_settle, future, value if kind == "done" else None,
+                self.loop.call_soon_threadsafe(settle, future, value if kind == "done" else None,
                                                value if kind == "error" else None)
         with self._lock:
             alive = worker in self._workers
@@ -185,67 +191,41 @@ class StepWorkers:
     def _spawn(self) -> _Worker:
         parent, child = self._context.Pipe()
         process = self._context.Process(target=_work, args=(child, self.sources, self.parts, self.threads,
-                                                            self.device, self.settings),
+                                                            self.device, self.settings, self.tokens_seconds),
                                         name="aiayn-steps", daemon=True)
         process.start()
         child.close()
         return _Worker(process, parent)
 
 
-class _Worker:
+class _Worker(WorkerProcess):
     """One worker process, the server's end of its pipe, and the requests it holds."""
 
     def __init__(self, process, connection: Connection):
-        self.process, self.connection = process, connection
+        super().__init__(process, connection)
         self.pending: dict[int, tuple] = {}  # id -> (model, texts, future, on_tokens)
         self.rows: dict[str, int] = {}  # model -> rows in its lanes, as it last said
         self.waiting: dict[str, int] = {}  # model -> texts waiting to join them, as it last said
         self.sending = threading.Lock()
 
     def texts(self, model: str | None = None) -> int:
+        """Texts of the requests it holds (of `model`, or of all)."""
         return sum(entry[1] for entry in list(self.pending.values()) if model in (None, entry[0]))
 
     def send(self, message: tuple) -> None:
         with self.sending:
             self.connection.send(message)
 
-    def ready(self) -> None:
-        try:
-            status, value = self.connection.recv()
-        except EOFError:
-            self.process.join()
-            raise RuntimeError(f"a worker process exited while loading the models (exit code "
-                               f"{self.process.exitcode})") from None
-        if status != "ready":
-            self.stop()
-            raise RuntimeError(f"a worker process could not load the models: {value}")
-
-    def stop(self, timeout: float = 10.0) -> int | None:
-        self.connection.close()
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        return self.process.exitcode
-
     def fail_all(self, err: BaseException, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Fail every request it holds (on `loop`, the server's)."""
         pending, self.pending = self.pending, {}
         for _, _, future, _ in pending.values():
             if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(_settle, future, None, err)
-
-
-def _settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:
-    if future.done():
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+                loop.call_soon_threadsafe(settle, future, None, err)
 
 
 def _work(connection: Connection, sources: Mapping[str, str], parts: Callable, threads: int, device: str | None,
-          settings: dict) -> None:
+          settings: dict, tokens_seconds: float) -> None:
     """A worker's life: load the models, warm each up, then read requests and work on the lanes until the pipe
     closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop (it drains first)
@@ -282,7 +262,7 @@ def _work(connection: Connection, sources: Mapping[str, str], parts: Callable, t
             try:
                 busy = bool(lanes.waiting or lanes.rows())
                 while not busy or connection.poll():
-                    _receive(connection.recv(), connection, objects, parts, settings, lanes, jobs)
+                    _receive(connection.recv(), connection, objects, parts, settings, lanes, jobs, tokens_seconds)
                     busy = bool(lanes.waiting or lanes.rows())
             except (EOFError, OSError):  # the server closed the pipe or exited
                 return
@@ -300,7 +280,7 @@ def _work(connection: Connection, sources: Mapping[str, str], parts: Callable, t
 
 
 def _receive(message: tuple, connection: Connection, objects: dict, parts: Callable, settings: dict, lanes: Lanes,
-             jobs: dict[int, Job]) -> None:
+             jobs: dict[int, Job], tokens_seconds: float) -> None:
     """Handle one message of the server: a request (its parts queued) or a cancellation."""
     kind, ident, *rest = message
     if kind == "cancel":
@@ -310,6 +290,7 @@ def _receive(message: tuple, connection: Connection, objects: dict, parts: Calla
         return
     name, payload, streams = rest
     made: list[tuple[int, int]] = []
+    last = [0.0]  # when tokens were last sent
 
     def answered(answer: list) -> None:
         jobs.pop(ident, None)
@@ -317,7 +298,7 @@ def _receive(message: tuple, connection: Connection, objects: dict, parts: Calla
 
     def failed(err: BaseException) -> None:
         jobs.pop(ident, None)
-        connection.send(("error", ident, _sendable(err)))
+        connection.send(("error", ident, sendable(err)))
 
     def on_tokens(i: int, token: int) -> None:  # a step's tokens of this request, sent together (`flushed`)
         made.append((i, token))
@@ -326,7 +307,7 @@ def _receive(message: tuple, connection: Connection, objects: dict, parts: Calla
         found, finish = parts(objects[name], payload, max_tokens=settings["max_tokens"],
                               on_tokens=on_tokens if streams else None, part_rows=0)  # a whole request a worker
     except Exception as err:  # noqa: BLE001 - a request the model cannot take: its own error
-        connection.send(("error", ident, _sendable(err)))
+        connection.send(("error", ident, sendable(err)))
         return
     if streams:
         for part in found:  # each step's tokens of this request, sent once the step is done
@@ -334,9 +315,10 @@ def _receive(message: tuple, connection: Connection, objects: dict, parts: Calla
 
             def flushed(sentences, tokens, told=told):
                 told(sentences, tokens)
-                if made:
+                if made and time.perf_counter() - last[0] >= tokens_seconds:
                     connection.send(("tokens", ident, list(made)))
                     made.clear()
+                    last[0] = time.perf_counter()
             part.on_tokens = flushed
     job = Job(found, finish, answered, failed, model=name)
     if not found:
@@ -344,14 +326,3 @@ def _receive(message: tuple, connection: Connection, objects: dict, parts: Calla
         return
     jobs[ident] = job
     lanes.add(job)
-
-
-def _sendable(err: BaseException) -> BaseException:
-    """`err` if it survives pickling, else a RuntimeError with its type and message."""
-    import pickle
-
-    try:
-        pickle.loads(pickle.dumps(err))
-        return err
-    except Exception:  # noqa: BLE001
-        return RuntimeError(f"{type(err).__name__}: {err}")

@@ -82,14 +82,19 @@ async def _events(model: ServedGenerator, prompts: list[str], task: asyncio.Futu
             if not getting.done():
                 getting.cancel()
                 break
-            i, token = getting.result()
-            if stopped[i] or token == generator.tokenizer.eos_id:
-                continue
-            tokens[i].append(token)
-            text = new_text(i)
-            if text:
-                sent[i] += text
-                yield chunk(i, text)
+            arrived = [getting.result()]
+            while not made.empty():  # every token made meanwhile: one chunk a choice, not one a token
+                arrived.append(made.get_nowait())
+            grown = set()
+            for i, token in arrived:
+                if not stopped[i] and token != generator.tokenizer.eos_id:
+                    tokens[i].append(token)
+                    grown.add(i)
+            for i in sorted(grown):
+                text = new_text(i)
+                if text:
+                    sent[i] += text
+                    yield chunk(i, text)
             if all(stopped):
                 task.cancel()  # every choice met a stop string: its rows leave the running batch
                 break

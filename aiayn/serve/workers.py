@@ -55,15 +55,15 @@ class WorkerPool:
         self.sources, self.size, self.threads, self.device = dict(sources), size, threads, device
         self.batched_call = batched_call
         self._context = multiprocessing.get_context("spawn")
-        self._idle: queue.SimpleQueue[_Worker] = queue.SimpleQueue()
+        self._idle: queue.SimpleQueue[WorkerProcess] = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._workers: list[_Worker] = []
+        self._workers: list[WorkerProcess] = []
 
     def start(self) -> None:
         """Start the workers and wait until each has loaded the models (RuntimeError naming what failed). Whatever
         ends it (a worker that cannot load, Ctrl-C, SIGTERM), the workers it started are ended first: they
         ignore SIGTERM, and the interpreter would wait for them at exit."""
-        workers: list[_Worker] = []
+        workers: list[WorkerProcess] = []
         try:
             for _ in range(self.size):  # they load side by side
                 workers.append(self._spawn())
@@ -97,7 +97,7 @@ class WorkerPool:
             raise value
         return value
 
-    def _replace(self, worker: _Worker) -> _Worker:
+    def _replace(self, worker: WorkerProcess) -> WorkerProcess:
         """A new worker in `worker`'s place (`worker` is stopped and reaped first)."""
         code = worker.stop()
         logger.warning("worker process %s exited (code %s); starting another", worker.process.pid, code)
@@ -114,17 +114,17 @@ class WorkerPool:
         for worker in workers:
             worker.stop()
 
-    def _spawn(self) -> _Worker:
+    def _spawn(self) -> WorkerProcess:
         parent, child = self._context.Pipe()
         process = self._context.Process(target=_work, args=(child, self.sources, self.batched_call, self.threads,
                                                             self.device),
                                         name="aiayn-pass", daemon=True)
         process.start()
         child.close()
-        return _Worker(process, parent)
+        return WorkerProcess(process, parent)
 
 
-class _Worker:
+class WorkerProcess:
     """One worker process and the server's end of its pipe."""
 
     def __init__(self, process, connection: Connection):
@@ -202,11 +202,11 @@ def _work(connection: Connection, sources: Mapping[str, str], batched_call: Call
         try:
             answer = ("ok", batched_call(objects[name], texts, **options))
         except Exception as err:  # noqa: BLE001 - one batch's error goes back to its requests
-            answer = ("error", _sendable(err))
+            answer = ("error", sendable(err))
         connection.send(answer)
 
 
-def _sendable(err: Exception) -> Exception:
+def sendable(err: Exception) -> Exception:
     """`err` if it survives pickling, else a RuntimeError with its type and message."""
     try:
         pickle.loads(pickle.dumps(err))

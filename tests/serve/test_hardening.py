@@ -471,14 +471,14 @@ def test_a_pool_interrupted_while_its_workers_load_ends_them(monkeypatch, transl
     import multiprocessing
 
     from aiayn.serve.models import batched_call
-    from aiayn.serve.workers import WorkerPool, _Worker
+    from aiayn.serve.workers import WorkerPool, WorkerProcess
 
     others = set(multiprocessing.active_children())
 
     def interrupted(self):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_Worker, "ready", interrupted)
+    monkeypatch.setattr(WorkerProcess, "ready", interrupted)
     pool = WorkerPool({"en-de": str(translation_run)}, 2, batched_call=batched_call)
     with pytest.raises(KeyboardInterrupt):
         pool.start()

@@ -148,7 +148,7 @@ def in_workers(translation_run, generator, tmp_path_factory):
 
     lm = save_model(generator.model, tmp_path_factory.mktemp("lm") / "lm", tokenizer=generator.tokenizer)
     sources = {"en-de": str(translation_run), "counting": str(lm)}
-    steps = StepWorkers(sources, 2, parts=stepped_parts)
+    steps = StepWorkers(sources, 2, parts=stepped_parts, tokens_seconds=0)  # every step's tokens sent
     steps.start()
     objects = {name: aiayn.load(source) for name, source in sources.items()}
     with serving(create_app(objects, passes=2, steps=steps)) as url:
