@@ -259,21 +259,22 @@ class SharedState(StaticState):
                 self.memory = [tuple(t[:0] for t in kv) for kv in first.memory]
                 self.mask = torch.zeros((0, 1, 1, first.memory[0][0].shape[2]), dtype=first.memory[0][0].dtype,
                                         device=device)
-        n = sum(fresh.cache.shape[2] for fresh in states)
+        n, before = sum(fresh.cache.shape[2] for fresh in states), self.rows
         furthest = max(fresh.position for fresh in states)
-        capacity = min(self.length, max(self.cache.shape[4], _room(furthest + 1)))
-        cache = self.cache.new_zeros((*self.cache.shape[:2], self.rows + n, self.cache.shape[3], capacity,
-                                      self.cache.shape[5]))
-        top = min(max(self.where, default=0), self.cache.shape[4])
-        cache[:, :, : self.rows, :, :top] = self.cache[:, :, :, :, :top]
-        row = self.rows
+        held = self.held  # `cache` is its first rows
+        if held.shape[2] < before + n or held.shape[4] <= furthest:  # room for more rows, or positions: doubled
+            held = held.new_zeros((*held.shape[:2], max(before + n, 2 * held.shape[2]), held.shape[3],
+                                   min(self.length, max(held.shape[4], _room(furthest + 1))), held.shape[5]))
+            top = min(max(self.where, default=0), self.cache.shape[4])
+            held[:, :, :before, :, :top] = self.cache[:, :, :, :, :top]
+            self.held, self.spare = held, None
+        row = before  # the new rows' positions past their own hold what rows before left there: masked, finite
         for fresh in states:
             rows, p = fresh.cache.shape[2], fresh.position
-            cache[:, :, row : row + rows, :, :p] = fresh.cache[:, :, :, :, :p]
+            held[:, :, row : row + rows, :, :p] = fresh.cache[:, :, :, :, :p]
             row += rows
             self.where += [p] * rows
-        self.cache = self.held = cache
-        self.spare = None
+        self.cache = held[:, :, : before + n]
         self.at = torch.tensor(self.where, dtype=torch.long, device=self.at.device)
         if self.memory is not None:
             self._append_memory(states)
