@@ -230,7 +230,7 @@ def report(results: dict[str, list[dict]], rates: list[float], args) -> None:
                   f"{1000 * row['long_alone']:>11.1f} {1000 * row['long_mixed']:>11.1f} {row['count']:>7.0f} "
                   f"{row['longs']:>6.0f}")
             for key in keys:
-                figure(f"{mode} batching, short request behind long ones: {key}", 1000 * row[key], "ms")
+                figure(f"{mode}, short request behind long ones: {key}", 1000 * row[key], "ms")
     if results[MODES[0]] and "poisson" in results[MODES[0]][0]:
         print(f"\n2. Poisson arrivals, {args.long_share:.0%} long requests, {args.seconds:.0f} s a rate (ms; "
               "sentences a second)")
@@ -241,9 +241,9 @@ def report(results: dict[str, list[dict]], rates: list[float], args) -> None:
                                           for key in ("short_p50", "short_p99", "long_p50", "texts_per_s"))
                 print(f"{rate:>7g} {mode:<10} {1000 * p50:>10.1f} {1000 * p99:>10.1f} {1000 * long50:>10.1f} "
                       f"{tput:>8.1f}")
-                figure(f"{mode} batching, Poisson short p99", 1000 * p99, "ms", rate=rate)
-                figure(f"{mode} batching, Poisson short p50", 1000 * p50, "ms", rate=rate)
-                figure(f"{mode} batching, Poisson sentences", tput, "sentences/s", rate=rate)
+                figure(f"{mode}, Poisson short p99", 1000 * p99, "ms", rate=rate)
+                figure(f"{mode}, Poisson short p50", 1000 * p50, "ms", rate=rate)
+                figure(f"{mode}, Poisson sentences", tput, "sentences/s", rate=rate)
     if args.lm and results[MODES[0]] and "first_token" in results[MODES[0]][0]:
         print(f"\n3. a {args.completion_tokens}-token completion while {args.lm_clients} clients ask for others "
               "(ms: first text, whole answer)")
@@ -252,7 +252,7 @@ def report(results: dict[str, list[dict]], rates: list[float], args) -> None:
             wholes = [found["first_token"][1] for found in results[mode]]
             first, whole = statistics.median(firsts), statistics.median(wholes)
             print(f"{mode:<10} first {1000 * first:>9.1f}   whole {1000 * whole:>9.1f}")
-            figure(f"{mode} batching, first token of a {args.completion_tokens}-token completion", 1000 * first, "ms")
+            figure(f"{mode}, first token of a {args.completion_tokens}-token completion", 1000 * first, "ms")
 
 
 if __name__ == "__main__":
