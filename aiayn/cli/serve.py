@@ -144,7 +144,7 @@ def _access(args: argparse.Namespace, host: str):
     """Who may call the server: --api-key (or $AIAYN_API_KEY), --allowed-host, --cors-origin."""
     from aiayn.serve import Access
 
-    key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE) or None
+    key = args.api_key if args.api_key is not None else os.environ.get(KEY_VARIABLE)  # set but empty: refused
     return Access(api_key=key, allowed_hosts=(host, *args.allowed_host), cors_origins=tuple(args.cors_origin))
 
 

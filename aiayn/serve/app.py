@@ -47,12 +47,39 @@ logger = logging.getLogger(__name__)
 
 ROUTES = ("/", "/health", "/metrics", "/languages", "/translate", "/v1/completions", "/v1/embeddings", "/v1/models",
           "/embed", "/predict", "/v1/inspect")
+GET_ROUTES = ("/", "/health", "/metrics", "/languages", "/v1/models")
 FORMATS = ("text", "html")
+# The page runs its own inline script and style and calls this server only; no other site may frame it (clickjacking)
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                                           "img-src data:; connect-src 'self'; frame-ancestors 'none'; "
+                                           "base-uri 'none'; form-action 'self'",
+                "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
 def page_html() -> str:
     """The page at `/`: one self-contained HTML file (its script and style inline; nothing from a CDN)."""
     return resources.files("aiayn.serve").joinpath("static/index.html").read_text(encoding="utf-8")
+
+
+class HeadAsGet:
+    """ASGI middleware: `HEAD` on a route that answers `GET` gets the same status and headers without the body (RFC
+    9110 9.3.2), as load balancers' and monitors' health checks ask."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "HEAD" or scope["path"] not in GET_ROUTES:
+            return await self.app(scope, receive, send)
+
+        async def headers_only(message):
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b""}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, headers_only)
 
 
 class Observed:
@@ -178,6 +205,7 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
     app = FastAPI(title="aiayn serve", lifespan=lifespan)
     app.state.models, app.state.metrics, app.state.limits = server.models, server.metrics, server.limits
     app.state.access = access or Access()
+    app.add_middleware(HeadAsGet)  # (the innermost: the guard sees the request's own method)
     app.add_middleware(Guard, access=app.state.access, limits=server.limits)
     app.add_middleware(Observed, metrics=server.metrics)  # (the outer one: it counts what Guard refuses too)
 
@@ -212,7 +240,7 @@ def service_routes(server: Server) -> APIRouter:
 
     @router.get("/", response_class=HTMLResponse)
     async def page() -> HTMLResponse:
-        return HTMLResponse(page_html())
+        return HTMLResponse(page_html(), headers=PAGE_HEADERS)
 
     @router.get("/health")
     async def health() -> dict:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
@@ -49,8 +50,10 @@ class Access:
     cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.api_key is not None and (not self.api_key or any(c.isspace() for c in self.api_key)):
-            raise ValueError("the API key is empty or holds a space; give a key of printable characters")
+        if self.api_key is not None and (not self.api_key or not self.api_key.isascii()
+                                         or not self.api_key.isprintable() or any(c.isspace() for c in self.api_key)):
+            raise ValueError("the API key is empty, or holds a space or a character outside ASCII (which no "
+                             "Authorization header carries); give a key of printable ASCII characters")
         for host in self.allowed_hosts:
             if not host or any(c in host for c in " /@"):
                 raise ValueError(f"allowed host {host!r} is not a host name; give a name such as api.example.com")
@@ -81,6 +84,17 @@ class Access:
         return key is not None and hmac.compare_digest(key.encode(), self.api_key.encode())
 
 
+# A Host header (RFC 9110 7.2): a name of letters, digits, '-', '_' and '.', an IPv4 address, or an IPv6 address in
+# brackets; then, optionally, ':' and a port.
+HOST = re.compile(r"(?:[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_.])?|\[[0-9a-f:.]+(?:%[a-z0-9_.-]+)?\])(?::[0-9]{1,5})?")
+
+
+def valid_host(host: str) -> bool:
+    """Whether a Host header is one host[:port] and nothing else (`localhost:80@evil.example`, `[::1`, `localhost:abc`
+    are not)."""
+    return HOST.fullmatch(host.strip().lower()) is not None
+
+
 def host_name(host: str) -> str:
     """The name or address in a Host header, without its port and brackets: `[::1]:8000` -> `::1`."""
     host = host.strip().lower()
@@ -109,8 +123,11 @@ class Guard:
         headers, method = Headers(scope=scope), scope["method"]
         origin = headers.get("origin")
         allowed = origin is not None and self.access.cors_allows(origin)
-        host = headers.get("host")
+        hosts = headers.getlist("host")
+        host = hosts[0] if hosts else None
         try:
+            if len(hosts) > 1 or (host is not None and not valid_host(host)):
+                raise ApiError(400, f"the Host header must be one host[:port], got {', '.join(map(repr, hosts))}")
             if host is not None and not self.access.host_allowed(host):
                 raise ApiError(400, f"this server does not answer to the name {host!r} in the Host header; "
                                     f"start it with --allowed-host {host_name(host)} to allow it")

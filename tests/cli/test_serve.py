@@ -42,15 +42,18 @@ def children(pid: int) -> list[int]:
     return [int(child) for child in listed.read_text().split()] if listed.exists() else []
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT])
-def test_a_stopping_signal_answers_the_requests_in_flight_then_exits(translation_run, stop):
+@pytest.mark.parametrize("stop, batching", [(signal.SIGTERM, "requests"), (signal.SIGHUP, "requests"),
+                                            (signal.SIGQUIT, "requests"), (signal.SIGTERM, "steps")])
+def test_a_stopping_signal_answers_the_requests_in_flight_then_exits(translation_run, stop, batching):
     """SIGTERM, a terminal's hang-up and Ctrl-\\ alike: the requests in flight are answered (they got plain 500s on
-    SIGHUP and SIGQUIT, which uvicorn does not drain on), then the server stops."""
+    SIGHUP and SIGQUIT, which uvicorn does not drain on), then the server stops; a request in a running batch too."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    # a long gathering window holds the request in the queue while the signal arrives
+    # batching whole requests, a long gathering window holds the request in the queue while the signal arrives; at the
+    # step, a request of many sentences is decoding when it arrives
     server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", "--run", f"en-de={translation_run}",
-                               "--port", "0", "--max-wait-ms", "3000"], env=env, cwd=ROOT, stderr=subprocess.PIPE,
-                              text=True)
+                               "--port", "0", "--max-wait-ms", "3000", "--batching", batching], env=env, cwd=ROOT,
+                              stderr=subprocess.PIPE, text=True)
+    texts = ["c a", "a b c"] if batching == "requests" else ["h g f e d c b a h g f e"] * 128
     try:
         first = server.stderr.readline()
         found = re.search(r"http://127\.0\.0\.1:(\d+)", first)
@@ -58,9 +61,12 @@ def test_a_stopping_signal_answers_the_requests_in_flight_then_exits(translation
         url = f"http://127.0.0.1:{found.group(1)}"
         answers = []
         sender = threading.Thread(target=lambda: answers.append(
-            httpx.post(f"{url}/translate", json={"q": ["c a", "a b c"], "target": "de"}, timeout=60)))
+            httpx.post(f"{url}/translate", json={"q": texts, "target": "de"}, timeout=60)))
         sender.start()
-        wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 2)
+        if batching == "requests":
+            wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 2)
+        else:  # in flight (this very /metrics request is one): being decoded, unless it was answered already
+            wait_until(lambda: answers or metric(url, "aiayn_requests_in_flight") >= 2, every=0.01)
         workers = children(server.pid)
         if usable_cores() > 1:  # on a CPU, a worker process a pass
             spawned = [pid for pid in workers if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -72,7 +78,7 @@ def test_a_stopping_signal_answers_the_requests_in_flight_then_exits(translation
         import aiayn
 
         assert answers[0].status_code == 200
-        assert answers[0].json()["translatedText"] == aiayn.load(translation_run).translate(["c a", "a b c"])
+        assert answers[0].json()["translatedText"] == aiayn.load(translation_run).translate(texts)
         assert "stopped after the requests in flight were answered" in server.stderr.read()
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health")

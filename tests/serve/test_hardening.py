@@ -434,6 +434,44 @@ def test_hosts_other_than_this_machines_names_are_refused(keyed):
                        "--allowed-host evil.example to allow it")
 
 
+def test_a_host_header_is_one_host_and_port_and_nothing_else(keyed):
+    url, _ = keyed
+    for host in ("localhost:80@evil.example", "[::1", "localhost:abc", "localhost:8000/x", "local host", ""):
+        out = httpx.get(f"{url}/health", headers={"Host": host})
+        assert out.status_code == 400 and "must be one host[:port]" in out.json()["error"], host
+    sock = connect(url)  # two Host headers: which one names the server is anyone's guess
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\nConnection: close\r\n\r\n")
+    assert answer_of(sock).startswith(b"HTTP/1.1 400 ")
+
+
+def test_head_answers_the_get_routes_with_their_headers_and_no_body(keyed):
+    url, _ = keyed
+    for route in ("/", "/health"):
+        head, get = httpx.head(f"{url}{route}"), httpx.get(f"{url}{route}")
+        assert head.status_code == get.status_code == 200 and head.content == b"", route
+        assert head.headers["content-type"] == get.headers["content-type"]
+    assert httpx.head(f"{url}/metrics").status_code == 401  # the key is asked for as on GET
+    assert httpx.head(f"{url}/translate", headers={"Authorization": f"Bearer {KEY}"}).status_code == 405
+
+
+def test_the_page_says_it_runs_its_own_script_only_and_may_not_be_framed(keyed):
+    url, _ = keyed
+    headers = httpx.get(f"{url}/").headers
+    assert headers["x-frame-options"] == "DENY" and "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert "connect-src 'self'" in headers["content-security-policy"]
+
+
+@pytest.mark.parametrize("key", ["", "two words", "kéy", "tab\tkey", "bell\x07"])
+def test_an_api_key_no_header_could_carry_is_refused(key, monkeypatch):
+    from aiayn.cli.main import main
+    from aiayn.serve import Access
+
+    with pytest.raises(ValueError, match="printable ASCII"):
+        Access(api_key=key)
+    monkeypatch.setenv("AIAYN_API_KEY", key)  # set, even empty: refused as --api-key would be
+    assert main(["serve", "--model", "minilm", "--port", "0"]) == 2
+
+
 def test_pages_of_other_origins_may_not_post_but_the_servers_own_page_and_allowed_origins_may(keyed):
     url, objects = keyed
     form = {"q": "a b", "target": "de", "api_key": KEY}  # what a browser's form post would carry
