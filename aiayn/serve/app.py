@@ -36,7 +36,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 
 from aiayn.serve.batching import Passes, QueueFull
 from aiayn.serve.guard import Access, Guard
-from aiayn.serve.limits import ApiError, Limits, read_fields, string_field, texts_field
+from aiayn.serve.limits import ApiError, Limits, bool_field, read_fields, string_field, texts_field
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.models import Served, ServedLabeller, ServedTranslator, pick, pick_translator, served_class
 from aiayn.serve.stepping_workers import StepWorkers
@@ -329,7 +329,7 @@ def openai_routes(server: Server) -> APIRouter:
         texts, _ = texts_field(fields, "input", server.limits)
         encoding = string_field(fields, "encoding_format", "float", ("float", "base64"))
         model = pick(server.models, "embed", string_field(fields, "model"))
-        tokens = model.count_tokens(texts)
+        tokens = model.count_tokens(texts, truncate=False)  # OpenAI's: a text too long is an error
         vectors = await server.run(request, model, texts)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
@@ -410,6 +410,7 @@ def tei_routes(server: Server) -> APIRouter:
         fields = await read_fields(request, server.limits)
         texts, _ = texts_field(fields, "inputs", server.limits)
         model = pick(server.models, "embed", string_field(fields, "model"))
+        model.count_tokens(texts, bool_field(fields, "truncate"))  # a text too long: 422, unless TEI's truncate
         return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in await server.run(request, model, texts)])
 
     @router.post("/predict")
@@ -417,6 +418,7 @@ def tei_routes(server: Server) -> APIRouter:
         fields = await read_fields(request, server.limits)
         texts, single = texts_field(fields, "inputs", server.limits)
         model = pick(server.models, "predict", string_field(fields, "model"))
+        model.count_tokens(texts, bool_field(fields, "truncate"))  # a text too long: 422, unless TEI's truncate
         out = [ServedLabeller.as_json(r) for r in await server.run(request, model, texts)]
         return out[0] if single else out
 

@@ -147,6 +147,16 @@ def texts_field(fields: dict[str, Any], name: str, limits: Limits) -> tuple[list
     return texts, single
 
 
+def bool_field(fields: dict[str, Any], name: str, default: bool = False) -> bool:
+    """An optional true/false field (null: the default); 422 for anything else."""
+    value = fields.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(422, f"the field {name!r} must be true or false, got {value!r}")
+    return value
+
+
 def string_field(fields: dict[str, Any], name: str, default: str | None = None,
                  choices: tuple[str, ...] = ()) -> str | None:
     """An optional string field, one of `choices` when they are given."""

@@ -227,8 +227,10 @@ class ServedEmbedder(Served):
 
     kind = "embed"
 
-    def count_tokens(self, texts: Sequence[str]) -> int:
-        return sum(len(ids) for ids in self.obj.tokenize(texts))
+    def count_tokens(self, texts: Sequence[str], truncate: bool = True) -> int:
+        """Tokens of `texts` as the model reads them (cut to its length); with `truncate` False, 422 for a text
+        longer than that (the routes' check)."""
+        return _counted(self.obj.tokenizer, texts, self.obj.max_length, truncate)
 
     @staticmethod
     def call(obj: Embedder, texts: list[str]) -> list:
@@ -243,8 +245,10 @@ class ServedLabeller(Served):
 
     kind = "predict"
 
-    def count_tokens(self, texts: Sequence[str]) -> int:
-        return sum(len(ids) for ids in encode_texts(self.obj.tokenizer, texts, self.obj.model.config.max_len))
+    def count_tokens(self, texts: Sequence[str], truncate: bool = True) -> int:
+        """Tokens of `texts` as the model reads them (cut to its length); with `truncate` False, 422 for a text
+        longer than that (the routes' check)."""
+        return _counted(self.obj.tokenizer, texts, self.obj.model.config.max_len, truncate)
 
     @staticmethod
     def call(obj: Classifier | Tagger, texts: list[str]) -> list:
@@ -324,6 +328,16 @@ class ServedGenerator(Served):
 
                 parts.append(ServedGenerator.part(batch, config, obj.tokenizer.eos_id, done, on_tokens))
         return parts, lambda: out
+
+
+def _counted(tokenizer: Any, texts: Sequence[str], max_length: int, truncate: bool) -> int:
+    """Tokens of `texts` as an encoder reads them, `[CLS] ... [SEP]`; ApiError 422 naming a text over `max_length`
+    unless `truncate`."""
+    try:
+        return sum(len(ids) for ids in encode_texts(tokenizer, texts, max_length, truncate=truncate))
+    except ValueError as err:
+        raise ApiError(422, f"{str(err).split('; ')[0]}; shorten it, or send \"truncate\": true to cut it "
+                            "(TEI's /embed and /predict)") from None
 
 
 def _by_settings(items: Sequence[tuple[str, tuple]]) -> dict[tuple, list[int]]:

@@ -521,3 +521,18 @@ def test_a_pool_interrupted_while_its_workers_load_ends_them(monkeypatch, transl
     with pytest.raises(KeyboardInterrupt):
         pool.start()
     assert not set(multiprocessing.active_children()) - others
+
+
+def test_a_text_longer_than_an_encoder_reads_is_422_unless_tei_asks_to_cut_it(keyed):
+    url, objects = keyed
+    headers = {"Authorization": f"Bearer {KEY}"}
+    long = "word " * 600  # past MiniLM's 256 tokens
+    for route, body in (("/embed", {"inputs": long}), ("/v1/embeddings", {"input": long, "model": "minilm"})):
+        out = httpx.post(f"{url}{route}", json=body, headers=headers)
+        assert out.status_code == 422 and "text 1 has" in out.json()["error"] and "truncate" in out.json()["error"]
+    cut = httpx.post(f"{url}/embed", json={"inputs": long, "truncate": True}, headers=headers)
+    assert cut.status_code == 200
+    import numpy as np
+
+    np.testing.assert_allclose(cut.json()[0], objects["minilm"].embed(long), atol=1e-5)
+    assert httpx.post(f"{url}/embed", json={"inputs": "a", "truncate": "yes"}, headers=headers).status_code == 422
