@@ -114,7 +114,10 @@ def decode_text(data: bytes, name: str) -> str:
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines of `text`, split only at `\n` and `\r\n` (not at the other breaks `str.splitlines` knows)."""
+    """Lines of `text`, split only at `\n` and `\r\n` (not at the other breaks `str.splitlines` knows); a text with `\r`
+    and no `\n` at all has the classic Mac OS line ends, and is split at `\r` (it read as one line)."""
+    if "\r" in text and "\n" not in text:
+        text = text.replace("\r", "\n")
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

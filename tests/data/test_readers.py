@@ -87,3 +87,14 @@ def test_rows_over_the_length_limit_are_dropped_and_counted(tmp_path):
     assert data.stats[0].too_long == 1 and data.stats[0].kept == 30
     assert len(data.train.items) == 30
     assert "1 over the length limit dropped" in data.stats[0].summary()
+
+
+def test_classic_mac_line_ends_are_lines(tmp_path):
+    path = tmp_path / "mac.tsv"
+    path.write_bytes(b"hello\thola\rgood night\tbuenas noches\r")
+    examples, _ = read_parallel(str(path))
+    assert [(e.source, e.target) for e in examples] == [("hello", "hola"), ("good night", "buenas noches")]
+    windows = tmp_path / "windows.tsv"  # \r\n stays one line end, and a \r inside a line stays where there is \n
+    windows.write_bytes(b"a\tb\r\nc\rd\te\n")
+    examples, _ = read_parallel(str(windows))
+    assert [(e.source, e.target) for e in examples] == [("a", "b"), ("c\rd", "e")]
