@@ -187,6 +187,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = Limits(max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars,
                     max_queue=args.max_queue, read_seconds=args.read_timeout, max_connections=args.max_connections)
     sources = _sources(args)
+    if not args.host.strip():
+        raise ValueError("--host '' names no address; give one to listen on, e.g. 127.0.0.1 (this machine) or 0.0.0.0 "
+                         "(every address)")
     access = _access(args, args.host)
     _open_files_for(args.max_connections)
     threads, cut = threads_within_cores(args.threads, f"--threads {args.threads}", "serving")  # as training does

@@ -536,3 +536,10 @@ def test_a_text_longer_than_an_encoder_reads_is_422_unless_tei_asks_to_cut_it(ke
 
     np.testing.assert_allclose(cut.json()[0], objects["minilm"].embed(long), atol=1e-5)
     assert httpx.post(f"{url}/embed", json={"inputs": "a", "truncate": "yes"}, headers=headers).status_code == 422
+
+
+def test_an_empty_host_is_named_as_the_host_option(capsys):
+    from aiayn.cli.main import main
+
+    assert main(["serve", "--model", "minilm", "--host", "", "--port", "0"]) == 2
+    assert "--host '' names no address" in capsys.readouterr().err
