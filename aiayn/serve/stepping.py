@@ -95,10 +95,6 @@ class Job:
             return
         self.answered(answer)
 
-    @property
-    def texts(self) -> int:
-        return sum(part.ids.shape[0] for part in self.parts)
-
     def cancel(self) -> None:
         """Nobody waits for the answer: the parts waiting never join, those running leave at the next step."""
         self.settled = True
@@ -146,7 +142,6 @@ class Lanes:
         self.waiting: deque[tuple[Job, Part]] = deque()
         self.lanes: dict[tuple, Lane] = {}  # by (model, beams, "small") or (model, beams, "large", i)
         self.unstepped: set[Job] = set()  # jobs whose parts joined but took no step yet (time to first token)
-        self.steps = 0
 
     def add(self, job: Job) -> None:
         """Queue the job's parts."""
@@ -224,7 +219,6 @@ class Lanes:
                 if self.observe is not None:
                     self.observe(lane.model, rows, now - stepped)
                 with lock:
-                    self.steps += 1
                     first = {job for job in self.unstepped if any(part.steps_run for part in job.parts)}
                     self.unstepped = {job for job in self.unstepped - first if not job.settled}
                 if self.first_token is not None:
