@@ -38,6 +38,10 @@ from aiayn.serve.batching import QueueFull
 logger = logging.getLogger(__name__)
 
 SMALL_ROWS = 16  # a part of at most this many rows (sentences x beams) decodes in the small lane
+# A large lane takes more parts while it holds at most this many rows: beyond, large requests wait their turn, since
+# sharing a lane's steps makes each as slow as all of them together (processor sharing), where one after another
+# answers the first ones sooner; a step of this many rows already uses the products well.
+LARGE_ROWS = 256
 # In threads, a request's texts are cut into parts of at most this many rows, so that the large lanes share a large
 # request's work (a lane is stepped by one thread at a time): three requests of 64 sentences on two threads otherwise
 # left one idle while the other stepped two of them. (A worker process takes whole requests: no cut there.)
@@ -158,20 +162,25 @@ class Lanes:
 
     def assign(self) -> None:
         """Move waiting parts, oldest first, to their lanes while the rows and the tokens allow (always one part into
-        empty lanes); cancelled ones are dropped."""
-        rows, tokens = self.rows(), 0
+        empty lanes); cancelled ones are dropped. A large part waits while every large lane it could join holds
+        `LARGE_ROWS` rows (those behind it go on: a short request does not wait behind it)."""
+        rows, tokens, held = self.rows(), 0, deque()
         while self.waiting:
-            _, part = self.waiting[0]
+            job, part = self.waiting.popleft()
             if part.cancelled:
-                self.waiting.popleft()
                 continue
             size = part.ids.numel()
             if rows and (rows + part.rows > self.max_rows or (tokens and tokens + size > self.max_tokens)):
+                self.waiting.appendleft((job, part))
                 break
-            job, part = self.waiting.popleft()
-            self._lane(job.model, part).incoming.append((job, part))
+            lane = self._lane(job.model, part)
+            if part.rows > SMALL_ROWS and lane.rows and lane.rows + part.rows > LARGE_ROWS:
+                held.append((job, part))  # one large request's rows at a time in a lane: first come, first done
+                continue
+            lane.incoming.append((job, part))
             rows += part.rows
             tokens += size
+        self.waiting.extendleft(reversed(held))
 
     def _lane(self, model: str, part: Part) -> Lane:
         """The lane `part` joins (made the first time), its clock brought up to the least of the busy lanes'."""
