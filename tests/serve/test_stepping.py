@@ -186,3 +186,28 @@ def test_the_serving_guides_streaming_example_runs(generator, capsys):
         for block in blocks:
             exec(compile(block.replace("http://127.0.0.1:8000", url), "docs/serving.md", "exec"), {})
     assert capsys.readouterr().out == generator.generate("The", max_new_tokens=50)[0].text
+
+
+def test_large_requests_take_turns_in_a_lane_and_short_ones_pass_them():
+    from aiayn.inference.generation import GenerationConfig
+    from aiayn.inference.running import Part
+    from aiayn.serve.stepping import Job, Lanes
+
+    beam = GenerationConfig(num_beams=4)
+
+    def job(sentences: int) -> Job:
+        part = Part(torch.ones(sentences, 5, dtype=torch.long), torch.ones(sentences, 1, dtype=torch.long),
+                    torch.full((sentences,), 8), beam, 2, on_done=lambda *a: None, on_error=lambda err: None)
+        return Job([part], lambda: [], answered=lambda answer: None, failed=lambda err: None, model="m")
+
+    lanes = Lanes(lambda name: None, large=1)
+    first, second, short = job(64), job(64), job(1)  # 256, 256 and 4 rows
+    for j in (first, second, short):
+        lanes.add(j)
+    lanes.assign()
+    large, small = lanes.lanes[("m", 4, "large", 0)], lanes.lanes[("m", 4, "small")]
+    assert [j for j, _ in large.incoming] == [first] and [j for j, _ in small.incoming] == [short]
+    assert [j for j, _ in lanes.waiting] == [second]  # its turn comes when the first leaves
+    large.incoming = []
+    lanes.assign()
+    assert [j for j, _ in large.incoming] == [second] and not lanes.waiting
