@@ -350,8 +350,10 @@ def _by_settings(items: Sequence[tuple[str, tuple]]) -> dict[tuple, list[int]]:
 
 def stepped_parts(obj: Any, payload: list, **options) -> tuple[list[Part], Callable[[], list]]:
     """A decoding object's request as a running batch's parts (`Served.parts` of its kind, `served_class`): what the
-    processes of `aiayn.serve.stepping_workers` run."""
-    return served_class(obj).parts(obj, payload, **options)
+    processes of `aiayn.serve.stepping_workers` run. A plain text where the parts take (text, settings) gets the
+    default settings, as in `batched_call` (a worker's warm-up)."""
+    served = served_class(obj)
+    return served.parts(obj, [served.queued(t) if isinstance(t, str) else t for t in payload], **options)
 
 
 def served_class(obj: Any) -> type[Served]:

@@ -293,9 +293,7 @@ class Stepper:
 
     def check_room(self, texts: int) -> None:
         """Raise QueueFull when `texts` more would make too many wait (HTTP 429)."""
-        waiting = self.waiting_texts
-        if waiting + texts > self.max_queue:
-            raise QueueFull(f"{waiting} texts wait to join a running batch (at most {self.max_queue}); retry later")
+        check_room(self.waiting_texts, texts, self.max_queue)
 
     async def submit(self, payload: object, texts: int, on_tokens: Callable[[int, int], None] | None = None) -> list:
         """The answer to `payload` (`build`'s), its parts decoded in the lanes. Raises QueueFull when too many texts
@@ -361,6 +359,12 @@ class Stepper:
                 self.wake.notify_all()
                 self.lanes.fail_all(RuntimeError(f"the running batch failed ({type(err).__name__}: {err}); retry "
                                                  "the request"))
+
+
+def check_room(waiting: int, texts: int, max_queue: int) -> None:
+    """QueueFull (HTTP 429) where `texts` more beside `waiting` would be more than `max_queue` waiting to join."""
+    if waiting + texts > max_queue:
+        raise QueueFull(f"{waiting} texts wait to join a running batch (at most {max_queue}); retry later")
 
 
 def settle(future: asyncio.Future, result: object, error: BaseException | None) -> None:

@@ -17,15 +17,13 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 
-from aiayn.serve.batching import QueueFull
-from aiayn.serve.stepping import Job, Lanes, settle
-from aiayn.serve.workers import WARM_UP_TEXT, WorkerProcess, sendable
+from aiayn.serve.stepping import Job, Lanes, check_room, settle
+from aiayn.serve.workers import WARM_UP_TEXT, WorkerProcess, loaded, sendable
 
 logger = logging.getLogger(__name__)
 
@@ -108,10 +106,7 @@ class StepWorkers:
             return sum(w.rows.get(self.name, 0) for w in self.workers._workers)
 
         def check_room(self, texts: int) -> None:
-            waiting = self.waiting_texts
-            if waiting + texts > self.workers.max_queue:
-                raise QueueFull(f"{waiting} texts wait to join a running batch (at most {self.workers.max_queue}); "
-                                "retry later")
+            check_room(self.waiting_texts, texts, self.workers.max_queue)
 
         async def submit(self, payload: list, texts: int, on_tokens: Callable[[int, int], None] | None = None):
             self.check_room(texts)
@@ -228,19 +223,12 @@ def _work(connection: Connection, sources: Mapping[str, str], parts: Callable, t
           settings: dict, tokens_seconds: float) -> None:
     """A worker's life: load the models, warm each up, then read requests and work on the lanes until the pipe
     closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop (it drains first)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        import torch
+    import torch
 
-        from aiayn.inference.loading import load_to_serve
-
-        torch.set_num_threads(threads)
-        objects = {name: load_to_serve(source, device=device) for name, source in sources.items()}
-        prepared = {name: obj.prepared_model() for name, obj in objects.items()}
-    except Exception as err:  # noqa: BLE001 - sent to the server, which names it
-        connection.send(("failed", f"{type(err).__name__}: {err}"))
+    objects = loaded(connection, sources, threads, device, lambda obj: obj.prepared_model())
+    if objects is None:
         return
+    prepared = {name: obj.prepared_model() for name, obj in objects.items()}  # (prepared once, by the warm-up)
     steps: list[tuple[str, int, float]] = []
     firsts: list[tuple[str, float]] = []
     lanes = Lanes(prepared.__getitem__, large=1, observe=lambda *step: steps.append(step),
@@ -248,8 +236,7 @@ def _work(connection: Connection, sources: Mapping[str, str], parts: Callable, t
     jobs: dict[int, Job] = {}
     with torch.inference_mode():
         for name, obj in objects.items():  # warm up: one short request each, through the lanes
-            warm, finish = parts(obj, [WARM_UP_TEXT] if getattr(obj, "target_tokenizer", None) else
-                                 [(WARM_UP_TEXT, (("max_new_tokens", 4),))], max_tokens=settings["max_tokens"])
+            warm, finish = parts(obj, [WARM_UP_TEXT], max_tokens=settings["max_tokens"])
             lanes.add(Job(warm, finish, answered=lambda answer: None, failed=lambda err: None, model=name))
             while lanes.waiting or lanes.rows():
                 lanes.assign()

@@ -173,11 +173,12 @@ class WorkerProcess:
         return self.process.exitcode
 
 
-def _work(connection: Connection, sources: Mapping[str, str], batched_call: Callable[..., list], threads: int,
-          device: str | None) -> None:
-    """A worker's life: load the models, warm each up, then answer batches by `batched_call` until the pipe
-    closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when to stop (it drains first)
+def loaded(connection: Connection, sources: Mapping[str, str], threads: int, device: str | None,
+           warm: Callable[[Any], object]) -> dict[str, Any] | None:
+    """A worker process's start: SIGINT and SIGTERM ignored (the server decides when to stop, and drains first), its
+    torch threads set, the models of `sources` loaded and each given to `warm`; the objects by name, or None once
+    ("failed", why) is sent to the server."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         import torch
@@ -187,9 +188,19 @@ def _work(connection: Connection, sources: Mapping[str, str], batched_call: Call
         torch.set_num_threads(threads)
         objects = {name: load_to_serve(source, device=device) for name, source in sources.items()}
         for obj in objects.values():
-            batched_call(obj, [WARM_UP_TEXT])
+            warm(obj)
     except Exception as err:  # noqa: BLE001 - sent to the server, which names it
         connection.send(("failed", f"{type(err).__name__}: {err}"))
+        return None
+    return objects
+
+
+def _work(connection: Connection, sources: Mapping[str, str], batched_call: Callable[..., list], threads: int,
+          device: str | None) -> None:
+    """A worker's life: load the models, warm each up, then answer batches by `batched_call` until the pipe
+    closes."""
+    objects = loaded(connection, sources, threads, device, lambda obj: batched_call(obj, [WARM_UP_TEXT]))
+    if objects is None:
         return
     connection.send(("ready", None))
     while True:
