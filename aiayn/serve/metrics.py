@@ -42,6 +42,19 @@ class Histogram:
         return out + [f"{name}_sum{braces} {self.sum:.6f}", f"{name}_count{braces} {self.count}"]
 
 
+def _family(name: str, kind: str, text: str, by: dict, key: str = "model") -> list[str]:
+    """One metric's HELP and TYPE lines and a line (a histogram's lines) for each of `by`'s keys, labelled `key`: a
+    value, a callable giving it now, or a `Histogram`."""
+    lines = [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+    for item, value in sorted(by.items()):
+        labels = f'{key}="{label(item)}"'
+        if isinstance(value, Histogram):
+            lines += value.lines(name, labels)
+        else:
+            lines.append(f"{name}{{{labels}}} {value() if callable(value) else value}")
+    return lines
+
+
 def label(value: object) -> str:
     """A label value as the text format writes it: backslash, double quote and newline escaped."""
     return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
@@ -99,37 +112,21 @@ class Metrics:
                      "# TYPE aiayn_requests_total counter"]
             lines += [f'aiayn_requests_total{{route="{label(r)}",status="{s}"}} {n}'
                       for (r, s), n in sorted(self.requests.items())]
-            lines += ["# HELP aiayn_request_seconds Time from request to answer, by route.",
-                      "# TYPE aiayn_request_seconds histogram"]
-            for route, hist in sorted(self.latency.items()):
-                lines += hist.lines("aiayn_request_seconds", f'route="{label(route)}"')
+            lines += _family("aiayn_request_seconds", "histogram", "Time from request to answer, by route.",
+                             self.latency, "route")
             lines += ["# HELP aiayn_requests_in_flight Requests being handled now.",
                       "# TYPE aiayn_requests_in_flight gauge", f"aiayn_requests_in_flight {self.in_flight}"]
-            lines += ["# HELP aiayn_queue_texts Texts waiting for a batch, by model.", "# TYPE aiayn_queue_texts gauge"]
-            lines += [f'aiayn_queue_texts{{model="{label(m)}"}} {size()}' for m, size in sorted(self.queues.items())]
-            lines += ["# HELP aiayn_batch_texts Texts per batched forward call, by model.",
-                      "# TYPE aiayn_batch_texts histogram"]
-            for model, hist in sorted(self.batch_texts.items()):
-                lines += hist.lines("aiayn_batch_texts", f'model="{label(model)}"')
-            lines += ["# HELP aiayn_running_rows Rows (sentences x beams) in a model's running batch now.",
-                      "# TYPE aiayn_running_rows gauge"]
-            lines += [f'aiayn_running_rows{{model="{label(m)}"}} {rows()}' for m, rows in sorted(self.running.items())]
-            lines += ["# HELP aiayn_steps_total Steps of each model's running batch.",
-                      "# TYPE aiayn_steps_total counter"]
-            lines += [f'aiayn_steps_total{{model="{label(m)}"}} {n}' for m, n in sorted(self.steps.items())]
-            lines += ["# HELP aiayn_step_rows Rows per step of a running batch, by model.",
-                      "# TYPE aiayn_step_rows histogram"]
-            for model, hist in sorted(self.step_rows.items()):
-                lines += hist.lines("aiayn_step_rows", f'model="{label(model)}"')
-            lines += ["# HELP aiayn_step_seconds Time of one step of a running batch, by model.",
-                      "# TYPE aiayn_step_seconds histogram"]
-            for model, hist in sorted(self.step_seconds.items()):
-                lines += hist.lines("aiayn_step_seconds", f'model="{label(model)}"')
-            lines += ["# HELP aiayn_first_token_seconds Time from a request's arrival to its first token, by model.",
-                      "# TYPE aiayn_first_token_seconds histogram"]
-            for model, hist in sorted(self.first_step.items()):
-                lines += hist.lines("aiayn_first_token_seconds", f'model="{label(model)}"')
-            lines += ["# HELP aiayn_tokens_total Input tokens run through each model.",
-                      "# TYPE aiayn_tokens_total counter"]
-            lines += [f'aiayn_tokens_total{{model="{label(m)}"}} {n}' for m, n in sorted(self.tokens.items())]
+            for name, kind, text, by in (
+                    ("aiayn_queue_texts", "gauge", "Texts waiting for a batch, by model.", self.queues),
+                    ("aiayn_batch_texts", "histogram", "Texts per batched forward call, by model.", self.batch_texts),
+                    ("aiayn_running_rows", "gauge", "Rows (sentences x beams) in a model's running batch now.",
+                     self.running),
+                    ("aiayn_steps_total", "counter", "Steps of each model's running batch.", self.steps),
+                    ("aiayn_step_rows", "histogram", "Rows per step of a running batch, by model.", self.step_rows),
+                    ("aiayn_step_seconds", "histogram", "Time of one step of a running batch, by model.",
+                     self.step_seconds),
+                    ("aiayn_first_token_seconds", "histogram",
+                     "Time from a request's arrival to its first token, by model.", self.first_step),
+                    ("aiayn_tokens_total", "counter", "Input tokens run through each model.", self.tokens)):
+                lines += _family(name, kind, text, by)
         return "\n".join(lines) + "\n"
