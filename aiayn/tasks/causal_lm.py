@@ -63,7 +63,7 @@ class CausalLM(Task):
         if given.get("n_decoder_layers"):
             raise ValueError(f"model.n_decoder_layers={given['n_decoder_layers']} names the decoder of an "
                              "encoder-decoder model; a decoder-only language model has one stack of causal layers, "
-                             f"whose depth is model.n_encoder_layers: set model.n_encoder_layers="
+                             f"whose depth is model.n_layers: set model.n_layers="
                              f"{given['n_decoder_layers']} instead")
         return {**shape, **DECODER_ONLY}
 

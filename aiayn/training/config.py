@@ -16,7 +16,7 @@ from aiayn.config import ModelConfig, check_field_types, fold_old_spelling, pars
 from aiayn.data.readers import decode_text
 from aiayn.paths import check_input_file
 from aiayn.rundir import load_json
-from aiayn.tasks import OBJECTIVES, SEQ2SEQ, Task, get_task
+from aiayn.tasks import CAUSAL_LM, OBJECTIVES, SEQ2SEQ, Task, get_task
 from aiayn.tokenization import KINDS
 from aiayn.training.budget import parse_duration
 from aiayn.training.distributed import STRATEGIES
@@ -31,6 +31,8 @@ FIXED_AT_START = ("objective", "tokenizer", "target_tokenizer", "vocab_size", "t
 # or an old run's train_config.json may still use the old one, which is read as the new.
 OLD_KEYS = {"beam_size": "num_beams", "task": "dataset", "task_train": "dataset_train", "task_valid": "dataset_valid",
             "task_test": "dataset_test", "task_max_number": "dataset_max_number", "task_max_len": "dataset_max_len"}
+# The one depth key of a decoder-only language model, whose single stack the model builds as `n_encoder_layers`.
+DEPTH_KEY = "n_layers"
 # Validation metrics per objective (its task object's); the first is `valid_metric=auto`'s choice.
 # Higher is better but for loss.
 VALID_METRICS = {name: get_task(name).metrics for name in OBJECTIVES}
@@ -371,6 +373,24 @@ def _problem(data: dict[str, Any]) -> str:
     return ""
 
 
+def _stack_depth(value: str, objective: str, model: dict[str, Any]) -> dict[str, Any]:
+    """`model.n_layers`, the depth of a decoder-only language model's one stack, as the model key that holds it
+    (`n_encoder_layers`: the stack a causal model runs is built where an encoder's layers are). Another objective has
+    two stacks or an encoder's, named by their own keys: ValueError naming them."""
+    if objective != CAUSAL_LM:
+        raise ValueError(f"model.{DEPTH_KEY} is the depth of a decoder-only language model (objective=causal_lm); "
+                         f"objective={objective} sets its depth with model.n_encoder_layers (and a decoder's with "
+                         "model.n_decoder_layers)")
+    try:
+        depth = parse_overrides([f"n_encoder_layers={value}"], ModelConfig)["n_encoder_layers"]
+    except ValueError:
+        raise ValueError(f"model.{DEPTH_KEY} expects an integer, got {value!r}") from None
+    if model.get("n_encoder_layers", depth) != depth:
+        raise ValueError(f"model.{DEPTH_KEY}={depth} and model.n_encoder_layers={model['n_encoder_layers']} both "
+                         f"set the language model's depth: keep model.{DEPTH_KEY}")
+    return {"n_encoder_layers": depth}
+
+
 def _new_keys(values: dict[str, Any]) -> dict[str, Any]:
     """`values` with each old key (`OLD_KEYS`) read as its new name; both given and different: ValueError."""
     values = dict(values)
@@ -390,10 +410,14 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
     if not isinstance(model_preset, str):
         raise ValueError(f"model key preset must be a string, got {model_preset!r}")
     preset(model_preset)  # validates the name
-    model = _typed(model, ModelConfig, "model")
     train = _typed(_new_keys(data), TrainConfig, "training")  # the file's keys, then the overrides
     train_items = [item for item in overrides if not item.strip().startswith("model.")]
     model_items = [item.strip()[len("model."):] for item in overrides if item.strip().startswith("model.")]
+    depth = [item for item in model_items if item.split("=", 1)[0].strip() == DEPTH_KEY]
+    model_items = [item for item in model_items if item not in depth]
+    if DEPTH_KEY in model:
+        depth.insert(0, f"{DEPTH_KEY}={model.pop(DEPTH_KEY)}")
+    model = _typed(model, ModelConfig, "model")
     preset_items = [item for item in model_items if item.split("=", 1)[0].strip() == "preset"]
     if preset_items:
         model_preset = preset_items[-1].split("=", 1)[1].strip()
@@ -401,6 +425,9 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
         model_items = [item for item in model_items if item not in preset_items]
     train.update(_new_keys(parse_overrides(train_items, TrainConfig, OLD_KEYS)))
     model.update(parse_overrides(model_items, ModelConfig))
+    if depth:
+        objective = {**train, **parse_overrides(train_items, TrainConfig, OLD_KEYS)}.get("objective", SEQ2SEQ)
+        model.update(_stack_depth(depth[-1].split("=", 1)[1].strip(), objective, model))
     given = {*train, *(f"model.{key}" for key in model)} | ({"model.preset"} if preset_items or preset_given else set())
     run = RunConfig(TrainConfig(**train), model_preset, model, frozenset(given))
     run.model_config(vocab_size=max(run.train.vocab_size, 8))  # validate the model keys early

@@ -112,5 +112,24 @@ def test_a_second_stack_for_a_decoder_only_model_is_refused_not_dropped(tmp_path
                          "--run", str(tmp_path / "run"), "--no-progress"], capsys)
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "model.n_decoder_layers=2 names the decoder of an encoder-decoder model" in err
-    assert "set model.n_encoder_layers=2 instead" in err
+    assert "set model.n_layers=2 instead" in err
     assert not (tmp_path / "run" / "model.safetensors").exists()
+
+
+def test_a_language_models_depth_is_n_layers_and_only_its(tmp_path, capsys, threads):
+    text = tmp_path / "text.txt"
+    text.write_text("one two three\nfour five six\n" * 20, encoding="utf-8")
+    small = ["max_steps=1", "vocab_size=40", "model.d_model=16", "model.d_ff=32", "model.n_heads=2"]
+    code, _ = run_cli(["train", "objective=causal_lm", f"train={text}", *small, "model.n_layers=3",
+                       "--run", str(tmp_path / "lm"), "--no-progress"], capsys)
+    assert code == 0
+    saved = json.loads((tmp_path / "lm" / "config.json").read_text())
+    assert (saved["n_encoder_layers"], saved["n_decoder_layers"], saved["causal"]) == (3, 0, True)
+    for extra, problem in ((["objective=causal_lm", "model.n_encoder_layers=2", "model.n_layers=3"],
+                            "both set the language model's depth"),
+                           (["objective=causal_lm", "model.n_layers=three"], "model.n_layers expects an integer"),
+                           (["model.n_layers=3"], "model.n_layers is the depth of a decoder-only language model")):
+        code, err = run_cli(["train", *extra, f"train={text}", *small,
+                             "--run", str(tmp_path / "refused"), "--no-progress"], capsys)
+        assert code == 2 and len(err.splitlines()) == 1 and problem in err, err
+        assert not (tmp_path / "refused").exists()
