@@ -30,8 +30,10 @@ PAD, BOS, EOS, UNK, MASK, CLS = "<pad>", "<s>", "</s>", "<unk>", "<mask>", "<cls
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Lossless kinds first; "subword-nmt" (BPE on whitespace-split words with `</w>`, Sennrich et al.)
 # and "wordpiece" (BERT's) split punctuation off words and do not give the text back exactly.
-KINDS = ("bpe", "unigram", "char", "subword-nmt", "wordpiece")
-LOSSLESS_KINDS = ("bpe", "unigram", "char")
+KINDS = ("bpe", "unigram", "char", "byte", "subword-nmt", "wordpiece")
+LOSSLESS_KINDS = ("bpe", "unigram", "char", "byte")
+# The kinds whose vocabulary the text's symbols decide, not `vocab_size`: its characters, or the 256 bytes.
+SYMBOL_KINDS = ("char", "byte")
 SPACE = "▁"  # U+2581, SentencePiece's symbol for a space
 # A literal "▁" in the text must not come back as a space (SentencePiece's own models lose it): before the
 # spaces become "▁", the normaliser writes it as ESCAPE + "\ue002" and ESCAPE itself as ESCAPE + "\ue001"
@@ -57,8 +59,10 @@ class Tokenizer:
         self.special = {"pad": pad, "bos": bos, "eos": eos, "unk": unk, "mask": mask}
         self.literal_specials = literal_specials
         hf.encode_special_tokens = literal_specials
-        # Whether the normaliser puts a "▁" before the text (the lossless subword kinds do).
-        self._prepends = "Prepend" in json.dumps(json.loads(hf.to_str()).get("normalizer"))
+        # Whether the normaliser puts a "▁" before the text (the lossless subword kinds do), and whether it escapes a
+        # literal "▁" (the lossless kinds but bytes, which hold any text as it is).
+        normalizer = json.dumps(json.loads(hf.to_str()).get("normalizer"))
+        self._prepends, self._escapes = "Prepend" in normalizer, json.dumps(ESCAPE) in normalizer
         for role, token in self.special.items():
             if token is not None and hf.token_to_id(token) is None:
                 raise ValueError(f"tokenizer has no {role} token {token!r}")
@@ -119,11 +123,12 @@ class Tokenizer:
         The space symbol "▁" shows as a space, a byte-fallback sequence shows as its character
         (on its first byte; the others show ""), BPE's `</w>` and WordPiece's `##` are dropped.
         """
-        return display_pieces(self.tokenize(text), prepended=self._prepends)
+        return display_pieces(self.tokenize(text), prepended=self._prepends, escaped=self._escapes)
 
     def id_pieces(self, ids: Iterable[int]) -> list[str]:
         """`pieces` for ids (special tokens show their names): labels for attention maps."""
-        return display_pieces([self.hf.id_to_token(int(i)) for i in ids], prepended=self._prepends)
+        return display_pieces([self.hf.id_to_token(int(i)) for i in ids], prepended=self._prepends,
+                              escaped=self._escapes)
 
     def encode(self, text: str, *, add_bos: bool = False, add_eos: bool = False) -> list[int]:
         """Ids of `text`, optionally wrapped in `<s>` ... `</s>`."""
@@ -230,10 +235,11 @@ def read_hf(path: str | Path) -> HFTokenizer:
         raise ValueError(f"{path}: not a readable tokenizer file ({err})") from None
 
 
-def display_pieces(tokens: list[str], *, prepended: bool = False) -> list[str]:
+def display_pieces(tokens: list[str], *, prepended: bool = False, escaped: bool = True) -> list[str]:
     """Vocabulary strings -> the text each token stands for (see `Tokenizer.pieces`).
 
-    `prepended`: the tokenizer put one "▁" before the text, which the first piece then drops.
+    `prepended`: the tokenizer put one "▁" before the text, which the first piece then drops. `escaped`: its
+    normaliser escaped a literal "▁" (see ESCAPE), which the pieces then undo.
     """
     out: list[str] = []
     pending: list[int] = []  # byte values of an unfinished UTF-8 character
@@ -251,7 +257,7 @@ def display_pieces(tokens: list[str], *, prepended: bool = False) -> list[str]:
         out.append(token.replace(SPACE, " ").removesuffix("</w>").removeprefix("##"))
     if prepended and out and tokens[0].startswith(SPACE):
         out[0] = out[0][1:]  # the space the tokenizer put before the text (it is not in the text)
-    return _unescape_pieces(out)
+    return _unescape_pieces(out) if escaped else out
 
 
 def _unescape_pieces(pieces: list[str]) -> list[str]:
@@ -286,8 +292,9 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
             byte-fallback tokens on top. A small corpus may support fewer: BPE stops merging when
             no pair occurs `min_frequency` times, and the note says so.
         kind: "bpe" (lossless, SentencePiece-style, the default), "unigram" (lossless,
-            SentencePiece's unigram model), "char" (lossless, one token per character),
-            "subword-nmt" (BPE on whitespace-split words with `</w>`) or "wordpiece" (BERT's).
+            SentencePiece's unigram model), "char" (lossless, one token per character), "byte" (lossless, one
+            token per UTF-8 byte: 256 of them, whatever the text, as ByT5 reads text), "subword-nmt" (BPE on
+            whitespace-split words with `</w>`) or "wordpiece" (BERT's).
         extra_special: more special tokens after the four fixed ones (e.g. `<mask>`, `<cls>`).
         lowercase: lowercase the text first (then nothing is lossless; "subword-nmt" and
             "wordpiece" also strip accents).
@@ -300,7 +307,7 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
     alphabet = {ch for text in texts for ch in (text.lower() if lowercase else text)} - {" "}
-    if kind != "char" and vocab_size < len(special) + len(alphabet):  # the trainer would silently take more
+    if kind not in SYMBOL_KINDS and vocab_size < len(special) + len(alphabet):  # the trainer would silently take more
         raise ValueError(f"vocab_size {vocab_size} is too small for this text: its {len(special)} special tokens "
                          f"and {len(alphabet)} distinct characters need at least {len(special) + len(alphabet)}"
                          f"{' (the 256 byte-fallback tokens come on top)' if kind in LOSSLESS_KINDS else ''}; "
@@ -311,7 +318,7 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 8000, kind: str =
         hf = _train_word_split(texts, kind, vocab_size, special, lowercase, min_frequency)
     mask = MASK if MASK in special else None
     tokenizer = Tokenizer(hf, mask=mask, literal_specials=True)
-    if kind != "char" and tokenizer.learned_size + len(special) < vocab_size:
+    if kind not in SYMBOL_KINDS and tokenizer.learned_size + len(special) < vocab_size:
         logger.info("vocabulary: %d tokens learned of the %d asked (the corpus supports no more at min_frequency %d)",
                     tokenizer.learned_size, vocab_size - len(special), min_frequency)
     return tokenizer
@@ -332,6 +339,13 @@ def _train_lossless(texts: list[str], kind: str, vocab_size: int, special: list[
     """SentencePiece-style: spaces kept as "▁", byte fallback, no normaliser that rewrites text."""
     norm = [normalizers.Lowercase()] if lowercase else []
     norm += [normalizers.Replace(ESCAPE, ESCAPED_ESCAPE), normalizers.Replace(SPACE, ESCAPED_SPACE)]
+    if kind == "byte":  # no piece but the bytes: every character falls back to its UTF-8 bytes, a space too
+        hf = HFTokenizer(models.BPE(vocab={tok: i for i, tok in enumerate(special)}, merges=[], unk_token=UNK,
+                                    byte_fallback=True))
+        hf.add_special_tokens(special)
+        hf.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+        hf.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+        return _with_byte_tokens(hf, len(special))
     if kind == "char":
         alphabet = sorted({ch for text in texts for ch in _escape(text.lower() if lowercase else text)} - {" "})
         vocab = {tok: i for i, tok in enumerate([*special, SPACE, *alphabet])}

@@ -6,7 +6,7 @@ both. In one process, on the same threads:
 - aiayn trains as `aiayn train objective=causal_lm train=TRAIN valid=VALID test=VALID time_budget=BUDGET` trains it
   (its `Trainer`: the recipe a user gets by default, fitted to the text, with its own tokenizer, lossless BPE unless
   `--aiayn-tokenizer char`), its model of nanoGPT's sizes (`--aiayn-sizes nanogpt`, the default: `model.d_model`,
-  `model.n_heads`, `model.n_encoder_layers`, `model.d_ff` = 4 x n_embd and a context, `max_source_len`, of
+  `model.n_heads`, `model.n_layers`, `model.d_ff` = 4 x n_embd and a context, `max_source_len`, of
   block_size tokens) unless `--aiayn-sizes fitted` leaves them to the recipe or a KEY=VALUE override sets one;
 - then nanoGPT's own model (benchmarks/nanogpt/model.py, vendored unmodified) trains with its own training loop as
   its train.py runs it on a CPU for shakespeare_char (`NanoGPT`; the README's CPU command), on characters (its
@@ -230,8 +230,10 @@ def aiayn_overrides(paths: dict[str, Path], args: argparse.Namespace) -> list[st
         items.append(f"tokenizer={args.aiayn_tokenizer}")
     if args.aiayn_sizes == "nanogpt":
         sizes = {"model.d_model": args.nanogpt_embd, "model.n_heads": args.nanogpt_heads,
-                 "model.d_ff": 4 * args.nanogpt_embd, "model.n_encoder_layers": args.nanogpt_layers,
+                 "model.d_ff": 4 * args.nanogpt_embd, "model.n_layers": args.nanogpt_layers,
                  "max_source_len": args.nanogpt_block}
+        if "model.n_encoder_layers" in given:  # the depth under the name the saved config holds
+            given.add("model.n_layers")
         items += [f"{key}={value}" for key, value in sizes.items() if key not in given]
     return items + list(args.overrides)
 

@@ -127,3 +127,12 @@ def test_the_tokenizer_is_callable_like_hugging_faces():
     assert cut["input_ids"][0, 0] == tok.bos_id and cut["input_ids"][0, -1] == tok.eos_id
     with pytest.raises(ValueError, match="padding=True"):
         tok(texts, padding=False, return_tensors="pt")
+
+
+def test_a_byte_tokenizer_reads_any_text_as_its_utf8_bytes_whatever_it_was_trained_on():
+    tokenizer = train_tokenizer(["only ascii here"], vocab_size=8000, kind="byte")
+    assert tokenizer.vocab_size == 4 + 256  # the special tokens and the bytes; vocab_size does not apply
+    for text in ("naïve café", "日本語 ▁ <s>", "tab\there\n"):
+        ids = tokenizer.encode(text)
+        assert len(ids) == len(text.encode("utf-8")) and tokenizer.decode(ids) == text
+    assert tokenizer.encode("é") == tokenizer.encode("\xc3\xa9".encode("latin-1").decode("utf-8"))

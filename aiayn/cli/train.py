@@ -62,9 +62,10 @@ def _split_items(items: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _format_metrics(result: dict) -> str:
-    names = ("loss", "perplexity", "token_accuracy", "exact_match", "bleu", "chrf", "accuracy", "macro_f1",
-             "entity_f1", "entity_precision", "entity_recall")
-    text = "  ".join(f"{name} {result[name]:.4g}" if name in ("loss", "perplexity") else f"{name} {result[name]:.2f}"
+    losses = ("loss", "perplexity", "loss_per_char", "bits_per_char")
+    names = (*losses, "token_accuracy", "exact_match", "bleu", "chrf", "accuracy", "macro_f1", "entity_f1",
+             "entity_precision", "entity_recall")
+    text = "  ".join(f"{name} {result[name]:.4g}" if name in losses else f"{name} {result[name]:.2f}"
                      for name in names if name in result)
     tokens = result.get("bleu_tokenize", "13a")
     return text + (f"  (BLEU on {tokens} tokens)" if "bleu" in result and tokens != "13a" else "")

@@ -30,18 +30,22 @@ logger = logging.getLogger(__name__)
 class EncodedSplit:
     """One split: raw examples (for references), encoded examples, the padded length of each, and the second key
     its training batches are sorted by (`token_batches`' `ties`: the source's length less the target's, so that
-    pairs whose longer sides are equal are also grouped by their shorter sides; empty: none)."""
+    pairs whose longer sides are equal are also grouped by their shorter sides; empty: none). A language model's
+    text also knows its characters a token (`Task.characters` over the split's labels; 0: not a text), by which
+    a loss per token becomes a loss per character that tokenizers compare by."""
 
     raw: list
     items: list
     lengths: list[int]
     ties: list[int] = field(default_factory=list)
+    chars_per_token: float = 0.0
 
     def head(self, most: int) -> EncodedSplit:
         """The first `most` examples (all of them when `most` is 0)."""
         if not most:
             return self
-        return EncodedSplit(self.raw[:most], self.items[:most], self.lengths[:most], self.ties[:most])
+        return EncodedSplit(self.raw[:most], self.items[:most], self.lengths[:most], self.ties[:most],
+                            self.chars_per_token)
 
 
 @dataclass
@@ -148,7 +152,9 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
                  name: str, stats: ReadStats | None = None) -> EncodedSplit:
     """Encode one split; rows over the length limits are dropped and counted in `stats`."""
     kept_raw, items, lengths, ties = [], [], [], []
-    encoded, sizes = cfg.objective_task.encode(raw, source, target, labels, name)
+    task = cfg.objective_task
+    encoded, sizes = task.encode(raw, source, target, labels, name)
+    characters = task.characters(raw)
     if len(encoded) != len(raw):  # a stream cut into windows (a causal LM's text): no window is one raw example
         raw = [None] * len(encoded)
     dropped = 0
@@ -166,7 +172,9 @@ def encode_split(cfg: Any, raw: list, source: Tokenizer, target: Tokenizer, labe
     if dropped:
         logger.warning("%s split: dropped %d of %d examples over the length limits (source %d, target %d tokens)",
                        name, dropped, len(raw), cfg.max_source_len, cfg.max_target_len)
-    return EncodedSplit(kept_raw, items, lengths, ties)
+    if dropped and characters:
+        characters = task.characters(kept_raw)
+    return EncodedSplit(kept_raw, items, lengths, ties, characters / sum(lengths) if characters and lengths else 0.0)
 
 
 def prepare_data(cfg: Any, *, tokenizers: tuple[Tokenizer, Tokenizer] | None = None,

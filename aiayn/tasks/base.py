@@ -90,6 +90,11 @@ class Task(abc.ABC):
     def encode(self, raw: list, source: Tokenizer, target: Tokenizer, labels: list[str], name: str) -> Encoded:
         """Token ids of the examples of split `name` (`labels`: the run's label names, their index the id)."""
 
+    def characters(self, raw: list) -> int:
+        """The characters of a split's raw examples that its labels stand for, where a loss per character means
+        something (a language model's text; default: 0, none)."""
+        return 0
+
     def encoding_note(self, splits: dict[str, tuple[int, Any]]) -> str | None:
         """A line on how the splits were encoded, where examples are not items one to one (default: none); `splits`
         maps each split's name to (raw examples, its `EncodedSplit`)."""

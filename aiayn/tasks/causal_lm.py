@@ -85,6 +85,11 @@ class CausalLM(Task):
             ids = [stream[i:i + self.window + 1] for i in range(0, max(len(stream) - 1, 0), self.window)]
         return ids, [(len(i) - 1, 0) for i in ids]
 
+    def characters(self, raw: list) -> int:
+        """The characters of the documents (or lines), each with one for its end, which its `</s>` label stands
+        for (the line break or blank line after it)."""
+        return sum(len(text) + 1 for text in raw)
+
     def encoding_note(self, splits: dict[str, tuple[int, Any]]) -> str | None:
         """How many documents, tokens and windows each split holds, where the text is read as one stream."""
         if not self.window:

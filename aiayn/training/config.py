@@ -59,8 +59,9 @@ class TrainConfig:
         dataset_train, dataset_valid, dataset_test: split sizes of a built-in data set; dataset_max_number bounds
             its numbers (numbers: 10000, compare: use 1000) and dataset_max_len its copy strings.
         max_source_len, max_target_len: rows with more tokens are dropped (and counted).
-        tokenizer: "bpe" (lossless, SentencePiece-style; the default), "unigram", "char", "subword-nmt" or
-            "wordpiece" (see `aiayn.tokenization`); `target_tokenizer` sets the target's kind when not shared.
+        tokenizer: "bpe" (lossless, SentencePiece-style; the default), "unigram", "char", "byte" (UTF-8 bytes),
+            "subword-nmt" or "wordpiece" (see `aiayn.tokenization`); `target_tokenizer` sets the target's kind
+            when not shared.
         vocab_size, target_vocab_size: tokenizer sizes; shared_vocab: one tokenizer for source and target.
         vocab_min_frequency: least count of a pair for a BPE merge; a small corpus thus gets the smaller
             vocabulary it supports (and a note), not merges learned from single words.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -60,7 +61,8 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     of examples done after each batch (a progress bar).
 
     Returns:
-        A dict with `loss` (unsmoothed NLL per token), `perplexity`, `token_accuracy` (percent), and
+        A dict with `loss` (unsmoothed NLL per token), `perplexity`, `token_accuracy` (percent), for a language
+        model's text `loss_per_char` (nats) and `bits_per_char` (the split's NLL over its characters), and
         for seq2seq with `decode` `bleu`, `chrf`, `exact_match`; for sequence classification
         `accuracy`, `macro_f1`; for token classification `entity_f1` (and precision, recall);
         plus `examples`: up to `examples` (input, prediction, reference) triples.
@@ -97,6 +99,9 @@ def evaluate(model: nn.Module, data: PreparedData, split: EncodedSplit, options:
     mean_nll = nll_sum / max(units, 1)
     result: dict = {"loss": mean_nll, "perplexity": perplexity(mean_nll),
                     "token_accuracy": 100.0 * correct / max(counted, 1)}
+    if split.chars_per_token:  # a text: the loss per character, which models of other tokenizers compare by
+        result["loss_per_char"] = mean_nll / split.chars_per_token
+        result["bits_per_char"] = result["loss_per_char"] / math.log(2)
     shown: list[tuple[str, str, str]] = []
     if predictions:
         scores, shown = task.score(data, split, predictions, bleu_tokenize=options.bleu_tokenize)

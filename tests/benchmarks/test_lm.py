@@ -8,6 +8,7 @@ import pytest
 
 from aiayn.cli.bench import load_benchmark
 from aiayn.cli.main import main
+from aiayn.data.readers import read_documents
 from aiayn.rundir import EVAL
 
 WORDS = "the cat dog sat ran on under a mat rug house and then slept quietly loudly".split()
@@ -45,6 +46,10 @@ def test_bench_lm_trains_both_models_and_scores_them_per_character(tmp_path, cap
     own = json.loads((tmp_path / "work" / "aiayn" / EVAL).read_text(encoding="utf-8"))
     aiayn = results["aiayn"]
     assert aiayn["nll"] / aiayn["scored_tokens"] == pytest.approx(own["loss"], rel=1e-4)
+    # and its loss a character: the same sum over the documents' characters, one more for each one's end
+    documents, _ = read_documents(str(tmp_path / "work" / "valid.txt"))
+    assert own["loss_per_char"] == pytest.approx(aiayn["nll"] / sum(len(d) + 1 for d in documents), rel=1e-4)
+    assert own["bits_per_char"] == pytest.approx(own["loss_per_char"] / math.log(2))
     record = json.loads(next((tmp_path / "records").glob("*-lm.json")).read_text(encoding="utf-8"))
     figures = {f["name"]: f for f in record["figures"]}
     assert figures["nanoGPT, valid bits"]["unit"] == "bits/char"
@@ -58,6 +63,9 @@ def test_the_bench_keeps_the_keys_it_sets_and_gives_aiayn_nanogpts_sizes_unless_
     items = lm.aiayn_overrides(paths, args)
     assert "model.d_model=128" in items and "model.d_ff=512" in items and "max_source_len=64" in items
     assert "model.n_heads=4" not in items and items[-1] == "model.n_heads=2"
+    assert "model.n_layers=4" in items  # the depth by the language model's own name
+    deeper = lm.aiayn_overrides(paths, lm.parser().parse_args(["--text", "x.txt", "model.n_encoder_layers=2"]))
+    assert not any(item.startswith("model.n_layers") for item in deeper)  # not a second depth beside the user's
     fitted = lm.aiayn_overrides(paths, lm.parser().parse_args(["--text", "x.txt", "--aiayn-sizes", "fitted"]))
     assert not any(item.startswith(("model.", "max_source_len")) for item in fitted)
     with pytest.raises(SystemExit, match="use --budget"):
