@@ -7,7 +7,8 @@
 | a translator, `ctranslate2` | CTranslate2 model (+ tokenizer files) | `interop.ctranslate2.to_ctranslate2` |
 | an encoder of BERT's layout | sentence-transformers / BERT model + tokenizer | `interop.sentence_transformers` |
 | any encoder, `onnx` | `model.onnx` + tokenizer | `interop.onnx.export_onnx` |
-| a decoder-only language model | Hugging Face GPT-2 model + tokenizer | `interop.gpt2.export_gpt2` |
+| a pre-LN decoder-only language model | Hugging Face GPT-2 model + tokenizer | `interop.gpt2.export_gpt2` |
+| a post-LN one (the paper's decoder alone) | Hugging Face `MarianForCausalLM` + tokenizer | `interop.marian_lm` |
 
 The model's objective names its exporter (`Task.exporter`: `export_translator`, `export_generator` or
 `export_encoder` here). Every export then runs a fixed set of texts through the exported model (loaded
@@ -247,27 +248,37 @@ def _until(row: list[int], eos: int) -> list[int]:
 
 def export_generator(source: str | Path, out: str | Path, *, fmt: str, quantization: str | None, force: bool,
                      check: bool) -> ExportResult:
-    """A decoder-only language model's export: Hugging Face GPT-2 (`quantization` is CTranslate2's: always None)."""
-    from aiayn.interop.gpt2 import check_mappable, export_gpt2
+    """A decoder-only language model's export (`quantization` is CTranslate2's: always None): Hugging Face GPT-2
+    where it holds the model (pre-LN: what the defaults train), else `MarianForCausalLM` (the paper's post-LN
+    decoder with sinusoids and a scaled embedding: `recipe=paper`)."""
+    from aiayn.interop.gpt2 import export_gpt2, gpt2_problems
+    from aiayn.interop.marian_lm import export_marian_lm, marian_lm_problems
 
     if fmt != "hf":
-        raise ValueError(f"a decoder-only language model exports to Hugging Face GPT-2 (the default), not {fmt}")
+        raise ValueError(f"a decoder-only language model exports to Hugging Face (the default), not {fmt}")
     generator = Generator.from_pretrained(source, device="cpu")
-    check_mappable(generator.model.config)  # refused before anything is written
-    out = claim_for_export(out, force=force, fmt="gpt2")
-    export_gpt2(generator.model, generator.tokenizer, out)
-    return ExportResult(out, "gpt2", check_gpt2(generator, out) if check else [])
+    cfg = generator.model.config
+    gpt2, marian = gpt2_problems(cfg), marian_lm_problems(cfg)
+    if gpt2 and marian:  # refused before anything is written
+        raise ValueError(f"model cannot be mapped to GPT-2 ({'; '.join(gpt2)}) nor to MarianForCausalLM "
+                         f"({'; '.join(marian)})")
+    name, write = ("gpt2", export_gpt2) if not gpt2 else ("marian-causal-lm", export_marian_lm)
+    out = claim_for_export(out, force=force, fmt=name)
+    write(generator.model, generator.tokenizer, out)
+    return ExportResult(out, name, check_causal_lm(generator, out) if check else [])
 
 
 @torch.no_grad()
-def check_gpt2(generator: Generator, directory: str | Path) -> list[Agreement]:
-    """Load the GPT-2 export back with `transformers`; compare its tokenizer, logits and greedy `generate()` with
-    aiayn's on the check texts, each a prompt (`<s>` + its tokens, as `Generator` prompts)."""
-    from transformers import AutoTokenizer, GPT2LMHeadModel
+def check_causal_lm(generator: Generator, directory: str | Path) -> list[Agreement]:
+    """Load a language model's export back with `transformers` (`AutoModelForCausalLM`: GPT-2 or Marian); compare
+    its tokenizer, logits and greedy `generate()` with aiayn's on the check texts, each a prompt (`<s>` + its tokens,
+    as `Generator` prompts)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from aiayn.interop.gpt2 import logits_tolerance
 
-    hf_model = GPT2LMHeadModel.from_pretrained(directory).eval()
+    hf_model = AutoModelForCausalLM.from_pretrained(directory).eval()
+    hf_name = type(hf_model).__name__
     hf_tokenizer = AutoTokenizer.from_pretrained(directory)
     model, cfg = generator.model, generator.model.config
     encoded = {text: generator.tokenizer.encode(text, add_bos=True) for text in CHECK_TEXTS}
@@ -286,8 +297,8 @@ def check_gpt2(generator: Generator, directory: str | Path) -> list[Agreement]:
                                 do_sample=False, num_beams=1)
         same_tokens += _until(out[0, len(row):].tolist(), generator.tokenizer.eos_id) == tokens
     return [Agreement("tokenizer ids (AutoTokenizer vs aiayn, <s> first)", same_ids, len(texts)),
-            Agreement("GPT2LMHeadModel logits", close, len(texts), f"max |difference| {worst:.1e}"),
-            Agreement("GPT2LMHeadModel.generate(), greedy, tokens", same_tokens, len(texts))]
+            Agreement(f"{hf_name} logits", close, len(texts), f"max |difference| {worst:.1e}"),
+            Agreement(f"{hf_name}.generate(), greedy, tokens", same_tokens, len(texts))]
 
 
 # -- encoders --------------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def test_export_writes_a_gpt2_directory_that_transformers_loads_and_checks_it(tm
 
 
 def test_the_export_check_reports_weights_that_compute_something_else(tmp_path):
-    from aiayn.export import CHECK_TEXTS, check_gpt2, export
+    from aiayn.export import CHECK_TEXTS, check_causal_lm, export
     from aiayn.inference.generator import Generator
 
     directory, _ = language_model_dir(tmp_path)
@@ -158,16 +158,38 @@ def test_the_export_check_reports_weights_that_compute_something_else(tmp_path):
         bias = hf.transformer.h[0].mlp.c_proj.bias
         bias.add_(3.0 * torch.randn(bias.shape, generator=torch.Generator().manual_seed(0)))
     hf.save_pretrained(tmp_path / "gpt2")
-    checks = check_gpt2(Generator.from_pretrained(directory), tmp_path / "gpt2")
+    checks = check_causal_lm(Generator.from_pretrained(directory), tmp_path / "gpt2")
     assert [check.agreed for check in checks][:2] == [len(CHECK_TEXTS), 0]  # the same ids, other logits
     assert checks[1].failed and "logits" in str(checks[1])
 
 
-def test_a_decoder_only_model_gpt2_cannot_express_is_refused_before_writing(tmp_path):
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_papers_post_ln_decoder_exports_as_marian_for_causal_lm_with_its_checks_passing(tmp_path, capsys, tied):
+    """GPT-2 cannot hold a post-LN decoder with sinusoids and a scaled embedding; Marian's decoder alone can."""
+    from aiayn.cli.main import main
+    from aiayn.export import CHECK_TEXTS
+
+    directory, tokenizer = language_model_dir(tmp_path, norm_first=False, positional="sinusoidal",
+                                              scale_embeddings=True, activation="relu", tie_embeddings=tied)
+    out = tmp_path / "marian"
+    assert main(["export", "--model", str(directory), "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
+    assert "wrote marian-causal-lm files" in stdout
+    assert stdout.count(f"{len(CHECK_TEXTS)}/{len(CHECK_TEXTS)} agree") == 3, stdout  # ids, logits, greedy tokens
+    assert "MarianForCausalLM logits" in stdout
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(hf).__name__ == "MarianForCausalLM" and not hf.config.is_encoder_decoder
+    prompt = torch.tensor([tokenizer.encode("the cat", add_bos=True)])
+    continued = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5)
+    assert continued.shape[1] > prompt.shape[1]
+
+
+def test_a_decoder_only_model_no_architecture_holds_is_refused_before_writing(tmp_path):
     from aiayn.export import export
 
-    directory, _ = language_model_dir(tmp_path, norm_first=False)
-    with pytest.raises(ValueError, match=r"GPT-2 is pre-LN \(set norm_first=true\)"):
+    directory, _ = language_model_dir(tmp_path, norm_first=False, positional="learned")
+    with pytest.raises(ValueError, match=r"GPT-2 is pre-LN \(set norm_first=true\).* nor to MarianForCausalLM "
+                                         r"\(Marian uses sinusoidal positions"):
         export(directory, tmp_path / "gpt2")
     assert not (tmp_path / "gpt2").exists()
 
