@@ -32,6 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-repeat-ngram-size", type=integer(0), default=0,
                    help="no n-gram of this size twice in the text (default 0: off)")
     p.add_argument("--seed", type=integer(0), default=None, help="seed for --sample")
+    p.add_argument("--stop", action="append", metavar="TEXT",
+                   help="end a continuation before this text (repeat for more; the first that occurs cuts)")
     p.add_argument("--only-new", action="store_true", help="print the continuation without its prompt")
     p.add_argument("--max-tokens", type=integer(1), default=4096,
                    help="prompt tokens per batch; a batch holds prompts of one length (default 4096)")
@@ -59,7 +61,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                      temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                      num_beams=args.num_beams, repetition_penalty=args.repetition_penalty,
                                      no_repeat_ngram_size=args.no_repeat_ngram_size, seed=args.seed,
-                                     max_tokens=args.max_tokens, max_sentences=args.max_sentences)
+                                     stop=args.stop, max_tokens=args.max_tokens, max_sentences=args.max_sentences)
     for prompt, completion in zip(prompts, completions):
         text = completion.text if args.only_new else prompt + completion.text
         print(text.replace("\r", " ").replace("\n", " "), flush=True)

@@ -11,6 +11,7 @@ is still accepted).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,15 +31,26 @@ from aiayn.tokenization import Tokenizer
 DEFAULT_SEARCH = GenerationConfig()
 
 
+def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
+    """`generate`'s `stop` as a list of strings; ValueError for an empty one or another type."""
+    stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, (list, tuple)) or not all(isinstance(s, str) and s for s in stops):
+        raise ValueError(f"stop must be a non-empty string or a list of them, got {stop!r}")
+    return list(stops)
+
+
 @dataclass
 class Completion:
-    """One continuation: its text (what follows the prompt), its ids (no `</s>`), its score (sum of log p), and
-    whether the model ended it with `</s>` (False: it reached max_new_tokens or the model's max_len positions)."""
+    """One continuation: its text (what follows the prompt), its ids (no `</s>`), its score (sum of log p of the
+    ids the search made), whether the model ended it with `</s>` (False: it reached max_new_tokens or the model's
+    max_len positions), and the stop string that cut it (`generate(stop=...)`: the text ends before it, the ids are
+    the fewest that hold the text kept; None: none)."""
 
     text: str
     tokens: list[int]
     score: float
     ended: bool = False
+    stop: str | None = None
 
 
 class Generator(ModelRunner):
@@ -79,15 +91,19 @@ class Generator(ModelRunner):
                  top_k: int | None = None, top_p: float | None = None, num_beams: int | None = None,
                  beam_size: int | None = None, length_penalty: float | None = None,
                  repetition_penalty: float | None = None, no_repeat_ngram_size: int | None = None,
-                 seed: int | None = None, max_tokens: int = 4096, max_sentences: int = 0) -> list[Completion]:
+                 seed: int | None = None, stop: str | Sequence[str] | None = None, max_tokens: int = 4096,
+                 max_sentences: int = 0) -> list[Completion]:
         """Continue each prompt (one string or a list); the completions come back in the prompts' order.
+
+        `stop`: a string or strings a continuation ends before, as OpenAI's and Hugging Face's `stop` (the first
+        that occurs cuts the text; `Completion.stop` names it).
 
         `max_tokens`: prompt tokens per batch (the prompts are sorted by length, and a batch holds prompts of one
         length: the search takes no padding); `max_sentences` caps the prompts per batch (0: no cap). The other
         keywords change one setting of `config` (see `GenerationConfig`).
         """
         check_batch_limits(max_tokens, max_sentences)
-        texts = text_list(prompts)
+        texts, stops = text_list(prompts), stop_strings(stop)
         config = search_settings(config or DEFAULT_SEARCH, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p, num_beams=num_beams,
                                  beam_size=beam_size, length_penalty=length_penalty,
@@ -99,7 +115,7 @@ class Generator(ModelRunner):
         for batch in self.search_batches(rows, config, max_tokens=max_tokens, max_sentences=max_sentences):
             result = continue_prompts(model, batch.ids, eos_id=self.tokenizer.eos_id, config=config)
             for i, tokens, score in zip(batch.indices, result.tokens, result.scores.tolist()):
-                out[i] = self.completion(rows[i], tokens, score, config)
+                out[i] = self.cut_at_stop(rows[i], self.completion(rows[i], tokens, score, config), stops)
         return out  # type: ignore[return-value]
 
     def search_batches(self, rows: list[list[int]], config: GenerationConfig, *, max_tokens: int = 4096,
@@ -123,6 +139,22 @@ class Generator(ModelRunner):
         """The `Completion` of the new ids `tokens` after `prompt`'s (ended: stopped by `</s>`, not by its limit)."""
         limit = new_token_limit(config, self.model.config.max_len, len(prompt))
         return Completion(self._continuation(prompt, tokens), tokens, score, len(tokens) < limit)
+
+    def cut_at_stop(self, prompt: list[int], completion: Completion, stops: list[str]) -> Completion:
+        """`completion` ending before the first of `stops` in its text, its ids cut at the first that reaches it."""
+        ends = [completion.text.find(s) for s in stops if s in completion.text]
+        if not ends:
+            return completion
+        cut = min(ends)
+        stop = next(s for s in stops if completion.text.find(s) == cut)
+        low, high = 0, len(completion.tokens)  # the fewest ids whose text holds the kept text (it grows with them)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self._continuation(prompt, completion.tokens[:middle])) >= cut:
+                high = middle
+            else:
+                low = middle + 1
+        return dataclasses.replace(completion, text=completion.text[:cut], tokens=completion.tokens[:low], stop=stop)
 
     def encode(self, prompts: str | Sequence[str]) -> list[list[int]]:
         """Each prompt's ids, `<s>` first, as generation reads them; ValueError names a prompt (counted from 1)

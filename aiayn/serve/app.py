@@ -361,7 +361,10 @@ def _stream_asked(fields: dict) -> bool:
 
 def completion_settings(fields: dict) -> tuple[tuple, list[str], bool]:
     """(the `Generator.generate` settings as sorted pairs, the stop strings, echo) of an OpenAI completions request:
-    `max_tokens` (16), `temperature` (1; 0 takes the most likely token), `top_p` (1), `seed`, `stop`, `echo`."""
+    `max_tokens` (16), `temperature` (1; 0 takes the most likely token), `top_p` (1), `seed`, `stop`, `echo`, and
+    as vLLM's server takes them beside OpenAI's, `top_k` (0: off) and `repetition_penalty` (1: off). A sampling
+    setting that is not off with `temperature` 0 is refused, as `aiayn generate` and `Generator.generate` refuse
+    it without sampling."""
     def number(name: str, default: float, low: float, high: float) -> float:
         value = fields.get(name, default)
         if value is None:
@@ -395,9 +398,22 @@ def completion_settings(fields: dict) -> tuple[tuple, list[str], bool]:
     top_p = number("top_p", 1.0, 0.0, 1.0)
     if top_p == 0:
         raise ApiError(422, "the field 'top_p' must be above 0")
+    top_k = fields.get("top_k")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
+        raise ApiError(422, f"the field 'top_k' must be a non-negative integer (0: off), got {top_k!r}")
+    repetition_penalty = number("repetition_penalty", 1.0, 0.0, 10.0)
+    if repetition_penalty == 0:
+        raise ApiError(422, "the field 'repetition_penalty' must be above 0 (1: off)")
+    sampling = {"top_p": (top_p, 1.0), "top_k": (top_k or 0, 0)}
+    if temperature == 0 and any(value != off for value, off in sampling.values()):
+        name = next(name for name, (value, off) in sampling.items() if value != off)
+        raise ApiError(422, f"the field {name!r} shapes sampling, and 'temperature' 0 takes the most likely token: "
+                            "give a temperature above 0, or leave it out")
     settings = {"max_new_tokens": min(max_tokens, 4096), "do_sample": temperature > 0, "seed": seed}
     if temperature > 0:
-        settings.update(temperature=float(temperature), top_p=float(top_p))
+        settings.update(temperature=float(temperature), top_p=float(top_p), top_k=int(top_k or 0))
+    if repetition_penalty != 1:
+        settings["repetition_penalty"] = float(repetition_penalty)
     return tuple(sorted(settings.items())), stops, echo
 
 
