@@ -267,7 +267,7 @@ def check_field_types(instance: Any, where: str) -> None:
         if base == "float" and not math.isfinite(value):
             raise ValueError(f"{where} key {f.name} must be a finite number, got {value!r}")
         if base in ("int", "float") and abs(value) > MAX_INT:
-            raise ValueError(f"{where} key {f.name} must be at most {MAX_INT:,} in size, got {value!r}")
+            raise ValueError(f"{where} key {f.name} must be between -{MAX_INT:,} and {MAX_INT:,}, got {value!r}")
 
 
 def _check_finite(instance: Any) -> None:

@@ -57,8 +57,10 @@ def load_config(directory: str | Path) -> ModelConfig:
     directory = Path(directory)
     path = directory / CONFIG_NAME
     if not directory.is_dir():
+        hint = no_model_hint(directory) if directory.exists() else None  # a checkpoint pointer names its step
         raise (NotADirectoryError if directory.exists() else FileNotFoundError)(
-            f"{directory} is not an aiayn model directory (no such directory)")
+            hint or f"{directory} is not an aiayn model directory "
+                     f"({'a file, not a directory' if directory.exists() else 'no such directory'})")
     if not path.is_file():
         if path.exists() or path.is_symlink():
             check_input_file(path, "model config")  # a device, a link loop: said so

@@ -146,6 +146,16 @@ def checkpoint_run(path: str | Path) -> Path | None:
 def no_model_hint(path: str | Path) -> str | None:
     """Why a directory aiayn wrote holds no final model, and what to give instead (None: not one of those)."""
     info = inspect_dir(path)
+    pointer = Path(path)
+    if info.kind == FILE and pointer.name in ("best", "latest") and inspect_dir(pointer.parent).kind == CHECKPOINT_DIR:
+        try:  # a checkpoint pointer: it names the step it points to
+            step = pointer.read_text(encoding="utf-8", errors="replace")[:200].strip()
+        except OSError:
+            step = "a step"
+        run = pointer.parent.parent
+        return (f"{pointer} is the run {run}'s pointer to its {pointer.name} checkpoint ({step}), not a model: give "
+                f"{pointer.parent / step} (or aiayn eval --run {run} --checkpoint {step}), or the run {run} for its "
+                "final model")
     if info.kind == CHECKPOINT_DIR:
         run = info.path.parent
         return (f"{info.path} holds the checkpoints of the run {run}, not a model: give the run directory {run}, "

@@ -7,6 +7,7 @@ import json
 import sys
 
 from aiayn.cli.options import integer
+from aiayn.config import MAX_INT
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -21,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("--locale-dir", default="/usr/share/locale", help="where the catalogs are")
     c.add_argument("--valid", type=integer(0), default=1000, help="valid pairs (default 1000)")
     c.add_argument("--test", type=integer(0), default=2000, help="test pairs (default 2000)")
-    c.add_argument("--seed", type=integer(0), default=0)
+    c.add_argument("--seed", type=integer(0, MAX_INT), default=0)
     c.set_defaults(func=cmd_corpus)
 
 

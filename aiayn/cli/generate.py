@@ -7,6 +7,7 @@ import dataclasses
 import sys
 
 from aiayn.cli.options import add_device_argument, add_precision_argument, input_lines, integer, number
+from aiayn.config import MAX_INT
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="divide the score of tokens already in the text by this, as Hugging Face generate() (1: off)")
     p.add_argument("--no-repeat-ngram-size", type=integer(0), default=0,
                    help="no n-gram of this size twice in the text (default 0: off)")
-    p.add_argument("--seed", type=integer(0), default=None, help="seed for --sample")
+    p.add_argument("--seed", type=integer(0, MAX_INT), default=None, help="seed for --sample")
     p.add_argument("--stop", action="append", metavar="TEXT",
                    help="end a continuation before this text (repeat for more; the first that occurs cuts)")
     p.add_argument("--only-new", action="store_true", help="print the continuation without its prompt")

@@ -52,12 +52,15 @@ class Bounded:
         """Raise ValueError naming `option` when `value` is not finite or out of range."""
         if not math.isfinite(value):
             raise ValueError(f"{option} must be a finite number, got {value}")
+        def shown(number: float) -> str:  # a whole number written out (2**63 - 1, not 9.22337e+18)
+            return f"{number:,}" if isinstance(number, int) else f"{number:g}"
+
         if self.above is not None and not value > self.above:
-            raise ValueError(f"{option} must be above {self.above:g}, got {value:g}")
+            raise ValueError(f"{option} must be above {shown(self.above)}, got {shown(value)}")
         if self.minimum is not None and value < self.minimum:
-            raise ValueError(f"{option} must be at least {self.minimum:g}, got {value:g}")
+            raise ValueError(f"{option} must be at least {shown(self.minimum)}, got {shown(value)}")
         if self.maximum is not None and value > self.maximum:
-            raise ValueError(f"{option} must be at most {self.maximum:g}, got {value:g}")
+            raise ValueError(f"{option} must be at most {shown(self.maximum)}, got {shown(value)}")
 
 
 def integer(minimum: int | None = None, maximum: int | None = None) -> Bounded:

@@ -19,6 +19,7 @@ from aiayn.cli.options import (
     progress_bar,
     show_progress,
 )
+from aiayn.config import MAX_INT
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--temperature", type=number(above=0), default=1.0)
     p.add_argument("--top-k", type=integer(0), default=0)
     p.add_argument("--top-p", type=number(maximum=1, above=0), default=1.0)
-    p.add_argument("--seed", type=integer(0), default=None, help="seed for --sample")
+    p.add_argument("--seed", type=integer(0, MAX_INT), default=None, help="seed for --sample")
     p.add_argument("--max-tokens", type=integer(1), default=4096, help="padded source tokens per batch (default 4096)")
     p.add_argument("--max-sentences", type=integer(0), default=0,
                    help="most sentences in a batch of --max-tokens (default 0: no cap beside the token count)")
