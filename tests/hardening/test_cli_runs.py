@@ -68,10 +68,10 @@ DIRECTORIES = [
 PLACES = [
     Case("translate --run RUN/checkpoints", ["translate", "--run", "run/checkpoints", "a"], 2,
          r"run/checkpoints holds the checkpoints of the run run, not a model: give the run directory run"),
-    Case("translate --run RUN/checkpoints/latest, a pointer file", ["translate", "--run", "run/checkpoints/latest", "a"],
+    Case("translate --run RUN/checkpoints/latest (a pointer)", ["translate", "--run", "run/checkpoints/latest", "a"],
          2, r"run/checkpoints/latest is the run run's pointer to its latest checkpoint \(step-\d+\), not a model: give "
             r"run/checkpoints/step-\d+ \(or aiayn eval --run run --checkpoint step-\d+\), or the run run"),
-    Case("export --run RUN/checkpoints/latest names the step", ["export", "--run", "run/checkpoints/latest", "--out", "x"],
+    Case("export --run RUN/checkpoints/latest", ["export", "--run", "run/checkpoints/latest", "--out", "x"],
          2, r"run/checkpoints/latest is the run run's pointer to its latest checkpoint \(step-\d+\), not a model"),
     Case("translate --run a file", ["translate", "--run", "notes.txt", "a"], 2,
          r"notes.txt is not an aiayn model directory \(a file, not a directory\)"),
