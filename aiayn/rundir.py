@@ -250,10 +250,32 @@ def check_export_dir(out: str | Path, *, force: bool = False, option: str = "--o
 
 def claim_for_export(out: str | Path, *, force: bool = False, fmt: str = "hf", option: str = "--out",
                      force_hint: str = "pass --force", writer: str = "the export") -> Path:
-    """`check_export_dir`, then create `out` and mark it as an aiayn export before any other file is written."""
+    """`check_export_dir`, then create `out` and mark it as an aiayn export before any other file is written. An
+    earlier export of another format is refused (its files would stay beside the new ones); one of the same format is
+    replaced, file by file."""
     path = check_export_dir(out, force=force, option=option, force_hint=force_hint, writer=writer)
+    earlier = export_format(path)
+    if earlier is not None and earlier != fmt:
+        raise DirectoryRefused(f"{path} holds an aiayn export in the {earlier} format; {writer} in the {fmt} format "
+                               f"would leave its files beside the new ones: choose a new {option} directory, or "
+                               "delete that one first")
     atomic_write_bytes(path / EXPORT_MARK, (json.dumps({"format": fmt}) + "\n").encode())
     return path
+
+
+def export_format(path: Path) -> str | None:
+    """The format an aiayn export's mark names (`claim_for_export`'s `fmt`), "unknown" where the mark cannot be read;
+    None where `path` holds no export mark."""
+    mark = path / EXPORT_MARK
+    if not mark.is_file():  # a regular file (a FIFO or a device is not one)
+        return None
+    try:
+        if mark.stat().st_size > 1 << 16:
+            return "unknown"
+        content = load_json(mark.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "unknown"
+    return str(content.get("format", "unknown")) if isinstance(content, dict) else "unknown"
 
 
 def owning_directory(path: Path) -> DirInfo | None:

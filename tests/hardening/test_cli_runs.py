@@ -44,6 +44,10 @@ DIRECTORIES = [
     Case("export --force --out at the run it exports", ["export", "--run", "run", "--out", "run", "--force"], 2,
          r"run holds an aiayn training run \(train_config.json\); the export never replaces it: choose a new --out "
          r"directory$"),
+    Case("export --onnx --out at an export in another format", ["export", "--model", "enc", "--out", "export",
+                                                                  "--onnx", "--force"], 2,
+         r"export holds an aiayn export in the hf format; the export in the onnx format would leave its files beside "
+         r"the new ones: choose a new --out directory, or delete that one first$"),
     Case("export --force --out RUN/checkpoints", ["export", "--model", "enc", "--out", "run/checkpoints", "--force"],
          2, r"run/checkpoints holds the checkpoints of the run run; the export never replaces it: choose a new --out "
             r"directory$"),
