@@ -179,6 +179,9 @@ def _refuse_for_training(info: DirInfo, *, resume: bool, force: bool) -> None:
     elif info.kind == RUN:
         raise DirectoryRefused(f"{info.path} already holds a run; pass --resume to continue it or choose a new "
                                "--run directory")
+    elif info.kind in OWNED_KINDS:  # a model, an export, a checkpoint: other writers' files, --force or not
+        raise DirectoryRefused(f"{info.path} holds {info.description}; training never writes into it: choose a new "
+                               "--run directory")
     elif info.kind not in (MISSING, EMPTY) and not force:
         raise DirectoryRefused(f"{info.path} holds {info.description}; training would write {MODEL_CONFIG}, "
                                f"{WEIGHTS} and logs into it: choose a new --run directory, or pass --force to "
@@ -200,7 +203,7 @@ def _before_lock(run_dir: str | Path, *, resume: bool, force: bool) -> DirInfo:
     if info.kind != RUN and (resume or info.kind not in (MISSING, EMPTY)):
         _refuse_for_training(info, resume=resume, force=force)
     owner = owning_directory(info.path) if info.kind in (MISSING, EMPTY) else None
-    if owner is not None and not force:  # a run inside another run (or a model) would mix their files
+    if owner is not None:  # a run inside another run (or a model) would mix their files, --force or not
         raise DirectoryRefused(f"{info.path} is inside {owner.path}, which holds {owner.description}: choose a "
                                "--run directory outside it")
     return info
@@ -209,9 +212,10 @@ def _before_lock(run_dir: str | Path, *, resume: bool, force: bool) -> DirInfo:
 def open_run_dir(run_dir: str | Path, *, resume: bool, force: bool = False) -> RunLock:
     """Check that training may write into `run_dir`, create it and take its lock (returned, held).
 
-    A new or empty directory starts a run; a run continues only with `resume`; anything else (a
-    Hugging Face checkpoint, an export, a model, other files) is refused unless `force`, before
-    anything is written. A run that another process is training in gives `RunBusy` at once.
+    A new or empty directory starts a run; a run continues only with `resume`; a Hugging Face checkpoint, an export,
+    a model, a run's checkpoints, or a folder inside any of those is refused, `force` or not; a folder of other
+    files only with `force`; all before anything is written. A run that another process is training in gives
+    `RunBusy` at once.
     """
     info = _before_lock(run_dir, resume=resume, force=force)
     lock = RunLock(info.path).acquire()

@@ -303,8 +303,11 @@ def test_inspect_dir_tells_the_kinds_apart(tmp_path, saved):
 
 def test_open_run_dir_refuses_then_locks(tmp_path, saved, frozen):
     check = frozen(saved)
-    with pytest.raises(DirectoryRefused, match=r"holds an aiayn model .* pass --force"):
-        open_run_dir(saved, resume=False)
+    for force in (False, True):  # a model's files have one writer: --force does not hand them to training
+        with pytest.raises(DirectoryRefused, match=r"holds an aiayn model .*; training never writes into it"):
+            open_run_dir(saved, resume=False, force=force)
+        with pytest.raises(DirectoryRefused, match=r"inside .*, which holds an aiayn model"):
+            open_run_dir(saved / "inner", resume=False, force=force)
     check(new_files=False)
     lock = open_run_dir(tmp_path / "new", resume=False)
     try:
@@ -313,7 +316,11 @@ def test_open_run_dir_refuses_then_locks(tmp_path, saved, frozen):
     finally:
         lock.release()
     assert not (tmp_path / "new").exists()  # created by the lock, left empty: removed again
-    open_run_dir(saved, resume=False, force=True).release()
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("the user's\n")
+    with pytest.raises(DirectoryRefused, match=r"pass --force"):
+        open_run_dir(tmp_path / "mine", resume=False)
+    open_run_dir(tmp_path / "mine", resume=False, force=True).release()  # beside the user's own files: forced
 
 
 def test_an_atomic_write_that_fails_leaves_the_old_file(tmp_path, monkeypatch):
