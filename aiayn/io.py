@@ -2,10 +2,15 @@
 
 A model directory holds `config.json`, `model.safetensors` and, when saved with one,
 `tokenizer.json` (plus `tokenizer_meta.json` naming its special tokens). Nothing is unpickled.
+
+The weights' metadata records a digest of the tokenizer files the model reads (`tokenizer_sha256`: its own
+directory's, or its run's for a checkpoint); `load_tokenizers` refuses a tokenizer whose files differ from the ones
+the model was saved with (another run's `tokenizer.json` of the same size decodes garbage without an error).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import fields
 from pathlib import Path
@@ -38,18 +43,69 @@ __all__ = ["CONFIG_NAME", "WEIGHTS_NAME", "atomic_write_bytes", "load_config", "
            "save_model"]
 
 
-def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Tokenizer | None = None) -> Path:
-    """Save `model` (its `.config`, weights and optional tokenizer) into `directory`."""
+def save_model(model: nn.Module, directory: str | Path, *, tokenizer: Tokenizer | None = None,
+               tokenizers_in: str | Path | None = None) -> Path:
+    """Save `model` (its `.config`, weights and optional tokenizer) into `directory`; the weights record the digest
+    of the tokenizer files in `directory` (or in `tokenizers_in`: a checkpoint's run), where there are any."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cfg: ModelConfig = model.config
-    # save_model (not save_file) de-duplicates tied weights (embedding = output projection).
-    with atomic_output(directory / WEIGHTS_NAME) as tmp:
-        safetensors.torch.save_model(model, str(tmp), metadata={"format": "pt", "aiayn": "1"})
-    atomic_write_bytes(directory / CONFIG_NAME, (cfg.to_json() + "\n").encode())
     if tokenizer is not None:
         tokenizer.save(directory)
+    metadata = {"format": "pt", "aiayn": "1"}
+    digest = tokenizer_digest(tokenizers_in or directory)
+    if digest is not None:
+        metadata[DIGEST_KEY] = digest
+    # save_model (not save_file) de-duplicates tied weights (embedding = output projection).
+    with atomic_output(directory / WEIGHTS_NAME) as tmp:
+        safetensors.torch.save_model(model, str(tmp), metadata=metadata)
+    atomic_write_bytes(directory / CONFIG_NAME, (cfg.to_json() + "\n").encode())
     return directory
+
+
+DIGEST_KEY = "tokenizer_sha256"
+
+
+def _tokenizer_files(directory: Path) -> list[Path]:
+    """The tokenizer files a model in `directory` reads: one shared `tokenizer.json`, or the source's and target's."""
+    from aiayn.tokenization import TOKENIZER_NAME
+
+    if (directory / TOKENIZER_NAME).is_file():
+        return [directory / TOKENIZER_NAME]
+    pair = [directory / SOURCE_TOKENIZER / TOKENIZER_NAME, directory / TARGET_TOKENIZER / TOKENIZER_NAME]
+    return pair if all(path.is_file() for path in pair) else []
+
+
+def tokenizer_digest(directory: str | Path) -> str | None:
+    """The sha256 of the tokenizer files in `directory` (None: none there)."""
+    files = _tokenizer_files(Path(directory))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.relative_to(directory).as_posix().encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _recorded_digest(directory: Path) -> str | None:
+    """The tokenizer digest the weights in `directory` recorded (None: none, or weights it cannot read: loading them
+    says why)."""
+    try:
+        with safetensors.safe_open(str(directory / WEIGHTS_NAME), "pt") as weights:
+            return (weights.metadata() or {}).get(DIGEST_KEY)
+    except Exception:  # noqa: BLE001 (damaged or missing weights: `load_model` names the problem)
+        return None
+
+
+def check_tokenizer_digest(model_dir: Path, tokenizer_dir: Path) -> None:
+    """ValueError when the tokenizer files in `tokenizer_dir` are not the ones `model_dir`'s weights were saved with."""
+    recorded = _recorded_digest(model_dir)
+    found = tokenizer_digest(tokenizer_dir) if recorded else None
+    if recorded and found and recorded != found:
+        names = ", ".join(str(path) for path in _tokenizer_files(tokenizer_dir))
+        raise ValueError(f"{names} is not the tokenizer {model_dir}'s weights were saved with (they record sha256 "
+                         f"{recorded[:16]}..., the file has {found[:16]}...): put the model's own tokenizer back, "
+                         "or train a model on this one")
 
 
 def load_config(directory: str | Path) -> ModelConfig:
@@ -118,13 +174,16 @@ def load_tokenizers(directory: str | Path) -> tuple[Tokenizer, Tokenizer]:
 
     directory = Path(directory)
     run = checkpoint_run(directory)
-    if run is not None and not (directory / TOKENIZER_NAME).exists():  # a checkpoint: the run holds its tokenizer
-        return load_tokenizers(run)
-    shared_file = directory / TOKENIZER_NAME
+    # a checkpoint: the run holds its tokenizer
+    where = run if run is not None and not (directory / TOKENIZER_NAME).exists() else directory
+    shared_file = where / TOKENIZER_NAME
+    source, target = where / SOURCE_TOKENIZER, where / TARGET_TOKENIZER
     if shared_file.exists() or shared_file.is_symlink():  # Tokenizer.load says what is wrong with it
-        shared = Tokenizer.load(directory)
-        return shared, shared
-    source, target = directory / SOURCE_TOKENIZER, directory / TARGET_TOKENIZER
-    if (source / TOKENIZER_NAME).is_file() and (target / TOKENIZER_NAME).is_file():
-        return Tokenizer.load(source), Tokenizer.load(target)
-    raise FileNotFoundError(f"{directory}: no {TOKENIZER_NAME} (nor source/ and target/ tokenizers)")
+        shared = Tokenizer.load(where)
+        tokenizers = shared, shared
+    elif (source / TOKENIZER_NAME).is_file() and (target / TOKENIZER_NAME).is_file():
+        tokenizers = Tokenizer.load(source), Tokenizer.load(target)
+    else:
+        raise FileNotFoundError(f"{where}: no {TOKENIZER_NAME} (nor source/ and target/ tokenizers)")
+    check_tokenizer_digest(directory, where)  # readable, but the one the weights were saved with?
+    return tokenizers

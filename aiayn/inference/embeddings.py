@@ -223,9 +223,10 @@ class Embedder(ModelRunner):
         if is_bert_checkpoint(directory):
             model, tokenizer = load_pretrained(directory)
         else:
-            from aiayn.io import load_model
+            from aiayn.io import check_tokenizer_digest, load_model
 
             model, tokenizer = load_model(directory), Tokenizer.load(directory)
+            check_tokenizer_digest(Path(directory), Path(directory))
             if model.config.architecture != "encoder-only":
                 what = "a decoder-only language model (aiayn generate continues text with it)" \
                     if model.config.causal else "an encoder-decoder model"

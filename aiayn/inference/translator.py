@@ -168,10 +168,9 @@ class Translator(ModelRunner):
                                      force_hint="pass force=True")
         if self.source_tokenizer is self.target_tokenizer:
             return save_model(self.model, directory, tokenizer=self.source_tokenizer)
-        save_model(self.model, directory)
-        self.source_tokenizer.save(directory / SOURCE_TOKENIZER)
+        self.source_tokenizer.save(directory / SOURCE_TOKENIZER)  # first: the weights record their digest
         self.target_tokenizer.save(directory / TARGET_TOKENIZER)
-        return directory
+        return save_model(self.model, directory)
 
     def translate(self, texts: str | Sequence[str], config: GenerationConfig | None = None, *,
                   num_beams: int | None = None, beam_size: int | None = None, max_new_tokens: int | None = None,

@@ -47,7 +47,7 @@ def save_checkpoint(root: str | Path, model: nn.Module, state: dict[str, Any], *
     final = root / checkpoint_name(step)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".{final.name}.", suffix=".tmp"))
     try:
-        save_model(model, tmp)
+        save_model(model, tmp, tokenizers_in=root.parent)  # the run's tokenizer, whose digest the weights keep
         with open(tmp / STATE_NAME, "wb") as handle:
             torch.save(state, handle)
             handle.flush()

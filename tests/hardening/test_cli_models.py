@@ -3,6 +3,7 @@ checkpoints, a pickle with code in it, a model of the wrong kind for the command
 never go to the network. Each gets one line `aiayn CMD: error: ...`, its exit code, and loses nothing (the scene and
 `refused`: tests/hardening/conftest.py)."""
 
+import json
 import os
 from pathlib import Path
 
@@ -25,6 +26,16 @@ def poison(path, value=float("nan")):
 class Evil:
     def __reduce__(self):
         return (os.system, ("echo pwned > pwned.txt",))
+
+
+def swap_pieces(scene):
+    """The run's tokenizer with two learned pieces' ids swapped: as loadable, and as large, as its own."""
+    path = Path(scene, "run", "tokenizer.json")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    vocab = data["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[-2:]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    path.write_text(json.dumps(data), encoding="utf-8")
 
 
 def pickle_payload(path):
@@ -68,6 +79,12 @@ MODELS = [
          prepare=edit_json("run/config.json", lambda c: c.update(d_model=32))),
     Case("corrupt tokenizer.json", ["translate", "--run", "run", "hello"], 2,
          r"run/tokenizer.json: not a readable tokenizer file", prepare=truncate("run/tokenizer.json")),
+    Case("another tokenizer of the same size (two pieces swapped)", ["translate", "--run", "run", "hello"], 2,
+         r"run/tokenizer.json is not the tokenizer run's weights were saved with \(they record sha256 [0-9a-f]{16}"
+         r"\.\.\., the file has [0-9a-f]{16}\.\.\.\): put the model's own tokenizer back", prepare=swap_pieces),
+    Case("another tokenizer, loading a checkpoint", ["translate", "--run", "run/checkpoints/step-00000002", "hello"],
+         2, r"run/tokenizer.json is not the tokenizer run/checkpoints/step-00000002's weights were saved with",
+         prepare=swap_pieces),
     Case("corrupt tokenizer_meta.json", ["translate", "--run", "run", "hello"], 2,
          r"run/tokenizer_meta.json: not valid JSON", prepare=write("run/tokenizer_meta.json", "{")),
     Case("trace --run at a BERT checkpoint", ["trace", "--run", "bert"], 2,
