@@ -52,8 +52,8 @@ class Bounded:
         """Raise ValueError naming `option` when `value` is not finite or out of range."""
         if not math.isfinite(value):
             raise ValueError(f"{option} must be a finite number, got {value}")
-        def shown(number: float) -> str:  # a whole number written out (2**63 - 1, not 9.22337e+18)
-            return f"{number:,}" if isinstance(number, int) else f"{number:g}"
+        def shown(number: float) -> str:  # a large whole number written out (2**63 - 1, not 9.22337e+18)
+            return f"{number:,}" if isinstance(number, int) and abs(number) >= 10**6 else f"{number:g}"
 
         if self.above is not None and not value > self.above:
             raise ValueError(f"{option} must be above {shown(self.above)}, got {shown(value)}")

@@ -60,7 +60,7 @@ def marian_lm_config(cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id
         max_position_embeddings=cfg.max_len, scale_embedding=cfg.scale_embeddings,
         tie_word_embeddings=cfg.tie_embeddings, pad_token_id=cfg.pad_id, bos_token_id=bos_token_id,
         eos_token_id=eos_token_id, decoder_start_token_id=bos_token_id if bos_token_id is not None else cfg.pad_id,
-        forced_eos_token_id=None, is_decoder=True, is_encoder_decoder=False, use_cache=True,
+        forced_eos_token_id=None, use_cache=True,  # MarianForCausalLM makes it a decoder alone
     )
 
 

@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 
+from aiayn.config import MAX_INT
 from aiayn.serve.batching import Passes, QueueFull
 from aiayn.serve.guard import Access, Guard
 from aiayn.serve.limits import ApiError, Limits, bool_field, read_fields, string_field, texts_field
@@ -387,6 +388,8 @@ def completion_settings(fields: dict) -> tuple[tuple, list[str], bool]:
     seed = fields.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
         raise ApiError(422, f"the field 'seed' must be a non-negative integer, got {seed!r}")
+    if seed is not None and seed > MAX_INT:
+        raise ApiError(422, f"the field 'seed' must be at most {MAX_INT:,}, got {seed}")
     stop = fields.get("stop")
     stops = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:

@@ -206,7 +206,7 @@ def url(dirs, generator):
     ({"prompt": "one", "presence_penalty": 1.5}, 422, "'presence_penalty' is not supported"),
     ({"prompt": "one", "logit_bias": {"50": -100}}, 422, "'logit_bias' is not supported"),
     ({"prompt": "one", "seed": -1}, 422, "'seed' must be a non-negative integer"),
-    ({"prompt": "one", "seed": 2**80, "temperature": 1}, 422, "seed must be at most"),
+    ({"prompt": "one", "seed": 2**80, "temperature": 1}, 422, "'seed' must be at most 9,223,372,036,854,775,807"),
     ({"prompt": "one", "temperature": 0, "top_p": 0}, 422, "'top_p' must be above 0"),
     ({"prompt": "one", "model": "tr"}, 404, "the model 'tr' is a translate model, not a complete one"),
 ])

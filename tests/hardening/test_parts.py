@@ -11,6 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import aiayn
 from aiayn.cli.main import main
@@ -91,6 +92,10 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused(built, copy, capsys, 
     model = copy(name)
     for file in ("tokenizer.json", "tokenizer_meta.json"):
         shutil.copy(built / "big" / file, model / file)
+    assert main([command[0], "--run", str(model), *command[1:]]) == 2
+    assert "is not the tokenizer" in one_line(capsys)  # the weights record their tokenizer's digest
+    weights = model / "model.safetensors"  # saved before digests were recorded: the sizes still tell
+    save_file(load_file(weights), weights, metadata={"format": "pt"})
     assert main([command[0], "--run", str(model), *command[1:]]) == 2
     err = one_line(capsys)
     assert "the tokenizer has " in err and "tokens but the model's vocab_size is" in err

@@ -3,6 +3,7 @@ away ends a command quietly, a full or closed stdout is one line naming stdout (
 names a device, and SIGHUP / SIGQUIT during `aiayn train` save like SIGTERM (SIGPIPE changes nothing)."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -79,9 +80,10 @@ def test_training_outlives_its_reader_and_saves_the_model(tmp_path):
 @pytest.mark.parametrize("name", ["SIGHUP", "SIGQUIT"])
 def test_a_hang_up_or_quit_during_training_saves_like_sigterm(tmp_path, name):
     hook = f"if self.step == 3: os.kill(os.getpid(), signal.{name})"
+    default = getattr(signal, name)  # not ignored at start, as a terminal delivers it (`nohup` ignores SIGHUP)
     proc = subprocess.run([sys.executable, "-c", HOOKED.format(hook=hook), "train", *ARGS, "max_steps=50",
                            "--run", str(tmp_path / "run"), "--no-progress"], capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, preexec_fn=lambda: signal.signal(default, signal.SIG_DFL))
     assert proc.returncode == 130, proc.stderr
     assert f"{name}: finishing this step, saving a checkpoint" in proc.stdout + proc.stderr
     assert list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name == "step-00000003"
