@@ -146,10 +146,11 @@ class Server:
     metrics: Metrics
     passes: Passes
 
-    async def run(self, request: Request, model: Served, texts: list[str]) -> list:
-        """`model`'s answers to `texts`, batched with other requests; errors become the documented statuses."""
+    async def run(self, request: Request, model: Served, texts: list, tokens: int | None = None) -> list:
+        """`model`'s answers to `texts`, batched with other requests (`tokens`: their count where the route made it,
+        not made again); errors become the documented statuses."""
         try:
-            return await answered(request, model.answer(texts))
+            return await answered(request, model.answer(texts, tokens=tokens))
         except QueueFull as err:
             raise ApiError(429, str(err)) from None
         except ValueError as err:  # the object refused the text (checked before queueing, this is a fallback)
@@ -310,8 +311,9 @@ def openai_routes(server: Server) -> APIRouter:
                 return completion_stream(model, prompts, settings, stops, echo)
             except QueueFull as err:
                 raise ApiError(429, str(err)) from None
-        tokens = model.count_tokens([(p, settings) for p in prompts])
-        results = await server.run(request, model, [(p, settings) for p in prompts])
+        items = [(p, settings) for p in prompts]
+        tokens = model.count_tokens(items)
+        results = await server.run(request, model, items, tokens)
         choices = []
         for i, (prompt, result) in enumerate(zip(prompts, results)):
             text, stopped = cut_at_stop(result.text, stops)
@@ -331,7 +333,7 @@ def openai_routes(server: Server) -> APIRouter:
         encoding = string_field(fields, "encoding_format", "float", ("float", "base64"))
         model = pick(server.models, "embed", string_field(fields, "model"))
         tokens = model.count_tokens(texts, truncate=False)  # OpenAI's: a text too long is an error
-        vectors = await server.run(request, model, texts)
+        vectors = await server.run(request, model, texts, tokens)
         data = [{"object": "embedding", "index": i,
                  "embedding": base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode("ascii")
                  if encoding == "base64" else np.asarray(v, dtype=np.float32).tolist()} for i, v in enumerate(vectors)]
@@ -429,16 +431,17 @@ def tei_routes(server: Server) -> APIRouter:
         fields = await read_fields(request, server.limits)
         texts, _ = texts_field(fields, "inputs", server.limits)
         model = pick(server.models, "embed", string_field(fields, "model"))
-        model.count_tokens(texts, bool_field(fields, "truncate"))  # a text too long: 422, unless TEI's truncate
-        return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in await server.run(request, model, texts)])
+        tokens = model.count_tokens(texts, bool_field(fields, "truncate"))  # too long: 422, unless TEI's truncate
+        vectors = await server.run(request, model, texts, tokens)
+        return JSONResponse([np.asarray(v, dtype=np.float32).tolist() for v in vectors])
 
     @router.post("/predict")
     async def tei_predict(request: Request) -> list:
         fields = await read_fields(request, server.limits)
         texts, single = texts_field(fields, "inputs", server.limits)
         model = pick(server.models, "predict", string_field(fields, "model"))
-        model.count_tokens(texts, bool_field(fields, "truncate"))  # a text too long: 422, unless TEI's truncate
-        out = [ServedLabeller.as_json(r) for r in await server.run(request, model, texts)]
+        tokens = model.count_tokens(texts, bool_field(fields, "truncate"))  # too long: 422, unless TEI's truncate
+        out = [ServedLabeller.as_json(r) for r in await server.run(request, model, texts, tokens)]
         return out[0] if single else out
 
     return router

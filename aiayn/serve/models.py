@@ -97,9 +97,10 @@ class Served(abc.ABC):
         extra = {"on_result": on_result} if on_result is not None else {}
         return self.call(self.obj, texts, **self.options, **extra)
 
-    async def answer(self, texts: list[str]) -> list:
-        """Results of `texts`, batched with the other requests queued for this model."""
-        return await self.batcher.submit(texts, self.count_tokens(texts))
+    async def answer(self, texts: list[str], *, tokens: int | None = None) -> list:
+        """Results of `texts`, batched with the other requests queued for this model (`tokens`: their count where the
+        route has made it already)."""
+        return await self.batcher.submit(texts, self.count_tokens(texts) if tokens is None else tokens)
 
     def describe(self) -> dict:
         """What `/health` and the page list for this model."""
@@ -158,11 +159,11 @@ class ServedTranslator(Served):
         except ValueError as err:
             raise ApiError(422, str(err)) from None
 
-    async def answer(self, texts: list[str]) -> list:
+    async def answer(self, texts: list[str], *, tokens: int | None = None) -> list:
         """The translations of `texts` with the default search; at the step where the server runs running batches."""
         if self.stepper is None:
-            return await super().answer(texts)
-        self.metrics.batch_done(self.name, len(texts), self.count_tokens(texts))
+            return await super().answer(texts, tokens=tokens)
+        self.metrics.batch_done(self.name, len(texts), self.count_tokens(texts) if tokens is None else tokens)
         return await self.stepped_answer(texts)
 
     @staticmethod
@@ -297,12 +298,13 @@ class ServedGenerator(Served):
         return out  # type: ignore[return-value]
 
 
-    async def answer(self, items: list[tuple[str, tuple]], on_tokens: Callable[[int, int], None] | None = None) -> list:
+    async def answer(self, items: list[tuple[str, tuple]], on_tokens: Callable[[int, int], None] | None = None, *,
+                     tokens: int | None = None) -> list:
         """The completions of `items` ((prompt, settings) pairs); at the step where the server runs running batches,
         and there `on_tokens(index, token)` hears of each token as it is made (`parts`)."""
         if self.stepper is None:
-            return await super().answer(items)
-        self.metrics.batch_done(self.name, len(items), self.count_tokens(items))
+            return await super().answer(items, tokens=tokens)
+        self.metrics.batch_done(self.name, len(items), self.count_tokens(items) if tokens is None else tokens)
         return await self.stepped_answer(items, on_tokens)
 
     @staticmethod

@@ -39,10 +39,11 @@ def completion_stream(model: ServedGenerator, prompts: list[str], settings: tupl
     loop = asyncio.get_running_loop()
     made: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
     items = [(prompt, settings) for prompt in prompts]
-    model.count_tokens(items)  # a prompt the model cannot take: 422 before the stream starts
+    tokens = model.count_tokens(items)  # a prompt the model cannot take: 422 before the stream starts
     model.stepper.check_room(len(items))
     task = asyncio.ensure_future(model.answer(items, lambda i, token: loop.call_soon_threadsafe(made.put_nowait,
-                                                                                                (i, token))))
+                                                                                                (i, token)),
+                                              tokens=tokens))
     return StreamingResponse(_events(model, prompts, task, made, stops, echo),
                              media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
