@@ -39,6 +39,13 @@ def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
     return list(stops)
 
 
+def first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    """(where, which) of the first of `stops` to occur in `text` (the earlier-listed one where two start there), or
+    None: where a continuation ends, here and in the server's answers and streams."""
+    found = [(text.find(stop), stop) for stop in stops if stop in text]
+    return min(found, key=lambda place: place[0]) if found else None
+
+
 @dataclass
 class Completion:
     """One continuation: its text (what follows the prompt), its ids (no `</s>`), its score (sum of log p of the
@@ -141,12 +148,11 @@ class Generator(ModelRunner):
         return Completion(self._continuation(prompt, tokens), tokens, score, len(tokens) < limit)
 
     def cut_at_stop(self, prompt: list[int], completion: Completion, stops: list[str]) -> Completion:
-        """`completion` ending before the first of `stops` in its text, its ids cut at the first that reaches it."""
-        ends = [completion.text.find(s) for s in stops if s in completion.text]
-        if not ends:
+        """`completion` ending before the first of `stops` in its text, its ids the fewest that hold the text kept."""
+        found = first_stop(completion.text, stops)
+        if found is None:
             return completion
-        cut = min(ends)
-        stop = next(s for s in stops if completion.text.find(s) == cut)
+        cut, stop = found
         low, high = 0, len(completion.tokens)  # the fewest ids whose text holds the kept text (it grows with them)
         while low < high:
             middle = (low + high) // 2

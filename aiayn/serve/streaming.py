@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 
 from starlette.responses import StreamingResponse
 
+from aiayn.inference.generator import first_stop
 from aiayn.serve.limits import ApiError
 from aiayn.serve.models import ServedGenerator
 
@@ -25,9 +26,10 @@ HELD = "\ufffd"  # what a character whose bytes are not all decoded yet reads as
 
 
 def cut_at_stop(text: str, stops: list[str]) -> tuple[str, bool]:
-    """`text` up to the first of `stops` (not included), and whether one occurred."""
-    ends = [text.find(s) for s in stops if s in text]
-    return (text[: min(ends)], True) if ends else (text, False)
+    """`text` up to the first of `stops` (not included, as `Generator.generate(stop=...)` cuts), and whether one
+    occurred."""
+    found = first_stop(text, stops)
+    return (text[:found[0]], True) if found else (text, False)
 
 
 def completion_stream(model: ServedGenerator, prompts: list[str], settings: tuple, stops: list[str],
