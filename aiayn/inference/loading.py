@@ -19,13 +19,13 @@ import torch
 from aiayn.inference.runner import ModelRunner
 from aiayn.rundir import (
     EXPORT,
-    EXPORT_MARK,
     HF_CHECKPOINT,
     MISSING,
     MODEL,
     MODEL_CONFIG,
     RUN,
     WEIGHTS,
+    export_format,
     inspect_dir,
     load_json,
     no_model_hint,
@@ -34,13 +34,6 @@ from aiayn.tasks import Task, resolved, task_of
 
 _READS = ("aiayn.load reads aiayn runs and model directories, BERT-family checkpoints (sentence-transformers "
           "models included) and the name 'minilm'")
-
-
-def _export_format(directory: Path) -> str:
-    try:
-        return str(load_json((directory / EXPORT_MARK).read_text(encoding="utf-8")).get("format"))
-    except (OSError, ValueError, AttributeError):
-        return "unknown format"
 
 
 def _hf_config(directory: Path) -> dict:
@@ -71,7 +64,7 @@ def objective_of(path: str | Path) -> Task:
         raise ValueError(f"{directory} holds a Hugging Face {model_type!r} checkpoint, which aiayn cannot use; "
                          f"{_READS}")
     if info.kind == EXPORT and model_type is None and not (directory / WEIGHTS).is_file():
-        raise ValueError(f"{directory} holds an aiayn export for another runtime ({_export_format(directory)}); "
+        raise ValueError(f"{directory} holds an aiayn export for another runtime ({export_format(directory)}); "
                          f"load it with that runtime, or aiayn.load the run it came from")
     if info.kind in (RUN, MODEL, EXPORT):
         from aiayn.io import load_config
