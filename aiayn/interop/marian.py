@@ -86,9 +86,14 @@ def to_split_layout(model: EncoderDecoderModel) -> EncoderDecoderModel:
 
 def layer_problems(cfg: ModelConfig, family: str) -> list[str]:
     """What the layers Marian and Pegasus share cannot express of `cfg`, each with its fix; empty when they can."""
+    problems = [] if cfg.has_cross_attention else ["it has no decoder (n_decoder_layers=0)"]
+    return problems + stack_problems(cfg, family)
+
+
+def stack_problems(cfg: ModelConfig, family: str) -> list[str]:
+    """What a stack of Marian's or Pegasus's layers cannot express of `cfg`'s positions, biases, embedding and
+    LayerNorm (a translator's and a language model's alike), each with its fix."""
     problems = []
-    if not cfg.has_cross_attention:
-        problems.append("it has no decoder (n_decoder_layers=0)")
     if cfg.positional != "sinusoidal":
         problems.append(f"{family} uses sinusoidal positions (positional=sinusoidal)")
     if not cfg.bias:

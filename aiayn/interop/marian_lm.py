@@ -17,12 +17,10 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.interop.hf_tokenizer import save_hf_tokenizer
-from aiayn.interop.marian import ACTIVATIONS, to_split_layout
+from aiayn.interop.marian import _ATTENTION, ACTIVATIONS, stack_problems, to_split_layout
 from aiayn.nn.model import DecoderOnlyModel
 from aiayn.rundir import atomic_files
 from aiayn.tokenization import Tokenizer
-
-_ATTENTION = ("q_proj", "k_proj", "v_proj", "out_proj")
 
 
 def marian_lm_problems(cfg: ModelConfig) -> list[str]:
@@ -32,14 +30,7 @@ def marian_lm_problems(cfg: ModelConfig) -> list[str]:
         problems.append("MarianForCausalLM is a decoder-only language model (causal=true)")
     if cfg.norm_first:
         problems.append("Marian is post-LN (a pre-LN model exports as GPT-2)")
-    if cfg.positional != "sinusoidal":
-        problems.append("Marian uses sinusoidal positions (positional=sinusoidal)")
-    if not cfg.bias:
-        problems.append("Marian's projections have biases (bias=true)")
-    if cfg.embedding_norm or cfg.type_vocab_size:
-        problems.append("Marian has no embedding LayerNorm or token types")
-    if cfg.layer_norm_eps != 1e-5:
-        problems.append(f"Marian's LayerNorm eps is 1e-5, not {cfg.layer_norm_eps}")
+    problems += stack_problems(cfg, "Marian")
     if cfg.activation not in ACTIVATIONS:
         problems.append(f"Marian has no activation {cfg.activation!r} (one of {', '.join(ACTIVATIONS)})")
     return problems
