@@ -427,7 +427,7 @@ def _build_run_config(data: dict[str, Any], overrides: list[str] | tuple[str, ..
     train.update(_new_keys(parse_overrides(train_items, TrainConfig, OLD_KEYS)))
     model.update(parse_overrides(model_items, ModelConfig))
     if depth:
-        objective = {**train, **parse_overrides(train_items, TrainConfig, OLD_KEYS)}.get("objective", SEQ2SEQ)
+        objective = train.get("objective", SEQ2SEQ)  # the file's, then the overrides' (applied above)
         model.update(_stack_depth(depth[-1].split("=", 1)[1].strip(), objective, model))
     given = {*train, *(f"model.{key}" for key in model)} | ({"model.preset"} if preset_items or preset_given else set())
     run = RunConfig(TrainConfig(**train), model_preset, model, frozenset(given))
