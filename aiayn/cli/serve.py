@@ -230,6 +230,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if steps is not None:
             steps.close()
         sock.close()
+    cut = app.state.metrics.cut
+    if cut:
+        why = "a second signal came" if server.force_exit else f"--drain-seconds ({args.drain_seconds:g}) ran out"
+        print(f"aiayn serve: stopped before answering {cut} request{'s' * (cut != 1)} in flight ({why}; each was "
+              "answered 503)", file=sys.stderr, flush=True)
+        return 130
     print("aiayn serve: stopped after the requests in flight were answered", file=sys.stderr, flush=True)
     return 0
 

@@ -85,7 +85,8 @@ class HeadAsGet:
 
 class Observed:
     """ASGI middleware: every request's status and latency by route, and the requests in flight; an error no route
-    answered becomes a 500 in the server's JSON shape, logged once with its traceback."""
+    answered becomes a 500 in the server's JSON shape, logged once with its traceback, and a request the stopping
+    server cuts (`--drain-seconds` ran out, or a second signal) a 503 in that shape, counted in `Metrics.cut`."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -104,6 +105,13 @@ class Observed:
         self.metrics.in_flight += 1
         try:
             await self.app(scope, receive, sending)
+        except asyncio.CancelledError:  # the server stopped before answering (its drain time ran out, a second signal)
+            self.metrics.cut += 1
+            if started[0]:
+                return
+            answer = JSONResponse({"error": "the server stopped before answering this request; send it again when "
+                                            "the server is back"}, status_code=503, headers={"Connection": "close"})
+            await answer(scope, receive, sending)  # (the request's task ends here: the server is stopping it)
         except Exception as err:
             logger.exception("%s %s failed", scope["method"], scope["path"])
             if started[0]:  # the answer was under way: uvicorn closes the connection

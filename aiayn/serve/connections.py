@@ -134,10 +134,18 @@ DRAINING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGHUP", "SIGQUIT")
 
 
 class DrainingServer(uvicorn.Server):
-    """uvicorn's server, which drains on SIGHUP and SIGQUIT as on SIGTERM (a signal ignored at start stays ignored)."""
+    """uvicorn's server, which drains on SIGHUP and SIGQUIT as on SIGTERM (a signal ignored at start stays ignored),
+    and closes the application after a second signal as after the first."""
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         with super().capture_signals(), handling(DRAINING_SIGNALS, self.handle_exit):
             yield
+
+    async def shutdown(self, sockets=None) -> None:
+        """uvicorn's shutdown; after a second signal too, the application's own shutdown runs (it closes the models'
+        batchers and worker processes), where uvicorn would leave it to be cancelled with a traceback."""
+        await super().shutdown(sockets)
+        if self.force_exit:
+            await self.lifespan.shutdown()
 

@@ -74,6 +74,7 @@ class Metrics:
         self.batch_texts: dict[str, Histogram] = defaultdict(lambda: Histogram(BATCH_BUCKETS))
         self.tokens: dict[str, int] = defaultdict(int)
         self.in_flight = 0
+        self.cut = 0  # requests the stopping server did not answer (503)
         self.queues: dict[str, Callable[[], int]] = {}  # model -> texts waiting now
         self.running: dict[str, Callable[[], int]] = {}  # model -> rows in its running batch now
         self.steps: dict[str, int] = defaultdict(int)
