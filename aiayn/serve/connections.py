@@ -11,10 +11,13 @@ nginx has by default:
 | time for the rest of a body the answer did not wait for | `read_seconds` | the connection closes |
 | connections open at once | `max_connections` (512) | 503, closes |
 
-A connection that sends nothing is closed after `read_seconds`, without an answer; between requests, uvicorn's
-keep-alive timeout (5 s) applies. The body's own deadline is `read_body`'s (aiayn/serve/limits.py), so that its
-408 goes through the application like every other answer. `DrainingServer` drains on SIGHUP and SIGQUIT as uvicorn
-does on SIGTERM.
+A client that shuts its sending side (a TCP half-close: `shutdown(SHUT_WR)`, `nc -N`) is taken as gone, as hyper
+(TEI's server) takes it by default: TCP cannot tell it from a client that closed and left, and a client that left
+frees its place in the queue. A connection that sends nothing is closed after `read_seconds`, without an answer;
+between requests, uvicorn's keep-alive timeout (5 s) applies. The body's own deadline is `read_body`'s
+(aiayn/serve/limits.py), so that its 408 goes through the application like every other answer. The header bound
+holds for headers sent in one piece (counted as the parser reads them) as for headers that trickle in (counted as
+they arrive). `DrainingServer` drains on SIGHUP and SIGQUIT as uvicorn does on SIGTERM.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ class BoundedProtocol(HttpToolsProtocol):
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None  # runs while a request's headers are read
         self._unread: asyncio.TimerHandle | None = None  # runs while a body no one reads is still coming
-        self._header_bytes, self._heard = 0, False
+        self._header_bytes, self._parsed_bytes, self._heard = 0, 0, False
+        self._refused = False  # answered by `_refuse`: nothing more of this connection reaches the application
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, f"the server has {self.limits.max_connections} connections open, its limit "
                               "(--max-connections); retry later")
@@ -65,15 +69,37 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_bytes, self._heard = 0, True
+        self._header_bytes, self._parsed_bytes, self._heard = 0, 0, True
         if self._deadline is None:
             self._start_reading()
 
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        self._count_parsed(len(url))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._count_parsed(len(name) + len(value) + 4)  # "name: value\r\n"
+
+    def _count_parsed(self, size: int) -> None:
+        """The header bound for headers that come in one piece (`data_received` counts those that trickle in)."""
+        self._parsed_bytes += size
+        if self._parsed_bytes > self.limits.max_header_bytes and not self._refused:
+            self._refuse(431, f"the request's headers pass the limit of {self.limits.max_header_bytes} bytes; "
+                              "send fewer or shorter headers (cookies included)")
+
     def on_headers_complete(self) -> None:
         self._cancel_deadline()
-        super().on_headers_complete()
+        if not self._refused:
+            super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
 
     def on_message_complete(self) -> None:
+        if self._refused:
+            return
         super().on_message_complete()
         self._heard = False
         if self._unread is not None:
@@ -108,6 +134,9 @@ class BoundedProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` with `{"error": message}` and close the connection."""
         self._cancel_deadline()
+        self._refused = True
+        if self.transport.is_closing():
+            return
         if self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete:
             self.transport.close()  # (an answer to an earlier request is being written: no room for this one)
             return

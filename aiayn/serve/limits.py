@@ -28,7 +28,9 @@ import logging
 import math
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote_plus
 
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import ClientDisconnect, Request
 
 logger = logging.getLogger(__name__)
@@ -100,12 +102,11 @@ async def read_fields(request: Request, limits: Limits, *, form: bool = False) -
     body = await read_body(request, limits)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if form and kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
-        async def replay() -> dict:  # starlette parses the form from the body already read
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        data = await Request(request.scope, replay).form()
-        return {key: (values[0] if len(values) == 1 else values)
-                for key in data for values in [data.getlist(key)]}
+        pairs = urlencoded_fields(body) if kind.startswith("application") else await multipart_fields(request, body)
+        named: dict[str, list] = {}
+        for key, value in pairs:
+            named.setdefault(key, []).append(value)
+        return {key: (values[0] if len(values) == 1 else values) for key, values in named.items()}
     try:
         fields = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
@@ -117,6 +118,66 @@ async def read_fields(request: Request, limits: Limits, *, form: bool = False) -
         raise ApiError(422, f"the body must be a JSON object, got {type(fields).__name__}")
     return fields
 
+
+
+def _not_utf8(name: str, err: UnicodeDecodeError) -> ApiError:
+    return ApiError(400, f"the form field {name!r} is not UTF-8 text (byte {err.object[err.start]:#04x} at "
+                         f"{err.start}); send the form in UTF-8")
+
+
+def urlencoded_fields(body: bytes) -> list[tuple[str, str]]:
+    """The (name, value) pairs of an `application/x-www-form-urlencoded` body, in order: both UTF-8, as raw bytes or
+    percent-escaped (starlette reads raw bytes as Latin-1, making "café" "cafÃ©", and escapes with replacement
+    characters; here either is refused, naming the field)."""
+    pairs = []
+    for piece in body.split(b"&"):
+        if not piece:
+            continue
+        raw_name, _, raw_value = piece.partition(b"=")
+        name = unquote_plus(raw_name.decode("utf-8", "replace"))
+        try:
+            pairs.append((unquote_plus(raw_name.decode("utf-8"), errors="strict"),
+                          unquote_plus(raw_value.decode("utf-8"), errors="strict")))
+        except UnicodeDecodeError as err:
+            raise _not_utf8(name, err) from None
+    return pairs
+
+
+class _StrictMultiPart(MultiPartParser):
+    """starlette's multipart parser, refusing what it lets by: a field that is not text in the body's charset (it
+    falls back to Latin-1) and a body cut before its closing boundary (it keeps the parts before)."""
+
+    ended = False
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode(self._charset)
+            except UnicodeDecodeError as err:
+                raise _not_utf8(part.field_name, err) from None
+        super().on_part_end()
+
+    def on_end(self) -> None:
+        self.ended = True
+        super().on_end()
+
+
+async def multipart_fields(request: Request, body: bytes) -> list[tuple[str, Any]]:
+    """The (name, value) pairs of a `multipart/form-data` body, in order (a file's value is starlette's
+    `UploadFile`), or 400 naming what is wrong with it."""
+    async def replay():
+        yield body
+
+    parser = _StrictMultiPart(request.headers, replay())
+    try:
+        form = await parser.parse()
+    except MultiPartException as err:
+        raise ApiError(400, f"the body is not valid form data: {err}") from None
+    if not parser.ended:
+        raise ApiError(400, "the body is not valid form data: its multipart parts do not end with the closing "
+                            "boundary the Content-Type names")
+    return list(form.multi_items())
 
 def texts_field(fields: dict[str, Any], name: str, limits: Limits) -> tuple[list[str], bool]:
     """The texts of field `name` (a string or a list of strings) and whether it was one string."""

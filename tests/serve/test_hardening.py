@@ -20,6 +20,7 @@ import pytest
 import aiayn
 from aiayn.cli.main import main
 from aiayn.serve import Limits, create_app
+from aiayn.serve.limits import urlencoded_fields
 from tests.serving import metric, serving, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -272,6 +273,38 @@ def test_headers_past_the_limit_are_answered_431_without_reading_the_rest(tight)
     assert sent < 64 * 1024
 
 
+
+@pytest.mark.parametrize("size", [5000, 100_000])
+def test_headers_past_the_limit_in_one_write_are_answered_431_and_the_request_never_runs(tight, size):
+    """The bound holds for headers that arrive whole in one piece, not only for headers that trickle in."""
+    before = metric(tight, "aiayn_requests_total", 'route="/translate",status="200"')
+    with connect(tight) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * size +
+                     b"\r\nContent-Type: application/json\r\nContent-Length: 28\r\n\r\n"
+                     b'{"q": "a b", "target": "de"}')
+        answer = answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 431 ") and answer.count(b"HTTP/1.1") == 1, answer[:200]
+    assert b"pass the limit of 4096 bytes" in answer
+    assert metric(tight, "aiayn_requests_total", 'route="/translate",status="200"') == before
+
+
+@pytest.mark.parametrize("body", [b'{"q": "a b", "target": "de"}', b'{"q": '])
+def test_a_client_that_half_closes_is_taken_as_gone_and_its_request_dropped(tight, body):
+    """TCP cannot tell a client that shut its sending side (`nc -N`) from one that closed and left; as hyper (TEI's
+    server) by default, both are gone: the connection closes without an answer, the request counted 499 (its texts
+    never computed when it was still waiting)."""
+    route = 'route="/translate",status="499"'
+    before = metric(tight, "aiayn_requests_total", route)
+    with connect(tight) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 28\r\n\r\n" + body)
+        sock.shutdown(socket.SHUT_WR)
+        start = time.monotonic()
+        assert answer_of(sock) == b""
+        assert time.monotonic() - start < 5
+    wait_until(lambda: metric(tight, "aiayn_requests_total", route) == before + 1)
+
+
 def test_connections_past_the_limit_are_answered_503(tight):
     held = [connect(tight) for _ in range(3)]
     try:
@@ -337,11 +370,34 @@ def test_deeply_nested_json_is_400(tight):
     ("DELETE", "/translate", {}, b"", 405, "DELETE is not a method of /translate; it takes POST"),
     ("OPTIONS", "/translate", {}, b"", 405, "OPTIONS is not a method of /translate"),
     ("POST", "/translate", {"Content-Type": "multipart/form-data"}, b"q=a", 400, "Missing boundary in multipart"),
+    ("POST", "/translate", {"Content-Type": "multipart/form-data; boundary=xyz"}, b"garbage\r\n", 400,
+     "the body is not valid form data"),
+    ("POST", "/translate", {"Content-Type": "multipart/form-data; boundary=xyz"},
+     b'--xyz\r\nContent-Disposition: form-data; name="q"\r\n\r\na b', 400, "the body is not valid form data"),
+    ("POST", "/translate", {"Content-Type": "application/x-www-form-urlencoded"}, b"q=tw%FFenty&target=de", 400,
+     "the form field 'q' is not UTF-8 text"),
+    ("POST", "/translate", {"Content-Type": "application/x-www-form-urlencoded"}, b"q=tw\xffenty&target=de", 400,
+     "the form field 'q' is not UTF-8 text"),
+    ("POST", "/translate", {"Content-Type": "multipart/form-data; boundary=xyz"},
+     b'--xyz\r\nContent-Disposition: form-data; name="q"\r\n\r\ntw\xffenty\r\n--xyz--\r\n', 400,
+     "the form field 'q' is not UTF-8 text"),
 ])
 def test_the_frameworks_refusals_have_the_servers_error_shape(tight, method, path, headers, body, status, message):
     out = httpx.request(method, f"{tight}{path}", headers=headers, content=body)
     assert out.status_code == status and list(out.json()) == ["error"] and message in out.json()["error"]
 
+
+
+@pytest.mark.parametrize("body", [b"q=caf\xc3\xa9+b&target=de", b"q=caf%C3%A9+b&target=de",
+                                  b"q=caf%c3%a9%20b&target=de"])
+def test_a_form_in_utf8_raw_or_escaped_is_the_same_text_as_json(tight, body):
+    """curl --data sends raw UTF-8, a browser escapes it: both are read as UTF-8 (starlette reads raw bytes as
+    Latin-1, which made "café" "cafÃ©")."""
+    as_json = httpx.post(f"{tight}/translate", json={"q": "café b", "target": "de"}).json()
+    out = httpx.post(f"{tight}/translate", content=body,
+                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert out.status_code == 200 and out.json() == as_json
+    assert urlencoded_fields(body) == [("q", "café b"), ("target", "de")]
 
 def test_a_request_the_parser_refuses_is_answered_in_the_same_shape(tight):
     with connect(tight) as sock:
