@@ -15,12 +15,14 @@ The rule, and what backs each lever (docs/training.md, "A recipe that fits the d
 | 2,000 to 10,000 | "small" | 4,000 | 2,048 |
 | fewer | "tiny" (d_model 64, 2 + 2 layers) | 2,000 | 1,024 |
 
-and, with a `time_budget` under `SHORT_BUDGET_S` (1 hour), the "small" model narrowed to d_model 128
-and d_ff 512, with at most 4,000 pieces and 1,024-token batches (`SHORT`): a short run on a CPU is
-short of steps before it is short of parameters, and the vocabulary projection is the largest product
-of a narrow model. At every size: pre-LN (`norm_first`), peak learning rate 3e-3 reached after 30% of
-the planned steps (`warmup_fraction`), then a linear decay to 0 at the planned end (`SCHEDULE`); label
-smoothing 0.1 (the paper's); under a budget, `PATIENCE`.
+and, with a `time_budget` that buys at most `SHORT_THREAD_S` (4 hours) of one CPU thread (the budget times the
+threads the run trains on, its processes together: 2 hours on 2 cores), or on a GPU a budget under
+`SHORT_BUDGET_S` (1 hour), the "small" model narrowed to d_model 128 and d_ff 512, with at most 4,000 pieces and
+1,024-token batches (`SHORT`): a short run on a CPU is short of steps before it is short of parameters, and the
+vocabulary projection is the largest product of a narrow model (docs/training.md: an hour on one thread at the
+"small" sizes fell far behind the narrow model at the same minute). At every size: pre-LN (`norm_first`), peak
+learning rate 3e-3 reached after 30% of the planned steps (`warmup_fraction`), then a linear decay to 0 at the
+planned end (`SCHEDULE`); label smoothing 0.1 (the paper's); under a budget, `PATIENCE`.
 
 The compute decides the rest (`compute_keys`): the passes over the training data the run will make choose
 the residual dropout (`DROPOUT_BY_PASSES`: none while each step still sees mostly new data, the paper's 0.1
@@ -40,6 +42,9 @@ from __future__ import annotations
 from dataclasses import fields, replace
 from typing import Any
 
+import torch
+
+from aiayn.backends.devices import usable_cores
 from aiayn.training.budget import parse_duration
 from aiayn.training.config import RunConfig, TrainConfig
 
@@ -52,7 +57,8 @@ SIZES = ((10_000, "small", 8000, 4096), (2_000, "small", 4000, 2048), (0, "tiny"
 SCHEDULE = "linear"
 # Under a budget: validations in a row without a better score that end the run early, with the best model.
 PATIENCE = 3
-SHORT_BUDGET_S = 3600.0
+SHORT_THREAD_S = 4 * 3600.0  # on a CPU: the most budget x training threads that narrows the "small" model
+SHORT_BUDGET_S = 3600.0  # on a GPU: the budget under which it is narrowed
 # A "small" run under a budget shorter than SHORT_BUDGET_S: (model keys, most vocabulary, batch tokens).
 SHORT = {"d_model": 128, "d_ff": 512, "dropout": 0.0}, 4000, 1024
 
@@ -75,13 +81,30 @@ def uses_fit(cfg: TrainConfig) -> bool:
     return cfg.objective_task.fits_recipe and not cfg.dataset and not cfg.init_from
 
 
-def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+def training_threads(t: TrainConfig) -> int:
+    """The CPU threads a run trains on, its processes together: `processes` x `threads` as given (one a process where
+    processes are launched), else the cores torch uses (the layout `processes=0` chooses uses them all either way)."""
+    if t.processes > 1:
+        return t.processes * (t.threads or 1)
+    return min(t.threads or torch.get_num_threads(), usable_cores())
+
+
+def short_budget(budget_s: float, threads: int) -> bool:
+    """Whether a time budget of `budget_s` seconds on `threads` CPU threads (0: a GPU) narrows the "small" model."""
+    if not budget_s:
+        return False
+    return budget_s * threads <= SHORT_THREAD_S if threads else budget_s < SHORT_BUDGET_S
+
+
+def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0,
+                threads: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
     """(training keys, model keys) the recipe chooses for `pairs` training examples and a time budget of `budget_s`
-    seconds (0: none), or `passes` over the data known before the first step (`epochs`; 0: not known); the model
-    keys include "preset". Under a budget, the compute keys are chosen again once the pace is known (`compute_keys`)."""
+    seconds (0: none) on `threads` CPU threads (0: a GPU), or `passes` over the data known before the first step
+    (`epochs`; 0: not known); the model keys include "preset". Under a budget, the compute keys are chosen again once
+    the pace is known (`compute_keys`)."""
     _, preset, vocab, tokens = next(row for row in SIZES if pairs >= row[0])
     model = {"preset": preset, "norm_first": True, "dropout": 0.1}
-    if preset == "small" and 0 < budget_s < SHORT_BUDGET_S:
+    if preset == "small" and short_budget(budget_s, threads):
         keys, most_vocab, tokens = SHORT
         model.update(keys)
         vocab = min(vocab, most_vocab)
@@ -107,7 +130,8 @@ def fit_run(run: RunConfig, pairs: int) -> tuple[RunConfig, list[str]]:
                               if getattr(run.train, f.name) != getattr(defaults, f.name)}
     budget_s = parse_duration(run.train.time_budget) if run.train.time_budget else 0.0
     passes = run.train.epochs if not budget_s and not run.train.max_steps else 0.0
-    train, model = fitted_keys(pairs, budget_s, passes)
+    threads = 0 if torch.cuda.is_available() else training_threads(run.train)
+    train, model = fitted_keys(pairs, budget_s, passes, threads)
     train = {key: value for key, value in train.items() if key not in given}
     chosen_preset = model.pop("preset")
     preset = run.model_preset if "model.preset" in given or run.model_preset != "tiny" else chosen_preset

@@ -3,7 +3,17 @@
 import pytest
 
 from aiayn.training.config import RunConfig, TrainConfig, load_run_config
-from aiayn.training.recipe import PATIENCE, PEAK_LR, SHORT, SIZES, compute_keys, fit_run, fitted_keys, uses_fit
+from aiayn.training.recipe import (
+    PATIENCE,
+    PEAK_LR,
+    SHORT,
+    SIZES,
+    compute_keys,
+    fit_run,
+    fitted_keys,
+    short_budget,
+    uses_fit,
+)
 
 
 @pytest.mark.parametrize(("pairs", "preset", "vocab", "tokens"), [(40_000, "small", 8000, 4096),
@@ -55,7 +65,7 @@ def test_the_rows_cover_every_corpus_size():
 
 def test_a_short_budget_narrows_the_model_for_more_steps():
     short, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m"]), 40_000)
-    long, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=2h"]), 40_000)
+    long, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=5h", "threads=1", "processes=1"]), 40_000)
     assert short.model_overrides["d_model"] == 128
     assert (short.train.max_tokens, short.train.vocab_size) == (SHORT[2], SHORT[1]) == (1024, 4000)
     assert "d_model" not in long.model_overrides and (long.train.max_tokens, long.train.vocab_size) == (4096, 8000)
@@ -71,10 +81,23 @@ def test_a_preset_the_config_names_keeps_its_sizes_and_dropout():
     assert fitted.model_config(vocab_size=8000).dropout == 0.3  # the big preset's
 
 
+@pytest.mark.parametrize(("budget", "threads", "short"), [
+    ("60m", ["threads=1", "processes=1"], True),  # measured: the "small" sizes were 27 BLEU behind at the same minute
+    ("4h", ["threads=1", "processes=1"], True), ("241m", ["threads=1", "processes=1"], False),
+    ("2h", ["processes=2"], True), ("3h", ["processes=2"], False), ("90m", ["threads=4", "processes=1"], False)])
+def test_the_budget_times_the_threads_it_trains_on_decides_the_narrow_model(monkeypatch, budget, threads, short):
+    """The compute a budget buys on a CPU is its seconds times the threads the run trains on, its processes together."""
+    monkeypatch.setattr("aiayn.training.recipe.usable_cores", lambda: 8)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    fitted, _ = fit_run(load_run_config(None, ["train=data.tsv", f"time_budget={budget}", *threads]), 40_000)
+    assert (fitted.model_overrides.get("d_model") == 128) is short
+    assert short_budget(1800, 0) and not short_budget(3600, 0)  # on a GPU: the budget alone, under an hour
+
+
 def test_a_short_budget_starts_without_dropout_until_its_pace_is_known():
     # the first steps only: the passes the plan buys choose it then (`compute_keys`, test_budget.py)
     assert fitted_keys(40_000, 600)[1]["dropout"] == fitted_keys(40_000, 1800)[1]["dropout"] == 0.0
-    assert fitted_keys(40_000, 7200)[1]["dropout"] == fitted_keys(40_000)[1]["dropout"] == 0.1
+    assert fitted_keys(40_000, 7200, threads=4)[1]["dropout"] == fitted_keys(40_000)[1]["dropout"] == 0.1
     kept, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m", "model.dropout=0.2"]), 40_000)
     assert kept.model_overrides["dropout"] == 0.2
 
