@@ -115,7 +115,7 @@ def recording(name: str, argv: list[str], directory: Path | None = None) -> Iter
     """Run the body as benchmark `name`, then write its record to `directory`; yields the record."""
     _figures.clear()
     settings = [f"{k}={os.environ[k]}" for k in CHOICE_SETTINGS if k in os.environ]
-    record: dict = {"bench": name, "command": " ".join([*settings, "aiayn", "bench", name, *argv]),
+    record: dict = {"format": FORMAT, "bench": name, "command": " ".join([*settings, "aiayn", "bench", name, *argv]),
                     "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "commit": commit(), "cpu": cpu(),
                     "cores": {"logical": os.cpu_count(), "usable": len(os.sched_getaffinity(0))
@@ -161,6 +161,9 @@ def write(record: dict, directory: Path) -> Path:
 
 # What a record holds that the report reads, and its type: a record without them (damaged, written by another
 # version, or another program's JSON) is skipped.
+# The records' layout, written in each ("format"; a record without one is of format 1): a reader skips a record of a
+# later format with a line, where it would misread it. Bump when a field changes meaning or goes.
+FORMAT = 1
 FIELDS = {"bench": str, "command": str, "date": (str, type(None)), "cpu": dict, "cores": dict, "threads": int,
           "load_before": list, "load_after": list, "versions": dict, "figures": list}
 FIGURE_FIELDS = {"name": str, "value": (int, float), "unit": str}
@@ -170,6 +173,11 @@ def unreadable(record: object) -> str | None:
     """Why `record` (a file's parsed JSON) is not a benchmark record the report can show, or None when it is one."""
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not a record (an object)"
+    written = record.get("format", 1)
+    if not isinstance(written, int) or isinstance(written, bool) or written < 1:
+        return f"not a benchmark record (its format is {written!r}, not a number from 1)"
+    if written > FORMAT:
+        return f"a record of format {written}, written by a later aiayn (this one reads up to {FORMAT}): update aiayn"
     wrong = [name for name, kind in FIELDS.items() if name not in record or not isinstance(record[name], kind)]
     if wrong:
         return f"not a benchmark record this version reads (missing or of the wrong type: {', '.join(wrong)})"

@@ -146,7 +146,9 @@ def test_bench_report_skips_files_that_are_not_records_with_a_line_naming_each(t
     (tmp_path / encoder.name).write_bytes(encoder.read_bytes())
     (tmp_path / "a-list.json").write_text("[1, 2, 3]\n")
     (tmp_path / "b-broken.json").write_text('{"bench": "encoder", ')
-    (tmp_path / "c-future.json").write_text('{"format": 2, "bench": "encoder", "results": {}}\n')
+    (tmp_path / "c-future.json").write_text(json.dumps({**json.loads(encoder.read_text()), "format": 2}))
+    (tmp_path / "c-old.json").write_text('{"bench": "encoder", "results": {}}\n')
+    (tmp_path / "c-wrong.json").write_text(json.dumps({**json.loads(encoder.read_text()), "format": "one"}))
     (tmp_path / "d-figures.json").write_text(json.dumps({**json.loads(encoder.read_text()), "figures": [1]}))
     os.mkfifo(tmp_path / "e-pipe.json")  # read, it would block: never opened
     assert main(["bench", "report", str(tmp_path)]) == 0
@@ -155,9 +157,13 @@ def test_bench_report_skips_files_that_are_not_records_with_a_line_naming_each(t
     assert lines == [f"skipped {tmp_path / 'a-list.json'}: a JSON list, not a record (an object)",
                      f"skipped {tmp_path / 'b-broken.json'}: not valid JSON (JSONDecodeError: Expecting property "
                      "name enclosed in double quotes: line 1 column 22 (char 21))",
-                     f"skipped {tmp_path / 'c-future.json'}: not a benchmark record this version reads (missing or "
+                     f"skipped {tmp_path / 'c-future.json'}: a record of format 2, written by a later aiayn (this "
+                     "one reads up to 1): update aiayn",
+                     f"skipped {tmp_path / 'c-old.json'}: not a benchmark record this version reads (missing or "
                      "of the wrong type: command, date, cpu, cores, threads, load_before, load_after, versions, "
                      "figures)",
+                     f"skipped {tmp_path / 'c-wrong.json'}: not a benchmark record (its format is 'one', not a "
+                     "number from 1)",
                      f"skipped {tmp_path / 'd-figures.json'}: not a benchmark record this version reads (malformed: "
                      "figures)",
                      f"skipped {tmp_path / 'e-pipe.json'}: not a regular file"], captured.err
