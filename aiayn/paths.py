@@ -7,11 +7,13 @@ a directory (`check_output_file`, `OutputRefused`). What a path to read is, `che
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from aiayn.rundir import MISSING, OutputRefused, owning_directory
@@ -140,3 +142,33 @@ def _check_folder_writable(path: Path, option: str) -> None:
     except OSError as err:
         raise OutputRefused(f"{option} {path}: no file can be written in {folder} ({err.strerror or err}); choose an "
                             f"{option} file in a folder you can write") from None
+
+
+@contextlib.contextmanager
+def locked(path: str | Path, *, seconds: float = 10.0) -> Iterator[bool]:
+    """Hold an OS lock (`flock`) on the file `path` (made if missing) while the body runs; yields whether it was taken.
+
+    Waits up to `seconds` for another process to release it, then runs the body without it (a process stopped while
+    holding the lock must not stop every other); where `fcntl` does not exist (Windows) it locks nothing. The lock
+    file is opened without following a link and without blocking, so a FIFO or a link planted there costs only the
+    lock (OSError from opening it is the caller's: a folder that cannot be written).
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        yield False
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        deadline, held = time.monotonic() + seconds, False
+        while not held:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                held = True
+            except OSError as err:
+                if err.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+        yield held
+    finally:
+        os.close(fd)  # (closing releases the lock)

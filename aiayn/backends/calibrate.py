@@ -52,7 +52,7 @@ import os
 import platform
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -64,7 +64,7 @@ from aiayn.backends.fused import TorchEncoderLayer, fuse_qkv, stacked_away
 from aiayn.backends.shapes import FEW_ROWS_MAX, ROW_CLASSES, SHAPE_KINDS, rows_measured
 from aiayn.config import ModelConfig, preset
 from aiayn.nn.model import build_encoder, build_model
-from aiayn.paths import read_regular_file
+from aiayn.paths import locked, read_regular_file
 from aiayn.rundir import atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -333,16 +333,36 @@ def _cached(description: dict[str, str]) -> Choices | None:
     """The cache file's choices for `description`, unless measured by older code or on a busier machine than now, or
     the file is no cache aiayn wrote (a FIFO, a device, a link to one, larger than `CACHE_LIMIT`): read without
     ever blocking."""
+    found = _on_disk(description)
+    threads = int(description["threads"])
+    if found is not None and not (timing.busy(found.load, threads)
+                                  and timing.measured_busy(found.load, timing.other_work(), threads)):
+        return found
+    return None
+
+
+def _on_disk(description: dict[str, str]) -> Choices | None:
+    """The cache file's choices for `description` as written, however busy the machine was; None unless this code
+    wrote them (see `_cached`)."""
     path = cache_path(description)
     try:
         found = Choices(**json.loads(read_regular_file(path, limit=CACHE_LIMIT)))
-        threads = int(description["threads"])
-        if _well_formed(found) and found.machine == description and path.stat().st_mtime >= _library_time() and not (
-                timing.busy(found.load, threads) and timing.measured_busy(found.load, timing.other_work(), threads)):
+        if _well_formed(found) and found.machine == description and path.stat().st_mtime >= _library_time():
             return found
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         pass
     return None
+
+
+def _merged(older: Choices, newer: Choices) -> Choices:
+    """`newer` with what only `older` measured kept: a table's entries by key (`newer`'s where both have one), a
+    field `newer` has not measured, and the busier load."""
+    values = {}
+    for kept in fields(Choices):
+        old, new = getattr(older, kept.name), getattr(newer, kept.name)
+        values[kept.name] = {**old, **new} if isinstance(old, dict) and isinstance(new, dict) else (
+            old if new is None else new)
+    return replace(newer, **{**values, "machine": newer.machine, "load": max(older.load, newer.load)})
 
 
 def _well_formed(found: Choices) -> bool:
@@ -371,16 +391,23 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
     if found is not None:  # the busiest measurement in the file decides whether it is measured again
         base = replace(found, **{name: getattr(base, name) for name in BASE_FIELDS}, load=max(found.load, base.load),
                        seconds={**found.seconds, **base.seconds}, ratios={**found.ratios, **base.ratios})
-    _store(base)
+    _store(base, merge=not refresh)
     logger.info("CPU products measured (%s): %s", cache_path(description), base.describe())
     return base
 
 
-def _store(found: Choices) -> None:
-    """Write `found` to its machine's cache file (a read-only home only costs measuring again next time)."""
+def _store(found: Choices, *, merge: bool = True) -> None:
+    """Write `found` to its machine's cache file, merged with what other processes measured into it meanwhile
+    (`_merged`) unless that was measured busier or `merge` is False, under a lock beside it (a read-only home only
+    costs measuring again next time)."""
     path = cache_path(found.machine)
     try:
-        atomic_write_text(path, json.dumps(asdict(found), indent=1))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with locked(path.with_name(path.name + ".lock")):
+            on_disk = _on_disk(found.machine) if merge else None
+            if on_disk is not None and on_disk.load <= found.load:
+                found = _merged(on_disk, found)
+            atomic_write_text(path, json.dumps(asdict(found), indent=1))
     except OSError as err:
         logger.info("could not cache the CPU product measurements in %s (%s)", path, err)
 

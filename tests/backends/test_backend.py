@@ -548,6 +548,36 @@ def test_a_cache_path_that_is_no_regular_file_is_no_cache_and_never_blocks(tmp_p
     assert not reader.is_alive() and found == [None], f"reading a cache that is a {kind} blocked"
 
 
+
+def _store_many(process: int, times: int) -> None:
+    """Store `times` measurements of this process's own, one at a time (as a process measuring one shape after another
+    does), each a new key of `Choices.training`."""
+    for step in range(times):
+        calibrate._store(calibrate.Choices(machine=calibrate.machine(), training={f"{process}-{step}": [True, False]}))
+
+
+def test_processes_measuring_into_one_cache_keep_each_others_measurements(tmp_path, monkeypatch):
+    """Three processes calibrating at once: each store merges, under a lock, with what the others wrote (the last
+    writer took all before); a refresh replaces the file, and a file measured busier is replaced, not merged."""
+    import multiprocessing
+
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_store_many, args=(n, 15)) for n in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert [worker.exitcode for worker in workers] == [0, 0, 0]
+    found = calibrate._on_disk(calibrate.machine())
+    assert set(found.training) == {f"{n}-{step}" for n in range(3) for step in range(15)}
+    fresh = calibrate.Choices(machine=calibrate.machine(), training={"new": [False, False]})
+    calibrate._store(fresh, merge=False)
+    assert calibrate._on_disk(calibrate.machine()).training == {"new": [False, False]}
+    calibrate._store(dataclasses.replace(fresh, load=3.0))
+    calibrate._store(calibrate.Choices(machine=calibrate.machine(), training={"quiet": [True, True]}, load=0.5))
+    assert calibrate._on_disk(calibrate.machine()).training == {"quiet": [True, True]}
+
 def test_the_measurements_are_cached_per_machine_and_measured_again_on_request(tmp_path, monkeypatch):
     monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(timing, "REPEATS", 2)
