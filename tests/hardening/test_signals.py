@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+import pytest
 
 from aiayn.cli.main import main
 from aiayn.rundir import RunLock
@@ -15,6 +18,7 @@ from aiayn.training.checkpoint import list_checkpoints
 ARGS = ["dataset=copy", "dataset_train=40", "dataset_valid=4", "dataset_test=4", "dataset_max_len=4", "vocab_size=20",
         "max_tokens=100", "threads=1", "model.d_model=16", "model.d_ff=32", "model.n_heads=2",
         "model.n_encoder_layers=1", "model.n_decoder_layers=1", "warmup=10", "show_examples=0", "max_steps=50"]
+ROOT = Path(__file__).resolve().parents[2]
 
 # `aiayn train` that runs HOOK after every optimizer step (the step number is `self.step`).
 HOOKED = """
@@ -48,6 +52,27 @@ def test_sigterm_saves_a_checkpoint_and_exits_like_ctrl_c(tmp_path):
     assert list_checkpoints(tmp_path / "run" / "checkpoints")[-1].name == "step-00000003"
     RunLock(tmp_path / "run").acquire().release()  # the lock went with the process
 
+
+EARLY = """
+import importlib.abc, os, signal, sys
+class Interrupt(importlib.abc.MetaPathFinder):  # the signal comes as the CLI's modules begin to load
+    def find_spec(self, name, path, target=None):
+        if name == "aiayn.cli.main":
+            os.kill(os.getpid(), signal.SIG{name})
+sys.meta_path.insert(0, Interrupt())
+from aiayn.cli.entry import main
+sys.exit(main())
+"""
+
+
+@pytest.mark.parametrize("name", ["INT", "TERM"])
+def test_a_signal_while_the_clis_modules_load_is_one_line(tmp_path, name):
+    """From the entry point's first line (`aiayn.cli.entry`), before the CLI's own handler is in place: no
+    KeyboardInterrupt traceback from the import, one line, exit 130."""
+    proc = subprocess.run([sys.executable, "-c", EARLY.replace("{name}", name), "params", "--preset", "tiny"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "aiayn: interrupted\n", "")
 
 def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "aiayn", "params", "--preset", "tiny"], stdout=subprocess.PIPE,
