@@ -1,10 +1,9 @@
 """The objects a server answers with: each object `aiayn.load` returned, its batcher, and what its routes need.
 
-One class per kind of object, named by the objective that trains its model (`Task.served`, found by
-`served_class`): a translator answers `/translate`, a generator `/v1/completions`, an embedder
-`/v1/embeddings` and `/embed`, a classifier or tagger `/predict`. Each one counts a request's tokens
-before it is queued (so a text the model cannot take is refused alone, with 422) and runs a gathered
-batch through the object's own batched call (`call`): in the server's pass thread, or, given a
+One class per kind of object (`SERVED`, found by `served_class`): a translator answers `/translate`, a generator
+`/v1/completions`, an embedder `/v1/embeddings` and `/embed`, a classifier or tagger `/predict`. Each one counts a
+request's tokens before it is queued (so a text the model cannot take is refused alone, with 422) and runs a
+gathered batch through the object's own batched call (`call`): in the server's pass thread, or, given a
 `WorkerPool`, in a worker process that holds its own copy of the object.
 """
 
@@ -358,14 +357,20 @@ def stepped_parts(obj: Any, payload: list, **options) -> tuple[list[Part], Calla
     return served.parts(obj, [served.queued(t) if isinstance(t, str) else t for t in payload], **options)
 
 
+# How each kind of object `aiayn.load` gives is served.
+SERVED: dict[type, type[Served]] = {Translator: ServedTranslator, Generator: ServedGenerator, Embedder: ServedEmbedder,
+                                    Classifier: ServedLabeller, Tagger: ServedLabeller}
+
+
 def served_class(obj: Any) -> type[Served]:
-    """How `obj` is served: the `Served` class its model's objective names (`Task.served`); ValueError for an
-    object that is not what `aiayn.load` gives."""
+    """How `obj` is served (`SERVED`); ValueError for an object that is not what `aiayn.load` gives for its model
+    (the object its model's objective loads, `Task.loaded`)."""
     config = getattr(getattr(obj, "model", None), "config", None)
     task = task_of(config) if isinstance(config, ModelConfig) else None
-    if task is None or not isinstance(obj, resolved(task.loaded)):
+    loaded = resolved(task.loaded) if task is not None else None
+    if loaded not in SERVED or not isinstance(obj, loaded):
         raise ValueError(f"a {type(obj).__name__} is not a loaded object aiayn serves (aiayn.load gives those)")
-    return resolved(task.served)
+    return SERVED[loaded]
 
 
 def batched_call(obj: Any, texts: list, **options) -> list:

@@ -13,9 +13,9 @@ A task object owns what differs between objectives: how a data file is read and 
 gives the loss its inputs, how predictions are collected from a batch and scored, its metrics, and the
 model head it trains (`head`, a `ModelConfig.head` name the model builder knows), which models are its
 (`trains`, asked by `task_of`), and what they become outside training: the object `aiayn.load` returns,
-its serving adapter and its exporter (`loaded`, `served`, `exporter`: named, and imported by `resolved`
-when asked). Adding an objective is a new file here (with the files of what it names, where it needs new
-ones), its name in `names.py`, and its line in `_MODULES`.
+and its exporter (`loaded`, `exporter`: named, and imported by `resolved` when asked; the server finds how to
+answer with the loaded object by its class, `aiayn.serve.models.SERVED`). Adding an objective is a new file here
+(with the files of what it names, where it needs new ones), its name in `names.py`, and its line in `_MODULES`.
 
 The task modules are imported on first use: `names.py` is imported by the config and the model builder,
 which the task modules themselves import.
@@ -74,6 +74,6 @@ def task_of(cfg: Any) -> Task:
 
 @cache
 def resolved(reference: str) -> Any:
-    """What a task's "module:attribute" reference (`Task.loaded`, `served`, `exporter`) names, imported now."""
+    """What a task's "module:attribute" reference (`Task.loaded`, `exporter`) names, imported now."""
     module, _, name = reference.partition(":")
     return getattr(importlib.import_module(module), name)

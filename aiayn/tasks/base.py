@@ -52,7 +52,6 @@ class Task(abc.ABC):
     # What its trained models become, each named "module:attribute" and imported when asked (`resolved`): they
     # live in the layers above the task objects, which import the task files, so a task names them, never imports.
     loaded: str = "aiayn.inference.embeddings:Embedder"  # the object `aiayn.load` gives for its models
-    served: str = "aiayn.serve.models:ServedEmbedder"  # how `aiayn serve` answers with that object
     # `aiayn export`: a function (source, out, *, fmt, quantization, force, check) -> `aiayn.export.ExportResult`
     exporter: str = "aiayn.export:export_encoder"
 

@@ -39,7 +39,6 @@ class CausalLM(Task):
     starts_from_encoder = False
     fits_recipe = True
     loaded = "aiayn.inference.generator:Generator"
-    served = "aiayn.serve.models:ServedGenerator"
     exporter = "aiayn.export:export_generator"
 
     def __init__(self, window: int = 0, gpt_shape: bool = False):

@@ -28,7 +28,6 @@ class Seq2Seq(Task):
     checked = True
     fits_recipe = True
     loaded = "aiayn.inference.translator:Translator"
-    served = "aiayn.serve.models:ServedTranslator"
     exporter = "aiayn.export:export_translator"
 
     def trains(self, cfg: Any) -> bool:

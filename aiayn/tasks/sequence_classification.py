@@ -22,7 +22,6 @@ class SequenceClassification(Task):
     metrics = ("accuracy", "macro_f1", "loss")
     head = SEQUENCE_CLASSIFICATION
     loaded = "aiayn.inference.classifiers:Classifier"
-    served = "aiayn.serve.models:ServedLabeller"
     checked = True
 
     def read(self, cfg: Any, path: str) -> tuple[list, ReadStats]:

@@ -22,7 +22,6 @@ class TokenClassification(Task):
     metrics = ("entity_f1", "loss")
     head = TOKEN_CLASSIFICATION
     loaded = "aiayn.inference.classifiers:Tagger"
-    served = "aiayn.serve.models:ServedLabeller"
     label_word = "tag"
     bert_keys = {"classifier": "head.classifier"}  # BertForTokenClassification's Linear on every position
 
