@@ -92,7 +92,7 @@ def resolved(run: RunConfig, *, device: str | None = None, resume: bool = False,
     def fitted() -> RunConfig:
         if resume or not uses_fit(run.train):
             return run
-        return fit_run(run, len(read_examples(run.train, run.train.train)[0]))[0]
+        return fit_run(run, len(read_examples(run.train, run.train.train)[0]), device)[0]
 
     layout = choose(run, device=device, fitted=fitted) if relaunchable else Layout(1, "a config read from a pipe: "
                                                                                     "one process")

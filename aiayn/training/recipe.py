@@ -16,7 +16,7 @@ The rule, and what backs each lever (docs/training.md, "A recipe that fits the d
 | fewer | "tiny" (d_model 64, 2 + 2 layers) | 2,000 | 1,024 |
 
 and, with a `time_budget` that buys at most `SHORT_THREAD_S` (4 hours) of one CPU thread (the budget times the
-threads the run trains on, its processes together: 2 hours on 2 cores), or on a GPU a budget under
+threads the run trains on, its processes together, four at most: 2 hours on 2 cores), or on a GPU a budget under
 `SHORT_BUDGET_S` (1 hour), the "small" model narrowed to d_model 128 and d_ff 512, with at most 4,000 pieces and
 1,024-token batches (`SHORT`): a short run on a CPU is short of steps before it is short of parameters, and the
 vocabulary projection is the largest product of a narrow model (docs/training.md: an hour on one thread at the
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from aiayn.backends.devices import usable_cores
+from aiayn.backends.devices import resolve_device, usable_cores
 from aiayn.training.budget import parse_duration
 from aiayn.training.config import RunConfig, TrainConfig
 
@@ -81,12 +81,17 @@ def uses_fit(cfg: TrainConfig) -> bool:
     return cfg.objective_task.fits_recipe and not cfg.dataset and not cfg.init_from
 
 
+# Threads beyond these count as these: a narrow model's steps are not measured to go faster on more (untried).
+MOST_THREADS_COUNTED = 4
+
+
 def training_threads(t: TrainConfig) -> int:
     """The CPU threads a run trains on, its processes together: `processes` x `threads` as given (one a process where
-    processes are launched), else the cores torch uses (the layout `processes=0` chooses uses them all either way)."""
+    processes are launched), else the cores torch uses (the layout `processes=0` chooses uses them all either way);
+    at most `MOST_THREADS_COUNTED`."""
     if t.processes > 1:
-        return t.processes * (t.threads or 1)
-    return min(t.threads or torch.get_num_threads(), usable_cores())
+        return min(t.processes * (t.threads or 1), MOST_THREADS_COUNTED)
+    return min(t.threads or torch.get_num_threads(), usable_cores(), MOST_THREADS_COUNTED)
 
 
 def short_budget(budget_s: float, threads: int) -> bool:
@@ -117,8 +122,9 @@ def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0,
     return train, model
 
 
-def fit_run(run: RunConfig, pairs: int) -> tuple[RunConfig, list[str]]:
-    """`run` with every fitted key it does not set chosen for `pairs` training examples, and a note of the choice.
+def fit_run(run: RunConfig, pairs: int, device: str | torch.device | None = None) -> tuple[RunConfig, list[str]]:
+    """`run` with every fitted key it does not set chosen for `pairs` training examples on `device` (None: the
+    machine's best, as `aiayn train` picks it), and a note of the choice.
 
     A key counts as set when the config file or an override names it (`RunConfig.given`) or when its value
     differs from the default.
@@ -130,7 +136,7 @@ def fit_run(run: RunConfig, pairs: int) -> tuple[RunConfig, list[str]]:
                               if getattr(run.train, f.name) != getattr(defaults, f.name)}
     budget_s = parse_duration(run.train.time_budget) if run.train.time_budget else 0.0
     passes = run.train.epochs if not budget_s and not run.train.max_steps else 0.0
-    threads = 0 if torch.cuda.is_available() else training_threads(run.train)
+    threads = training_threads(run.train) if resolve_device(device).type == "cpu" else 0
     train, model = fitted_keys(pairs, budget_s, passes, threads)
     train = {key: value for key, value in train.items() if key not in given}
     chosen_preset = model.pop("preset")

@@ -119,7 +119,7 @@ def setup(t: Any) -> None:
         t.run = replace(t.run, train=replace(cfg, global_batches=cfg.accum_steps * t.world, accum_steps=1))
         t.cfg = cfg = t.run.train
     if not t.resume and uses_fit(cfg):  # a resumed run keeps the recipe its config saved
-        t.run, notes = fit_run(t.run, len(read_examples(cfg, cfg.train)[0]))
+        t.run, notes = fit_run(t.run, len(read_examples(cfg, cfg.train)[0]), t.device)
         t.cfg = cfg = t.run.train
         for note in notes if main else ():
             t.report(note)

@@ -64,8 +64,9 @@ def test_the_rows_cover_every_corpus_size():
 
 
 def test_a_short_budget_narrows_the_model_for_more_steps():
-    short, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m"]), 40_000)
-    long, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=5h", "threads=1", "processes=1"]), 40_000)
+    short, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=10m"]), 40_000, "cpu")
+    long, _ = fit_run(load_run_config(None, ["train=data.tsv", "time_budget=5h", "threads=1", "processes=1"]), 40_000,
+                      "cpu")
     assert short.model_overrides["d_model"] == 128
     assert (short.train.max_tokens, short.train.vocab_size) == (SHORT[2], SHORT[1]) == (1024, 4000)
     assert "d_model" not in long.model_overrides and (long.train.max_tokens, long.train.vocab_size) == (4096, 8000)
@@ -84,12 +85,13 @@ def test_a_preset_the_config_names_keeps_its_sizes_and_dropout():
 @pytest.mark.parametrize(("budget", "threads", "short"), [
     ("60m", ["threads=1", "processes=1"], True),  # measured: the "small" sizes were 27 BLEU behind at the same minute
     ("4h", ["threads=1", "processes=1"], True), ("241m", ["threads=1", "processes=1"], False),
-    ("2h", ["processes=2"], True), ("3h", ["processes=2"], False), ("90m", ["threads=4", "processes=1"], False)])
+    ("2h", ["processes=2"], True), ("3h", ["processes=2"], False), ("90m", ["threads=4", "processes=1"], False),
+    ("60m", ["threads=32", "processes=1"], True), ("61m", [], False)])  # more than four threads count as four
 def test_the_budget_times_the_threads_it_trains_on_decides_the_narrow_model(monkeypatch, budget, threads, short):
     """The compute a budget buys on a CPU is its seconds times the threads the run trains on, its processes together."""
-    monkeypatch.setattr("aiayn.training.recipe.usable_cores", lambda: 8)
-    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    fitted, _ = fit_run(load_run_config(None, ["train=data.tsv", f"time_budget={budget}", *threads]), 40_000)
+    monkeypatch.setattr("aiayn.training.recipe.usable_cores", lambda: 64)
+    monkeypatch.setattr("torch.get_num_threads", lambda: 64)
+    fitted, _ = fit_run(load_run_config(None, ["train=data.tsv", f"time_budget={budget}", *threads]), 40_000, "cpu")
     assert (fitted.model_overrides.get("d_model") == 128) is short
     assert short_budget(1800, 0) and not short_budget(3600, 0)  # on a GPU: the budget alone, under an hour
 
