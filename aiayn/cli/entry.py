@@ -16,14 +16,27 @@ def _record(signum: int, frame: object) -> None:
     _early.append(signum)
 
 
+def pending() -> list[int]:
+    """The signals received while the CLI loaded, now handed over (`aiayn.cli.main` calls it once its own handler is
+    in place, and stops as for a signal of its own)."""
+    signals = list(_early)
+    _early.clear()
+    return signals
+
+
 def main() -> int:
+    previous = {}
     for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT"):
         sig = getattr(signal, name, None)
         if sig is not None and signal.getsignal(sig) is not signal.SIG_IGN:
-            signal.signal(sig, _record)  # (the CLI puts its own over it, then this one back)
-    from aiayn.cli.main import main as run
+            previous[sig] = signal.signal(sig, _record)  # (the CLI puts its own over it, then this one back)
+    try:
+        from aiayn.cli.main import main as run
 
-    if _early:
-        print("aiayn: interrupted", file=sys.stderr, flush=True)
-        return INTERRUPTED
-    return run()
+        if _early:
+            print("aiayn: interrupted", file=sys.stderr, flush=True)
+            return INTERRUPTED
+        return run()
+    finally:
+        for sig, handler in previous.items():  # what Python had, for the interpreter's exit
+            signal.signal(sig, handler)

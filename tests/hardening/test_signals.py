@@ -57,7 +57,7 @@ EARLY = """
 import importlib.abc, os, signal, sys
 class Interrupt(importlib.abc.MetaPathFinder):  # the signal comes as the CLI's modules begin to load
     def find_spec(self, name, path, target=None):
-        if name == "aiayn.cli.main":
+        if name == "{module}":
             os.kill(os.getpid(), signal.SIG{name})
 sys.meta_path.insert(0, Interrupt())
 from aiayn.cli.entry import main
@@ -65,14 +65,19 @@ sys.exit(main())
 """
 
 
-@pytest.mark.parametrize("name", ["INT", "TERM"])
-def test_a_signal_while_the_clis_modules_load_is_one_line(tmp_path, name):
-    """From the entry point's first line (`aiayn.cli.entry`), before the CLI's own handler is in place: no
-    KeyboardInterrupt traceback from the import, one line, exit 130."""
-    proc = subprocess.run([sys.executable, "-c", EARLY.replace("{name}", name), "params", "--preset", "tiny"],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "aiayn: interrupted\n", "")
+@pytest.mark.parametrize(("name", "module", "line"), [("INT", "aiayn.cli.main", "aiayn: interrupted"),
+                                                    ("TERM", "aiayn.cli.main", "aiayn: interrupted"),
+                                                    ("INT", "tqdm", "aiayn params: interrupted")])
+def test_a_signal_while_the_clis_modules_load_is_one_line(tmp_path, name, module, line):
+    """From the entry point's first line (`aiayn.cli.entry`), before the CLI's own handler is in place (while its
+    modules load, and between that and the handler: tqdm is imported there): no KeyboardInterrupt traceback, no
+    signal lost, one line, exit 130; and Python's own handlers are back for the interpreter's exit."""
+    code = EARLY.replace("{name}", name).replace("{module}", module).replace(
+        "sys.exit(main())", "code = main()\nassert signal.getsignal(signal.SIGINT) is signal.default_int_handler\n"
+                            "sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", code, "params", "--preset", "tiny"], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert (proc.returncode, proc.stderr.strip(), proc.stdout) == (130, line, "")
 
 def test_ctrl_c_while_the_cli_starts_is_one_line(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "aiayn", "params", "--preset", "tiny"], stdout=subprocess.PIPE,
