@@ -150,15 +150,22 @@ def locked(path: str | Path, *, seconds: float = 10.0) -> Iterator[bool]:
 
     Waits up to `seconds` for another process to release it, then runs the body without it (a process stopped while
     holding the lock must not stop every other); where `fcntl` does not exist (Windows) it locks nothing. The lock
-    file is opened without following a link and without blocking, so a FIFO or a link planted there costs only the
-    lock (OSError from opening it is the caller's: a folder that cannot be written).
+    file is opened without following a link and without blocking, so a FIFO, a link or a folder planted there, or a
+    lock file of another user's, costs only the lock (other OSError from opening it is the caller's: a folder that
+    cannot be written).
     """
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not on POSIX
         yield False
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES, errno.EPERM):
+            raise
+        yield False  # a link, a folder, a socket or a file not ours at the lock's path: no lock
+        return
     try:
         deadline, held = time.monotonic() + seconds, False
         while not held:

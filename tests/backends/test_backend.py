@@ -963,3 +963,15 @@ def test_the_default_precision_is_bf16_on_a_gpu_that_has_it_and_for_training_onl
     assert backend_module.default_precision(torch.device("cpu"), "inference") == "fp32"
     monkeypatch.setattr(backend_module, "bf16_supported", lambda device: False)
     assert backend_module.default_precision(cuda, "inference") == "fp32"
+
+
+@pytest.mark.parametrize("kind", ["link", "folder"])
+def test_a_lock_path_taken_by_something_else_costs_only_the_lock(tmp_path, monkeypatch, kind):
+    """A link or a folder planted where the cache's lock file goes: the measurements are still cached, unlocked."""
+    monkeypatch.setenv("AIAYN_CACHE_DIR", str(tmp_path))
+    path = calibrate.cache_path(calibrate.machine())
+    lock = path.with_name(path.name + ".lock")
+    lock.symlink_to(tmp_path / "elsewhere") if kind == "link" else lock.mkdir()
+    calibrate._store(calibrate.Choices(machine=calibrate.machine(), training={"x": [True, False]}))
+    assert calibrate._on_disk(calibrate.machine()).training == {"x": [True, False]}
+    assert not (tmp_path / "elsewhere").exists()
