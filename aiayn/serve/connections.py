@@ -46,6 +46,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._unread: asyncio.TimerHandle | None = None  # runs while a body no one reads is still coming
         self._header_bytes, self._parsed_bytes, self._heard = 0, 0, False
         self._refused = False  # answered by `_refuse`: nothing more of this connection reaches the application
+        self._deferred: tuple[int, str] | None = None  # a refusal that waits for the answer before it
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, f"the server has {self.limits.max_connections} connections open, its limit "
                               "(--max-connections); retry later")
@@ -108,6 +109,10 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        if self._deferred is not None:
+            refusal, self._deferred = self._deferred, None
+            self._refuse(*refusal)
+            return
         if self.cycle is not None and self.cycle.more_body and not self.transport.is_closing():
             # answered before its body was all sent (an unknown route, say): the rest gets `read_seconds` to come
             self._unread = self.loop.call_later(self.limits.read_seconds, self.transport.close)
@@ -132,13 +137,15 @@ class BoundedProtocol(HttpToolsProtocol):
             self.transport.close()
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer `status` with `{"error": message}` and close the connection."""
+        """Answer `status` with `{"error": message}` and close the connection; after the answer to an earlier request
+        on it (pipelined) where that is still to come."""
         self._cancel_deadline()
         self._refused = True
         if self.transport.is_closing():
             return
-        if self.cycle is not None and self.cycle.response_started and not self.cycle.response_complete:
-            self.transport.close()  # (an answer to an earlier request is being written: no room for this one)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._deferred = (status, message)  # (written by `on_response_complete`)
+            self.flow.pause_reading()
             return
         body = json.dumps({"error": message}).encode()
         reason = {400: "Bad Request", 408: "Request Timeout", 431: "Request Header Fields Too Large",

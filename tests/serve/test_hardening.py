@@ -288,6 +288,17 @@ def test_headers_past_the_limit_in_one_write_are_answered_431_and_the_request_ne
     assert metric(tight, "aiayn_requests_total", 'route="/translate",status="200"') == before
 
 
+
+def test_a_pipelined_request_past_the_header_limit_is_refused_after_the_answer_before_it(tight):
+    """Two requests in one write, the second's headers too large: the first gets its own answer, then the 431."""
+    with connect(tight) as sock:
+        sock.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b'Content-Length: 28\r\n\r\n{"q": "a b", "target": "de"}'
+                     b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n")
+        answer = answer_of(sock)
+    first, _, second = answer.partition(b"HTTP/1.1 431 ")
+    assert first.startswith(b"HTTP/1.1 200 ") and b'"translatedText"' in first and b"pass the limit" in second
+
 @pytest.mark.parametrize("body", [b'{"q": "a b", "target": "de"}', b'{"q": '])
 def test_a_client_that_half_closes_is_taken_as_gone_and_its_request_dropped(tight, body):
     """TCP cannot tell a client that shut its sending side (`nc -N`) from one that closed and left; as hyper (TEI's
