@@ -230,11 +230,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if steps is not None:
             steps.close()
         sock.close()
-    cut = app.state.metrics.cut
-    if cut:
+    cut, midway = app.state.metrics.cut, app.state.metrics.cut_midway
+    if cut or midway:
         why = "a second signal came" if server.force_exit else f"--drain-seconds ({args.drain_seconds:g}) ran out"
-        print(f"aiayn serve: stopped before answering {cut} request{'s' * (cut != 1)} in flight ({why}; each was "
-              "answered 503)", file=sys.stderr, flush=True)
+        what = [f"{cut} request{'s' * (cut != 1)} in flight (each answered 503)"] if cut else []
+        what += [f"{midway} answer{'s' * (midway != 1)} under way (cut short)"] if midway else []
+        print(f"aiayn serve: stopped before finishing {' and '.join(what)}: {why}", file=sys.stderr, flush=True)
         return 130
     print("aiayn serve: stopped after the requests in flight were answered", file=sys.stderr, flush=True)
     return 0

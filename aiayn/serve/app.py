@@ -37,7 +37,7 @@ from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, R
 from aiayn.config import MAX_INT
 from aiayn.serve.batching import Passes, QueueFull
 from aiayn.serve.guard import Access, Guard
-from aiayn.serve.limits import ApiError, Limits, bool_field, read_fields, string_field, texts_field
+from aiayn.serve.limits import ApiError, Limits, Stopped, bool_field, read_fields, string_field, texts_field
 from aiayn.serve.metrics import Metrics
 from aiayn.serve.models import Served, ServedLabeller, ServedTranslator, pick, pick_translator, served_class
 from aiayn.serve.stepping_workers import StepWorkers
@@ -86,7 +86,8 @@ class HeadAsGet:
 class Observed:
     """ASGI middleware: every request's status and latency by route, and the requests in flight; an error no route
     answered becomes a 500 in the server's JSON shape, logged once with its traceback, and a request the stopping
-    server cuts (`--drain-seconds` ran out, or a second signal) a 503 in that shape, counted in `Metrics.cut`."""
+    server cuts (`--drain-seconds` ran out, or a second signal) a 503 in that shape, counted in `Metrics.cut` (one
+    whose answer had begun is cut short, in `Metrics.cut_midway`)."""
 
     def __init__(self, app, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -106,11 +107,11 @@ class Observed:
         try:
             await self.app(scope, receive, sending)
         except asyncio.CancelledError:  # the server stopped before answering (its drain time ran out, a second signal)
-            self.metrics.cut += 1
-            if started[0]:
+            if started[0]:  # (a streamed answer, cut: uvicorn closes the connection)
+                self.metrics.cut_midway += 1
                 return
-            answer = JSONResponse({"error": "the server stopped before answering this request; send it again when "
-                                            "the server is back"}, status_code=503, headers={"Connection": "close"})
+            self.metrics.cut += 1
+            answer = JSONResponse({"error": Stopped().message}, status_code=503, headers={"Connection": "close"})
             await answer(scope, receive, sending)  # (the request's task ends here: the server is stopping it)
         except Exception as err:
             logger.exception("%s %s failed", scope["method"], scope["path"])
@@ -221,6 +222,8 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, err: ApiError) -> JSONResponse:
+        if isinstance(err, Stopped):
+            server.metrics.cut += 1
         return JSONResponse({"error": err.message}, status_code=err.status)
 
     @app.exception_handler(HTTPException)

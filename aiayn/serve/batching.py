@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from aiayn.inference.threads import own_count
+from aiayn.serve.limits import Stopped
 
 logger = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ class Batcher:
         if not unanswered:
             return
         if err is None:
-            error = RuntimeError("the server stopped before this request was answered; retry it")
+            error = Stopped()
         else:
             error = RuntimeError(f"the batch of this request failed ({type(err).__name__}: {err}); retry it")
         for job in unanswered:

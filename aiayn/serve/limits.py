@@ -69,6 +69,14 @@ class ApiError(Exception):
         self.message = message
 
 
+class Stopped(ApiError):
+    """A request the stopping server did not answer (its drain time ran out, or a second signal came): 503."""
+
+    def __init__(self):
+        super().__init__(503, "the server stopped before answering this request; send it again when the server is "
+                              "back")
+
+
 async def read_body(request: Request, limits: Limits) -> bytes:
     """The request's body, refused with 413 as soon as it passes `max_body_bytes` (declared or sent), with 408 when
     it has not all come within `read_seconds`, and with 499 (logged in one line) when the client goes away first."""

@@ -75,6 +75,7 @@ class Metrics:
         self.tokens: dict[str, int] = defaultdict(int)
         self.in_flight = 0
         self.cut = 0  # requests the stopping server did not answer (503)
+        self.cut_midway = 0  # answers (streamed) the stopping server cut short
         self.queues: dict[str, Callable[[], int]] = {}  # model -> texts waiting now
         self.running: dict[str, Callable[[], int]] = {}  # model -> rows in its running batch now
         self.steps: dict[str, int] = defaultdict(int)

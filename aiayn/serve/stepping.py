@@ -34,6 +34,7 @@ import torch
 from aiayn.inference.running import Part, RunningBatch
 from aiayn.inference.threads import own_count
 from aiayn.serve.batching import QueueFull
+from aiayn.serve.limits import Stopped
 
 logger = logging.getLogger(__name__)
 
@@ -331,7 +332,7 @@ class Stepper:
         for thread in self.threads_running:
             thread.join(timeout=30)
         with self.wake:
-            self.lanes.fail_all(RuntimeError("the server stopped before this request was answered; retry it"))
+            self.lanes.fail_all(Stopped())
 
     def _run(self) -> None:
         own_count(self.threads)

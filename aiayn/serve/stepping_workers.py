@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 
+from aiayn.serve.limits import Stopped
 from aiayn.serve.stepping import Job, Lanes, check_room, settle
 from aiayn.serve.workers import WARM_UP_TEXT, WorkerProcess, loaded, sendable
 
@@ -83,7 +84,7 @@ class StepWorkers:
             workers, self._workers = self._workers, []
         for worker in workers:
             worker.stop()
-            worker.fail_all(RuntimeError("the server stopped before this request was answered; retry it"))
+            worker.fail_all(Stopped())
 
     def model(self, name: str) -> StepWorkers.Model:
         """What a served model submits its requests to."""
@@ -141,7 +142,7 @@ class StepWorkers:
         while True:
             try:
                 kind, *message = worker.connection.recv()
-            except (EOFError, OSError):
+            except (EOFError, OSError, TypeError):  # (TypeError: `close` closed the pipe under this read)
                 break
             if kind == "stepped":
                 rows, waiting, steps, firsts = message
@@ -255,15 +256,18 @@ def _work(connection: Connection, sources: Mapping[str, str], parts: Callable, t
                 return
             lanes.assign()
             lane = lanes.next_lane()
-            if lane is not None:
-                lanes.work(lane)
-            if steps and time.perf_counter() - reported > REPORT_SECONDS or not (lanes.waiting or lanes.rows()):
-                rows = {name: lanes.rows(name) for name in objects}
-                waiting = {name: lanes.waiting_texts(name) for name in objects}
-                connection.send(("stepped", rows, waiting, list(steps), list(firsts)))
-                steps.clear()
-                firsts.clear()
-                reported = time.perf_counter()
+            try:
+                if lane is not None:
+                    lanes.work(lane)
+                if steps and time.perf_counter() - reported > REPORT_SECONDS or not (lanes.waiting or lanes.rows()):
+                    rows = {name: lanes.rows(name) for name in objects}
+                    waiting = {name: lanes.waiting_texts(name) for name in objects}
+                    connection.send(("stepped", rows, waiting, list(steps), list(firsts)))
+                    steps.clear()
+                    firsts.clear()
+                    reported = time.perf_counter()
+            except (BrokenPipeError, ConnectionResetError):  # the server closed the pipe while this step ran
+                return
 
 
 def _receive(message: tuple, connection: Connection, objects: dict, parts: Callable, settings: dict, lanes: Lanes,

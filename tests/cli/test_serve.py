@@ -90,38 +90,59 @@ def test_a_stopping_signal_answers_the_requests_in_flight_then_exits(translation
 
 
 
-@pytest.mark.parametrize("how", ["drain time", "second signal"])
-def test_requests_the_stopping_server_cuts_are_answered_503_in_its_shape_and_it_says_so(translation_run, how):
+@pytest.mark.parametrize("how, batching", [("drain time", "requests"), ("second signal", "requests"),
+                                          ("second signal", "steps")])
+def test_requests_the_stopping_server_cuts_are_answered_503_in_its_shape_and_it_says_so(translation_run, how,
+                                                                                        batching):
     """When `--drain-seconds` runs out, or a second Ctrl-C comes, the requests still in flight get the server's JSON
     503 (not uvicorn's plain-text 500 and a traceback each), and the last line and exit code say they were cut."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     drain = "0.3" if how == "drain time" else "30"
     server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", "--run", f"en-de={translation_run}",
                                "--port", "0", "--max-wait-ms", "10000", "--drain-seconds", drain,
-                               "--batching", "requests"], env=env, cwd=ROOT,
+                               "--batching", batching], env=env, cwd=ROOT,
                               stderr=subprocess.PIPE, text=True,
                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = server.stderr.readline()
         url = "http://127.0.0.1:" + re.search(r"http://127\.0\.0\.1:(\d+)", first).group(1)
         answers = []
-        sender = threading.Thread(target=lambda: answers.append(
-            httpx.post(f"{url}/translate", json={"q": ["c a", "a b c"], "target": "de"}, timeout=60)))
-        sender.start()
-        wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 2)  # waiting in the 10 s window
+        # batching whole requests, one request waits in a 10 s gathering window; at the step, four clients send
+        # requests of 128 long sentences one after another, so that some are decoding when the signals come
+        texts, requests = (["c a", "a b c"], 1) if batching == "requests" else (["h g f e d c b a h g f e"] * 128, 4)
+
+        def send() -> None:
+            while True:
+                try:
+                    answers.append(httpx.post(f"{url}/translate", json={"q": texts, "target": "de"}, timeout=60))
+                except httpx.HTTPError:  # no longer listening
+                    return
+                if batching == "requests" or answers[-1].status_code != 200:
+                    return
+
+        senders = [threading.Thread(target=send) for _ in range(requests)]
+        for sender in senders:
+            sender.start()
+        if batching == "requests":
+            wait_until(lambda: metric(url, "aiayn_queue_texts", 'model="en-de"') == 2)
+        else:  # decoding (this /metrics request is in flight too)
+            wait_until(lambda: metric(url, "aiayn_requests_in_flight") >= requests, every=0.01)
         server.send_signal(signal.SIGINT)
         if how == "second signal":
             wait_until(lambda: server.poll() is not None or _refuses(url), every=0.05)
             server.send_signal(signal.SIGINT)
-        sender.join(timeout=60)
+        for sender in senders:
+            sender.join(timeout=60)
         assert server.wait(timeout=60) == 130
         err = server.stderr.read()
-        assert answers[0].status_code == 503, answers[0].text
-        assert answers[0].json() == {"error": "the server stopped before answering this request; send it again "
-                                              "when the server is back"}
+        cut = [answer for answer in answers if answer.status_code != 200]
+        assert cut and all(answer.status_code == 503 for answer in cut), [a.text for a in cut]
+        assert all(answer.json() == {"error": "the server stopped before answering this request; send it again "
+                                              "when the server is back"} for answer in cut)
         why = "a second signal came" if how == "second signal" else "--drain-seconds (0.3) ran out"
-        assert err.strip().splitlines()[-1] == (f"aiayn serve: stopped before answering 1 request in flight ({why}; "
-                                                "each was answered 503)")
+        n = len(cut)
+        assert err.strip().splitlines()[-1] == (f"aiayn serve: stopped before finishing {n} request{'s' * (n > 1)} "
+                                                f"in flight (each answered 503): {why}")
         assert "Traceback" not in err and "Exception in ASGI application" not in err, err
     finally:
         if server.poll() is None:

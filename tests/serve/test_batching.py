@@ -7,6 +7,7 @@ import threading
 import pytest
 
 from aiayn.serve.batching import Batcher, Job, Passes, QueueFull
+from aiayn.serve.limits import Stopped
 
 
 def recording(calls, fail_on=None, gate=None):
@@ -180,7 +181,7 @@ def test_a_batch_cancelled_before_or_while_it_runs_gives_its_slot_back_and_answe
             with pytest.raises(asyncio.CancelledError):
                 await task
             await asyncio.sleep(0)  # its done callback
-            with pytest.raises(RuntimeError, match="server stopped"):
+            with pytest.raises(Stopped, match="server stopped"):
                 await job.future
             outcomes.append((passes.busy, passes.idle))
         gate.set()
