@@ -101,7 +101,8 @@ def refit(t: Any) -> None:
     a key the config sets is kept, and so is the model of a preset the config names. One line says what changed."""
     passes = planned_passes(t)
     given = t.run.given | ({"model.dropout"} if "model.preset" in t.run.given else set())
-    keys = {key: value for key, value in compute_keys(passes).items() if key not in given}  # model keys only
+    keys = {key: value for key, value in compute_keys(passes, t.cfg.objective).items()
+            if key not in given}  # model keys only
     changed = {key[6:]: value for key, value in keys.items() if getattr(t.model.config, key[6:]) != value}
     if "dropout" in changed:
         for model in (t.model, t.prepared):  # the prepared copy has modules of its own

@@ -65,13 +65,17 @@ SHORT = {"d_model": 128, "d_ff": 512, "dropout": 0.0}, 4000, 1024
 
 # The second half of the rule, applied once the run knows its pace (`aiayn.training.pacing.refit`): the passes over
 # the training data that the planned steps buy (steps x batches a step / batches in the training split) decide the
-# residual dropout. (fewest planned passes, dropout), most first.
+# residual dropout. (fewest planned passes, dropout), most first; a language model, which sees its text's every token
+# as a label at every pass, more of it from 20 passes (docs/language-models.md: 0.1 turned its curve up there).
 DROPOUT_BY_PASSES = ((10.0, 0.1), (0.0, 0.0))
+LM_DROPOUT_BY_PASSES = ((20.0, 0.2), *DROPOUT_BY_PASSES)
 
 
-def compute_keys(passes: float) -> dict[str, Any]:
-    """The keys the planned passes over the training data decide, model keys as "model.KEY"."""
-    return {"model.dropout": next(dropout for least, dropout in DROPOUT_BY_PASSES if passes >= least)}
+def compute_keys(passes: float, objective: str = "seq2seq") -> dict[str, Any]:
+    """The keys the planned passes over the training data decide for a run of `objective`, model keys as
+    "model.KEY"."""
+    rule = LM_DROPOUT_BY_PASSES if objective == "causal_lm" else DROPOUT_BY_PASSES
+    return {"model.dropout": next(dropout for least, dropout in rule if passes >= least)}
 
 
 def uses_fit(cfg: TrainConfig) -> bool:
@@ -101,8 +105,8 @@ def short_budget(budget_s: float, threads: int) -> bool:
     return budget_s * threads <= SHORT_THREAD_S if threads else budget_s < SHORT_BUDGET_S
 
 
-def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0,
-                threads: int = 1) -> tuple[dict[str, Any], dict[str, Any]]:
+def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0, threads: int = 1,
+                objective: str = "seq2seq") -> tuple[dict[str, Any], dict[str, Any]]:
     """(training keys, model keys) the recipe chooses for `pairs` training examples and a time budget of `budget_s`
     seconds (0: none) on `threads` CPU threads (0: a GPU), or `passes` over the data known before the first step
     (`epochs`; 0: not known); the model keys include "preset". Under a budget, the compute keys are chosen again once
@@ -114,7 +118,7 @@ def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0,
         model.update(keys)
         vocab = min(vocab, most_vocab)
     if passes:
-        model.update({key[6:]: value for key, value in compute_keys(passes).items()})
+        model.update({key[6:]: value for key, value in compute_keys(passes, objective).items()})
     train = {"vocab_size": vocab, "max_tokens": tokens, "lr": PEAK_LR, "warmup": 0,
              "warmup_fraction": WARMUP_FRACTION, "schedule": SCHEDULE, "label_smoothing": 0.1}
     if budget_s:  # the data may support fewer steps than the budget buys: the run stops when it says so
@@ -137,7 +141,7 @@ def fit_run(run: RunConfig, pairs: int, device: str | torch.device | None = None
     budget_s = parse_duration(run.train.time_budget) if run.train.time_budget else 0.0
     passes = run.train.epochs if not budget_s and not run.train.max_steps else 0.0
     threads = training_threads(run.train) if resolve_device(device).type == "cpu" else 0
-    train, model = fitted_keys(pairs, budget_s, passes, threads)
+    train, model = fitted_keys(pairs, budget_s, passes, threads, run.train.objective)
     train = {key: value for key, value in train.items() if key not in given}
     chosen_preset = model.pop("preset")
     preset = run.model_preset if "model.preset" in given or run.model_preset != "tiny" else chosen_preset

@@ -108,6 +108,8 @@ def test_the_passes_over_the_data_choose_the_dropout():
     """Few passes: every step is new data, no dropout; many: the paper's 0.1 (docs/training.md, the measured rule).
     Without a budget the passes are the epochs, known before the first step."""
     assert [compute_keys(passes)["model.dropout"] for passes in (0.5, 5, 9.9, 10, 40, 400)] == [0, 0, 0, 0.1, 0.1, 0.1]
+    assert [compute_keys(passes, "causal_lm")["model.dropout"] for passes in (5, 10, 19.9, 20, 400)] == [
+        0, 0.1, 0.1, 0.2, 0.2]  # a language model: more from 20 passes
     few, _ = fit_run(load_run_config(None, ["train=data.tsv", "epochs=3"]), 40_000)
     many, _ = fit_run(load_run_config(None, ["train=data.tsv", "epochs=30"]), 40_000)
     assert (few.model_overrides["dropout"], many.model_overrides["dropout"]) == (0.0, 0.1)
