@@ -27,3 +27,19 @@ def handling(signals: Iterable[int], handler: Callable[[int, Any], None]) -> Ite
     finally:
         for sig, before in previous.items():
             signal.signal(sig, before)
+
+
+_early: list[int] = []  # signals received while the CLI loaded (`record_early`), before its own handler was in place
+
+
+def record_early(signum: int, frame: object) -> None:
+    """The handler `aiayn.cli.entry` sets while the CLI's modules load: the signal is kept for the CLI (`pending`)."""
+    _early.append(signum)
+
+
+def pending() -> list[int]:
+    """The signals `record_early` kept, now handed over (the CLI calls it once its own handler is in place, and stops
+    as for a signal of its own)."""
+    signals = list(_early)
+    _early.clear()
+    return signals

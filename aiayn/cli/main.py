@@ -16,11 +16,10 @@ import sys
 import traceback
 
 from aiayn import __version__
-from aiayn.cli import entry
 from aiayn.cli.errors import BAD_INPUT, INTERRUPTED, NON_FINITE, UserError, describe, one_line
 from aiayn.cli.options import check_numbers
 from aiayn.cli.streams import Stdout, silence_stdout
-from aiayn.interrupts import INTERRUPT_SIGNALS, handling
+from aiayn.interrupts import INTERRUPT_SIGNALS, handling, pending
 from aiayn.memory import keep_freed_memory
 
 # Each module defines `register(subparsers)`; a sub-command's function receives the parsed args.
@@ -110,7 +109,7 @@ def _run(argv: list[str] | None) -> int:
     _started.clear()
     handlers = contextlib.ExitStack()  # put back when the command ends
     handlers.enter_context(handling(INTERRUPT_SIGNALS, _on_signal))
-    _signalled.extend(entry.pending())  # a signal that came while the CLI loaded stops it as one that comes now
+    _signalled.extend(pending())  # a signal that came while the CLI loaded stops it as one that comes now
     command, debug = "", "--debug" in (argv if argv is not None else sys.argv[1:])
     stdout, sys.stdout = sys.stdout, Stdout(sys.stdout)  # a failure to write names stdout
     try:

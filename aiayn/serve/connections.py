@@ -34,6 +34,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from aiayn.interrupts import handling
 from aiayn.serve.limits import Limits
 
+LINGER_S = 2.0  # how long a refused connection reads and drops what the client still sends before it closes
+
 
 class BoundedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, bounding the headers' bytes and time and the connections open (`limits`)."""
@@ -47,6 +49,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._header_bytes, self._parsed_bytes, self._heard = 0, 0, False
         self._refused = False  # answered by `_refuse`: nothing more of this connection reaches the application
         self._deferred: tuple[int, str] | None = None  # a refusal that waits for the answer before it
+        self._answered = False  # the refusal is written: the connection only lingers until it closes
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, f"the server has {self.limits.max_connections} connections open, its limit "
                               "(--max-connections); retry later")
@@ -60,6 +63,8 @@ class BoundedProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._answered:  # refused and answered: what still comes is dropped until the connection closes
+            return
         reading_headers = self._deadline is not None  # (the clock runs while a request's headers are read)
         super().data_received(data)
         if reading_headers and self._deadline is not None and not self.transport.is_closing():
@@ -141,7 +146,7 @@ class BoundedProtocol(HttpToolsProtocol):
         on it (pipelined) where that is still to come."""
         self._cancel_deadline()
         self._refused = True
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._answered:
             return
         if self.cycle is not None and not self.cycle.response_complete:
             self._deferred = (status, message)  # (written by `on_response_complete`)
@@ -154,7 +159,15 @@ class BoundedProtocol(HttpToolsProtocol):
         head += [name + b": " + value for name, value in self.server_state.default_headers]
         head += [b"content-type: application/json", b"content-length: %d" % len(body), b"connection: close"]
         self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body)
-        self.transport.close()
+        self._answered = True
+        # Closed with the client's data unread, the kernel would reset the connection and the client could lose the
+        # answer: send it and the end of this side, drop what still comes, close when the client does or at LINGER_S
+        # (nginx's lingering close).
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()
 
 
 def server_config(app, *, drain_seconds: float = 30.0, log_level: str = "warning") -> uvicorn.Config:

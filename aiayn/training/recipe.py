@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from aiayn.backends.devices import resolve_device, usable_cores
+from aiayn.tasks.names import CAUSAL_LM, SEQ2SEQ
 from aiayn.training.budget import parse_duration
 from aiayn.training.config import RunConfig, TrainConfig
 
@@ -71,10 +72,10 @@ DROPOUT_BY_PASSES = ((10.0, 0.1), (0.0, 0.0))
 LM_DROPOUT_BY_PASSES = ((20.0, 0.2), *DROPOUT_BY_PASSES)
 
 
-def compute_keys(passes: float, objective: str = "seq2seq") -> dict[str, Any]:
+def compute_keys(passes: float, objective: str = SEQ2SEQ) -> dict[str, Any]:
     """The keys the planned passes over the training data decide for a run of `objective`, model keys as
     "model.KEY"."""
-    rule = LM_DROPOUT_BY_PASSES if objective == "causal_lm" else DROPOUT_BY_PASSES
+    rule = LM_DROPOUT_BY_PASSES if objective == CAUSAL_LM else DROPOUT_BY_PASSES
     return {"model.dropout": next(dropout for least, dropout in rule if passes >= least)}
 
 
@@ -106,7 +107,7 @@ def short_budget(budget_s: float, threads: int) -> bool:
 
 
 def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0, threads: int = 1,
-                objective: str = "seq2seq") -> tuple[dict[str, Any], dict[str, Any]]:
+                objective: str = SEQ2SEQ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(training keys, model keys) the recipe chooses for `pairs` training examples and a time budget of `budget_s`
     seconds (0: none) on `threads` CPU threads (0: a GPU), or `passes` over the data known before the first step
     (`epochs`; 0: not known); the model keys include "preset". Under a budget, the compute keys are chosen again once
