@@ -300,9 +300,6 @@ def _key(description: dict[str, str]) -> str:
     return json.dumps(description, sort_keys=True)
 
 
-BASE_FIELDS = ("inference", "train_onednn", "fused_qkv_inference", "fused_qkv_train", "torch_layers_inference")
-
-
 def choices(*, refresh: bool = False) -> Choices:
     """This machine's choices (for its current thread count), a base model's shapes included: from the cache, else
     measured (a few seconds) and cached. `refresh=True` (or `AIAYN_RECALIBRATE=1`, once a process) measures again
@@ -388,9 +385,8 @@ def _load_or_measure(*, refresh: bool, description: dict[str, str] | None = None
         return found
     with torch.inference_mode(False), timing.competing() as competition:
         base = replace(measure(description), load=competition.cores)
-    if found is not None:  # the busiest measurement in the file decides whether it is measured again
-        base = replace(found, **{name: getattr(base, name) for name in BASE_FIELDS}, load=max(found.load, base.load),
-                       seconds={**found.seconds, **base.seconds}, ratios={**found.ratios, **base.ratios})
+    if found is not None:  # a model's widths kept; the busiest measurement decides whether it is measured again
+        base = _merged(found, base)
     _store(base, merge=not refresh)
     logger.info("CPU products measured (%s): %s", cache_path(description), base.describe())
     return base
