@@ -11,13 +11,12 @@ import sys
 
 from aiayn.interrupts import INTERRUPT_SIGNALS, pending, record_early
 
-INTERRUPTED = 130  # aiayn.cli.errors.INTERRUPTED: this module imports nothing heavy before its handler is in place
-
 
 def main() -> int:
     previous = {sig: signal.signal(sig, record_early) for sig in INTERRUPT_SIGNALS
                 if signal.getsignal(sig) is not signal.SIG_IGN}  # (the CLI puts its own over it, then this one back)
     try:
+        from aiayn.cli.errors import INTERRUPTED
         from aiayn.cli.main import main as run
 
         if pending():
