@@ -127,7 +127,6 @@ async def read_fields(request: Request, limits: Limits, *, form: bool = False) -
     return fields
 
 
-
 def _not_utf8(name: str, err: UnicodeDecodeError) -> ApiError:
     return ApiError(400, f"the form field {name!r} is not UTF-8 text (byte {err.object[err.start]:#04x} at "
                          f"{err.start}); send the form in UTF-8")
@@ -186,6 +185,7 @@ async def multipart_fields(request: Request, body: bytes) -> list[tuple[str, Any
         raise ApiError(400, "the body is not valid form data: its multipart parts do not end with the closing "
                             "boundary the Content-Type names")
     return list(form.multi_items())
+
 
 def texts_field(fields: dict[str, Any], name: str, limits: Limits) -> tuple[list[str], bool]:
     """The texts of field `name` (a string or a list of strings) and whether it was one string."""
