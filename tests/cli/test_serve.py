@@ -90,8 +90,7 @@ def test_a_stopping_signal_answers_the_requests_in_flight_then_exits(translation
 
 
 
-@pytest.mark.parametrize("how, batching", [("drain time", "requests"), ("second signal", "requests"),
-                                          ("second signal", "steps")])
+@pytest.mark.parametrize("how, batching", [("drain time", "requests"), ("second signal", "requests")])
 def test_requests_the_stopping_server_cuts_are_answered_503_in_its_shape_and_it_says_so(translation_run, how,
                                                                                         batching):
     """When `--drain-seconds` runs out, or a second Ctrl-C comes, the requests still in flight get the server's JSON
