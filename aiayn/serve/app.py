@@ -131,11 +131,15 @@ async def until_disconnected(request: Request) -> None:
 
 
 async def answered(request: Request, work: Awaitable):
-    """`work`'s result, or cancel it (freeing its place in the queue) when the client goes away first."""
+    """`work`'s result, or cancel it (freeing its place in the queue) when the client goes away first, or when the
+    stopping server cuts the request."""
     task = asyncio.ensure_future(work)
     watch = asyncio.ensure_future(until_disconnected(request))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # (left running, its end, say the workers' Stopped, would be an error nobody reads)
+        task.cancel()
+        raise
     finally:
         watch.cancel()
     if not task.done():
@@ -154,6 +158,7 @@ class Server:
     limits: Limits
     metrics: Metrics
     passes: Passes
+    pools: tuple = ()  # the worker processes' pools (`WorkerPool`, `StepWorkers`): `/health` asks each
 
     async def run(self, request: Request, model: Served, texts: list, tokens: int | None = None) -> list:
         """`model`'s answers to `texts`, batched with other requests (`tokens`: their count where the route made it,
@@ -190,7 +195,8 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
     """
     if pool is not None and pool.size != passes:
         raise ValueError(f"a pool of {pool.size} worker processes serves {pool.size} passes, not {passes}")
-    server = Server([], limits or Limits(), Metrics(), Passes(passes, threads))
+    server = Server([], limits or Limits(), Metrics(), Passes(passes, threads),
+                    tuple(p for p in (pool, steps) if p is not None))
     if steps is not None:
         steps.observe, steps.first_token = server.metrics.step_done, server.metrics.first_token
     for name, obj in objects.items():
@@ -202,9 +208,7 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
                                     max_batch=max_batch, max_wait=max_wait, pool=pool, stepping=stepping,
                                     max_rows=max_rows, steps=steps))
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        yield
+    def close() -> None:
         for model in server.models:
             model.close()
         server.passes.close()
@@ -212,6 +216,11 @@ def create_app(objects: Mapping[str, object], *, limits: Limits | None = None, p
             pool.close()
         if steps is not None:
             steps.close()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.to_thread(close)  # (the loop meanwhile answers what the closing cuts)
 
     app = FastAPI(title="aiayn serve", lifespan=lifespan)
     app.state.models, app.state.metrics, app.state.limits = server.models, server.metrics, server.limits
@@ -257,7 +266,15 @@ def service_routes(server: Server) -> APIRouter:
 
     @router.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "models": [m.describe() for m in server.models]}
+        """"ok", or "degraded" while a worker process does not answer (dead or silent: it is being replaced), with
+        the workers' counts where the server has worker processes."""
+        answer = {"status": "ok", "models": [m.describe() for m in server.models]}
+        if server.pools:
+            counts = [pool.health() for pool in server.pools]
+            answer["workers"] = {key: sum(c[key] for c in counts) for key in counts[0]}
+            if answer["workers"]["answering"] < answer["workers"]["processes"]:
+                answer["status"] = "degraded"
+        return answer
 
     @router.get("/metrics")
     async def metrics_text() -> Response:

@@ -77,6 +77,13 @@ class Stopped(ApiError):
                               "back")
 
 
+class WorkerLost(ApiError):
+    """A request whose worker process died or stopped answering under it (it is replaced): 503, retry."""
+
+    def __init__(self, worker: str):
+        super().__init__(503, f"the worker process running this {worker}; it was replaced, retry the request")
+
+
 async def read_body(request: Request, limits: Limits) -> bytes:
     """The request's body, refused with 413 as soon as it passes `max_body_bytes` (declared or sent), with 408 when
     it has not all come within `read_seconds`, and with 499 (logged in one line) when the client goes away first."""

@@ -7,8 +7,9 @@ decoding models itself (`spawn`, as `aiayn.serve.workers`), and runs one loop: r
 back the tokens each step made (for the requests that stream) and the answers of the requests that ended. The server
 sends a request to the worker with the fewest texts in flight, and a cancellation when its client goes away.
 
-A worker that dies fails the requests it held (one clear line each) and is replaced. Workers ignore SIGINT and
-SIGTERM (the server drains first) and exit when the server closes their pipe.
+A worker that dies, or stops answering (the pool's `Watchdog` kills a worker whose heartbeat is silent, as
+`aiayn.serve.workers` explains), fails the requests it held (one clear line each) and is replaced. Workers ignore
+SIGINT and SIGTERM (the server drains first) and exit when the server closes their pipe.
 """
 
 from __future__ import annotations
@@ -22,9 +23,19 @@ import time
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 
-from aiayn.serve.limits import Stopped
+from aiayn.serve.limits import Stopped, WorkerLost
 from aiayn.serve.stepping import Job, Lanes, check_room, settle
-from aiayn.serve.workers import WARM_UP_TEXT, WorkerProcess, loaded, sendable
+from aiayn.serve.workers import (
+    SILENT_SECONDS,
+    WARM_UP_TEXT,
+    Watchdog,
+    WorkerProcess,
+    health,
+    heartbeat,
+    loaded,
+    sendable,
+    stop_all,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,13 +56,14 @@ class StepWorkers:
         max_queue: most texts waiting to join a model's lanes, as the workers last said (429 beyond).
         tokens_seconds: a streaming request's tokens are sent at most this often.
         observe, first_token: metrics, as observe(model, rows, seconds) and first_token(model, seconds).
+        silent_s: a worker silent this long is killed and replaced (`Watchdog`).
     """
 
     def __init__(self, sources: Mapping[str, str], size: int, *, parts: Callable, threads: int = 1,
                  device: str | None = None, max_rows: int = 1024, max_tokens: int = 4096, max_queue: int = 1024,
                  tokens_seconds: float = TOKENS_SECONDS,
                  observe: Callable[[str, int, float], None] | None = None,
-                 first_token: Callable[[str, float], None] | None = None):
+                 first_token: Callable[[str, float], None] | None = None, silent_s: float = SILENT_SECONDS):
         self.sources, self.size, self.parts, self.threads, self.device = dict(sources), size, parts, threads, device
         self.settings = {"max_rows": max_rows, "max_tokens": max_tokens}
         self.tokens_seconds = tokens_seconds
@@ -62,6 +74,8 @@ class StepWorkers:
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.replaced = 0  # workers replaced since the start
+        self.watchdog = Watchdog(lambda: list(self._workers), silent_s)
 
     def start(self) -> None:
         """Start the workers and wait until each has loaded the models (RuntimeError naming what failed)."""
@@ -77,14 +91,20 @@ class StepWorkers:
         self._workers = workers
         for worker in workers:
             threading.Thread(target=self._read, args=(worker,), name="aiayn-steps-reader", daemon=True).start()
+        self.watchdog.start()
+
+    def health(self) -> dict:
+        """The workers for `/health`: how many run, how many answer, how many were replaced."""
+        return health(self._workers, self.replaced, self.watchdog.silent_s)
 
     def close(self) -> None:
-        """Ask every worker to exit and wait for it; the requests they held get an error."""
+        """Answer the requests the workers hold with `Stopped`, then ask every worker to exit and wait for it."""
+        self.watchdog.close()
         with self._lock:
             workers, self._workers = self._workers, []
         for worker in workers:
-            worker.stop()
-            worker.fail_all(Stopped())
+            worker.fail_all(Stopped(), self.loop)
+        stop_all(workers)
 
     def model(self, name: str) -> StepWorkers.Model:
         """What a served model submits its requests to."""
@@ -170,10 +190,9 @@ class StepWorkers:
             alive = worker in self._workers
         if not alive:
             return
-        code = worker.stop()
-        worker.fail_all(RuntimeError(f"the worker process running this request died (exit code {code}); it was "
-                                     "replaced, retry the request"), self.loop)
-        logger.warning("worker process %s exited (code %s); starting another", worker.process.pid, code)
+        worker.stop()
+        worker.fail_all(WorkerLost(f"request {worker.ended()}"), self.loop)
+        logger.warning("worker process %s %s; starting another", worker.process.pid, worker.ended())
         replacement = self._spawn()
         try:
             replacement.ready()
@@ -182,23 +201,19 @@ class StepWorkers:
             return
         with self._lock:
             self._workers = [replacement if w is worker else w for w in self._workers]
+            self.replaced += 1
         self._read(replacement)
 
     def _spawn(self) -> _Worker:
-        parent, child = self._context.Pipe()
-        process = self._context.Process(target=_work, args=(child, self.sources, self.parts, self.threads,
-                                                            self.device, self.settings, self.tokens_seconds),
-                                        name="aiayn-steps", daemon=True)
-        process.start()
-        child.close()
-        return _Worker(process, parent)
+        return _Worker.spawn(self._context, "aiayn-steps", _work, self.sources, self.parts, self.threads, self.device,
+                             self.settings, self.tokens_seconds)
 
 
 class _Worker(WorkerProcess):
     """One worker process, the server's end of its pipe, and the requests it holds."""
 
-    def __init__(self, process, connection: Connection):
-        super().__init__(process, connection)
+    def __init__(self, process, connection: Connection, beat):
+        super().__init__(process, connection, beat)
         self.pending: dict[int, tuple] = {}  # id -> (model, texts, future, on_tokens)
         self.rows: dict[str, int] = {}  # model -> rows in its lanes, as it last said
         self.waiting: dict[str, int] = {}  # model -> texts waiting to join them, as it last said
@@ -220,12 +235,13 @@ class _Worker(WorkerProcess):
                 loop.call_soon_threadsafe(settle, future, None, err)
 
 
-def _work(connection: Connection, sources: Mapping[str, str], parts: Callable, threads: int, device: str | None,
-          settings: dict, tokens_seconds: float) -> None:
-    """A worker's life: load the models, warm each up, then read requests and work on the lanes until the pipe
-    closes."""
+def _work(connection: Connection, beat, sources: Mapping[str, str], parts: Callable, threads: int,
+          device: str | None, settings: dict, tokens_seconds: float) -> None:
+    """A worker's life: its heartbeat started, load the models, warm each up, then read requests and work on the lanes
+    until the pipe closes."""
     import torch
 
+    heartbeat(beat)
     objects = loaded(connection, sources, threads, device, lambda obj: obj.prepared_model())
     if objects is None:
         return

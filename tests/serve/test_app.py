@@ -11,6 +11,7 @@ import re
 import shlex
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -350,11 +351,48 @@ def test_a_worker_process_that_dies_is_replaced_and_fails_at_most_its_batch(url,
     monkeypatch.setattr(type(victim), "alive", lambda self: True)
     answers = [httpx.post(f"{url}/embed", json=request, timeout=120) for _ in range(3)]
     failed = [a for a in answers if a.status_code != 200]
-    assert len(failed) == 1 and all("worker process running this batch died" in a.json()["error"] for a in failed)
+    assert len(failed) == 1 and all(a.status_code == 503 and a.json()["error"].startswith(
+        "the worker process running this batch died (exit code -9); it was replaced") for a in failed)
     assert all(close(a.json()) for a in answers if a.status_code == 200)
     monkeypatch.undo()
     assert all(worker.alive() for worker in pool._workers) and not {idle, victim} & set(pool._workers)
     assert httpx.get(f"{url}/health").json()["status"] == "ok"
+
+
+def test_a_worker_that_stops_answering_is_noticed_by_health_killed_and_replaced(objects, sources):
+    """A worker frozen by SIGSTOP (no exit, no answer) would hold its batch forever: its heartbeat falls silent,
+    `/health` says "degraded", the watchdog kills it, the batch fails with one line naming why, a new worker takes
+    its place and answers the next request."""
+    import signal
+
+    pool = WorkerPool({"sentiment": sources["sentiment"]}, 1, batched_call=batched_call, silent_s=1.0)
+    pool.start()
+    try:
+        with serving(create_app({"sentiment": objects["sentiment"]}, passes=1, pool=pool)) as url:
+            assert httpx.get(f"{url}/health").json()["workers"] == {"processes": 1, "answering": 1, "replaced": 0}
+            time.sleep(1.5)  # an idle worker stays answering: its heartbeat runs beside its work
+            assert httpx.get(f"{url}/health").json()["status"] == "ok"
+            frozen = pool._workers[0]
+            os.kill(frozen.process.pid, signal.SIGSTOP)
+            answers = []
+            sender = threading.Thread(target=lambda: answers.append(
+                httpx.post(f"{url}/predict", json={"inputs": ["good"]}, timeout=60)))
+            sender.start()
+            health = []
+            wait_until(lambda: health.append(httpx.get(f"{url}/health").json()) or not sender.is_alive(),
+                       every=0.05)
+            sender.join()
+            assert any(h["status"] == "degraded" and h["workers"]["answering"] == 0 for h in health), health
+            assert answers[0].status_code == 503
+            assert answers[0].json()["error"].startswith("the worker process running this batch stopped answering "
+                                                         "(silent for 1 s) and was killed; it was replaced")
+            assert frozen.process.exitcode == -signal.SIGKILL and frozen not in pool._workers
+            again = httpx.post(f"{url}/predict", json={"inputs": ["good"]}, timeout=60)
+            assert again.status_code == 200 and again.json() == httpx.post(
+                f"{url}/predict", json={"inputs": ["good"]}, timeout=60).json()
+            assert httpx.get(f"{url}/health").json()["workers"] == {"processes": 1, "answering": 1, "replaced": 1}
+    finally:
+        pool.close()
 
 
 def test_a_worker_that_cannot_load_its_models_says_why_and_the_pool_stops_the_others(tmp_path):

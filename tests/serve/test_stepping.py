@@ -175,6 +175,38 @@ def test_worker_processes_answer_and_stream_as_the_objects_do(in_workers):
     assert too_long.status_code in (413, 422)
 
 
+def test_a_step_worker_that_stops_answering_fails_its_requests_with_one_line_and_is_replaced(translation_run):
+    """A step worker frozen by SIGSTOP: `/health` notices, the watchdog kills it, the requests it held are answered 503
+    naming why, and a new worker answers the next ones as the translator does."""
+    import os
+    import signal
+
+    from aiayn.serve.models import stepped_parts
+    from aiayn.serve.stepping_workers import StepWorkers
+
+    steps = StepWorkers({"en-de": str(translation_run)}, 1, parts=stepped_parts, silent_s=1.0)
+    steps.start()
+    translator = aiayn.load(translation_run)
+    with serving(create_app({"en-de": translator}, passes=1, steps=steps)) as url:
+        frozen = steps._workers[0]
+        os.kill(frozen.process.pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(2) as pool:
+            sent = [pool.submit(httpx.post, f"{url}/translate", json={"q": text, "target": "de"}, timeout=60)
+                    for text in ("a b", "c d e")]
+            health = []
+            wait_until(lambda: health.append(httpx.get(f"{url}/health").json()) or all(f.done() for f in sent),
+                       every=0.05)
+        assert any(h["status"] == "degraded" for h in health), health
+        for answer in (f.result() for f in sent):
+            assert answer.status_code == 503
+            assert answer.json()["error"].startswith("the worker process running this request stopped answering "
+                                                     "(silent for 1 s) and was killed; it was replaced")
+        wait_until(lambda: httpx.get(f"{url}/health").json()["status"] == "ok")
+        assert httpx.get(f"{url}/health").json()["workers"] == {"processes": 1, "answering": 1, "replaced": 1}
+        answer = httpx.post(f"{url}/translate", json={"q": "h g f e", "target": "de"}, timeout=60)
+        assert answer.json()["translatedText"] == translator.translate("h g f e")
+
+
 def test_the_serving_guides_streaming_example_runs(generator, capsys):
     import re
     from pathlib import Path
