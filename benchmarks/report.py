@@ -240,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
                 path.write_text(new, encoding="utf-8")
                 print(f"updated {path}")
         return 0
-    benches = {r["bench"] for r in records} if not args.bench else {args.bench}
+    benches = {r["bench"] for r in records}
+    if args.bench:
+        if args.bench not in benches | set(TABLES):
+            raise ValueError(f"{args.directory} holds no records of --bench {args.bench}: it holds "
+                             f"{', '.join(sorted(benches | set(TABLES)))}")
+        benches = {args.bench}
     for table in sorted(benches | {t for t, (bench, _) in TABLES.items() if bench in benches}):
         print(f"## {table}\n\n{render(table, records)}")
     return 0

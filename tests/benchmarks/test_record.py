@@ -128,6 +128,15 @@ def test_bench_report_refuses_a_folder_without_records_and_leaves_the_file(tmp_p
         assert guide.read_bytes() == before
 
 
+def test_bench_report_names_the_benchmarks_there_are_for_one_it_has_no_records_of(capsys):
+    assert main(["bench", "report", str(ROOT / "benchmarks" / "results"), "--bench", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiayn bench: error: {ROOT / 'benchmarks' / 'results'} holds no records of --bench nosuch: "
+                          "it holds ") and "generate" in err and err.count("\n") == 1, err
+    assert main(["bench", "report", str(ROOT / "benchmarks" / "results"), "--bench", "generate"]) == 0
+    assert capsys.readouterr().out.startswith("## generate")
+
+
 def test_bench_report_refuses_to_empty_a_table_it_has_no_records_for(tmp_path, capsys):
     guide = tmp_path / "guide.md"
     before = _blocks(guide, "encoder", "generate")
