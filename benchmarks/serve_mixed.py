@@ -15,6 +15,9 @@ requests`, the two modes taking turns (`--repeats`):
    `--lm-clients` clients ask for completions, against the whole answer's time under request batching (which
    streams nothing).
 
+With `--peer ctranslate2`, a third server takes its turns in 1 and 2: the run's CTranslate2 export behind the same
+HTTP front, batching whole requests (`benchmarks/ctranslate2_front.py`: what a LibreTranslate-style deployment is).
+
     aiayn bench serve --mixed --run runs/x --texts DATA/test.tsv --pair en-es --lm runs/lm
 """
 
@@ -23,10 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import re
 import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +42,7 @@ from record import figure  # noqa: E402
 from serve import Connection, percentile, sentences, start_server, stop_server  # noqa: E402
 
 MODES = ("requests", "steps")
+PEER = "ctranslate2"  # the run's CTranslate2 export behind the same front, batching whole requests
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--completion-tokens", type=int, default=200, help="tokens of the timed completion (default 200)")
     p.add_argument("--lm-clients", type=int, default=4, help="clients asking for completions meanwhile (default 4)")
     p.add_argument("--skip", default="", help="comma-separated parts to leave out: behind, poisson, first-token")
+    p.add_argument("--peer", choices=("", PEER), default="",
+                   help="a third server: the run's CTranslate2 export behind the same front (default: none)")
     return p
 
 
@@ -184,11 +193,15 @@ def main(argv: list[str] | None = None) -> int:
     rates = [float(r) for r in args.rates.split(",") if r]
     print(f"{cores} cores, {args.threads} torch threads a pass; short requests of {args.short_words} words, long ones "
           f"of {args.long_texts} sentences (mean {statistics.mean(len(t) for r in longs for t in r):.0f} characters)")
-    results: dict[str, list[dict]] = {mode: [] for mode in MODES}
+    modes = MODES + ((PEER,) if args.peer else ())
+    results: dict[str, list[dict]] = {mode: [] for mode in modes}
     for repeat in range(args.repeats):
-        for mode in MODES if repeat % 2 == 0 else MODES[::-1]:
-            spec = ["--run", f"{args.pair}={args.run}"] + (["--run", f"lm={args.lm}"] if args.lm else [])
-            server, url = start_server(spec, ["--batching", mode], args.threads)
+        for mode in modes if repeat % 2 == 0 else modes[::-1]:
+            if mode == PEER:
+                server, url = start_peer(args.run, args.pair, max(1, cores // args.threads))
+            else:
+                spec = ["--run", f"{args.pair}={args.run}"] + (["--run", f"lm={args.lm}"] if args.lm else [])
+                server, url = start_server(spec, ["--batching", mode], args.threads)
             try:
                 found: dict = {}
                 if "behind" not in skip:
@@ -196,13 +209,28 @@ def main(argv: list[str] | None = None) -> int:
                 if "poisson" not in skip:
                     found["poisson"] = {rate: asyncio.run(poisson(url, extra, short, longs, rate, args.seconds,
                                                                   args.long_share, seed=repeat)) for rate in rates}
-                if args.lm and "first-token" not in skip:
+                if args.lm and "first-token" not in skip and mode != PEER:
                     found["first_token"] = asyncio.run(first_token(url, args.completion_tokens, args.lm_clients))
                 results[mode].append(found)
             finally:
                 stop_server(server)
     report(results, rates, args)
     return 0
+
+
+def start_peer(run: str, pair: str, passes: int) -> tuple[subprocess.Popen, str]:
+    """`benchmarks/ctranslate2_front.py` serving the CTranslate2 export of `run`, `passes` batches at once."""
+    front = Path(__file__).resolve().parent / "ctranslate2_front.py"
+    server = subprocess.Popen([sys.executable, str(front), "--run", run, "--pair", pair, "--passes", str(passes)],
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in server.stderr:
+        seen.append(line)
+        if found := re.search(r"aiayn serve: (http://[\d.]+:\d+)", line):
+            threading.Thread(target=server.stderr.read, daemon=True).start()
+            return server, found.group(1)
+    server.kill()
+    raise RuntimeError(f"the CTranslate2 front did not start: {''.join(seen)}")
 
 
 def report(results: dict[str, list[dict]], rates: list[float], args) -> None:
@@ -222,7 +250,7 @@ def report(results: dict[str, list[dict]], rates: list[float], args) -> None:
               "(ms; median over repeats)")
         print(f"{'batching':<10} {'alone':>8} {'behind':>8} {'x alone':>8} {'p99':>8} {'worst':>8} "
               f"{'long alone':>11} {'long mixed':>11} {'shorts':>7} {'longs':>6}")
-        for mode in MODES:
+        for mode in results:
             keys = ("alone", "behind", "p99", "worst", "long_alone", "long_mixed")
             row = {key: median(mode, "behind", key) for key in (*keys, "count", "longs")}
             print(f"{mode:<10} {1000 * row['alone']:>8.1f} {1000 * row['behind']:>8.1f} "
@@ -236,7 +264,7 @@ def report(results: dict[str, list[dict]], rates: list[float], args) -> None:
               "sentences a second)")
         print(f"{'rate /s':>7} {'batching':<10} {'short p50':>10} {'short p99':>10} {'long p50':>10} {'sent./s':>8}")
         for rate in rates:
-            for mode in MODES:
+            for mode in results:
                 p50, p99, long50, tput = (median(mode, "poisson", rate, key)
                                           for key in ("short_p50", "short_p99", "long_p50", "texts_per_s"))
                 print(f"{rate:>7g} {mode:<10} {1000 * p50:>10.1f} {1000 * p99:>10.1f} {1000 * long50:>10.1f} "
@@ -247,7 +275,7 @@ def report(results: dict[str, list[dict]], rates: list[float], args) -> None:
     if args.lm and results[MODES[0]] and "first_token" in results[MODES[0]][0]:
         print(f"\n3. a {args.completion_tokens}-token completion while {args.lm_clients} clients ask for others "
               "(ms: first text, whole answer)")
-        for mode in MODES:
+        for mode in MODES:  # (the peer serves no language model)
             firsts = [found["first_token"][0] for found in results[mode]]
             wholes = [found["first_token"][1] for found in results[mode]]
             first, whole = statistics.median(firsts), statistics.median(wholes)

@@ -174,3 +174,21 @@ def test_bench_serve_reports_each_configuration_and_the_ratios(translation_run, 
     for line in ("aiayn serve (batching)", "one request at a time", "in-process Translator.translate",
                  "batching / one-at-a-time", "batching / in-process", "p99 ms"):
         assert line in out
+
+
+def test_bench_serve_mixed_runs_the_ctranslate2_peer_behind_the_same_front(translation_run, capsys, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from aiayn.cli.bench import load_benchmark
+
+    load_benchmark("serve")  # (puts benchmarks/ on the path)
+    import serve_mixed
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("".join(f"{' '.join('abcdefgh'[(i + j) % 8] for j in range(2 + i % 6))}\n" for i in range(40)),
+                     encoding="utf-8")
+    assert serve_mixed.main(["--run", str(translation_run), "--texts", str(texts), "--seconds", "1", "--rates", "2",
+                             "--long-texts", "4", "--peer", "ctranslate2", "--skip", "behind"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split() for line in out.splitlines() if line.startswith("      2 ")]
+    assert [row[1] for row in rows] == ["requests", "steps", "ctranslate2"], out
+    assert all(float(row[-1]) > 0 for row in rows), out  # sentences answered a second, by each server
