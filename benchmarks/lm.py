@@ -19,8 +19,9 @@ What differs between the two recipes (aiayn's as `aiayn train` prints it; nanoGP
 - examples: the text as documents (between blank lines, or a line each in a file without one), `<s>` document
   `</s>` one after another as one stream, cut into windows of the context, each token a label once, shuffled into
   batches of about `max_tokens` tokens / `batch_size` windows of block_size characters at random offsets;
-- optimizer: Adam (0.9, 0.98), eps 1e-9, no weight decay, peak 3e-3 after a linear warmup over 30% of the planned
-  steps, then a linear decay to 0 / AdamW (0.9, 0.99), weight decay 0.1 on matrices, peak 1e-3 after 100 warmup
+- optimizer: under a short budget (the narrow model) AdamW (0.9, 0.98), eps 1e-9, weight decay 0.1 on matrices, else
+  Adam without weight decay, peak 3e-3 after a linear warmup over 30% of the planned steps, then a linear decay to 0 /
+  AdamW (0.9, 0.99), weight decay 0.1 on matrices, peak 1e-3 after 100 warmup
   steps, then a cosine decay to 1e-4 at the planned end;
 - loss: label smoothing 0.1, no gradient clipping / plain cross-entropy, gradients clipped at norm 1.0;
 - model: GPT-2's shape both (pre-LN, learned positions, tied head); aiayn with biases, tanh GELU and a dropout fitted

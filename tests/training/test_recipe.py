@@ -4,6 +4,7 @@ import pytest
 
 from aiayn.training.config import RunConfig, TrainConfig, load_run_config
 from aiayn.training.recipe import (
+    LM_SHORT,
     PATIENCE,
     PEAK_LR,
     SHORT,
@@ -53,8 +54,26 @@ def test_translation_and_language_models_from_files_are_fitted(objective):
     run = load_run_config(None, ["train=text.txt", f"objective={objective}", "time_budget=4m"])
     assert uses_fit(run.train)
     fitted, notes = fit_run(run, 40_000)
-    assert (fitted.model_preset, fitted.train.vocab_size, fitted.train.max_tokens) == ("small", *SHORT[1:])
+    vocab = SHORT[1] if objective == "seq2seq" else LM_SHORT["vocab_size"]
+    assert (fitted.model_preset, fitted.train.vocab_size, fitted.train.max_tokens) == ("small", vocab, SHORT[2])
     assert notes[0].startswith("recipe fitted to 40000 training examples")
+
+
+def test_a_short_language_model_takes_fewer_pieces_and_weight_decay():
+    """Measured on a 1.27 MB text in 20 minutes (docs/language-models.md): 2,000 pieces and AdamW's weight decay 0.1
+    below 4,000 pieces and Adam; a longer budget keeps the corpus rule, and a key the config sets is kept."""
+    short, _ = fit_run(load_run_config(None, ["train=t.txt", "objective=causal_lm", "time_budget=20m"]), 5000, "cpu")
+    assert (short.train.vocab_size, short.train.optimizer, short.train.weight_decay) == (2000, "adamw", 0.1)
+    long, _ = fit_run(load_run_config(None, ["train=t.txt", "objective=causal_lm", "time_budget=5h", "threads=1",
+                                             "processes=1"]), 5000, "cpu")
+    assert (long.train.vocab_size, long.train.optimizer, long.train.weight_decay) == (4000, "auto", None)
+    tiny, _ = fit_run(load_run_config(None, ["train=t.txt", "objective=causal_lm", "time_budget=20m"]), 500, "cpu")
+    assert tiny.train.vocab_size == 2000 and tiny.train.optimizer == "auto"  # (the tiny model: not narrowed)
+    kept, _ = fit_run(load_run_config(None, ["train=t.txt", "objective=causal_lm", "time_budget=20m",
+                                             "vocab_size=3000", "weight_decay=0.01"]), 5000, "cpu")
+    assert (kept.train.vocab_size, kept.train.optimizer, kept.train.weight_decay) == (3000, "adamw", 0.01)
+    translation, _ = fit_run(load_run_config(None, ["train=t.tsv", "time_budget=20m"]), 5000, "cpu")
+    assert (translation.train.vocab_size, translation.train.optimizer) == (4000, "auto")
 
 
 def test_the_rows_cover_every_corpus_size():
