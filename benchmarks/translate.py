@@ -103,6 +103,7 @@ class TimedTrainer(Trainer):
         self.curve_s = curve_s  # validate each time the training seconds pass a multiple of this (0: the run's)
         self.marks: list[tuple[float, int]] = []  # (training seconds, step) of each validation the curve asked for
         self.tokens = 0  # real source and target tokens trained on, over all processes
+        self.timing = False  # inside a timed part: a part within it (a validation's save of the best) is its time
 
     def training_seconds(self) -> float:
         """Wall seconds of the run so far less setup, validation, checkpoints and testing."""
@@ -132,10 +133,14 @@ class TimedTrainer(Trainer):
             self.marks.append((self.due_at, self.step))
 
     def _timed(self, name, fn, *args, **kwargs):
+        if self.timing:  # (counted once, by the part it runs in)
+            return fn(*args, **kwargs)
         start, cpu = time.perf_counter(), time.process_time()
+        self.timing = True
         try:
             return fn(*args, **kwargs)
         finally:
+            self.timing = False
             self.side_seconds[name] += time.perf_counter() - start
             self.side_cpu += time.process_time() - cpu
 
