@@ -120,7 +120,8 @@ def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0, threads:
     the pace is known (`compute_keys`)."""
     _, preset, vocab, tokens = next(row for row in SIZES if pairs >= row[0])
     model = {"preset": preset, "norm_first": True, "dropout": 0.1}
-    if preset == "small" and short_budget(budget_s, threads):
+    narrow = preset == "small" and short_budget(budget_s, threads)
+    if narrow:
         keys, most_vocab, tokens = SHORT
         model.update(keys)
         vocab = min(vocab, most_vocab)
@@ -128,7 +129,7 @@ def fitted_keys(pairs: int, budget_s: float = 0.0, passes: float = 0.0, threads:
         model.update({key[6:]: value for key, value in compute_keys(passes, objective).items()})
     train = {"vocab_size": vocab, "max_tokens": tokens, "lr": PEAK_LR, "warmup": 0,
              "warmup_fraction": WARMUP_FRACTION, "schedule": SCHEDULE, "label_smoothing": 0.1}
-    if objective == CAUSAL_LM and model.get("d_model") == SHORT[0]["d_model"]:
+    if narrow and objective == CAUSAL_LM:
         train.update(LM_SHORT, vocab_size=min(vocab, LM_SHORT["vocab_size"]))
     if budget_s:  # the data may support fewer steps than the budget buys: the run stops when it says so
         train["patience"] = PATIENCE
