@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=4096, help="most source tokens of a gathered batch")
     args = p.parse_args(argv)
 
+    import ctranslate2
     import torch
 
     import aiayn
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         sock.listen(2048)
         port = sock.getsockname()[1]
         print(f"aiayn serve: http://127.0.0.1:{port} serving {args.pair} (translate, CTranslate2 "
-              f"{__import__('ctranslate2').__version__} fp32); {args.passes} batches at once x 1 thread",
+              f"{ctranslate2.__version__} fp32); {args.passes} batches at once x 1 thread",
               file=sys.stderr, flush=True)
         DrainingServer(server_config(app)).run(sockets=[sock])
     return 0

@@ -72,8 +72,14 @@ def sentences(kind: str, n: int = 2000, path: str | None = None) -> list[str]:
 
 def start_server(spec: list[str], options: list[str], threads: int) -> tuple[subprocess.Popen, str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads)}
-    server = subprocess.Popen([sys.executable, "-m", "aiayn", "serve", *spec, "--port", "0", "--threads",
-                               str(threads), *options], env=env, stderr=subprocess.PIPE, text=True)
+    return listening(subprocess.Popen([sys.executable, "-m", "aiayn", "serve", *spec, "--port", "0", "--threads",
+                                       str(threads), *options], env=env, stderr=subprocess.PIPE, text=True),
+                     "aiayn serve")
+
+
+def listening(server: subprocess.Popen, name: str) -> tuple[subprocess.Popen, str]:
+    """`server` (started with its stderr piped) and its URL, once its `aiayn serve: http://...` line says it listens;
+    RuntimeError with what it printed if it exits first."""
     seen = []
     for line in server.stderr:  # warnings of the loading may come first
         seen.append(line)
@@ -81,7 +87,7 @@ def start_server(spec: list[str], options: list[str], threads: int) -> tuple[sub
             threading.Thread(target=server.stderr.read, daemon=True).start()  # a full pipe would stall the server
             return server, found.group(1)
     server.kill()
-    raise RuntimeError(f"aiayn serve did not start: {''.join(seen)}")
+    raise RuntimeError(f"{name} did not start: {''.join(seen)}")
 
 
 def stop_server(server: subprocess.Popen) -> None:

@@ -32,14 +32,13 @@ import re
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record import figure  # noqa: E402
-from serve import Connection, percentile, sentences, start_server, stop_server  # noqa: E402
+from serve import Connection, listening, percentile, sentences, start_server, stop_server  # noqa: E402
 
 MODES = ("requests", "steps")
 PEER = "ctranslate2"  # the run's CTranslate2 export behind the same front, batching whole requests
@@ -221,16 +220,9 @@ def main(argv: list[str] | None = None) -> int:
 def start_peer(run: str, pair: str, passes: int) -> tuple[subprocess.Popen, str]:
     """`benchmarks/ctranslate2_front.py` serving the CTranslate2 export of `run`, `passes` batches at once."""
     front = Path(__file__).resolve().parent / "ctranslate2_front.py"
-    server = subprocess.Popen([sys.executable, str(front), "--run", run, "--pair", pair, "--passes", str(passes)],
-                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stderr=subprocess.PIPE, text=True)
-    seen = []
-    for line in server.stderr:
-        seen.append(line)
-        if found := re.search(r"aiayn serve: (http://[\d.]+:\d+)", line):
-            threading.Thread(target=server.stderr.read, daemon=True).start()
-            return server, found.group(1)
-    server.kill()
-    raise RuntimeError(f"the CTranslate2 front did not start: {''.join(seen)}")
+    return listening(subprocess.Popen([sys.executable, str(front), "--run", run, "--pair", pair, "--passes",
+                                       str(passes)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                      stderr=subprocess.PIPE, text=True), "the CTranslate2 front")
 
 
 def report(results: dict[str, list[dict]], rates: list[float], args) -> None:
